@@ -1,0 +1,30 @@
+"""Build of the native core: every C file under src/barellm/_native is one extension module.
+
+Each ISA-specific file selects its own instruction set with `#pragma GCC target`, so the package
+is built for the baseline x86-64 and picks the fastest path at run time (see cpu.c).
+"""
+
+import glob
+import os
+
+from setuptools import Extension, setup
+
+sources = sorted(glob.glob("src/barellm/_native/*.c"))
+cflags = ["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden", "-pthread",
+          "-fno-math-errno", "-fno-trapping-math"]
+ldflags = ["-pthread"]
+if os.environ.get("BARELLM_SANITIZE"):  # an AddressSanitizer build for the kernel tests
+    cflags = [f for f in cflags if f != "-O3"] + ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"]
+    ldflags += ["-fsanitize=address"]
+
+setup(
+    ext_modules=[
+        Extension(
+            "barellm._native",
+            sources=sources,
+            include_dirs=["src/barellm/_native"],
+            extra_compile_args=cflags,
+            extra_link_args=ldflags,
+        )
+    ]
+)

@@ -1,0 +1,20 @@
+"""Errors barellm raises on purpose. Each carries one line that says what is wrong.
+
+The CLI prints `error: <message>` and exits non-zero for any BarellmError; anything else is a bug.
+"""
+
+
+class BarellmError(Exception):
+    """Base of every error barellm raises on purpose."""
+
+
+class FormatError(BarellmError):
+    """A model file is malformed, truncated, hostile or of a kind we do not read."""
+
+
+class ModelNotFound(BarellmError):
+    """A model name or path that resolves to nothing."""
+
+
+class InvalidRequest(BarellmError, ValueError):
+    """A request (generation parameters, messages, prompt) that cannot be served."""
