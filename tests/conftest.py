@@ -1,0 +1,38 @@
+"""Shared fixtures: the real models (fetched once into the cache) and the golden reference data."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+
+
+def _resolve(name: str, env: str) -> Path:
+    override = os.environ.get(env)
+    if override:
+        return Path(override)
+    from barellm import hub
+
+    return hub.resolve(name)
+
+
+@pytest.fixture(scope="session")
+def smollm_gguf() -> Path:
+    """Path of the default model's GGUF (SmolLM2-135M-Instruct Q4_1)."""
+    return _resolve("smollm2-135m", "BARELLM_SMOLLM_GGUF")
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """Path of the Gemma 3 270M Q4_K_M GGUF."""
+    return _resolve("gemma3-270m", "BARELLM_GEMMA_GGUF")
+
+
+def load_data(name: str):
+    """A JSON file from tests/data."""
+    with open(DATA / name, encoding="utf-8") as f:
+        return json.load(f)
