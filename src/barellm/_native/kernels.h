@@ -19,7 +19,8 @@
 
 enum bl_layout {
     BL_LAYOUT_ROWS = 0,
-    BL_LAYOUT_INTERLEAVE8 = 1,   /* 8 rows interleaved per group, block by block (see quant_*.c) */
+    BL_LAYOUT_INTERLEAVE8 = 1,   /* Q4_0, Q4_1, Q8_0: 8 rows interleaved per group, block by block
+                                    (see quant_internal.h); rows padded to a multiple of 8 */
 };
 
 typedef struct bl_matrix {
@@ -45,5 +46,9 @@ BL_API void bl_matmul(const bl_matrix *w, const void *xq, int T, float *out, siz
 /* Repacking: bytes needed for W in `layout`, and the copy itself (0 on success, -1 if unsupported). */
 BL_API size_t bl_matrix_bytes(int type, int layout, int rows, int cols);
 BL_API int bl_repack(int type, int layout, int rows, int cols, const void *src, void *dst);
+
+/* Row r of W as f32 (out[cols]), from any layout (embedding lookups in a repacked tied matrix);
+ * 0 on success, -1 if r or the type/layout is out of range. */
+BL_API int bl_dequantize_row(const bl_matrix *w, int r, float *out);
 
 #endif

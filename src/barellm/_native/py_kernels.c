@@ -1,6 +1,358 @@
-/* Python bindings of single kernels (tests, benchmarks, the op-by-op debug path). */
+/* Python bindings of single kernels (tests, benchmarks, the op-by-op debug path).
+ *
+ * Weights are passed as (type, layout, rows, cols, w) with w any contiguous bytes-like object of exactly
+ * matrix_bytes(type, layout, rows, cols) bytes; float inputs as C-contiguous float32 buffers (NumPy arrays).
+ * Results come back as memoryviews of format 'f' (np.asarray() them). The GIL is released around kernel work.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels.h"
 #include "py_common.h"
+#include "quant_internal.h"
+
+/* ---- argument checking ---- */
+
+static int check_matrix(bl_matrix *m, int type, int layout, int rows, int cols) {
+    m->type = type;
+    m->layout = layout;
+    m->rows = rows;
+    m->cols = cols;
+    m->data = NULL;
+    if (rows <= 0 || cols <= 0) {
+        PyErr_Format(PyExc_ValueError, "matrix shape (%d, %d) must be positive", rows, cols);
+        return -1;
+    }
+    if (bl_row_bytes(type, BL_QK) == 0) {
+        PyErr_Format(PyExc_ValueError, "type %d is not supported by the matmul kernels", type);
+        return -1;
+    }
+    if (bl_is_quant(type) && cols % BL_QK) {
+        PyErr_Format(PyExc_ValueError, "cols = %d is not a multiple of the block size %d", cols, BL_QK);
+        return -1;
+    }
+    if (bl_matrix_bytes(type, layout, rows, cols) == 0) {
+        PyErr_Format(PyExc_ValueError, "layout %d is not supported for type %d", layout, type);
+        return -1;
+    }
+    return 0;
+}
+
+/* w: exactly matrix_bytes bytes */
+static int get_weights(PyObject *obj, bl_matrix *m, Py_buffer *view) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) return -1;
+    size_t need = bl_matrix_bytes(m->type, m->layout, m->rows, m->cols);
+    if ((size_t)view->len != need) {
+        PyErr_Format(PyExc_ValueError, "weights have %zd bytes, expected %zu", view->len, need);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    m->data = view->buf;
+    return 0;
+}
+
+/* x: C-contiguous float32, a whole number of vectors of `cols`; sets *T */
+static int get_f32(PyObject *obj, int cols, Py_buffer *view, int *T) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    const char *f = view->format ? view->format : "B";
+    if (view->itemsize != 4 || !(strcmp(f, "f") == 0 || strcmp(f, "<f") == 0 || strcmp(f, "=f") == 0)) {
+        PyErr_Format(PyExc_ValueError, "x must be float32 (got format %s)", f);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    Py_ssize_t n = view->len / 4;
+    if (n == 0 || n % cols || n / cols > 1 << 24) {
+        PyErr_Format(PyExc_ValueError, "x has %zd values, not a positive multiple of cols = %d", n, cols);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    *T = (int)(n / cols);
+    return 0;
+}
+
+static void *alloc64(size_t n) { return aligned_alloc(64, bl_round_up(n ? n : 1, 64)); }
+
+/* a zeroed float32 result of the given shape: *buf receives its storage */
+static PyObject *new_f32(Py_ssize_t d0, Py_ssize_t d1, int two_d, float **buf) {
+    PyObject *ba = PyByteArray_FromStringAndSize(NULL, d0 * d1 * 4);
+    if (!ba) return NULL;
+    memset(PyByteArray_AS_STRING(ba), 0, (size_t)(d0 * d1 * 4));
+    *buf = (float *)PyByteArray_AS_STRING(ba);
+    PyObject *mv = PyMemoryView_FromObject(ba);
+    Py_DECREF(ba);
+    if (!mv) return NULL;
+    PyObject *res = two_d ? PyObject_CallMethod(mv, "cast", "s(nn)", "f", d0, d1)
+                          : PyObject_CallMethod(mv, "cast", "s", "f");
+    Py_DECREF(mv);
+    return res;
+}
+
+static int check_range(const bl_matrix *m, int *r0, int *r1) {
+    if (*r1 < 0) *r1 = m->rows;
+    if (*r0 < 0 || *r0 > *r1 || *r1 > m->rows) {
+        PyErr_Format(PyExc_ValueError, "row range [%d, %d) not within [0, %d)", *r0, *r1, m->rows);
+        return -1;
+    }
+    if (*r0 % bl_matmul_row_align(m)) {
+        PyErr_Format(PyExc_ValueError, "r0 = %d is not a multiple of the row alignment %d", *r0,
+                     bl_matmul_row_align(m));
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- functions ---- */
+
+static PyObject *py_matrix_bytes(PyObject *self, PyObject *args) {
+    (void)self;
+    int type, layout, rows, cols;
+    bl_matrix m;
+    if (!PyArg_ParseTuple(args, "iiii", &type, &layout, &rows, &cols)) return NULL;
+    if (check_matrix(&m, type, layout, rows, cols) < 0) return NULL;
+    return PyLong_FromSize_t(bl_matrix_bytes(type, layout, rows, cols));
+}
+
+static PyObject *py_act_row_bytes(PyObject *self, PyObject *args) {
+    (void)self;
+    int type, layout, cols;
+    bl_matrix m;
+    if (!PyArg_ParseTuple(args, "iii", &type, &layout, &cols)) return NULL;
+    if (check_matrix(&m, type, layout, 8, cols) < 0) return NULL;
+    return PyLong_FromSize_t(bl_act_row_bytes(&m, cols));
+}
+
+static PyObject *py_row_align(PyObject *self, PyObject *args) {
+    (void)self;
+    int type, layout;
+    bl_matrix m;
+    if (!PyArg_ParseTuple(args, "ii", &type, &layout)) return NULL;
+    if (check_matrix(&m, type, layout, 8, 256) < 0) return NULL;
+    return PyLong_FromLong(bl_matmul_row_align(&m));
+}
+
+static PyObject *py_repack(PyObject *self, PyObject *args) {
+    (void)self;
+    int type, layout, rows, cols;
+    PyObject *wobj;
+    bl_matrix m;
+    Py_buffer wv;
+    if (!PyArg_ParseTuple(args, "iiiiO", &type, &layout, &rows, &cols, &wobj)) return NULL;
+    if (check_matrix(&m, type, BL_LAYOUT_ROWS, rows, cols) < 0 || get_weights(wobj, &m, &wv) < 0) return NULL;
+    size_t n = bl_matrix_bytes(type, layout, rows, cols);
+    if (n == 0) {
+        PyBuffer_Release(&wv);
+        return PyErr_Format(PyExc_ValueError, "layout %d is not supported for type %d", layout, type);
+    }
+    PyObject *ba = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)n);
+    if (!ba) {
+        PyBuffer_Release(&wv);
+        return NULL;
+    }
+    char *dst = PyByteArray_AS_STRING(ba);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bl_repack(type, layout, rows, cols, wv.buf, dst);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&wv);
+    if (rc != 0) {
+        Py_DECREF(ba);
+        return PyErr_Format(PyExc_ValueError, "cannot repack type %d into layout %d", type, layout);
+    }
+    return ba;
+}
+
+static PyObject *py_quantize_act(PyObject *self, PyObject *args) {
+    (void)self;
+    int type, layout, cols, T;
+    PyObject *xobj;
+    bl_matrix m;
+    Py_buffer xv;
+    if (!PyArg_ParseTuple(args, "iiiO", &type, &layout, &cols, &xobj)) return NULL;
+    if (check_matrix(&m, type, layout, 8, cols) < 0 || get_f32(xobj, cols, &xv, &T) < 0) return NULL;
+    size_t rb = bl_act_row_bytes(&m, cols);
+    PyObject *ba = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(rb * T));
+    if (!ba) {
+        PyBuffer_Release(&xv);
+        return NULL;
+    }
+    char *dst = PyByteArray_AS_STRING(ba);
+    memset(dst, 0, rb * T);
+    Py_BEGIN_ALLOW_THREADS
+    bl_quantize_act(&m, (const float *)xv.buf, (size_t)cols, T, dst);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&xv);
+    return ba;
+}
+
+static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"type", "layout", "rows", "cols", "w", "x", "r0", "r1", NULL};
+    int type, layout, rows, cols, r0 = 0, r1 = -1, T;
+    PyObject *wobj, *xobj;
+    bl_matrix m;
+    Py_buffer wv, xv;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiOO|ii", kwlist, &type, &layout, &rows, &cols, &wobj, &xobj,
+                                     &r0, &r1))
+        return NULL;
+    if (check_matrix(&m, type, layout, rows, cols) < 0 || check_range(&m, &r0, &r1) < 0) return NULL;
+    if (get_weights(wobj, &m, &wv) < 0) return NULL;
+    if (get_f32(xobj, cols, &xv, &T) < 0) {
+        PyBuffer_Release(&wv);
+        return NULL;
+    }
+    float *out;
+    PyObject *res = new_f32(T, rows, 1, &out);
+    void *xq = res ? alloc64(bl_act_row_bytes(&m, cols) * T) : NULL;
+    if (res && !xq) {
+        Py_CLEAR(res);
+        PyErr_NoMemory();
+    }
+    if (res) {
+        Py_BEGIN_ALLOW_THREADS
+        bl_quantize_act(&m, (const float *)xv.buf, (size_t)cols, T, xq);
+        bl_matmul(&m, xq, T, out, (size_t)rows, r0, r1);
+        Py_END_ALLOW_THREADS
+    }
+    free(xq);
+    PyBuffer_Release(&wv);
+    PyBuffer_Release(&xv);
+    return res;
+}
+
+/* matmul_q(type, layout, rows, cols, w, xq, T, r0=0, r1=rows): from activations made by quantize_act */
+static PyObject *py_matmul_q(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"type", "layout", "rows", "cols", "w", "xq", "T", "r0", "r1", NULL};
+    int type, layout, rows, cols, T, r0 = 0, r1 = -1;
+    PyObject *wobj, *xobj;
+    bl_matrix m;
+    Py_buffer wv, xv;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiOOi|ii", kwlist, &type, &layout, &rows, &cols, &wobj, &xobj,
+                                     &T, &r0, &r1))
+        return NULL;
+    if (check_matrix(&m, type, layout, rows, cols) < 0 || check_range(&m, &r0, &r1) < 0) return NULL;
+    if (T <= 0) return PyErr_Format(PyExc_ValueError, "T = %d must be positive", T);
+    if (get_weights(wobj, &m, &wv) < 0) return NULL;
+    if (PyObject_GetBuffer(xobj, &xv, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&wv);
+        return NULL;
+    }
+    PyObject *res = NULL;
+    if ((size_t)xv.len != bl_act_row_bytes(&m, cols) * (size_t)T) {
+        PyErr_Format(PyExc_ValueError, "xq has %zd bytes, expected %zu", xv.len, bl_act_row_bytes(&m, cols) * T);
+    } else {
+        float *out;
+        res = new_f32(T, rows, 1, &out);
+        if (res) {
+            Py_BEGIN_ALLOW_THREADS
+            bl_matmul(&m, xv.buf, T, out, (size_t)rows, r0, r1);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    PyBuffer_Release(&wv);
+    PyBuffer_Release(&xv);
+    return res;
+}
+
+static PyObject *py_dequantize_row(PyObject *self, PyObject *args) {
+    (void)self;
+    int type, layout, rows, cols, r;
+    PyObject *wobj;
+    bl_matrix m;
+    Py_buffer wv;
+    if (!PyArg_ParseTuple(args, "iiiiOi", &type, &layout, &rows, &cols, &wobj, &r)) return NULL;
+    if (check_matrix(&m, type, layout, rows, cols) < 0) return NULL;
+    if (r < 0 || r >= rows) return PyErr_Format(PyExc_ValueError, "row %d not within [0, %d)", r, rows);
+    if (get_weights(wobj, &m, &wv) < 0) return NULL;
+    float *out;
+    PyObject *res = new_f32(cols, 1, 0, &out);
+    if (res) bl_dequantize_row(&m, r, out);
+    PyBuffer_Release(&wv);
+    return res;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* bench_matmul(type, layout, rows, cols, ws, x, iters) -> seconds per call (matmul only, activations
+ * quantized once beforehand); ws is a sequence of weight buffers of the same shape, used round-robin (many
+ * copies make the weights stream from memory instead of cache). */
+static PyObject *py_bench_matmul(PyObject *self, PyObject *args) {
+    (void)self;
+    int type, layout, rows, cols, iters, T;
+    PyObject *wseq, *xobj;
+    bl_matrix m;
+    Py_buffer xv;
+    if (!PyArg_ParseTuple(args, "iiiiOOi", &type, &layout, &rows, &cols, &wseq, &xobj, &iters)) return NULL;
+    if (check_matrix(&m, type, layout, rows, cols) < 0) return NULL;
+    if (iters <= 0) return PyErr_Format(PyExc_ValueError, "iters must be positive");
+    PyObject *fast = PySequence_Fast(wseq, "ws must be a sequence of weight buffers");
+    if (!fast) return NULL;
+    Py_ssize_t nw = PySequence_Fast_GET_SIZE(fast);
+    Py_buffer *wv = nw > 0 ? calloc((size_t)nw, sizeof(Py_buffer)) : NULL;
+    bl_matrix *ms = nw > 0 ? calloc((size_t)nw, sizeof(bl_matrix)) : NULL;
+    Py_ssize_t got = 0;
+    PyObject *res = NULL;
+    void *xq = NULL;
+    float *out = NULL;
+    if (nw <= 0 || !wv || !ms) {
+        PyErr_SetString(PyExc_ValueError, "ws must be a non-empty sequence");
+        goto done;
+    }
+    for (; got < nw; got++) {
+        ms[got] = m;
+        if (get_weights(PySequence_Fast_GET_ITEM(fast, got), &ms[got], &wv[got]) < 0) goto done;
+    }
+    if (get_f32(xobj, cols, &xv, &T) < 0) goto done;
+    xq = alloc64(bl_act_row_bytes(&m, cols) * T);
+    out = alloc64((size_t)T * rows * 4);
+    if (!xq || !out) {
+        PyErr_NoMemory();
+    } else {
+        double dt;
+        Py_BEGIN_ALLOW_THREADS
+        bl_quantize_act(&m, (const float *)xv.buf, (size_t)cols, T, xq);
+        double t0 = now_s();
+        for (int i = 0; i < iters; i++) bl_matmul(&ms[i % nw], xq, T, out, (size_t)rows, 0, rows);
+        dt = (now_s() - t0) / iters;
+        Py_END_ALLOW_THREADS
+        res = PyFloat_FromDouble(dt);
+    }
+    PyBuffer_Release(&xv);
+done:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&wv[i]);
+    free(wv);
+    free(ms);
+    free(xq);
+    free(out);
+    Py_DECREF(fast);
+    return res;
+}
 
 PyMethodDef bl_kernel_methods[] = {
+    {"matrix_bytes", py_matrix_bytes, METH_VARARGS,
+     "matrix_bytes(type, layout, rows, cols) -> bytes of W[rows, cols] stored in that type and layout."},
+    {"act_row_bytes", py_act_row_bytes, METH_VARARGS,
+     "act_row_bytes(type, layout, cols) -> bytes of one activation vector converted for such weights."},
+    {"row_align", py_row_align, METH_VARARGS,
+     "row_align(type, layout) -> row ranges of a matmul must start at a multiple of this."},
+    {"repack", py_repack, METH_VARARGS,
+     "repack(type, layout, rows, cols, w_rows) -> bytearray: GGUF-ordered rows w_rows in `layout`."},
+    {"quantize_act", py_quantize_act, METH_VARARGS,
+     "quantize_act(type, layout, cols, x_f32[T, cols]) -> bytearray of T activation vectors."},
+    {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
+     "matmul(type, layout, rows, cols, w, x_f32[T, cols], r0=0, r1=rows) -> f32 memoryview [T, rows]\n"
+     "(out[t, r] = sum_k W[r, k] x[t, k] for r in [r0, r1), zero elsewhere)."},
+    {"matmul_q", (PyCFunction)(void (*)(void))py_matmul_q, METH_VARARGS | METH_KEYWORDS,
+     "matmul_q(type, layout, rows, cols, w, xq, T, r0=0, r1=rows) -> f32 memoryview [T, rows], xq from "
+     "quantize_act."},
+    {"dequantize_row", py_dequantize_row, METH_VARARGS,
+     "dequantize_row(type, layout, rows, cols, w, r) -> f32 memoryview [cols]: row r of W."},
+    {"bench_matmul", py_bench_matmul, METH_VARARGS,
+     "bench_matmul(type, layout, rows, cols, ws, x_f32[T, cols], iters) -> seconds per matmul call."},
     {NULL, NULL, 0, NULL},
 };

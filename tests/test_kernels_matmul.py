@@ -1,0 +1,278 @@
+"""The quantized matmul kernels (quant*.c) against NumPy, on every type x layout x ISA path.
+
+What is checked:
+- activation quantization: byte-exact against a NumPy model of it (d = amax/127, q = round-half-even(x/d));
+- matmul: against the exact product of the dequantized weights and the quantized activations, within a
+  float32 rounding bound; against the float activations within the activation quantization bound;
+- invariance: the result for one (t, r) is bit-identical for any T, any row split, and both ISA paths;
+- repacking: every row read back from the interleaved layout equals the GGUF row;
+- the error paths raise ValueError.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from barellm import _native as nat
+
+F32, F16, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 8
+ROWS, I8 = 0, 1
+QK = 32
+EPS = 2.0**-23  # float32 machine epsilon (twice the unit roundoff)
+
+QUANT = (Q4_0, Q4_1, Q8_0)
+CASES = [(t, ROWS) for t in (F32, F16, *QUANT)] + [(t, I8) for t in QUANT]
+ISAS = ["scalar"] + (["avx2"] if nat.cpu_info()["avx2_fma"] else [])
+
+_BLOCK = {
+    Q8_0: np.dtype([("d", "<f2"), ("qs", "i1", (QK,))]),
+    Q4_0: np.dtype([("d", "<f2"), ("qs", "u1", (QK // 2,))]),
+    Q4_1: np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (QK // 2,))]),
+}
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    before = "avx2" if nat.cpu_info()["isa"] != "scalar" else "scalar"
+    nat.set_isa(request.param)
+    yield request.param
+    nat.set_isa(before)
+
+
+# ---- NumPy models -------------------------------------------------------------------------------------
+
+
+def make_weights(type_, rows, cols, rng):
+    """Random GGUF-ordered rows (uint8 [rows, row_bytes]) covering the whole range of the quants."""
+    if type_ == F32:
+        return rng.standard_normal((rows, cols)).astype("<f4").view(np.uint8)
+    if type_ == F16:
+        return rng.standard_normal((rows, cols)).astype("<f2").view(np.uint8)
+    b = np.zeros(rows * cols // QK, dtype=_BLOCK[type_])
+    b["d"] = rng.uniform(-0.05, 0.05, b.shape)
+    if type_ == Q4_1:
+        b["m"] = rng.uniform(-0.5, 0.5, b.shape)
+    lo, hi = (-128, 128) if type_ == Q8_0 else (0, 256)
+    b["qs"] = rng.integers(lo, hi, b["qs"].shape)
+    return b.view(np.uint8).reshape(rows, -1)
+
+
+def dequantize(raw, type_, rows, cols):
+    """float64 W[rows, cols] from GGUF-ordered rows (barellm.quant when present, else the same in place)."""
+    try:
+        from barellm import quant
+
+        return quant.dequantize(np.ascontiguousarray(raw).reshape(-1), type_, (rows, cols)).astype(np.float64)
+    except ImportError:
+        pass
+    if type_ == F32:
+        return raw.view("<f4").reshape(rows, cols).astype(np.float64)
+    if type_ == F16:
+        return raw.view("<f2").reshape(rows, cols).astype(np.float64)
+    b = np.ascontiguousarray(raw).reshape(-1).view(_BLOCK[type_])
+    d = b["d"].astype(np.float64)[:, None]
+    if type_ == Q8_0:
+        v = b["qs"] * d
+    else:
+        q = np.concatenate([b["qs"] & 15, b["qs"] >> 4], axis=1).astype(np.float64)
+        v = (q - 8) * d if type_ == Q4_0 else q * d + b["m"].astype(np.float64)[:, None]
+    return v.reshape(rows, cols)
+
+
+def quantize_act_ref(x):
+    """The activation quantization in float32 NumPy: (q int8 [T, nb, 32], d f32 [T, nb])."""
+    xb = x.astype(np.float32).reshape(x.shape[0], -1, QK)
+    d = np.abs(xb).max(axis=-1) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.clip(np.rint(xb * inv[..., None]), -128, 127).astype(np.int8)
+    return q, d
+
+
+def act_bytes_ref(x, row_bytes):
+    """The activation buffer quantize_act must produce, byte for byte (see quant_internal.h)."""
+    q, d = quantize_act_ref(x)
+    T, nb = d.shape
+    sq = q.astype(np.int32).sum(axis=-1)
+    s = d * sq.astype(np.float32)
+    out = np.zeros((T, row_bytes), np.uint8)
+    out[:, : nb * 32] = q.reshape(T, -1).view(np.uint8)
+    out[:, nb * 32 : nb * 36] = d.astype("<f4").view(np.uint8)
+    out[:, nb * 36 : nb * 40] = s.astype("<f4").view(np.uint8)
+    out[:, nb * 40 : nb * 44] = sq.astype("<i4").view(np.uint8)
+    return out
+
+
+def weights_for(type_, layout, rows, cols, raw):
+    return raw.tobytes() if layout == ROWS else nat.repack(type_, layout, rows, cols, raw.tobytes())
+
+
+def matmul(type_, layout, rows, cols, w, x, **kw):
+    return np.asarray(nat.matmul(type_, layout, rows, cols, w, np.ascontiguousarray(x, np.float32), **kw))
+
+
+# ---- activation quantization --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cols", [32, 96, 576])
+def test_quantize_act_exact(isa, cols):
+    rng = np.random.default_rng(cols)
+    x = rng.standard_normal((5, cols)).astype(np.float32) * rng.uniform(0.01, 100, (5, 1)).astype(np.float32)
+    x[1, :32] = 0  # an all-zero block: d = 0, q = 0
+    x[2, 5] = 0.5 * np.abs(x[2, :32]).max() / 127 * 255  # ties and near-ties exercise the rounding
+    for t in QUANT:
+        rb = nat.act_row_bytes(t, ROWS, cols)
+        got = np.frombuffer(nat.quantize_act(t, ROWS, cols, x), np.uint8).reshape(5, rb)
+        np.testing.assert_array_equal(got, act_bytes_ref(x, rb))
+    got = np.frombuffer(nat.quantize_act(F32, ROWS, cols, x), np.uint8).reshape(5, -1)
+    np.testing.assert_array_equal(got[:, : cols * 4], x.view(np.uint8))
+
+
+# ---- correctness against NumPy ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type_,layout", CASES)
+@pytest.mark.parametrize("rows,cols", [(1, 32), (7, 64), (8, 96), (13, 576), (40, 1536), (29, 160)])
+def test_matmul_vs_numpy(isa, type_, layout, rows, cols):
+    rng = np.random.default_rng(rows * 1000 + cols + type_)
+    T = 3
+    raw = make_weights(type_, rows, cols, rng)
+    W = dequantize(raw, type_, rows, cols)
+    x = rng.standard_normal((T, cols)).astype(np.float32)
+    got = matmul(type_, layout, rows, cols, weights_for(type_, layout, rows, cols, raw), x)
+    assert got.shape == (T, rows) and got.dtype == np.float32
+
+    if type_ in QUANT:
+        q, d = quantize_act_ref(x)
+        xhat = (q.astype(np.float64) * d[..., None].astype(np.float64)).reshape(T, cols)
+        # vs dequantized W x quantized x: the block integer dots are exact; the float work is one rounded
+        # scale product and one rounded FMA per block (Q4_1: also its min chain and the final add), each off
+        # by at most 2^-24 of the running magnitude, bounded by S = |W| @ |xhat|.
+        nb = cols // QK
+        ref, S = xhat @ W.T, np.abs(xhat) @ np.abs(W).T
+        np.testing.assert_array_less(np.abs(got - ref), (nb + 3) * EPS * S + 1e-30)
+        # vs the float activations: |x - xhat| <= d/2 per element adds sum_b d_b / 2 * sum_i |W[r, i]|
+        half_d = np.repeat(d.astype(np.float64) / 2, QK, axis=1)
+        bound = (nb + 3) * EPS * S + half_d @ np.abs(W).T
+        np.testing.assert_array_less(np.abs(got - x.astype(np.float64) @ W.T), bound + 1e-30)
+    else:
+        # FMA chains of cols / 8 per lane, then 3 adds: each step off by at most 2^-24 of |W| @ |x|
+        ref, S = x.astype(np.float64) @ W.T, np.abs(x.astype(np.float64)) @ np.abs(W).T
+        np.testing.assert_array_less(np.abs(got - ref), (cols // 8 + 5) * EPS * S + 1e-30)
+
+
+@pytest.mark.parametrize("cols", [1, 7, 8, 13, 100])
+def test_float_any_cols(isa, cols):
+    rng = np.random.default_rng(cols)
+    for type_ in (F32, F16):
+        raw = make_weights(type_, 11, cols, rng)
+        W = dequantize(raw, type_, 11, cols)
+        x = rng.standard_normal((4, cols)).astype(np.float32)
+        got = matmul(type_, ROWS, 11, cols, raw.tobytes(), x)
+        S = np.abs(x.astype(np.float64)) @ np.abs(W).T
+        np.testing.assert_array_less(np.abs(got - x @ W.T), (cols // 8 + 5) * EPS * S + 1e-30)
+
+
+# ---- invariance ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type_,layout", CASES)
+@pytest.mark.parametrize("rows,cols", [(1, 32), (19, 64), (24, 576), (37, 96), (17, 1536)])
+def test_invariance_T_and_splits(isa, type_, layout, rows, cols):
+    """One (t, r) gives the same bits whatever T, the row range and the other rows/vectors are."""
+    rng = np.random.default_rng(rows + cols + 31 * type_ + layout)
+    raw = make_weights(type_, rows, cols, rng)
+    w = weights_for(type_, layout, rows, cols, raw)
+    T = 13
+    x = rng.standard_normal((T, cols)).astype(np.float32)
+    full = matmul(type_, layout, rows, cols, w, x)
+    singles = np.concatenate([matmul(type_, layout, rows, cols, w, x[t : t + 1]) for t in range(T)])
+    assert np.array_equal(full, singles)
+    for k in list(range(2, 10)) + [12]:
+        assert np.array_equal(matmul(type_, layout, rows, cols, w, x[:k]), full[:k]), k
+        assert np.array_equal(matmul(type_, layout, rows, cols, w, x[T - k :]), full[T - k :]), k
+    # row splits on the alignment grid, as threads would take them
+    align = nat.row_align(type_, layout)
+    xq = nat.quantize_act(type_, layout, cols, x)
+    for _ in range(6):
+        cuts = sorted(set(int(c) for c in rng.integers(0, rows // align + 1, 3) * align) | {0, rows})
+        out = np.zeros_like(full)
+        for r0, r1 in zip(cuts[:-1], cuts[1:]):
+            part = np.asarray(nat.matmul_q(type_, layout, rows, cols, w, xq, T, r0=r0, r1=r1))
+            assert not part[:, :r0].any() and not part[:, r1:].any()
+            out[:, r0:r1] = part[:, r0:r1]
+        assert np.array_equal(out, full), cuts
+
+
+@pytest.mark.skipif(len(ISAS) < 2, reason="needs AVX2+FMA")
+@pytest.mark.parametrize("type_,layout", CASES)
+@pytest.mark.parametrize("T", [1, 4, 7, 33])
+def test_isa_paths_agree_bitwise(type_, layout, T):
+    rows, cols = 45, 576
+    rng = np.random.default_rng(T + type_)
+    raw = make_weights(type_, rows, cols, rng)
+    w = weights_for(type_, layout, rows, cols, raw)
+    x = rng.standard_normal((T, cols)).astype(np.float32)
+    res = {}
+    try:
+        for name in ISAS:
+            nat.set_isa(name)
+            res[name] = (bytes(nat.quantize_act(type_, layout, cols, x)), matmul(type_, layout, rows, cols, w, x))
+    finally:
+        nat.set_isa("avx2")
+    assert res["scalar"][0] == res["avx2"][0]
+    assert np.array_equal(res["scalar"][1], res["avx2"][1])
+
+
+# ---- layouts ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type_", QUANT)
+@pytest.mark.parametrize("rows", [1, 8, 21])
+def test_repack_roundtrip(type_, rows):
+    cols = 96
+    raw = make_weights(type_, rows, cols, np.random.default_rng(rows))
+    W = dequantize(raw, type_, rows, cols).astype(np.float32)
+    packed = nat.repack(type_, I8, rows, cols, raw.tobytes())
+    assert len(packed) == nat.matrix_bytes(type_, I8, rows, cols)
+    assert len(packed) % 64 == 0 and len(packed) >= raw.size
+    for layout, w in ((ROWS, raw.tobytes()), (I8, packed)):
+        for r in range(rows):
+            np.testing.assert_array_equal(np.asarray(nat.dequantize_row(type_, layout, rows, cols, w, r)), W[r])
+
+
+def test_sizes():
+    assert nat.matrix_bytes(Q4_1, ROWS, 576, 576) == 576 * 18 * 20
+    assert nat.matrix_bytes(Q8_0, ROWS, 49152, 576) == 49152 * 18 * 34
+    assert nat.matrix_bytes(Q4_1, I8, 576, 576) == 576 * 18 * 20  # 8 * row bytes is a multiple of 64 here
+    assert nat.row_align(Q4_1, I8) == 8 and nat.row_align(Q4_1, ROWS) == 1
+    assert nat.act_row_bytes(Q8_0, ROWS, 576) % 64 == 0
+
+
+# ---- errors -------------------------------------------------------------------------------------------
+
+
+def test_errors():
+    x = np.zeros((2, 64), np.float32)
+    w = make_weights(Q4_1, 8, 64, np.random.default_rng(0)).tobytes()
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        nat.matmul(Q4_1, ROWS, 8, 48, w, np.zeros(48, np.float32))
+    with pytest.raises(ValueError, match="bytes"):
+        nat.matmul(Q4_1, ROWS, 8, 64, w[:-1], x)
+    with pytest.raises(ValueError, match="multiple of cols"):
+        nat.matmul(Q4_1, ROWS, 8, 64, w, np.zeros(65, np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        nat.matmul(Q4_1, ROWS, 8, 64, w, np.zeros(64, np.float64))
+    with pytest.raises(ValueError, match="not supported"):
+        nat.matmul(12, ROWS, 8, 256, b"\0" * 8 * 144, np.zeros(256, np.float32))  # Q4_K: no kernel yet
+    with pytest.raises(ValueError, match="not supported"):
+        nat.repack(F32, I8, 8, 64, b"\0" * 8 * 64 * 4)
+    with pytest.raises(ValueError, match="row range"):
+        nat.matmul(Q4_1, ROWS, 8, 64, w, x, r0=0, r1=9)
+    wi = nat.repack(Q4_1, I8, 8, 64, w)
+    with pytest.raises(ValueError, match="alignment"):
+        nat.matmul(Q4_1, I8, 8, 64, wi, x, r0=3, r1=8)
+    with pytest.raises(ValueError, match="xq"):
+        nat.matmul_q(Q4_1, ROWS, 8, 64, w, b"\0" * 10, 1)
+    with pytest.raises(ValueError):
+        nat.dequantize_row(Q4_1, ROWS, 8, 64, w, 8)
