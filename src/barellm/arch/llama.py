@@ -137,7 +137,7 @@ class LayerWeights:
 class ReferenceEngine:
     """The NumPy float32 forward pass over a KV cache allocated once for n_ctx positions."""
 
-    def __init__(self, cfg: ModelConfig, source: WeightSource, n_ctx: int | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, source: WeightSource, n_ctx: int | None = None, n_slots: int = 1) -> None:
         check_tensors(cfg, source.tensors)
         self.cfg = cfg
         self.n_ctx = n_ctx or cfg.context_length
@@ -164,12 +164,18 @@ class ReferenceEngine:
             )
             for i in range(cfg.n_layers)
         ]
-        self.k_cache = np.zeros((cfg.n_layers, self.n_ctx, cfg.n_kv_heads, cfg.head_dim), np.float32)
+        # one cache region per slot (independent sequences served side by side)
+        self.n_slots = n_slots
+        self.k_cache = np.zeros((n_slots, cfg.n_layers, self.n_ctx, cfg.n_kv_heads, cfg.head_dim), np.float32)
         self.v_cache = np.zeros_like(self.k_cache)
         self.cos, self.sin = rope_tables(cfg, self.n_ctx)
 
-    def forward(self, tokens: Sequence[int], start: int, all_logits: bool = False) -> np.ndarray:
-        """Feeds tokens at positions start.. (overwriting the cache from there); returns logits.
+    def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
+        """Runs several sequences (slot, tokens, start); returns each one's last logits [len(seqs), n_vocab]."""
+        return np.concatenate([self.forward(tokens, start, slot=slot) for slot, tokens, start in seqs])
+
+    def forward(self, tokens: Sequence[int], start: int, all_logits: bool = False, slot: int = 0) -> np.ndarray:
+        """Feeds tokens at positions start.. of a slot (overwriting its cache from there); returns logits.
 
         The result is [len(tokens), n_vocab] if all_logits, else [1, n_vocab] for the last token.
         """
@@ -182,6 +188,9 @@ class ReferenceEngine:
             raise InvalidRequest(f"positions {start}..{start + T - 1} do not fit the context of {self.n_ctx}")
         if ids.min() < 0 or ids.max() >= cfg.n_vocab:
             raise InvalidRequest(f"token id out of range 0..{cfg.n_vocab - 1}")
+        if not 0 <= slot < self.n_slots:
+            raise InvalidRequest(f"slot {slot} out of range 0..{self.n_slots - 1}")
+        k_cache, v_cache = self.k_cache[slot], self.v_cache[slot]
         end = start + T
         cos, sin = self.cos[start:end], self.sin[start:end]
 
@@ -193,9 +202,9 @@ class ReferenceEngine:
             k = (xn @ L.wk).reshape(T, cfg.n_kv_heads, cfg.head_dim)
             v = (xn @ L.wv).reshape(T, cfg.n_kv_heads, cfg.head_dim)
             q = rope(q, cos, sin, cfg.rope_style)
-            self.k_cache[i, start:end] = rope(k, cos, sin, cfg.rope_style)
-            self.v_cache[i, start:end] = v
-            att = attention(q, self.k_cache[i, :end], self.v_cache[i, :end], start)
+            k_cache[i, start:end] = rope(k, cos, sin, cfg.rope_style)
+            v_cache[i, start:end] = v
+            att = attention(q, k_cache[i, :end], v_cache[i, :end], start)
             x = x + att @ L.wo
             # feed-forward block (SwiGLU)
             xn = rmsnorm(x, L.ffn_norm, cfg.norm_eps)
