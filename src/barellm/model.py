@@ -56,7 +56,7 @@ class Model:
     """A loaded model. Not safe to use from several threads at once (one KV cache)."""
 
     def __init__(self, path: Path, *, threads: int | None = None, context: int | None = None,
-                 engine: str = "native", chat_template: str | None = None) -> None:
+                 engine: str = "native", chat_template: str | None = None, slots: int = 1) -> None:
         from barellm.text.chat import ChatTemplate, template_for
         from barellm.text.tokenizer import Tokenizer
 
@@ -81,6 +81,9 @@ class Model:
             bos_token=self.tokenizer.token_text(self.tokenizer.bos_id) if self.tokenizer.bos_id is not None else "",
             eos_token=self.tokenizer.token_text(self.tokenizer.eos_id) if self.tokenizer.eos_id is not None else "",
         )
+        if not (isinstance(slots, int) and 1 <= slots <= 256):
+            raise InvalidRequest(f"slots must be an integer in 1..256, got {slots!r}")
+        self.slots = slots
         self.threads = threads or default_threads()
         self.engine_name = engine
         self.engine = self._make_engine(engine)
@@ -90,10 +93,10 @@ class Model:
         if engine == "reference":
             from barellm.arch import reference_engine
 
-            return reference_engine(self.config, self.source, self.n_ctx)
+            return reference_engine(self.config, self.source, self.n_ctx, self.slots)
         from barellm.engine import NativeEngine
 
-        return NativeEngine(self.config, self.source, n_ctx=self.n_ctx, threads=self.threads)
+        return NativeEngine(self.config, self.source, n_ctx=self.n_ctx, threads=self.threads, n_slots=self.slots)
 
     # --- text <-> ids -------------------------------------------------------------------------
 
@@ -317,16 +320,18 @@ def default_threads() -> int:
 
 
 def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = None, context: int | None = None,
-         engine: str = "native", chat_template: str | None = None) -> Model:
+         engine: str = "native", chat_template: str | None = None, slots: int = 1) -> Model:
     """Loads a model by name ("smollm2-135m", pulled on first use) or path.
 
     threads: worker threads (default: physical cores); context: KV cache size in tokens;
     engine: "native" (the C core) or "reference" (NumPy float32, slow, exact);
-    chat_template: a built-in template name to use instead of the file's.
+    chat_template: a built-in template name to use instead of the file's;
+    slots: independent KV caches (sequences served side by side); the Model's own calls use slot 0.
     """
     path = hub.resolve(model)
     try:
-        return Model(path, threads=threads, context=context, engine=engine, chat_template=chat_template)
+        return Model(path, threads=threads, context=context, engine=engine, chat_template=chat_template,
+                     slots=slots)
     except BarellmError:
         raise
     except (OSError, MemoryError) as e:
