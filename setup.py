@@ -23,6 +23,7 @@ setup(
             "barellm._native",
             sources=sources,
             include_dirs=["src/barellm/_native"],
+            depends=sorted(glob.glob("src/barellm/_native/*.h")),
             extra_compile_args=cflags,
             extra_link_args=ldflags,
         )

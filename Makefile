@@ -1,0 +1,48 @@
+# The two quickstart commands:
+#   make run    sets up a virtual environment, builds the native core, runs the default model
+#   make test   sets up the same, fetches the real models, runs lint and every test
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PROMPT ?= The capital of France is
+
+.PHONY: setup build run test test-asan lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml setup.py
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+# rebuilds the C core in place when a source changed (an editable install does not)
+build: setup
+	$(PY) setup.py -q build_ext --inplace
+
+run: build
+	$(VENV)/bin/barellm run "$(PROMPT)" --max-tokens 64 --temperature 0 --verbose
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench
+
+test: build lint
+	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m
+	$(PY) -m pytest -q -p no:cacheprovider
+	$(MAKE) test-asan
+
+# The kernel tests again, against a copy of the native core built with AddressSanitizer.
+test-asan: setup
+	rm -rf .asan-build
+	BARELLM_SANITIZE=1 $(PY) setup.py -q build_ext -b .asan-build/lib -t .asan-build/tmp
+	cp -r src/barellm .asan-build/pkg && rm -f .asan-build/pkg/_native*.so
+	cp .asan-build/lib/barellm/_native*.so .asan-build/pkg/
+	mkdir -p .asan-build/path && mv .asan-build/pkg .asan-build/path/barellm
+	cd .asan-build && LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
+		PYTHONPATH=$$PWD/path ../$(PY) -m pytest -q -p no:cacheprovider --rootdir=.. -c ../pyproject.toml \
+		$$(ls ../tests/test_kernels*.py ../tests/test_ops.py 2>/dev/null)
+
+bench: build
+	$(PY) bench/engine.py
+
+clean:
+	rm -rf build .asan-build src/barellm/_native*.so

@@ -1,0 +1,215 @@
+"""The llama architecture, as a slow and exact NumPy float32 forward pass.
+
+This is the reference every optimized path is checked against, so it is written for clarity: one
+function per step, the forward pass readable top to bottom. Weights are dequantized to float32 once
+at load; the KV cache is allocated once for the context size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from barellm.arch.config import ModelConfig
+from barellm.errors import FormatError, InvalidRequest
+
+
+class WeightSource(Protocol):
+    """What a model file offers the engines (GGUFFile and the .blm reader both do)."""
+
+    tensors: dict[str, Any]
+
+    def dequantize(self, name: str) -> np.ndarray: ...
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a llama model needs, with the shape it must have (NumPy order)."""
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (cfg.n_vocab, cfg.dim),
+        "output_norm.weight": (cfg.dim,),
+    }
+    if not cfg.tied_output:
+        shapes["output.weight"] = (cfg.n_vocab, cfg.dim)
+    for i in range(cfg.n_layers):
+        b = f"blk.{i}."
+        shapes.update({
+            b + "attn_norm.weight": (cfg.dim,),
+            b + "attn_q.weight": (cfg.q_dim, cfg.dim),
+            b + "attn_k.weight": (cfg.kv_dim, cfg.dim),
+            b + "attn_v.weight": (cfg.kv_dim, cfg.dim),
+            b + "attn_output.weight": (cfg.dim, cfg.q_dim),
+            b + "ffn_norm.weight": (cfg.dim,),
+            b + "ffn_gate.weight": (cfg.ffn_dim, cfg.dim),
+            b + "ffn_up.weight": (cfg.ffn_dim, cfg.dim),
+            b + "ffn_down.weight": (cfg.dim, cfg.ffn_dim),
+        })
+    return shapes
+
+
+def check_tensors(cfg: ModelConfig, tensors: dict[str, Any]) -> None:
+    """Refuses a file whose tensors do not match its own hyperparameters."""
+    for name, shape in expected_shapes(cfg).items():
+        info = tensors.get(name)
+        if info is None:
+            raise FormatError(f"tensor {name!r} is missing")
+        if tuple(info.shape) != shape:
+            raise FormatError(f"tensor {name!r} has shape {tuple(info.shape)}, expected {shape}")
+
+
+# --- the steps of the forward pass -------------------------------------------------------------
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x[T, d] / rms(x) * w, the mean taken over d."""
+    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    return (x / np.sqrt(ms + np.float32(eps))) * w
+
+
+def rope_tables(cfg: ModelConfig, n_ctx: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [n_ctx, rope_dim/2] of position * theta_i, theta_i = base^(-2i/rope_dim)."""
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim))
+    angles = np.outer(np.arange(n_ctx, dtype=np.float64), inv_freq)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndarray:
+    """Rotates the first rope_dim values of each head of x[T, n_heads, head_dim] by position.
+
+    cos/sin are [T, rope_dim/2], the rows of the tables for the tokens' positions.
+    """
+    half = cos.shape[-1]
+    out = x.copy()
+    c, s = cos[:, None, :], sin[:, None, :]
+    if style == "norm":      # pairs (2i, 2i+1)
+        a, b = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
+        out[..., 0:2 * half:2] = a * c - b * s
+        out[..., 1:2 * half:2] = a * s + b * c
+    else:                    # "neox": pairs (i, i + half)
+        a, b = x[..., :half], x[..., half:2 * half]
+        out[..., :half] = a * c - b * s
+        out[..., half:2 * half] = a * s + b * c
+    return out
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+    """Causal grouped-query attention.
+
+    q[T, n_heads, hd] for positions start..start+T-1; k, v [start+T, n_kv_heads, hd] from the cache.
+    Query head h reads kv head h // (n_heads / n_kv_heads).
+    """
+    T, n_heads, hd = q.shape
+    group = n_heads // k.shape[1]
+    kh = np.repeat(k, group, axis=1).transpose(1, 2, 0)   # [n_heads, hd, S]
+    vh = np.repeat(v, group, axis=1).transpose(1, 0, 2)   # [n_heads, S, hd]
+    scores = np.matmul(q.transpose(1, 0, 2), kh) * np.float32(1.0 / np.sqrt(hd))  # [n_heads, T, S]
+    S = k.shape[0]
+    future = np.arange(S)[None, :] > (start + np.arange(T))[:, None]
+    scores[:, future] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.matmul(p, vh).transpose(1, 0, 2).reshape(T, n_heads * hd)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: np.ndarray
+    wq: np.ndarray
+    wk: np.ndarray
+    wv: np.ndarray
+    wo: np.ndarray
+    ffn_norm: np.ndarray
+    w_gate: np.ndarray
+    w_up: np.ndarray
+    w_down: np.ndarray
+
+
+class ReferenceEngine:
+    """The NumPy float32 forward pass over a KV cache allocated once for n_ctx positions."""
+
+    def __init__(self, cfg: ModelConfig, source: WeightSource, n_ctx: int | None = None, n_slots: int = 1) -> None:
+        check_tensors(cfg, source.tensors)
+        self.cfg = cfg
+        self.n_ctx = n_ctx or cfg.context_length
+        self.n_vocab = cfg.n_vocab
+
+        def w(name: str) -> np.ndarray:
+            return np.ascontiguousarray(source.dequantize(name), dtype=np.float32)
+
+        self.token_embd = w("token_embd.weight")
+        self.output_norm = w("output_norm.weight")
+        self.output = self.token_embd if cfg.tied_output else w("output.weight")
+        # Matrices are stored transposed once, so every projection is a plain x @ W.
+        self.layers = [
+            LayerWeights(
+                attn_norm=w(f"blk.{i}.attn_norm.weight"),
+                wq=w(f"blk.{i}.attn_q.weight").T.copy(),
+                wk=w(f"blk.{i}.attn_k.weight").T.copy(),
+                wv=w(f"blk.{i}.attn_v.weight").T.copy(),
+                wo=w(f"blk.{i}.attn_output.weight").T.copy(),
+                ffn_norm=w(f"blk.{i}.ffn_norm.weight"),
+                w_gate=w(f"blk.{i}.ffn_gate.weight").T.copy(),
+                w_up=w(f"blk.{i}.ffn_up.weight").T.copy(),
+                w_down=w(f"blk.{i}.ffn_down.weight").T.copy(),
+            )
+            for i in range(cfg.n_layers)
+        ]
+        # one cache region per slot (independent sequences served side by side)
+        self.n_slots = n_slots
+        self.k_cache = np.zeros((n_slots, cfg.n_layers, self.n_ctx, cfg.n_kv_heads, cfg.head_dim), np.float32)
+        self.v_cache = np.zeros_like(self.k_cache)
+        self.cos, self.sin = rope_tables(cfg, self.n_ctx)
+
+    def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
+        """Runs several sequences (slot, tokens, start); returns each one's last logits [len(seqs), n_vocab]."""
+        return np.concatenate([self.forward(tokens, start, slot=slot) for slot, tokens, start in seqs])
+
+    def forward(self, tokens: Sequence[int], start: int, all_logits: bool = False, slot: int = 0) -> np.ndarray:
+        """Feeds tokens at positions start.. of a slot (overwriting its cache from there); returns logits.
+
+        The result is [len(tokens), n_vocab] if all_logits, else [1, n_vocab] for the last token.
+        """
+        cfg = self.cfg
+        ids = np.asarray(tokens, dtype=np.int64)
+        T = len(ids)
+        if T == 0:
+            raise InvalidRequest("forward needs at least one token")
+        if start < 0 or start + T > self.n_ctx:
+            raise InvalidRequest(f"positions {start}..{start + T - 1} do not fit the context of {self.n_ctx}")
+        if ids.min() < 0 or ids.max() >= cfg.n_vocab:
+            raise InvalidRequest(f"token id out of range 0..{cfg.n_vocab - 1}")
+        if not 0 <= slot < self.n_slots:
+            raise InvalidRequest(f"slot {slot} out of range 0..{self.n_slots - 1}")
+        k_cache, v_cache = self.k_cache[slot], self.v_cache[slot]
+        end = start + T
+        cos, sin = self.cos[start:end], self.sin[start:end]
+
+        x = self.token_embd[ids]                                       # [T, dim]
+        for i, L in enumerate(self.layers):
+            # attention block
+            xn = rmsnorm(x, L.attn_norm, cfg.norm_eps)
+            q = (xn @ L.wq).reshape(T, cfg.n_heads, cfg.head_dim)
+            k = (xn @ L.wk).reshape(T, cfg.n_kv_heads, cfg.head_dim)
+            v = (xn @ L.wv).reshape(T, cfg.n_kv_heads, cfg.head_dim)
+            q = rope(q, cos, sin, cfg.rope_style)
+            k_cache[i, start:end] = rope(k, cos, sin, cfg.rope_style)
+            v_cache[i, start:end] = v
+            att = attention(q, k_cache[i, :end], v_cache[i, :end], start)
+            x = x + att @ L.wo
+            # feed-forward block (SwiGLU)
+            xn = rmsnorm(x, L.ffn_norm, cfg.norm_eps)
+            x = x + (silu(xn @ L.w_gate) * (xn @ L.w_up)) @ L.w_down
+
+        if not all_logits:
+            x = x[-1:]
+        return rmsnorm(x, self.output_norm, cfg.norm_eps) @ self.output.T

@@ -1,0 +1,84 @@
+"""The `barellm` command. Each subcommand lives in the module that owns its subject; this file only
+builds the parser, turns barellm errors into one line on stderr and a non-zero exit, and dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from barellm.errors import BarellmError
+
+# each module has register(subparsers), which adds its command(s) to the parser
+COMMAND_MODULES = [
+    "barellm.commands",
+    "barellm.tools.inspect",
+]
+
+
+def add_model_args(p: argparse.ArgumentParser, *, engine: bool = True) -> None:
+    """The options every command that loads a model shares."""
+    p.add_argument("-t", "--threads", type=int, default=None, help="worker threads (default: physical cores)")
+    p.add_argument("-c", "--context", type=int, default=None,
+                   help="context size in tokens (default: min(4096, the model's))")
+    if engine:
+        p.add_argument("--engine", choices=["native", "reference"], default="native",
+                       help="native: the C core (default); reference: the NumPy float32 forward (slow, exact)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--max-tokens", type=int, default=None, help="tokens to generate at most")
+    p.add_argument("--temperature", "--temp", type=float, default=None, help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens, 0 = off (default 40)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, 1 = off (default 0.95)")
+    p.add_argument("--min-p", type=float, default=None, help="drop tokens below min_p x the top probability (0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=None, help="penalize recent tokens, 1 = off (default)")
+    p.add_argument("--seed", type=int, default=None, help="makes a sampled run reproducible")
+    p.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict:
+    kw = {
+        "max_tokens": args.max_tokens, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+        "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed, "stop": args.stop,
+    }
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="barellm",
+        description="A bare-metal LLM inference engine for CPUs. Models are given by name "
+                    "(smollm2-135m, the default; gemma3-270m) or by path to a .gguf or .blm file.",
+    )
+    from barellm import __version__
+
+    parser.add_argument("--version", action="version", version=f"barellm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except BarellmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

