@@ -23,7 +23,7 @@ run: build
 	$(VENV)/bin/barellm run "$(PROMPT)" --max-tokens 64 --temperature 0 --verbose
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check .
 
 test: build lint
 	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m

@@ -197,7 +197,7 @@ def test_invariance_T_and_splits(isa, type_, layout, rows, cols):
     for _ in range(6):
         cuts = sorted(set(int(c) for c in rng.integers(0, rows // align + 1, 3) * align) | {0, rows})
         out = np.zeros_like(full)
-        for r0, r1 in zip(cuts[:-1], cuts[1:]):
+        for r0, r1 in zip(cuts[:-1], cuts[1:], strict=True):
             part = np.asarray(nat.matmul_q(type_, layout, rows, cols, w, xq, T, r0=r0, r1=r1))
             assert not part[:, :r0].any() and not part[:, r1:].any()
             out[:, r0:r1] = part[:, r0:r1]

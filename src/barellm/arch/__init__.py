@@ -10,7 +10,7 @@ from barellm.errors import FormatError
 
 def reference_engine(cfg: ModelConfig, source: Any, n_ctx: int, n_slots: int = 1) -> Any:
     """The NumPy float32 reference engine for cfg's architecture."""
-    if cfg.arch == "llama":
+    if cfg.arch in ("llama", "gemma3"):
         from barellm.arch.llama import ReferenceEngine
 
         return ReferenceEngine(cfg, source, n_ctx, n_slots)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from barellm.errors import FormatError
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,30 @@ class ModelConfig:
     rope_style: str
     context_length: int      # what the model was trained for
     tied_output: bool        # output projection shares the token embedding
+    # What the architectures beyond llama add (the defaults are llama's):
+    embed_scale: float = 1.0           # token embeddings are multiplied by this (gemma: sqrt(dim))
+    act: str = "silu"                  # the gated MLP's activation: "silu" or "gelu_tanh"
+    qk_norm: bool = False              # RMSNorm over each query and key head before RoPE
+    post_norms: bool = False           # RMSNorm on the attention and MLP outputs before the residual add
+    attn_scale: float = 0.0            # scores are multiplied by this (0: 1/sqrt(head_dim))
+    sliding_window: int = 0            # keys a local layer sees, counting the query's own (0: all)
+    swa_pattern: int = 0               # every swa_pattern-th layer is global, the others local (0: all global)
+    rope_theta_local: float = 0.0      # RoPE base of local layers (0: rope_theta)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def is_local(self, layer: int) -> bool:
+        """Whether a layer attends over the sliding window only."""
+        return self.swa_pattern > 0 and self.sliding_window > 0 and layer % self.swa_pattern < self.swa_pattern - 1
+
+    def layer_window(self, layer: int) -> int:
+        return self.sliding_window if self.is_local(layer) else 0
+
+    def layer_rope_theta(self, layer: int) -> float:
+        return self.rope_theta_local if self.is_local(layer) and self.rope_theta_local else self.rope_theta
+
+    @property
+    def scale(self) -> float:
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
 
     @property
     def q_dim(self) -> int:
@@ -87,8 +111,18 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool) ->
     if not (0 < eps < 1 and theta > 1):
         raise FormatError(f"norm epsilon {eps} or rope base {theta} out of range")
     ctx = _positive(p + "context_length", _get(md, p + "context_length", int, 2048), 1 << 24)
-    return ModelConfig(
+    common = dict(
         arch=arch, n_vocab=_positive("vocabulary size", n_vocab, 1 << 22), dim=dim, n_layers=n_layers,
         n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, ffn_dim=ffn_dim, norm_eps=eps,
-        rope_theta=theta, rope_dim=rope_dim, rope_style="norm", context_length=ctx, tied_output=tied_output,
+        rope_theta=theta, rope_dim=rope_dim, context_length=ctx, tied_output=tied_output,
     )
+    if arch == "gemma3":
+        window = _get(md, p + "attention.sliding_window", int, 0)
+        if not 0 <= window <= ctx:
+            raise FormatError(f"attention.sliding_window {window} is out of range (0..{ctx})")
+        # As Gemma 3 defines them (and llama.cpp reads them): GGUF stores Q/K unpermuted, so RoPE
+        # rotates (i, i + d/2) pairs; five local layers with base 10000 for each global one.
+        return ModelConfig(**common, rope_style="neox", embed_scale=math.sqrt(dim), act="gelu_tanh",
+                           qk_norm=True, post_norms=True, sliding_window=window, swa_pattern=6,
+                           rope_theta_local=10000.0)
+    return ModelConfig(**common, rope_style="norm")

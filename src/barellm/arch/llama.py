@@ -1,8 +1,12 @@
-"""The llama architecture, as a slow and exact NumPy float32 forward pass.
+"""The llama architecture, as a slow and exact NumPy float32 forward pass, and its relatives.
 
 This is the reference every optimized path is checked against, so it is written for clarity: one
 function per step, the forward pass readable top to bottom. Weights are dequantized to float32 once
 at load; the KV cache is allocated once for the context size.
+
+Gemma 3 is llama with a few twists, each a flag of ModelConfig: scaled embeddings, RMSNorm over
+each query/key head, norms after attention and MLP, a GELU-gated MLP, and local layers that see a
+sliding window of keys with their own RoPE base.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["output.weight"] = (cfg.n_vocab, cfg.dim)
     for i in range(cfg.n_layers):
         b = f"blk.{i}."
+        if cfg.qk_norm:
+            shapes.update({b + "attn_q_norm.weight": (cfg.head_dim,), b + "attn_k_norm.weight": (cfg.head_dim,)})
+        if cfg.post_norms:
+            shapes.update({b + "post_attention_norm.weight": (cfg.dim,), b + "post_ffw_norm.weight": (cfg.dim,)})
         shapes.update({
             b + "attn_norm.weight": (cfg.dim,),
             b + "attn_q.weight": (cfg.q_dim, cfg.dim),
@@ -68,9 +76,9 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(ms + np.float32(eps))) * w
 
 
-def rope_tables(cfg: ModelConfig, n_ctx: int) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(rope_dim: int, base: float, n_ctx: int) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [n_ctx, rope_dim/2] of position * theta_i, theta_i = base^(-2i/rope_dim)."""
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim))
+    inv_freq = 1.0 / (base ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim))
     angles = np.outer(np.arange(n_ctx, dtype=np.float64), inv_freq)
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
@@ -94,20 +102,24 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndar
     return out
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float, window: int = 0) -> np.ndarray:
     """Causal grouped-query attention.
 
     q[T, n_heads, hd] for positions start..start+T-1; k, v [start+T, n_kv_heads, hd] from the cache.
-    Query head h reads kv head h // (n_heads / n_kv_heads).
+    Query head h reads kv head h // (n_heads / n_kv_heads). With a window, the query at position p
+    sees only the keys at p - window + 1 .. p.
     """
     T, n_heads, hd = q.shape
     group = n_heads // k.shape[1]
     kh = np.repeat(k, group, axis=1).transpose(1, 2, 0)   # [n_heads, hd, S]
     vh = np.repeat(v, group, axis=1).transpose(1, 0, 2)   # [n_heads, S, hd]
-    scores = np.matmul(q.transpose(1, 0, 2), kh) * np.float32(1.0 / np.sqrt(hd))  # [n_heads, T, S]
-    S = k.shape[0]
-    future = np.arange(S)[None, :] > (start + np.arange(T))[:, None]
-    scores[:, future] = -np.inf
+    scores = np.matmul(q.transpose(1, 0, 2), kh) * np.float32(scale)  # [n_heads, T, S]
+    key_pos = np.arange(k.shape[0])[None, :]
+    query_pos = (start + np.arange(T))[:, None]
+    hidden = key_pos > query_pos
+    if window:
+        hidden |= query_pos - key_pos >= window
+    scores[:, hidden] = -np.inf
     scores -= scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)
@@ -116,6 +128,15 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.nda
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (np.float32(1.0) + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU with the tanh approximation, as Gemma is trained with."""
+    c = np.float32(np.sqrt(2.0 / np.pi))
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 
 # --- the model ---------------------------------------------------------------------------------
@@ -132,6 +153,10 @@ class LayerWeights:
     w_gate: np.ndarray
     w_up: np.ndarray
     w_down: np.ndarray
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+    post_attn_norm: np.ndarray | None = None
+    post_ffn_norm: np.ndarray | None = None
 
 
 class ReferenceEngine:
@@ -145,6 +170,9 @@ class ReferenceEngine:
 
         def w(name: str) -> np.ndarray:
             return np.ascontiguousarray(source.dequantize(name), dtype=np.float32)
+
+        def optional(name: str, present: bool) -> np.ndarray | None:
+            return w(name) if present else None
 
         self.token_embd = w("token_embd.weight")
         self.output_norm = w("output_norm.weight")
@@ -161,6 +189,10 @@ class ReferenceEngine:
                 w_gate=w(f"blk.{i}.ffn_gate.weight").T.copy(),
                 w_up=w(f"blk.{i}.ffn_up.weight").T.copy(),
                 w_down=w(f"blk.{i}.ffn_down.weight").T.copy(),
+                q_norm=optional(f"blk.{i}.attn_q_norm.weight", cfg.qk_norm),
+                k_norm=optional(f"blk.{i}.attn_k_norm.weight", cfg.qk_norm),
+                post_attn_norm=optional(f"blk.{i}.post_attention_norm.weight", cfg.post_norms),
+                post_ffn_norm=optional(f"blk.{i}.post_ffw_norm.weight", cfg.post_norms),
             )
             for i in range(cfg.n_layers)
         ]
@@ -168,7 +200,10 @@ class ReferenceEngine:
         self.n_slots = n_slots
         self.k_cache = np.zeros((n_slots, cfg.n_layers, self.n_ctx, cfg.n_kv_heads, cfg.head_dim), np.float32)
         self.v_cache = np.zeros_like(self.k_cache)
-        self.cos, self.sin = rope_tables(cfg, self.n_ctx)
+        tables = {base: rope_tables(cfg.rope_dim, base, self.n_ctx)
+                  for base in {cfg.layer_rope_theta(i) for i in range(cfg.n_layers)}}
+        self.rope = [tables[cfg.layer_rope_theta(i)] for i in range(cfg.n_layers)]
+        self.act = ACTIVATIONS[cfg.act]
 
     def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
         """Runs several sequences (slot, tokens, start); returns each one's last logits [len(seqs), n_vocab]."""
@@ -192,23 +227,33 @@ class ReferenceEngine:
             raise InvalidRequest(f"slot {slot} out of range 0..{self.n_slots - 1}")
         k_cache, v_cache = self.k_cache[slot], self.v_cache[slot]
         end = start + T
-        cos, sin = self.cos[start:end], self.sin[start:end]
+        eps = cfg.norm_eps
 
         x = self.token_embd[ids]                                       # [T, dim]
+        if cfg.embed_scale != 1.0:
+            x = x * np.float32(cfg.embed_scale)
         for i, L in enumerate(self.layers):
             # attention block
-            xn = rmsnorm(x, L.attn_norm, cfg.norm_eps)
+            xn = rmsnorm(x, L.attn_norm, eps)
             q = (xn @ L.wq).reshape(T, cfg.n_heads, cfg.head_dim)
             k = (xn @ L.wk).reshape(T, cfg.n_kv_heads, cfg.head_dim)
             v = (xn @ L.wv).reshape(T, cfg.n_kv_heads, cfg.head_dim)
+            if L.q_norm is not None and L.k_norm is not None:
+                q, k = rmsnorm(q, L.q_norm, eps), rmsnorm(k, L.k_norm, eps)
+            cos, sin = (table[start:end] for table in self.rope[i])
             q = rope(q, cos, sin, cfg.rope_style)
             k_cache[i, start:end] = rope(k, cos, sin, cfg.rope_style)
             v_cache[i, start:end] = v
-            att = attention(q, k_cache[i, :end], v_cache[i, :end], start)
-            x = x + att @ L.wo
-            # feed-forward block (SwiGLU)
-            xn = rmsnorm(x, L.ffn_norm, cfg.norm_eps)
-            x = x + (silu(xn @ L.w_gate) * (xn @ L.w_up)) @ L.w_down
+            att = attention(q, k_cache[i, :end], v_cache[i, :end], start, cfg.scale, cfg.layer_window(i)) @ L.wo
+            if L.post_attn_norm is not None:
+                att = rmsnorm(att, L.post_attn_norm, eps)
+            x = x + att
+            # feed-forward block (gated: SwiGLU for llama, GELU for gemma)
+            xn = rmsnorm(x, L.ffn_norm, eps)
+            ffn = (self.act(xn @ L.w_gate) * (xn @ L.w_up)) @ L.w_down
+            if L.post_ffn_norm is not None:
+                ffn = rmsnorm(ffn, L.post_ffn_norm, eps)
+            x = x + ffn
 
         if not all_logits:
             x = x[-1:]

@@ -1,0 +1,506 @@
+"""The type-traits table: one `QuantType` row per ggml tensor type.
+
+The idea is ggml's `type_traits`: everything the rest of barellm needs to know about a storage type
+(its id, block layout, how to turn its bytes into float32 and back) lives in one row, so supporting a new
+type means adding a row here and nothing else in the Python layer.
+
+Every ggml type id is listed so that a file using one we cannot decode fails with the type's name rather
+than a bare number; rows without converters have `supported == False`. Rows for layouts ggml has removed
+have `block_size == 0`.
+
+Decoding matches ggml's `dequantize_row_*` (and the `gguf` package, which is our test oracle) bit for bit:
+each value is computed with the same float32 operations in the same order. Encoding matches ggml's
+`quantize_row_*_ref` for the types that have `from_float`, including its rounding rules (truncation of
+`x + 0.5` where ggml truncates, round-half-away-from-zero where ggml calls `roundf`).
+
+Each supported row with an encoder also carries `max_error`: a per-block bound on
+|x - to_float(from_float(x))| that tests hold the encoders to. The bounds include the error of storing the
+block scale (and minimum) as float16, so they are exact statements about the codec, not estimates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from barellm.errors import FormatError
+
+__all__ = [
+    "QuantType",
+    "TYPES",
+    "BY_NAME",
+    "SUPPORTED",
+    "get",
+    "by_name",
+    "type_name",
+    "row_bytes",
+    "nbytes",
+    "dequantize",
+    "quantize",
+]
+
+ToFloat = Callable[[np.ndarray], np.ndarray]
+FromFloat = Callable[[np.ndarray], np.ndarray]
+MaxError = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """One row of the table.
+
+    `to_float` maps uint8 `[n_blocks * block_bytes]` to float32 `[n_blocks * block_size]`; `from_float`
+    maps float32 `[n_blocks * block_size]` to uint8 `[n_blocks * block_bytes]`. `max_error` maps float32
+    blocks `[n_blocks, block_size]` to the largest |x - to_float(from_float(x))| allowed in each block.
+    """
+
+    id: int
+    name: str
+    block_size: int
+    block_bytes: int
+    to_float: ToFloat | None = None
+    from_float: FromFloat | None = None
+    max_error: MaxError | None = None
+
+    @property
+    def supported(self) -> bool:
+        """Whether barellm can decode this type."""
+        return self.to_float is not None
+
+    @property
+    def has_layout(self) -> bool:
+        """Whether the block layout is known (false only for layouts ggml has removed)."""
+        return self.block_size > 0
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# --- block layouts -------------------------------------------------------------------------------------
+# NumPy structured dtypes mirroring ggml's block_* structs (all packed, little-endian). Viewing raw bytes
+# through them gives zero-copy access to each field.
+
+QK = 32  # elements per block of the simple quants
+QK_K = 256  # elements per super-block of the K-quants
+
+_BLOCK_Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (QK,))])
+_BLOCK_Q4_0 = np.dtype([("d", "<f2"), ("qs", "u1", (QK // 2,))])
+_BLOCK_Q4_1 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (QK // 2,))])
+# qh is a little-endian uint32 in ggml; as bytes it unpacks straight into per-element bits.
+_BLOCK_Q5_0 = np.dtype([("d", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (QK // 2,))])
+_BLOCK_Q4_K = np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)), ("qs", "u1", (QK_K // 2,))])
+_BLOCK_Q6_K = np.dtype(
+    [("ql", "u1", (QK_K // 2,)), ("qh", "u1", (QK_K // 4,)), ("scales", "i1", (QK_K // 16,)), ("d", "<f2")]
+)
+
+# Work through large tensors this many output values at a time: the temporaries then stay in cache,
+# which makes decoding several times faster than whole-array passes and bounds its extra memory.
+_CHUNK_VALUES = 1 << 16
+
+_F32 = np.float32
+
+
+def _blocks(raw: np.ndarray, layout: np.dtype) -> np.ndarray:
+    return raw.view(layout)
+
+
+def _decode_blockwise(
+    raw: np.ndarray, layout: np.dtype, block_size: int, decode: Callable[[np.ndarray, np.ndarray], None]
+) -> np.ndarray:
+    blocks = _blocks(raw, layout)
+    out = np.empty((blocks.shape[0], block_size), dtype=_F32)
+    step = max(1, _CHUNK_VALUES // block_size)
+    for start in range(0, blocks.shape[0], step):
+        decode(blocks[start : start + step], out[start : start + step])
+    return out.reshape(-1)
+
+
+def _f16(field: np.ndarray) -> np.ndarray:
+    return field.astype(_F32)
+
+
+# --- decoders ------------------------------------------------------------------------------------------
+
+
+def _f32_to_float(raw: np.ndarray) -> np.ndarray:
+    return raw.view("<f4").astype(_F32)
+
+
+def _f16_to_float(raw: np.ndarray) -> np.ndarray:
+    return raw.view("<f2").astype(_F32)
+
+
+def _bf16_to_float(raw: np.ndarray) -> np.ndarray:
+    # bf16 is the top half of an f32: widen and shift into place.
+    return (raw.view("<u2").astype(np.uint32) << 16).view(_F32)
+
+
+def _dec_q8_0(b: np.ndarray, out: np.ndarray) -> None:
+    np.multiply(b["qs"], _f16(b["d"])[:, None], out=out, dtype=_F32)
+
+
+def _split_nibbles(qs: np.ndarray, out: np.ndarray) -> None:
+    """ggml packs element j in the low nibble and element j + half in the high nibble of byte j."""
+    np.bitwise_and(qs, 0x0F, out=out[..., 0, :])
+    np.right_shift(qs, 4, out=out[..., 1, :])
+
+
+def _dec_q4_0(b: np.ndarray, out: np.ndarray) -> None:
+    o = out.reshape(-1, 2, QK // 2)
+    _split_nibbles(b["qs"], o)
+    o -= 8
+    o *= _f16(b["d"])[:, None, None]
+
+
+def _dec_q4_1(b: np.ndarray, out: np.ndarray) -> None:
+    o = out.reshape(-1, 2, QK // 2)
+    _split_nibbles(b["qs"], o)
+    o *= _f16(b["d"])[:, None, None]
+    o += _f16(b["m"])[:, None, None]
+
+
+def _dec_q5_0(b: np.ndarray, out: np.ndarray) -> None:
+    high = np.unpackbits(b["qh"], axis=-1, bitorder="little")  # bit j is the 5th bit of element j
+    q = np.empty((b.shape[0], 2, QK // 2), dtype=np.uint8)
+    np.bitwise_and(b["qs"], 0x0F, out=q[:, 0])
+    np.right_shift(b["qs"], 4, out=q[:, 1])
+    q = q.reshape(-1, QK)
+    q |= high << 4
+    np.subtract(q, 16, out=out, dtype=_F32, casting="unsafe")
+    out *= _f16(b["d"])[:, None]
+
+
+def _k4_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8 six-bit scales and mins of a Q4_K/Q5_K super-block (ggml's get_scale_min_k4, vectorized).
+
+    Bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7; bytes 4-7 the same for the
+    mins; bytes 8-11 the low 4 bits of scales 4-7 (low nibble) and mins 4-7 (high nibble).
+    """
+    s = scales.reshape(-1, 3, 4)
+    a, b, c = s[:, 0], s[:, 1], s[:, 2]
+    sc = np.concatenate([a & 0x3F, (c & 0x0F) | ((a >> 6) << 4)], axis=-1)
+    mn = np.concatenate([b & 0x3F, (c >> 4) | ((b >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def _dec_q4_k(b: np.ndarray, out: np.ndarray) -> None:
+    sc, mn = _k4_scales_mins(b["scales"])
+    # ggml computes d * sc and dmin * m in float32 first, then d1 * q - m1.
+    d1 = (_f16(b["d"])[:, None] * sc).reshape(-1, 4, 2, 1)
+    m1 = (_f16(b["dmin"])[:, None] * mn).reshape(-1, 4, 2, 1)
+    o = out.reshape(-1, 4, 2, 32)
+    _split_nibbles(b["qs"].reshape(-1, 4, 32), o)
+    o *= d1
+    o -= m1
+
+
+_Q6_K_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+
+
+def _dec_q6_k(b: np.ndarray, out: np.ndarray) -> None:
+    # Each 128-value half takes 64 bytes of ql and 32 of qh. Values l, l+32 use the low nibbles of ql[l]
+    # and ql[l+32], values l+64, l+96 their high nibbles; qh[l] holds the top two bits of all four.
+    n = b.shape[0]
+    ql = b["ql"].reshape(n, 2, 2, 32)
+    q = np.empty((n, 2, 4, 32), dtype=np.uint8)
+    np.bitwise_and(ql, 0x0F, out=q[:, :, 0:2])
+    np.right_shift(ql, 4, out=q[:, :, 2:4])
+    high = (b["qh"].reshape(n, 2, 1, 32) >> _Q6_K_SHIFTS) & 0x03
+    q |= high << 4
+    o = out.reshape(n, 2, 4, 2, 16)
+    np.subtract(q.reshape(n, 2, 4, 2, 16), 32, out=o, dtype=_F32, casting="unsafe")
+    o *= (_f16(b["d"])[:, None] * b["scales"]).reshape(n, 2, 4, 2, 1)
+
+
+def _dequantizer(layout: np.dtype, block_size: int, decode: Callable[[np.ndarray, np.ndarray], None]) -> ToFloat:
+    def to_float(raw: np.ndarray) -> np.ndarray:
+        return _decode_blockwise(raw, layout, block_size, decode)
+
+    to_float.__name__ = f"to_float_{decode.__name__.removeprefix('_dec_')}"
+    return to_float
+
+
+# --- encoders (ggml's quantize_row_*_ref) --------------------------------------------------------------
+
+
+def _roundf(x: np.ndarray) -> np.ndarray:
+    """C's roundf: halves go away from zero (np.rint would send them to even)."""
+    a = np.abs(x)
+    r = np.floor(a)
+    r += (a - r) >= 0.5  # a - floor(a) is exact in float arithmetic, so the tie test is too
+    return np.copysign(r, x)
+
+
+def _inverse(d: np.ndarray) -> np.ndarray:
+    """ggml's `id = d ? 1.0f/d : 0.0f`."""
+    return np.divide(_F32(1), d, out=np.zeros_like(d), where=d != 0)
+
+
+def _signed_absmax(x: np.ndarray) -> np.ndarray:
+    """The value of largest magnitude in each block, keeping its sign; the first one on ties, as ggml."""
+    i = np.abs(x).argmax(axis=-1)[:, None]
+    return np.take_along_axis(x, i, axis=-1)[:, 0]
+
+
+def _as_blocks(x: np.ndarray, block_size: int) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=_F32).reshape(-1, block_size)
+
+
+def _f32_from_float(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype="<f4").view(np.uint8).reshape(-1)
+
+
+def _f16_from_float(x: np.ndarray) -> np.ndarray:
+    # NumPy converts with round-to-nearest-even, as ggml's GGML_FP32_TO_FP16 does.
+    return np.asarray(x, dtype=_F32).astype("<f2").view(np.uint8).reshape(-1)
+
+
+def _bf16_from_float(x: np.ndarray) -> np.ndarray:
+    """ggml_compute_fp32_to_bf16: round to nearest even; NaNs stay NaN (quieted) instead of rounding."""
+    u = np.ascontiguousarray(x, dtype="<f4").view(np.uint32).reshape(-1)
+    rounded = (u.astype(np.uint64) + (0x7FFF + ((u >> 16) & 1))) >> 16
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    out = np.where(nan, (u >> 16) | 64, rounded).astype("<u2")
+    return out.view(np.uint8)
+
+
+def _q8_0_from_float(x: np.ndarray) -> np.ndarray:
+    xb = _as_blocks(x, QK)
+    d = np.abs(xb).max(axis=-1) / _F32(127)
+    out = np.empty(xb.shape[0], dtype=_BLOCK_Q8_0)
+    out["d"] = d
+    out["qs"] = _roundf(xb * _inverse(d)[:, None])
+    return out.view(np.uint8)
+
+
+def _q4_0_from_float(x: np.ndarray) -> np.ndarray:
+    xb = _as_blocks(x, QK)
+    d = _signed_absmax(xb) / _F32(-8)
+    # ggml: MIN(15, (int8_t)(x*id + 8.5f)), i.e. truncation; the sum is never negative
+    q = np.minimum(np.trunc(xb * _inverse(d)[:, None] + _F32(8.5)), 15).astype(np.uint8)
+    out = np.empty(xb.shape[0], dtype=_BLOCK_Q4_0)
+    out["d"] = d
+    out["qs"] = q[:, : QK // 2] | (q[:, QK // 2 :] << 4)
+    return out.view(np.uint8)
+
+
+def _q4_1_from_float(x: np.ndarray) -> np.ndarray:
+    xb = _as_blocks(x, QK)
+    lo = xb.min(axis=-1)
+    d = (xb.max(axis=-1) - lo) / _F32(15)
+    q = np.minimum(np.trunc((xb - lo[:, None]) * _inverse(d)[:, None] + _F32(0.5)), 15).astype(np.uint8)
+    out = np.empty(xb.shape[0], dtype=_BLOCK_Q4_1)
+    out["d"] = d
+    out["m"] = lo
+    out["qs"] = q[:, : QK // 2] | (q[:, QK // 2 :] << 4)
+    return out.view(np.uint8)
+
+
+def _q5_0_from_float(x: np.ndarray) -> np.ndarray:
+    xb = _as_blocks(x, QK)
+    d = _signed_absmax(xb) / _F32(-16)
+    q = np.minimum(np.trunc(xb * _inverse(d)[:, None] + _F32(16.5)), 31).astype(np.uint8)
+    out = np.empty(xb.shape[0], dtype=_BLOCK_Q5_0)
+    out["d"] = d
+    out["qh"] = np.packbits(q >> 4, axis=-1, bitorder="little")
+    out["qs"] = (q[:, : QK // 2] & 0x0F) | ((q[:, QK // 2 :] & 0x0F) << 4)
+    return out.view(np.uint8)
+
+
+# --- error bounds --------------------------------------------------------------------------------------
+# Each bound is the codec's rounding step plus what storing the scale (and minimum) in float16 costs:
+# with d the exact float32 scale and dh its float16, a value q*d is decoded as q*dh, off by |q|*|d - dh|.
+# The last term covers the float32 arithmetic on the way (a few ulps of the block's magnitude).
+
+
+def _fp16_error(v: np.ndarray) -> np.ndarray:
+    return np.abs(v - v.astype(np.float16).astype(_F32))
+
+
+def _slack(xb: np.ndarray) -> np.ndarray:
+    return np.abs(xb).max(axis=-1) * _F32(2.0**-20)
+
+
+def _f16_max_error(xb: np.ndarray) -> np.ndarray:
+    # half an ulp: 2^-11 relative for normal halves, 2^-25 absolute in the subnormal range
+    return (np.abs(xb) * _F32(2.0**-11) + _F32(2.0**-25)).max(axis=-1)
+
+
+def _bf16_max_error(xb: np.ndarray) -> np.ndarray:
+    return (np.abs(xb) * _F32(2.0**-8)).max(axis=-1)
+
+
+def _q8_0_max_error(xb: np.ndarray) -> np.ndarray:
+    d = np.abs(xb).max(axis=-1) / _F32(127)
+    return d / 2 + 127 * _fp16_error(d) + _slack(xb)
+
+
+def _q4_0_max_error(xb: np.ndarray) -> np.ndarray:
+    # Values can reach 8|d| on the side opposite the block's extreme, but only +7 is encodable there:
+    # those clip, so the step is a whole |d|, not half of it.
+    d = _signed_absmax(xb) / _F32(-8)
+    return np.abs(d) + 8 * _fp16_error(d) + _slack(xb)
+
+
+def _q4_1_max_error(xb: np.ndarray) -> np.ndarray:
+    lo = xb.min(axis=-1)
+    d = (xb.max(axis=-1) - lo) / _F32(15)
+    return d / 2 + 15 * _fp16_error(d) + _fp16_error(lo) + _slack(xb)
+
+
+def _q5_0_max_error(xb: np.ndarray) -> np.ndarray:
+    d = _signed_absmax(xb) / _F32(-16)
+    return np.abs(d) + 16 * _fp16_error(d) + _slack(xb)
+
+
+def _exact(xb: np.ndarray) -> np.ndarray:
+    return np.zeros(xb.shape[0], dtype=_F32)
+
+
+# --- the table -----------------------------------------------------------------------------------------
+
+_ROWS: list[QuantType] = [
+    QuantType(0, "f32", 1, 4, _f32_to_float, _f32_from_float, _exact),
+    QuantType(1, "f16", 1, 2, _f16_to_float, _f16_from_float, _f16_max_error),
+    QuantType(2, "q4_0", QK, 18, _dequantizer(_BLOCK_Q4_0, QK, _dec_q4_0), _q4_0_from_float, _q4_0_max_error),
+    QuantType(3, "q4_1", QK, 20, _dequantizer(_BLOCK_Q4_1, QK, _dec_q4_1), _q4_1_from_float, _q4_1_max_error),
+    QuantType(4, "q4_2", 0, 0),  # removed from ggml
+    QuantType(5, "q4_3", 0, 0),  # removed from ggml
+    QuantType(6, "q5_0", QK, 22, _dequantizer(_BLOCK_Q5_0, QK, _dec_q5_0), _q5_0_from_float, _q5_0_max_error),
+    QuantType(7, "q5_1", QK, 24),
+    QuantType(8, "q8_0", QK, 34, _dequantizer(_BLOCK_Q8_0, QK, _dec_q8_0), _q8_0_from_float, _q8_0_max_error),
+    QuantType(9, "q8_1", QK, 36),
+    QuantType(10, "q2_k", QK_K, 84),
+    QuantType(11, "q3_k", QK_K, 110),
+    QuantType(12, "q4_k", QK_K, 144, _dequantizer(_BLOCK_Q4_K, QK_K, _dec_q4_k)),
+    QuantType(13, "q5_k", QK_K, 176),
+    QuantType(14, "q6_k", QK_K, 210, _dequantizer(_BLOCK_Q6_K, QK_K, _dec_q6_k)),
+    QuantType(15, "q8_k", QK_K, 292),
+    QuantType(16, "iq2_xxs", QK_K, 66),
+    QuantType(17, "iq2_xs", QK_K, 74),
+    QuantType(18, "iq3_xxs", QK_K, 98),
+    QuantType(19, "iq1_s", QK_K, 50),
+    QuantType(20, "iq4_nl", QK, 18),
+    QuantType(21, "iq3_s", QK_K, 110),
+    QuantType(22, "iq2_s", QK_K, 82),
+    QuantType(23, "iq4_xs", QK_K, 136),
+    QuantType(24, "i8", 1, 1),
+    QuantType(25, "i16", 1, 2),
+    QuantType(26, "i32", 1, 4),
+    QuantType(27, "i64", 1, 8),
+    QuantType(28, "f64", 1, 8),
+    QuantType(29, "iq1_m", QK_K, 56),
+    QuantType(30, "bf16", 1, 2, _bf16_to_float, _bf16_from_float, _bf16_max_error),
+    QuantType(31, "q4_0_4_4", 0, 0),  # removed from ggml (repacking moved into its CPU backend)
+    QuantType(32, "q4_0_4_8", 0, 0),  # removed
+    QuantType(33, "q4_0_8_8", 0, 0),  # removed
+    QuantType(34, "tq1_0", QK_K, 54),
+    QuantType(35, "tq2_0", QK_K, 66),
+    QuantType(36, "iq4_nl_4_4", 0, 0),  # removed
+    QuantType(37, "iq4_nl_4_8", 0, 0),  # removed
+    QuantType(38, "iq4_nl_8_8", 0, 0),  # removed
+    QuantType(39, "mxfp4", QK, 17),
+    QuantType(40, "nvfp4", 64, 36),
+    QuantType(41, "q1_0", 128, 18),
+]
+
+TYPES: dict[int, QuantType] = {t.id: t for t in _ROWS}
+"""Every ggml type id we know of, supported or not."""
+
+BY_NAME: dict[str, QuantType] = {t.name: t for t in _ROWS}
+"""The same rows keyed by lowercase name ("q4_k")."""
+
+SUPPORTED: dict[int, QuantType] = {t.id: t for t in _ROWS if t.supported}
+"""The rows barellm can decode."""
+
+
+# --- lookups and whole-tensor helpers ------------------------------------------------------------------
+
+
+def type_name(type_id: int) -> str:
+    """A type's name for messages; unknown ids read as "type 99"."""
+    t = TYPES.get(type_id)
+    return t.name if t is not None else f"type {type_id}"
+
+
+def _known(type_id: int) -> QuantType:
+    t = TYPES.get(type_id)
+    if t is None:
+        raise FormatError(f"unknown ggml type id {type_id}")
+    return t
+
+
+def get(type_id: int) -> QuantType:
+    """The row of a type barellm can decode; FormatError naming the type otherwise."""
+    t = _known(type_id)
+    if not t.supported:
+        raise FormatError(f"ggml type {t.name} (id {t.id}) is not supported")
+    return t
+
+
+def by_name(name: str) -> QuantType:
+    """The row for a type name, case-insensitively ("Q4_K" works)."""
+    t = BY_NAME.get(name.lower())
+    if t is None:
+        raise FormatError(f"unknown ggml type {name!r}")
+    return t
+
+
+def _with_layout(type_id: int) -> QuantType:
+    t = _known(type_id)
+    if not t.has_layout:
+        raise FormatError(f"ggml type {t.name} (id {t.id}) was removed from ggml and has no known layout")
+    return t
+
+
+def row_bytes(type_id: int, n: int) -> int:
+    """Bytes taken by a row of `n` values; `n` must be a whole number of blocks.
+
+    Works for every type whose layout is known, decodable or not, so readers can size tensors they will
+    only list.
+    """
+    t = _with_layout(type_id)
+    if n < 0 or n % t.block_size:
+        raise FormatError(f"a row of {n} values is not a whole number of {t.name} blocks ({t.block_size})")
+    return n // t.block_size * t.block_bytes
+
+
+def nbytes(type_id: int, shape: tuple[int, ...]) -> int:
+    """Bytes taken by a tensor of NumPy `shape` (rows along the last axis)."""
+    if any(s < 0 for s in shape):
+        raise FormatError(f"negative dimension in shape {shape}")
+    n_rows = math.prod(shape[:-1])
+    return n_rows * row_bytes(type_id, shape[-1] if shape else 1)
+
+
+def dequantize(raw: np.ndarray | bytes | memoryview, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Decode a tensor's bytes into a new float32 array of NumPy `shape`."""
+    t = get(type_id)
+    shape = tuple(int(s) for s in shape)
+    data = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw
+    if data.dtype != np.uint8:
+        data = data.view(np.uint8)
+    data = data.reshape(-1)
+    expected = nbytes(type_id, shape)
+    if data.size != expected:
+        raise FormatError(f"{t.name} tensor of shape {shape} needs {expected} bytes, got {data.size}")
+    if expected == 0:
+        return np.zeros(shape, dtype=_F32)
+    out = t.to_float(data)  # type: ignore[misc]  # get() guarantees a decoder
+    return out.reshape(shape)
+
+
+def quantize(x: np.ndarray, type_id: int) -> np.ndarray:
+    """Encode `x` (rows along its last axis) as uint8 of shape `x.shape[:-1] + (row bytes,)`."""
+    t = get(type_id)
+    if t.from_float is None:
+        raise FormatError(f"encoding to ggml type {t.name} is not supported")
+    x = np.asarray(x, dtype=_F32)
+    if x.ndim == 0:
+        x = x.reshape(1)
+    row = row_bytes(type_id, x.shape[-1])
+    if x.size == 0:
+        return np.zeros((*x.shape[:-1], row), dtype=np.uint8)
+    return t.from_float(x.reshape(-1)).reshape(*x.shape[:-1], row)

@@ -1,0 +1,762 @@
+"""Tokenizers built from GGUF metadata (tokenizer.ggml.*): byte-level BPE ("gpt2") and SentencePiece ("llama").
+
+Both follow llama.cpp's tokenizer, which reproduces the models' original tokenizers, so the ids we produce are
+the ids the model was trained on:
+
+* Special tokens are cut out of the text first. Control (and unknown) tokens only when parse_special is set;
+  user-defined tokens always, as llama.cpp and Hugging Face both do. The cut is llama.cpp's: longest token
+  text first, each one's occurrences left to right within the text that is still raw.
+* Byte-level BPE splits the raw text with the pre-tokenizer named by tokenizer.ggml.pre (a list of regexes
+  applied one after another, each refining the pieces of the previous one), maps each piece's UTF-8 bytes
+  to GPT-2's printable byte alphabet, then merges adjacent symbols by merge rank, lowest first.
+* SentencePiece replaces spaces by U+2581, merges adjacent symbols by the score of the token they form,
+  highest first, and falls back to <0xNN> byte tokens for characters the vocabulary lacks.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import heapq
+import re
+import sys
+import unicodedata
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from barellm.errors import FormatError, InvalidRequest
+
+__all__ = ["Tokenizer", "StreamDecoder", "TokenType"]
+
+
+class TokenType:
+    """GGUF tokenizer.ggml.token_type values (llama.cpp's llama_token_type)."""
+
+    UNDEFINED = 0
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
+
+
+# Tokens that end a turn even when the file does not name them; llama.cpp matches the same texts, so a
+# model that writes <|im_end|> stops here as it does there.
+_EOG_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
+    # fill-in-the-middle separators: the model has left the region it was asked to fill
+    "<|fim_pad|>", "<fim-pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
+    "<|file_sep|>",
+})
+
+_SPACE = "\u2581"  # SentencePiece's visible space
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_CACHE_LIMIT = 1 << 16  # entries per word cache; cleared when full so a server's memory stays bounded
+
+
+# --- GPT-2 byte alphabet -------------------------------------------------------------------------------
+
+def _bytes_to_unicode() -> list[str]:
+    # Printable bytes stand for themselves; the rest are shifted above U+0100 so that every byte has a
+    # visible, non-whitespace character and the vocabulary can be stored as text.
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = [""] * 256
+    extra = 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_BYTE_ENC: list[str] = _bytes_to_unicode()
+_BYTE_DEC: dict[str, int] = {c: b for b, c in enumerate(_BYTE_ENC)}
+# latin-1 decoding turns bytes into code points 0..255 one to one; translate then maps them to the alphabet
+_LATIN1_TO_BYTE_LEVEL = {b: c for b, c in enumerate(_BYTE_ENC)}
+
+
+def _to_byte_level(text: str) -> str:
+    return text.encode("utf-8").decode("latin-1").translate(_LATIN1_TO_BYTE_LEVEL)
+
+
+# --- pre-tokenizer regexes -------------------------------------------------------------------------------
+
+# llama.cpp's whitespace set. Python's \s also takes U+001C..U+001F, which would split differently.
+_WS = "\\t\\n\\x0b\\x0c\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
+
+
+@functools.lru_cache(maxsize=1)
+def _unicode_classes() -> dict[str, str]:
+    """Character-class bodies for \\p{L}, \\p{N}, \\p{P} built from unicodedata (the stdlib re has no \\p)."""
+    cats = "".join([unicodedata.category(chr(cp))[0] for cp in range(sys.maxunicode + 1)])
+
+    def body(letter: str) -> str:
+        parts = []
+        for m in re.finditer(f"{letter}+", cats):
+            lo, hi = m.start(), m.end() - 1
+            parts.append(re.escape(chr(lo)) if lo == hi else f"{re.escape(chr(lo))}-{re.escape(chr(hi))}")
+        return "".join(parts)
+
+    return {"L": body("L"), "N": body("N"), "P": body("P")}
+
+
+def _translate_regex(pattern: str) -> str:
+    """Rewrite a llama.cpp pre-tokenizer regex (\\p{L}, \\p{N}, \\p{P}, \\s, \\S) for Python's re."""
+    classes = _unicode_classes()
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            m = re.match(r"\\p\{(L|N|P)\}", pattern[i:])
+            if m:
+                b = classes[m.group(1)]
+                out.append(b if in_class else f"[{b}]")
+                i += m.end()
+                continue
+            nxt = pattern[i + 1]
+            if nxt == "s":
+                out.append(_WS if in_class else f"[{_WS}]")
+            elif nxt == "S" and not in_class:
+                out.append(f"[^{_WS}]")
+            else:
+                out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+            # a ']' right after '[' or '[^' is a literal, not the end of the class
+            j = i + 1
+            if j < len(pattern) and pattern[j] == "^":
+                j += 1
+            out.append(pattern[i:j])
+            i = j
+            if i < len(pattern) and pattern[i] == "]":
+                out.append("\\]")
+                i += 1
+            continue
+        if c == "]" and in_class:
+            in_class = False
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+_GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+             r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# tokenizer.ggml.pre -> (regexes applied in turn, ignore_merges). The groups are llama.cpp's; "ignore_merges"
+# means a piece that is itself a vocabulary entry is taken whole without merging.
+_PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {}
+for _name in ("gpt-2", "gpt2", "phi-2", "roberta-bpe", "mpt", "olmo", "jais"):
+    _PRE_TOKENIZERS[_name] = ((_GPT2_RE,), False)
+for _name in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"):
+    # digits one by one first; the GPT-2 split then sees digit-free pieces only
+    _PRE_TOKENIZERS[_name] = ((r"\p{N}", _GPT2_RE), False)
+for _name in ("llama3", "llama-v3", "llama-bpe", "falcon3"):
+    _PRE_TOKENIZERS[_name] = ((_LLAMA3_RE,), True)
+for _name in ("qwen2", "megrez", "stablelm2"):
+    _PRE_TOKENIZERS[_name] = ((_QWEN2_RE,), False)
+del _name
+
+
+@functools.cache
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(_translate_regex(pattern))
+
+
+def _make_splitter(regexes: tuple[str, ...]) -> Callable[[str], list[str]]:
+    pats = [_compiled(r) for r in regexes]
+
+    def split(text: str) -> list[str]:
+        pieces = [text]
+        for pat in pats:
+            out: list[str] = []
+            for piece in pieces:
+                last = 0
+                for m in pat.finditer(piece):
+                    s, e = m.span()
+                    if s > last:  # text no alternative matched stays a piece of its own, as in llama.cpp
+                        out.append(piece[last:s])
+                    if e > s:
+                        out.append(piece[s:e])
+                    last = e
+                if last < len(piece):
+                    out.append(piece[last:])
+            pieces = out
+        return pieces
+
+    return split
+
+
+# --- metadata helpers ----------------------------------------------------------------------------------------
+
+def _key(md: Mapping[str, Any], name: str, kind: type | tuple[type, ...], required: bool = False) -> Any:
+    full = f"tokenizer.ggml.{name}"
+    if full not in md:
+        if required:
+            raise FormatError(f"{full}: missing from the model metadata")
+        return None
+    v = md[full]
+    # bool is an int to Python; an id or a count given as true/false is a broken file, not a 0 or 1
+    if isinstance(v, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise FormatError(f"{full}: expected {_kind_name(kind)}, got a bool")
+    if not isinstance(v, kind):
+        raise FormatError(f"{full}: expected {_kind_name(kind)}, got {type(v).__name__}")
+    return v
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def _array(md: Mapping[str, Any], name: str, item: type | tuple[type, ...], n: int | None,
+           required: bool = False) -> list[Any] | None:
+    full = f"tokenizer.ggml.{name}"
+    if full not in md:
+        if required:
+            raise FormatError(f"{full}: missing from the model metadata")
+        return None
+    v = md[full]
+    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
+        v = v.tolist()  # a reader may hand numeric arrays over as NumPy arrays
+    if not isinstance(v, (list, tuple)):
+        raise FormatError(f"{full}: expected an array, got {type(v).__name__}")
+    if n is not None and len(v) != n:
+        raise FormatError(f"{full}: {len(v)} entries for {n} tokens")
+    items = item if isinstance(item, tuple) else (item,)
+    for i, x in enumerate(v):
+        if not isinstance(x, items) or (isinstance(x, bool) and bool not in items):
+            raise FormatError(f"{full}[{i}]: expected {_kind_name(item)}, got {type(x).__name__}")
+    return list(v)
+
+
+class _Trie:
+    """Special-token texts by character, for finding every occurrence in one pass over the text."""
+
+    __slots__ = ("root", "first")
+
+    def __init__(self) -> None:
+        self.root: dict[str, Any] = {}
+        self.first: str = ""
+
+    def add(self, text: str, value: int) -> None:
+        node = self.root
+        for ch in text:
+            node = node.setdefault(ch, {})
+        node[""] = value  # "" can never be a character, so it marks the end of a token
+
+    def finish(self) -> None:
+        self.first = "".join(sorted(self.root))
+
+    def __bool__(self) -> bool:
+        return bool(self.root)
+
+    def occurrences(self, text: str) -> list[tuple[int, int, int]]:
+        """Every (start, length, value) of a stored text in text, overlapping ones included."""
+        out: list[tuple[int, int, int]] = []
+        root = self.root
+        n = len(text)
+        starts = re.finditer(f"[{re.escape(self.first)}]", text) if len(self.first) < 64 else None
+        positions = (m.start() for m in starts) if starts is not None else range(n)
+        for p in positions:
+            node = root.get(text[p])
+            i = p + 1
+            while node is not None:
+                v = node.get("")
+                if v is not None:
+                    out.append((p, i - p, v))
+                if i >= n:
+                    break
+                node = node.get(text[i])
+                i += 1
+        return out
+
+
+# --- the tokenizer -------------------------------------------------------------------------------------------
+
+class Tokenizer:
+    """Text <-> token ids for one model, built from its GGUF metadata with from_metadata()."""
+
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int | None
+    unk_id: int | None
+    pad_id: int | None
+    eog_ids: set[int]
+    add_bos: bool
+    add_eos: bool
+    model: str  # "gpt2" (byte-level BPE) or "llama" (SentencePiece)
+    pre: str | None
+
+    def __init__(self) -> None:
+        # from_metadata does the work; a bare Tokenizer() would be an empty vocabulary, useless and confusing
+        raise TypeError("use Tokenizer.from_metadata(metadata)")
+
+    # ----- construction -----
+
+    @staticmethod
+    def from_metadata(md: Mapping[str, Any]) -> Tokenizer:
+        """Build from GGUF-style keys (tokenizer.ggml.*). Raises FormatError on missing or inconsistent data."""
+        if not isinstance(md, Mapping):
+            raise FormatError(f"tokenizer metadata must be a mapping, got {type(md).__name__}")
+        self = object.__new__(Tokenizer)
+        model = _key(md, "model", str, required=True)
+        if model not in ("gpt2", "llama"):
+            raise FormatError(f"tokenizer.ggml.model: unsupported tokenizer {model!r} (supported: gpt2, llama)")
+        self.model = model
+
+        tokens = _array(md, "tokens", str, None, required=True)
+        assert tokens is not None
+        n = len(tokens)
+        if n == 0:
+            raise FormatError("tokenizer.ggml.tokens: the vocabulary is empty")
+        self.vocab_size = n
+        self._tokens = tokens
+        types = _array(md, "token_type", int, n)
+        self._types = types if types is not None else [TokenType.NORMAL] * n
+        for i, t in enumerate(self._types):
+            if not 0 <= t <= 6:
+                raise FormatError(f"tokenizer.ggml.token_type[{i}]: unknown token type {t}")
+
+        self._token_to_id: dict[str, int] = {}
+        for i, t in enumerate(tokens):
+            if t == "":
+                continue  # an empty entry can never be produced by encoding; it only decodes to nothing
+            prev = self._token_to_id.setdefault(t, i)
+            if prev != i:
+                raise FormatError(f"tokenizer.ggml.tokens[{i}]: {t!r} duplicates token {prev}")
+
+        def special(name: str) -> int | None:
+            v = _key(md, f"{name}_token_id", int)
+            if v is not None and not 0 <= v < n:
+                raise FormatError(f"tokenizer.ggml.{name}_token_id: {v} is outside the vocabulary (0..{n - 1})")
+            return v
+
+        self.bos_id = special("bos")
+        self.eos_id = special("eos")
+        self.unk_id = special("unknown")
+        self.pad_id = special("padding")
+        eot_id = special("eot")
+        eom_id = special("eom")
+
+        # llama.cpp's defaults: SentencePiece models add BOS unless told otherwise, byte-level BPE ones do not
+        add_bos = _key(md, "add_bos_token", bool)
+        self.add_bos = add_bos if add_bos is not None else model == "llama"
+        add_eos = _key(md, "add_eos_token", bool)
+        self.add_eos = bool(add_eos)
+        if self.add_bos and self.bos_id is None:
+            raise FormatError("tokenizer.ggml.add_bos_token is set but tokenizer.ggml.bos_token_id is missing")
+        if self.add_eos and self.eos_id is None:
+            raise FormatError("tokenizer.ggml.add_eos_token is set but tokenizer.ggml.eos_token_id is missing")
+
+        eog = {i for i in (self.eos_id, eot_id, eom_id) if i is not None}
+        for text in _EOG_TEXTS:
+            i = self._token_to_id.get(text)
+            if i is not None:
+                eog.add(i)
+                # a turn end must never be produced from plain text nor printed as content
+                if self._types[i] not in (TokenType.CONTROL, TokenType.USER_DEFINED):
+                    self._types[i] = TokenType.CONTROL
+        self.eog_ids = eog
+
+        # Special-token matching. llama.cpp tries the longest texts (in bytes) first; ties by id, for a
+        # deterministic order.
+        specials = [i for i, t in enumerate(self._types)
+                    if t in (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN) and tokens[i]]
+        specials.sort(key=lambda i: (-len(tokens[i].encode("utf-8")), i))
+        self._special_rank = {tid: r for r, tid in enumerate(specials)}
+        self._trie_all = _Trie()
+        self._trie_user = _Trie()
+        for tid in specials:
+            self._trie_all.add(tokens[tid], tid)
+            if self._types[tid] == TokenType.USER_DEFINED:
+                self._trie_user.add(tokens[tid], tid)
+        self._trie_all.finish()
+        self._trie_user.finish()
+
+        self._piece_cache: list[bytes | None] = [None] * n
+        self._word_cache: dict[str, tuple[int, ...]] = {}
+        self.pre = _key(md, "pre", str)
+        add_prefix = _key(md, "add_space_prefix", bool)
+        if model == "gpt2":
+            self._init_bpe(md)
+            self.add_space_prefix = False
+        else:
+            self._init_spm(md)
+            # SentencePiece's "dummy prefix": llama.cpp adds it unless the file says not to
+            self.add_space_prefix = add_prefix if add_prefix is not None else True
+        return self
+
+    def _init_bpe(self, md: Mapping[str, Any]) -> None:
+        pre = self.pre if self.pre is not None else "gpt-2"
+        if pre not in _PRE_TOKENIZERS:
+            known = ", ".join(sorted(_PRE_TOKENIZERS))
+            raise FormatError(f"tokenizer.ggml.pre: unsupported pre-tokenizer {pre!r} (supported: {known})")
+        regexes, self._ignore_merges = _PRE_TOKENIZERS[pre]
+        self._split = _make_splitter(regexes)
+        merges = _array(md, "merges", str, None, required=True)
+        assert merges is not None
+        ranks: dict[tuple[str, str], int] = {}
+        vocab = self._token_to_id
+        for rank, line in enumerate(merges):
+            # the first space after the first character separates the halves (a half may itself be " ")
+            cut = line.find(" ", 1)
+            if cut < 0:
+                raise FormatError(f"tokenizer.ggml.merges[{rank}]: {line!r} is not two tokens separated by a space")
+            a, b = line[:cut], line[cut + 1:]
+            for part in (a, b, a + b):
+                if part not in vocab:
+                    raise FormatError(f"tokenizer.ggml.merges[{rank}]: {line!r} refers to {part!r}, which is "
+                                      "not in the vocabulary")
+            ranks.setdefault((a, b), rank)
+        self._ranks = ranks
+
+    def _init_spm(self, md: Mapping[str, Any]) -> None:
+        scores = _array(md, "scores", (float, int), self.vocab_size)
+        self._scores = [float(s) for s in scores] if scores is not None else [0.0] * self.vocab_size
+        vocab = self._token_to_id
+        self._byte_ids: list[int | None] = []
+        for b in range(256):
+            tid = vocab.get(f"<0x{b:02X}>")
+            if tid is None and b < 128:
+                tid = vocab.get(chr(b))
+            self._byte_ids.append(tid)
+        for i, t in enumerate(self._types):
+            if t == TokenType.BYTE and not _BYTE_PIECE.fullmatch(self._tokens[i]):
+                raise FormatError(f"tokenizer.ggml.tokens[{i}]: byte token {self._tokens[i]!r} is not <0xNN>")
+        # A merge can only join two symbols if the joined text is a token, so a boundary between two
+        # characters that no token contains side by side is never crossed. Words start at U+2581; those
+        # boundaries are safe unless some token has "<c>▁" inside it. Cutting the text there lets each word
+        # be merged (and cached) on its own with exactly the result of merging the whole text.
+        glue: set[str] = set()
+        for t in self._tokens:
+            k = t.find(_SPACE, 1)
+            while k > 0:
+                glue.add(t[k - 1])
+                k = t.find(_SPACE, k + 1)
+        look = "".join(sorted(glue))
+        self._spm_cut = re.compile(f"(?<![{re.escape(look)}])(?={_SPACE})" if look else f"(?={_SPACE})")
+
+    # ----- encoding -----
+
+    def encode(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """Token ids of text. add_special applies the model's BOS/EOS rule; parse_special reads control
+        tokens written in the text (e.g. "<|im_start|>") as those tokens rather than as characters."""
+        if not isinstance(text, str):
+            raise InvalidRequest(f"text to tokenize must be a str, got {type(text).__name__}")
+        bad = _SURROGATE.search(text)
+        if bad:
+            # a lone surrogate has no UTF-8 form, so no token sequence could stand for it
+            raise InvalidRequest(f"text has a lone surrogate U+{ord(bad.group()):04X} at {bad.start()}; "
+                                 "it is not valid Unicode")
+        out: list[int] = []
+        if add_special and self.add_bos:
+            assert self.bos_id is not None
+            out.append(self.bos_id)
+        prev_special = True
+        for frag in self._partition(text, parse_special):
+            if isinstance(frag, int):
+                out.append(frag)
+                prev_special = True
+                continue
+            if self.model == "gpt2":
+                self._encode_bpe(frag, out)
+            else:
+                if self.add_space_prefix and prev_special:
+                    frag = " " + frag
+                self._encode_spm(frag, out)
+            prev_special = False
+        if add_special and self.add_eos:
+            assert self.eos_id is not None
+            out.append(self.eos_id)
+        return out
+
+    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
+        """Text split into raw pieces (str) and special tokens (int), llama.cpp's way."""
+        if not text:
+            return []
+        trie = self._trie_all if parse_special else self._trie_user
+        if not trie:
+            return [text]
+        occ = trie.occurrences(text)
+        if not occ:
+            return [text]
+        rank = self._special_rank
+        occ.sort(key=lambda o: (rank[o[2]], o[0]))
+        claimed = bytearray(len(text))
+        taken: list[tuple[int, int, int]] = []
+        for start, length, tid in occ:
+            # an occurrence counts only if all of it is still raw text: not inside a longer token found
+            # earlier, nor overlapping an earlier occurrence of the same token
+            if 1 in claimed[start:start + length]:
+                continue
+            claimed[start:start + length] = b"\x01" * length
+            taken.append((start, length, tid))
+        taken.sort()
+        out: list[str | int] = []
+        last = 0
+        for start, length, tid in taken:
+            if start > last:
+                out.append(text[last:start])
+            out.append(tid)
+            last = start + length
+        if last < len(text):
+            out.append(text[last:])
+        return out
+
+    def _remember(self, key: str, ids: tuple[int, ...]) -> None:
+        if len(self._word_cache) >= _CACHE_LIMIT:
+            self._word_cache.clear()
+        self._word_cache[key] = ids
+
+    def _encode_bpe(self, text: str, out: list[int]) -> None:
+        cache = self._word_cache
+        for piece in self._split(text):
+            ids = cache.get(piece)
+            if ids is None:
+                ids = self._bpe(_to_byte_level(piece))
+                self._remember(piece, ids)
+            out.extend(ids)
+
+    def _bpe(self, word: str) -> tuple[int, ...]:
+        vocab = self._token_to_id
+        if self._ignore_merges and word in vocab:
+            return (vocab[word],)
+        syms = list(word)
+        n = len(syms)
+        if n > 1:
+            ranks = self._ranks
+            nxt = list(range(1, n + 1))
+            nxt[-1] = -1
+            prv = list(range(-1, n - 1))
+            heap: list[tuple[int, int, int, str, str]] = []
+            for i in range(n - 1):
+                r = ranks.get((syms[i], syms[i + 1]))
+                if r is not None:
+                    heap.append((r, i, i + 1, syms[i], syms[i + 1]))
+            heapq.heapify(heap)
+            # lowest rank first, leftmost on ties (llama.cpp's order); an entry whose symbols have changed
+            # since it was queued is stale and skipped
+            while heap:
+                _, left, right, a, b = heapq.heappop(heap)
+                if syms[left] != a or syms[right] != b:
+                    continue
+                syms[left] = a + b
+                syms[right] = ""
+                nx = nxt[right]
+                nxt[left] = nx
+                if nx >= 0:
+                    prv[nx] = left
+                p = prv[left]
+                if p >= 0:
+                    r = ranks.get((syms[p], syms[left]))
+                    if r is not None:
+                        heapq.heappush(heap, (r, p, left, syms[p], syms[left]))
+                if nx >= 0:
+                    r = ranks.get((syms[left], syms[nx]))
+                    if r is not None:
+                        heapq.heappush(heap, (r, left, nx, syms[left], syms[nx]))
+        ids: list[int] = []
+        for s in syms:
+            if not s:
+                continue
+            tid = vocab.get(s)
+            if tid is not None:
+                ids.append(tid)
+                continue
+            for ch in s:  # a symbol that is no token: its bytes one by one
+                tid = vocab.get(ch)
+                if tid is None:
+                    tid = self._unknown(ch)
+                ids.append(tid)
+        return tuple(ids)
+
+    def _unknown(self, what: str) -> int:
+        if self.unk_id is None:
+            raise InvalidRequest(f"the vocabulary cannot represent {what!r} and has no unknown token")
+        return self.unk_id
+
+    def _encode_spm(self, text: str, out: list[int]) -> None:
+        cache = self._word_cache
+        for word in self._spm_cut.split(text.replace(" ", _SPACE)):
+            if not word:
+                continue
+            ids = cache.get(word)
+            if ids is None:
+                ids = self._spm(word)
+                self._remember(word, ids)
+            out.extend(ids)
+
+    def _spm(self, text: str) -> tuple[int, ...]:
+        vocab = self._token_to_id
+        scores = self._scores
+        syms = list(text)
+        n = len(syms)
+        nxt = list(range(1, n + 1))
+        nxt[-1] = -1
+        prv = list(range(-1, n - 1))
+        heap: list[tuple[float, int, int, int]] = []
+
+        def bigram(left: int, right: int) -> None:
+            joined = syms[left] + syms[right]
+            tid = vocab.get(joined)
+            if tid is not None:
+                # highest score first, leftmost on ties, as llama.cpp's queue orders them
+                heapq.heappush(heap, (-scores[tid], left, right, len(joined)))
+
+        for i in range(n - 1):
+            bigram(i, i + 1)
+        while heap:
+            _, left, right, size = heapq.heappop(heap)
+            a, b = syms[left], syms[right]
+            # symbols only grow, so a changed length means the queued pair is gone
+            if not a or not b or len(a) + len(b) != size:
+                continue
+            syms[left] = a + b
+            syms[right] = ""
+            nx = nxt[right]
+            nxt[left] = nx
+            if nx >= 0:
+                prv[nx] = left
+            if prv[left] >= 0:
+                bigram(prv[left], left)
+            if nx >= 0:
+                bigram(left, nx)
+        ids: list[int] = []
+        for s in syms:
+            if not s:
+                continue
+            tid = vocab.get(s)
+            if tid is not None:
+                ids.append(tid)
+                continue
+            # only single characters can be missing (merged symbols are tokens by construction)
+            for byte in s.encode("utf-8"):
+                tid = self._byte_ids[byte]
+                ids.append(tid if tid is not None else self._unknown(s))
+        return tuple(ids)
+
+    # ----- decoding -----
+
+    def _check_id(self, token_id: Any) -> int:
+        try:
+            i = int(token_id)
+        except (TypeError, ValueError):
+            raise InvalidRequest(f"token id must be an integer, got {token_id!r}") from None
+        if isinstance(token_id, bool) or i != token_id or not 0 <= i < self.vocab_size:
+            raise InvalidRequest(f"token id {token_id!r} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return i
+
+    def _piece(self, i: int) -> bytes:
+        """The bytes token i stands for (special tokens as their text)."""
+        b = self._piece_cache[i]
+        if b is not None:
+            return b
+        text = self._tokens[i]
+        t = self._types[i]
+        # Entries that were not valid UTF-8 in the file reach us with their bytes escaped as surrogates
+        # (U+DC80..U+DCFF); surrogateescape gives the original bytes back.
+        if t in (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED):
+            b = text.encode("utf-8", "surrogateescape")  # as-is: user-defined tokens are literal text
+        elif t == TokenType.UNUSED:
+            b = b""
+        elif t == TokenType.BYTE and (m := _BYTE_PIECE.fullmatch(text)):
+            b = bytes([int(m.group(1), 16)])
+        elif self.model == "gpt2":
+            buf = bytearray()
+            for c in text:
+                v = _BYTE_DEC.get(c)
+                # a character outside the byte alphabet (a hand-edited vocabulary) is kept as itself
+                buf += c.encode("utf-8", "surrogateescape") if v is None else bytes((v,))
+            b = bytes(buf)
+        else:
+            b = text.replace(_SPACE, " ").encode("utf-8", "surrogateescape")
+        self._piece_cache[i] = b
+        return b
+
+    def _skipped(self, i: int) -> bool:
+        return self._types[i] in (TokenType.CONTROL, TokenType.UNKNOWN)
+
+    def token_bytes(self, token_id: int, skip_special: bool = False) -> bytes:
+        """The bytes one token decodes to (may be part of a UTF-8 character)."""
+        i = self._check_id(token_id)
+        return b"" if skip_special and self._skipped(i) else self._piece(i)
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """Text of ids. Special tokens are written as their text unless skip_special. Bytes that do not
+        form valid UTF-8 become U+FFFD."""
+        parts: list[bytes] = []
+        first = True
+        for t in ids:
+            i = self._check_id(t)
+            if skip_special and self._skipped(i):
+                continue
+            b = self._piece(i)
+            if first and self.add_space_prefix and b.startswith(b" "):
+                b = b[1:]  # the dummy prefix encode() added
+            first = False
+            parts.append(b)
+        return b"".join(parts).decode("utf-8", errors="replace")
+
+    def stream_decoder(self, skip_special: bool = False) -> StreamDecoder:
+        """Incremental decode for generation: feed ids one at a time, get text as soon as it is whole."""
+        return StreamDecoder(self, skip_special)
+
+    # ----- vocabulary -----
+
+    def token_text(self, token_id: int) -> str:
+        """The vocabulary entry of token_id as stored in the file (e.g. "Ġworld", "▁world", "<0x0A>")."""
+        return self._tokens[self._check_id(token_id)]
+
+    def token_to_id(self, text: str) -> int | None:
+        """The id of a vocabulary entry, or None."""
+        return self._token_to_id.get(text)
+
+    def is_special(self, token_id: int) -> bool:
+        """Whether token_id is a control token (BOS, turn markers...) that skip_special drops."""
+        return self._skipped(self._check_id(token_id))
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(model={self.model!r}, pre={self.pre!r}, vocab_size={self.vocab_size}, "
+                f"bos_id={self.bos_id}, eos_id={self.eos_id}, add_bos={self.add_bos})")
+
+
+class StreamDecoder:
+    """Turns ids fed one at a time into text, holding back the bytes of a character not yet complete.
+
+    The concatenation of every feed() and the final flush() equals Tokenizer.decode() of all the ids.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._first = True
+
+    def feed(self, token_id: int) -> str:
+        """Text completed by this token ("" while a multi-byte character is still partial)."""
+        i = self._tok._check_id(token_id)
+        if self._skip and self._tok._skipped(i):
+            return ""
+        b = self._tok._piece(i)
+        if self._first and self._tok.add_space_prefix and b.startswith(b" "):
+            b = b[1:]
+        self._first = False
+        return self._utf8.decode(b)
+
+    def flush(self) -> str:
+        """End of stream: whatever is held back (an unfinished character becomes U+FFFD). Resets."""
+        tail = self._utf8.decode(b"", final=True)
+        self._utf8.reset()
+        self._first = True
+        return tail
