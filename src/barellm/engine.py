@@ -30,7 +30,7 @@ import numpy as np
 
 from barellm import _native as nat
 from barellm.arch.config import ModelConfig
-from barellm.errors import InvalidRequest
+from barellm.errors import FormatError, InvalidRequest
 from barellm.plan import Op, buffer_widths, llama_plan
 
 KIND_IDS = {"embed": 1, "rmsnorm": 2, "matmul": 3, "rope_kv": 4, "attention": 5, "silu_mul": 6, "add": 7}
@@ -109,6 +109,8 @@ class NativeEngine:
         from barellm.arch.llama import check_tensors
 
         check_tensors(cfg, source.tensors)
+        if cfg.arch != "llama":
+            raise FormatError(f"the native engine does not run architecture {cfg.arch!r} yet")
         if cfg.n_heads % cfg.n_kv_heads:
             raise InvalidRequest("n_heads must be a multiple of n_kv_heads")
         self.cfg = cfg
@@ -143,10 +145,14 @@ class NativeEngine:
         self.v_cache = aligned_zeros((self.n_slots, L, nkv, self.n_ctx_pad, hd))
         self._layer_floats = nkv * self.n_ctx_pad * hd
         self._slot_floats = L * self._layer_floats
-        inv = 1.0 / (cfg.rope_theta ** (np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim))
-        ang = np.outer(np.arange(self.n_ctx_pad, dtype=np.float64), inv)
-        self._rope_cs = aligned_zeros((self.n_ctx_pad, cfg.rope_dim))
-        self._rope_cs[:] = np.concatenate([np.cos(ang), np.sin(ang)], axis=1)
+        # RoPE tables [n_ctx, rope_dim]: cos then sin of position * base^(-2i/rope_dim), one per base
+        self._rope_cs: dict[float, np.ndarray] = {}
+        for base in sorted({cfg.layer_rope_theta(i) for i in range(L)}):
+            inv = 1.0 / (base ** (np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim))
+            ang = np.outer(np.arange(self.n_ctx_pad, dtype=np.float64), inv)
+            table = aligned_zeros((self.n_ctx_pad, cfg.rope_dim))
+            table[:] = np.concatenate([np.cos(ang), np.sin(ang)], axis=1)
+            self._rope_cs[base] = table
         # per-call inputs the plan reads
         self._tok = aligned_zeros(T, np.int32)
         self._pos = aligned_zeros(T, np.int32)
@@ -293,10 +299,11 @@ class NativeEngine:
                      kc=(self.k_cache, off), vc=(self.v_cache, off), slot_stride=self._slot_floats)
             if op.kind == "rope_kv":
                 d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim,
-                         rope_style=0 if cfg.rope_style == "norm" else 1, rope_cs=self._rope_cs)
+                         rope_style=0 if cfg.rope_style == "norm" else 1,
+                         rope_cs=self._rope_cs[cfg.layer_rope_theta(op.params["layer"])])
             else:
                 d.update(x=self._spec(op.x), x_stride=self._stride(op.x), out=self._spec(op.out),
-                         out_stride=self._stride(op.out), scale=float(np.float32(1.0 / np.sqrt(cfg.head_dim))))
+                         out_stride=self._stride(op.out), scale=float(np.float32(cfg.scale)))
         elif op.kind == "silu_mul":
             f = cfg.ffn_dim
             d.update(x=self._spec(op.x), x2=self._spec(op.x, f), x_stride=self._stride(op.x), out=self._spec(op.out),
@@ -455,7 +462,7 @@ class NativeEngine:
                 self.forward(tokens, start, slot=slot)
         finally:
             self._plan.set_profile(None)
-        return {op.name: float(c) for op, c in zip(self.ops, cycles)}
+        return {op.name: float(c) for op, c in zip(self.ops, cycles, strict=True)}
 
     # NumPy implementations of the op kinds (the debug backend; slow and plain)
 
@@ -471,7 +478,10 @@ class NativeEngine:
                 x = x[ctx.selected]
             ctx.output(op)[:] = ref.rmsnorm(x, self._norm(op.weights[0]), op.params["eps"])
         elif op.kind == "matmul":
-            w = np.concatenate([self._dequant(n) for n in op.weights])
+            key = "|".join(op.weights)
+            if key not in self._dequantized:
+                self._dequantized[key] = np.concatenate([self._dequant(n) for n in op.weights])
+            w = self._dequantized[key]
             x = ctx.buf(op.x, ctx.rows(op))
             y = (x @ w.T).astype(np.float32)
             if op.params.get("accumulate"):
@@ -483,14 +493,14 @@ class NativeEngine:
             qkv = ctx.buf(op.out)
             hd, qd, kd = cfg.head_dim, cfg.q_dim, cfg.kv_dim
             half = cfg.rope_dim // 2
-            cs = self._rope_cs[ctx.positions]
+            layer = op.params["layer"]
+            cs = self._rope_cs[cfg.layer_rope_theta(layer)][ctx.positions]
             cos, sin = cs[:, :half], cs[:, half:]
             q = ref.rope(qkv[:, :qd].reshape(T, cfg.n_heads, hd), cos, sin, cfg.rope_style)
             k = ref.rope(qkv[:, qd:qd + kd].reshape(T, cfg.n_kv_heads, hd), cos, sin, cfg.rope_style)
             qkv[:, :qd] = q.reshape(T, qd)
             qkv[:, qd:qd + kd] = k.reshape(T, kd)
             v = qkv[:, qd + kd:qd + 2 * kd].reshape(T, cfg.n_kv_heads, hd)
-            layer = op.params["layer"]
             for t in range(T):
                 s, p = int(ctx.slots[t]), int(ctx.positions[t])
                 self.k_cache[s, layer, :, p // KV_TILE, :, p % KV_TILE] = k[t]
@@ -502,7 +512,7 @@ class NativeEngine:
                 s, p = int(ctx.slots[t]), int(ctx.positions[t])
                 k, v = self.kv(s, layer, p + 1)
                 q = qkv[t:t + 1, :cfg.q_dim].reshape(1, cfg.n_heads, cfg.head_dim)
-                out[t] = ref.attention(q, k, v, p)[0]
+                out[t] = ref.attention(q, k, v, p, cfg.scale, cfg.layer_window(layer))[0]
         elif op.kind == "silu_mul":
             gu, f = ctx.buf(op.x), cfg.ffn_dim
             ctx.output(op)[:] = ref.silu(gu[:, :f]) * gu[:, f:2 * f]

@@ -20,8 +20,10 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* pauses before a waiting thread starts yielding its core */
+/* pauses before a waiting thread starts yielding its core, and microseconds before it sleeps (so an
+ * oversubscribed machine gets the core back for the thread everyone waits for) */
 #define SPIN_BEFORE_YIELD 2048
+#define BARRIER_SPIN_US 50
 
 static atomic_llong g_allocs;
 
@@ -53,9 +55,9 @@ struct bl_pool {
     void *ctx;
     /* each hot atomic on its own cache line */
     _Alignas(BL_CACHELINE) atomic_uint job;      /* bumped for each task; also the futex word */
-    _Alignas(BL_CACHELINE) atomic_int done;      /* workers finished with the current task */
     _Alignas(BL_CACHELINE) atomic_uint bar_count;
-    _Alignas(BL_CACHELINE) atomic_uint bar_phase;
+    _Alignas(BL_CACHELINE) atomic_uint bar_phase;    /* also a futex word */
+    atomic_int bar_sleepers;
     _Alignas(BL_CACHELINE) atomic_int sleepers;
     atomic_int stop;
 };
@@ -108,7 +110,7 @@ static void *worker_main(void *arg) {
         seen = wait_job(p, seen);
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) break;
         p->fn(p->ctx, w->tid, p->n);
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        bl_pool_barrier(p, w->tid);
     }
     return NULL;
 }
@@ -174,14 +176,10 @@ void bl_pool_run(bl_pool *p, bl_task_fn fn, void *ctx) {
     }
     p->fn = fn;
     p->ctx = ctx;
-    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     atomic_fetch_add(&p->job, 1); /* seq_cst: pairs with the sleepers count in wait_job */
     if (atomic_load(&p->sleepers) > 0) futex(&p->job, FUTEX_WAKE_PRIVATE, 0x7fffffff);
     fn(ctx, 0, p->n);
-    for (unsigned it = 1; atomic_load_explicit(&p->done, memory_order_acquire) != p->n - 1; it++) {
-        cpu_relax();
-        if (it > SPIN_BEFORE_YIELD) sched_yield();
-    }
+    bl_pool_barrier(p, 0); /* the workers end each task with the same barrier */
 }
 
 void bl_pool_barrier(bl_pool *p, int tid) {
@@ -190,11 +188,24 @@ void bl_pool_barrier(bl_pool *p, int tid) {
     unsigned phase = atomic_load_explicit(&p->bar_phase, memory_order_relaxed);
     if (atomic_fetch_add_explicit(&p->bar_count, 1, memory_order_acq_rel) == (unsigned)p->n - 1) {
         atomic_store_explicit(&p->bar_count, 0, memory_order_relaxed);
-        atomic_store_explicit(&p->bar_phase, phase + 1, memory_order_release);
+        atomic_store(&p->bar_phase, phase + 1); /* seq_cst: pairs with bar_sleepers below */
+        if (atomic_load(&p->bar_sleepers) > 0) futex(&p->bar_phase, FUTEX_WAKE_PRIVATE, 0x7fffffff);
         return;
     }
+    double t0 = 0;
     for (unsigned it = 1; atomic_load_explicit(&p->bar_phase, memory_order_acquire) == phase; it++) {
         cpu_relax();
-        if (it > SPIN_BEFORE_YIELD) sched_yield();
+        if ((it & 1023) == 0) {
+            double t = now_us();
+            if (t0 == 0) {
+                t0 = t;
+            } else if (t - t0 > BARRIER_SPIN_US) {
+                atomic_fetch_add(&p->bar_sleepers, 1);
+                while (atomic_load(&p->bar_phase) == phase) futex(&p->bar_phase, FUTEX_WAIT_PRIVATE, phase);
+                atomic_fetch_sub(&p->bar_sleepers, 1);
+                return;
+            }
+            if (it > SPIN_BEFORE_YIELD) sched_yield();
+        }
     }
 }
