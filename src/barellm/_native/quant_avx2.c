@@ -212,6 +212,67 @@ TILE_FN(q80_2, tile_q8_i8(2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80_3, tile_q8_i8(3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80_4, tile_q8_i8(4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 
+/* Decode (one token) over 16 rows: two groups share each activation broadcast. Same float work per
+ * output as tile_q4_i8. */
+AI void tile_q4_i8_g2(const int type, const uint8_t *g, const size_t gb, const int nb, const uint8_t *xa,
+                      float *o, const int nvalid2, const uint8_t *pf, const size_t pfs) {
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const uint8_t *g2 = g + gb;
+    const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
+    const uint8_t *dp2 = g2 + (size_t)nb * 128, *mp2 = dp2 + (size_t)nb * 16;
+    const int8_t *xq = (const int8_t *)xa;
+    const float *xd = (const float *)(const void *)(xa + (size_t)nb * 32), *xsm = xd + nb;
+    const int32_t *xsq = (const int32_t *)(const void *)(xd + 2 * nb);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps(), accm2 = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *q = g + (size_t)b * 128, *q2 = g2 + (size_t)b * 128;
+        const int8_t *x = xq + (size_t)b * 32;
+        if (pf) prefetch_lines(pf + (size_t)b * 2 * pfs, 6);
+        __m256i s, s2;
+        for (int j = 0; j < 4; j++) {
+            const __m256i xl = bcast32(x + 4 * j), xh = bcast32(x + 16 + 4 * j);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+            const __m256i v2 = _mm256_loadu_si256((const __m256i *)(q2 + 32 * j));
+            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, m4), xl),
+                                               _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), xh));
+            const __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v2, m4), xl),
+                                                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v2, 4), m4), xh));
+            s = j ? _mm256_add_epi16(s, p) : p;
+            s2 = j ? _mm256_add_epi16(s2, p2) : p2;
+            PIN(s);
+            PIN(s2);
+        }
+        __m256i i = _mm256_madd_epi16(s, ones), i2 = _mm256_madd_epi16(s2, ones);
+        if (type == BL_Q4_0) {
+            const __m256i off = _mm256_set1_epi32(8 * xsq[b]);
+            i = _mm256_sub_epi32(i, off);
+            i2 = _mm256_sub_epi32(i2, off);
+        }
+        const __m256 dx = _mm256_set1_ps(xd[b]);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp + (size_t)b * 16)));
+        const __m256 dw2 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp2 + (size_t)b * 16)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, dx), acc);
+        acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i2), _mm256_mul_ps(dw2, dx), acc2);
+        if (type == BL_Q4_1) {
+            const __m256 sx = _mm256_set1_ps(xsm[b]);
+            accm = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mp + (size_t)b * 16))), sx, accm);
+            accm2 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mp2 + (size_t)b * 16))), sx, accm2);
+        }
+    }
+    store8(o, type == BL_Q4_1 ? _mm256_add_ps(acc, accm) : acc, 8);
+    store8(o + 8, type == BL_Q4_1 ? _mm256_add_ps(acc2, accm2) : acc2, nvalid2);
+}
+
+static void q40_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
+                   size_t pfs) {
+    tile_q4_i8_g2(BL_Q4_0, g, gb, nb, xa, o, n2, pf, pfs);
+}
+static void q41_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
+                   size_t pfs) {
+    tile_q4_i8_g2(BL_Q4_1, g, gb, nb, xa, o, n2, pf, pfs);
+}
+
 typedef void (*tile_fn)(const uint8_t *, int, const uint8_t *, size_t, float *, size_t, int, const uint8_t *,
                         size_t);
 
@@ -225,7 +286,17 @@ static void matmul_i8(const bl_matrix *w, const void *xq, int T, float *out, siz
      * group's bytes, so every line of the range gets its prefetch); only a group's first token tile does it */
     const size_t pfs = (gb + (size_t)nb - 1) / (size_t)nb;
     const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
-    for (int r = r0; r < r1; r += 8) {
+    int r = r0;
+    if (T == 1 && w->type != BL_Q8_0) { /* decode: 16 rows per tile (~25% faster from cache) */
+        void (*g2fn)(const uint8_t *, size_t, int, const uint8_t *, float *, int, const uint8_t *, size_t) =
+            w->type == BL_Q4_0 ? q40_g2 : q41_g2;
+        for (; r + 8 < r1; r += 16) {
+            const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
+            const uint8_t *pf = g + gb + BL_PF_BYTES < end ? g + gb + BL_PF_BYTES : NULL;
+            g2fn(g, gb, nb, (const uint8_t *)xq, out + r, r1 - r - 8 < 8 ? r1 - r - 8 : 8, pf, pfs);
+        }
+    }
+    for (; r < r1; r += 8) {
         const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
         const int nvalid = r1 - r < 8 ? r1 - r : 8;
         const uint8_t *pf = g + BL_PF_BYTES < end ? g + BL_PF_BYTES : NULL;
@@ -316,27 +387,34 @@ AI __m256 loadw_tail(const int type, const uint8_t *row, int k, int n) {
 
 AI void tile_float(const int type, const int R, const int NT, const uint8_t *const *wr, const float *const *x,
                    const int cols, float *const *o /* [NT][R] */) {
-    __m256 acc[4][2];
-    for (int i = 0; i < R; i++)
-        for (int t = 0; t < NT; t++) acc[i][t] = _mm256_setzero_ps();
+    /* accumulator a<i><t> for row i, token t: separate variables so they stay in registers */
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+    const uint8_t *w0 = wr[0], *w1 = wr[R > 1 ? 1 : 0], *w2 = wr[R > 2 ? 2 : 0], *w3 = wr[R > 3 ? 3 : 0];
+    const float *x0 = x[0], *x1 = x[NT > 1 ? 1 : 0];
+#define FROW(i, LOAD)                                                                                    \
+    if (R > i) {                                                                                         \
+        const __m256 wv = LOAD;                                                                          \
+        a##i##0 = _mm256_fmadd_ps(wv, xv0, a##i##0);                                                     \
+        if (NT > 1) a##i##1 = _mm256_fmadd_ps(wv, xv1, a##i##1);                                         \
+    }
     int k = 0;
     for (; k + 8 <= cols; k += 8) {
-        __m256 xv[2];
-        for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_ps(x[t] + k);
-        for (int i = 0; i < R; i++) {
-            const __m256 wv = loadw(type, wr[i], k);
-            for (int t = 0; t < NT; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
-        }
+        const __m256 xv0 = _mm256_loadu_ps(x0 + k), xv1 = _mm256_loadu_ps(x1 + k);
+        FROW(0, loadw(type, w0, k))
+        FROW(1, loadw(type, w1, k))
+        FROW(2, loadw(type, w2, k))
+        FROW(3, loadw(type, w3, k))
     }
     if (k < cols) { /* zero-padded tail lanes: fma(0, 0, p) leaves p as the scalar path does */
         const int n = cols - k;
-        __m256 xv[2];
-        for (int t = 0; t < NT; t++) xv[t] = _mm256_maskload_ps(x[t] + k, lane_mask(n));
-        for (int i = 0; i < R; i++) {
-            const __m256 wv = loadw_tail(type, wr[i], k, n);
-            for (int t = 0; t < NT; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
-        }
+        const __m256 xv0 = _mm256_maskload_ps(x0 + k, lane_mask(n)), xv1 = _mm256_maskload_ps(x1 + k, lane_mask(n));
+        FROW(0, loadw_tail(type, w0, k, n))
+        FROW(1, loadw_tail(type, w1, k, n))
+        FROW(2, loadw_tail(type, w2, k, n))
+        FROW(3, loadw_tail(type, w3, k, n))
     }
+#undef FROW
+    const __m256 acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
     for (int t = 0; t < NT; t++)
         for (int i = 0; i < R; i++) o[t][i] = hsum_ps(acc[i][t]);
 }
