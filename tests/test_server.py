@@ -347,7 +347,8 @@ def _hostile_requests() -> list[tuple[str, str, dict[str, Any]]]:
         raws = [b"", b"{", b"[]", b"null", b"1", b'"x"', b"\xff\xfe\x00", b'{"a":', b"[" * 100000,
                 good + ', "temperature": NaN}', good + ', "top_p": Infinity}', good + ', "seed": -Infinity}',
                 good + ', "max_tokens": 1' + "0" * 5000 + "}", good + f', "{field}": {surrogate}}}',
-                b'{"model": "' + b"m" * 100 + b'"', ("{" * 200 + "}" * 200).encode(), good + "} trailing"]
+                b'{"model": "' + b"m" * 100 + b'"', ("{" * 200 + "}" * 200).encode(), good + "} trailing",
+                good + ', "\\ud800": 1}', good + ', "stop": ["\\udfff"]}', good + ', "model": "\\ud800"}']
         for raw in raws:
             content = raw.encode() if isinstance(raw, str) else raw
             out.append(("POST", path, {"content": content, "headers": {"content-type": "application/json"}}))
@@ -361,7 +362,7 @@ def _hostile_requests() -> list[tuple[str, str, dict[str, Any]]]:
                  {"tokens": [1], "bogus": 1}, {"tokens": None}):
         out.append(("POST", "/detokenize", {"json": body}))
     for path in ("/v1/nope", "/v2/chat/completions", "/", "/v1/models/other-model", "/v1/../etc/passwd",
-                 "/v1/chat/completions/x", "/metrics/x"):
+                 "/v1/chat/completions/x", "/metrics/x", "/%ff", "/v1/models/%ed%a0%80"):
         out.append(("GET", path, {}))
     for method, path in (("DELETE", "/v1/models"), ("POST", "/health"), ("GET", "/tokenize"), ("POST", "/metrics"),
                          ("PATCH", "/v1/completions"), ("POST", "/v1/models")):

@@ -44,9 +44,14 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
+def _utf8(text: str) -> bytes:
+    # an error message may quote a client's string, and JSON lets those hold lone surrogates
+    return text.encode("utf-8", errors="replace")
+
+
 class _JSON(JSONResponse):
     def render(self, content: Any) -> bytes:
-        return _dumps(content).encode("utf-8")
+        return _utf8(_dumps(content))
 
 
 class ServerState:
@@ -195,7 +200,7 @@ class Formatter:
 
 
 def _sse(obj: Any) -> dict[str, Any]:
-    return {"type": "http.response.body", "body": f"data: {_dumps(obj)}\n\n".encode(), "more_body": True}
+    return {"type": "http.response.body", "body": _utf8(f"data: {_dumps(obj)}\n\n"), "more_body": True}
 
 
 class GenerationResponse(Response):
