@@ -184,7 +184,7 @@ def synthetic_tensors(rng: np.random.Generator) -> list[tuple]:
         ("q5_0", rng.standard_normal((2, 32)), quant.BY_NAME["q5_0"].id),
         ("q4_k", bytes(q4k), quant.BY_NAME["q4_k"].id, (1, 512)),
         ("q6_k", bytes(q6k), quant.BY_NAME["q6_k"].id, (256,)),
-        ("q5_1_raw", bytes(range(48)), quant.BY_NAME["q5_1"].id, (2, 32)),
+        ("q2_k_raw", bytes(range(84)), quant.BY_NAME["q2_k"].id, (256,)),
         ("empty", b"", quant.BY_NAME["q8_0"].id, (0, 32)),
     ]
 
@@ -224,8 +224,8 @@ def test_every_value_type_and_tensor_layout(tmp_path: Path, version: int, alignm
                 assert got.shape == shape and got.dtype == np.float32
                 assert np.array_equal(got, quant.dequantize(raw, ttype, shape))
                 assert np.isfinite(got).all()
-        with pytest.raises(FormatError, match=r"all\.gguf: tensor 'q5_1_raw': .*q5_1.*not supported"):
-            f.dequantize("q5_1_raw")
+        with pytest.raises(FormatError, match=r"all\.gguf: tensor 'q2_k_raw': .*q2_k.*not supported"):
+            f.dequantize("q2_k_raw")
 
 
 def test_synthetic_file_agrees_with_reference_reader(tmp_path: Path):
@@ -552,26 +552,29 @@ def test_fuzzed_headers_load_or_raise_format_error(tmp_path: Path):
     path = tmp_path / "fuzz.gguf"
     rng = np.random.default_rng(20240611)
     loaded = refused = 0
-    start = time.perf_counter()
+    slowest = (0.0, -1)
     for i in range(FUZZ_ITERS):
         data = bytearray(base.data)
         steps = [mutate(data, rng, region, count_fields) for _ in range(int(rng.integers(1, 4)))]
         path.write_bytes(data)
+        start = time.perf_counter()
         try:
             f = GGUFFile(path)
         except FormatError as e:
             assert MESSAGE.match(str(e)), f"case {i} {steps}: {e}"
             refused += 1
+            slowest = max(slowest, (time.perf_counter() - start, i))
             continue
         except Exception as e:  # anything else is a reader bug: say which mutation found it
             pytest.fail(f"case {i} {steps}: {type(e).__name__}: {e}")
         loaded += 1
+        slowest = max(slowest, (time.perf_counter() - start, i))
         with f, np.errstate(all="ignore"):
             for info in f.tensors.values():
                 assert info.offset >= f.data_offset and info.offset + info.nbytes <= len(data), (i, steps)
                 assert f.raw(info.name).size == info.nbytes
                 if quant.TYPES[info.type].supported:
                     assert f.dequantize(info.name).shape == info.shape
-    elapsed = time.perf_counter() - start
     assert loaded > 0 and refused > 0, (loaded, refused)
-    assert elapsed < 60, f"{FUZZ_ITERS} fuzz cases took {elapsed:.1f}s"
+    # a hang or a runaway loop over a forged count shows up as one slow case
+    assert slowest[0] < 2.0, f"case {slowest[1]} took {slowest[0]:.2f}s to open"

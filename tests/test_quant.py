@@ -16,7 +16,7 @@ from barellm.formats.gguf import GGUFFile
 ENCODABLE = [t for t in quant.TYPES.values() if t.from_float is not None]
 DECODABLE = list(quant.SUPPORTED.values())
 # Types whose encoder the gguf package also has (its F32/F16 paths are plain NumPy casts).
-ORACLE_ENCODERS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0"]
+ORACLE_ENCODERS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
 
 # Tensors beyond this many values are compared on their leading rows only: every row goes through the
 # same code, and the whole of a 170M-value embedding would dominate the test time.
@@ -59,17 +59,17 @@ def test_table_matches_ggml_ids_names_and_sizes():
 
 
 def test_required_types_are_supported():
-    for name in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k"]:
+    for name in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]:
         assert quant.by_name(name.upper()).supported
-    assert {t.name for t in ENCODABLE} == {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0"}
+    assert {t.name for t in ENCODABLE} == {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"}
     assert all(t.max_error is not None for t in ENCODABLE)
 
 
 def test_unknown_and_unsupported_types_are_named_in_errors():
     with pytest.raises(FormatError, match="unknown ggml type id 99"):
         quant.get(99)
-    with pytest.raises(FormatError, match="q5_1"):
-        quant.dequantize(np.zeros(24, np.uint8), 7, (32,))
+    with pytest.raises(FormatError, match="q2_k"):
+        quant.dequantize(np.zeros(84, np.uint8), 10, (256,))
     with pytest.raises(FormatError, match="iq2_xxs"):
         quant.get(16)
     with pytest.raises(FormatError, match="q4_2.*removed"):
@@ -85,7 +85,7 @@ def test_row_bytes():
     assert quant.row_bytes(8, 576) == 18 * 34
     assert quant.row_bytes(12, 512) == 2 * 144
     assert quant.row_bytes(0, 7) == 28
-    assert quant.row_bytes(7, 64) == 48  # layout known though not decodable
+    assert quant.row_bytes(10, 512) == 168  # layout known though not decodable
     assert quant.nbytes(14, (3, 256)) == 3 * 210
     assert quant.nbytes(0, ()) == 4
     with pytest.raises(FormatError, match="not a whole number of q4_1 blocks"):
@@ -207,6 +207,32 @@ def test_bf16_rounds_to_nearest_even_and_keeps_nan():
     y = quant.dequantize(ours, 30, x.shape)
     assert y[4] == 1.0 and y[5] == 1.015625  # ties to even in both directions
     assert np.isnan(y[1])
+
+
+@pytest.mark.parametrize("t", [t for t in DECODABLE if t.block_size > 1], ids=lambda t: t.name)
+def test_dequantize_matches_reference_on_random_blocks(t: quant.QuantType):
+    # Every bit pattern of the quants, including types no test model uses (q4_0, q5_1, q5_k); the
+    # float16 fields are set to finite values so the comparison is of arithmetic, not of NaN payloads.
+    rng = np.random.default_rng(t.id)
+    raw = rng.integers(0, 256, (300, t.block_bytes), dtype=np.uint8)
+    layout = {
+        "q8_0": quant._BLOCK_Q8_0,
+        "q4_0": quant._BLOCK_Q4_0,
+        "q4_1": quant._BLOCK_Q4_1,
+        "q5_0": quant._BLOCK_Q5_0,
+        "q5_1": quant._BLOCK_Q5_1,
+        "q4_k": quant._BLOCK_Q4_K,
+        "q5_k": quant._BLOCK_Q5_K,
+        "q6_k": quant._BLOCK_Q6_K,
+    }[t.name]
+    blocks = raw.reshape(-1).view(layout)
+    assert layout.itemsize == t.block_bytes
+    for name in ("d", "m", "dmin"):
+        if name in layout.names:
+            blocks[name] = rng.standard_normal(len(blocks)).astype(np.float16) * np.float16(0.1)
+    ours = quant.dequantize(raw, t.id, (300, t.block_size))
+    ref = gguf.quants.dequantize(raw, GGMLQuantizationType(t.id)).reshape(300, t.block_size)
+    assert np.array_equal(bits(ours), bits(ref))
 
 
 @pytest.fixture(scope="module")

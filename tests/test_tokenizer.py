@@ -7,6 +7,7 @@ import random
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 from gguf_metadata import read_metadata
 
@@ -181,6 +182,9 @@ def test_bad_input_is_a_clear_error(smollm):
         smollm.decode([19556, 49152])
     with pytest.raises(InvalidRequest, match="outside the vocabulary"):
         smollm.stream_decoder().feed(-1)
+    with pytest.raises(InvalidRequest, match="must be an integer"):
+        smollm.decode([1.0])
+    assert smollm.decode(np.array([19556, 905], dtype=np.int32)) == "Hello world"
     with pytest.raises(InvalidRequest, match="must be a str"):
         smollm.encode(b"bytes")  # type: ignore[arg-type]
     with pytest.raises(InvalidRequest, match="surrogate"):

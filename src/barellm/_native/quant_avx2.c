@@ -6,8 +6,8 @@
  * 8 rows, so a broadcast of 4 activation bytes and one maddubs give each 32-bit lane one row's partial
  * dot: the 8 lanes of the result are the 8 rows' block sums, with no horizontal reduction. For Q4 the
  * int16 pair sums are at most 2 * 15 * 128 = 3840, so a block's 8 maddubs add up in int16 (<= 30720)
- * before one madd. A tile is 8 rows x NT tokens (NT <= 4): each weight vector loaded and unpacked once is
- * used for NT tokens (prefill), and NT = 1 is the decode kernel.
+ * before one madd. A tile is 8 rows x NT tokens (NT <= 8): each weight vector loaded and unpacked once is
+ * used for NT tokens (prefill); decode (T = 1) takes 16 rows x 1 token.
  */
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
@@ -102,6 +102,10 @@ void bl_quantize_act_avx2(const bl_matrix *w, const float *x, size_t x_stride, i
         if (NT > 1) { X(1); }                                                                            \
         if (NT > 2) { X(2); }                                                                            \
         if (NT > 3) { X(3); }                                                                            \
+        if (NT > 4) { X(4); }                                                                            \
+        if (NT > 5) { X(5); }                                                                            \
+        if (NT > 6) { X(6); }                                                                            \
+        if (NT > 7) { X(7); }                                                                            \
     } while (0)
 
 /* keeps the compiler from re-associating a token's integer sums into a tree that holds every product live
@@ -127,6 +131,10 @@ AI void tile_q4_i8(const int type, const int NT, const uint8_t *g, const int nb,
     ACT_PTRS(1);
     ACT_PTRS(2);
     ACT_PTRS(3);
+    ACT_PTRS(4);
+    ACT_PTRS(5);
+    ACT_PTRS(6);
+    ACT_PTRS(7);
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 128;
         const size_t xo = (size_t)b * 32;
@@ -171,6 +179,10 @@ AI void tile_q8_i8(const int NT, const uint8_t *g, const int nb, const uint8_t *
     ACT_PTRS(1);
     ACT_PTRS(2);
     ACT_PTRS(3);
+    ACT_PTRS(4);
+    ACT_PTRS(5);
+    ACT_PTRS(6);
+    ACT_PTRS(7);
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 256;
         const size_t xo = (size_t)b * 32;
@@ -203,34 +215,116 @@ TILE_FN(q40_1, tile_q4_i8(BL_Q4_0, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q40_2, tile_q4_i8(BL_Q4_0, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q40_3, tile_q4_i8(BL_Q4_0, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q40_4, tile_q4_i8(BL_Q4_0, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40_5, tile_q4_i8(BL_Q4_0, 5, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40_6, tile_q4_i8(BL_Q4_0, 6, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40_7, tile_q4_i8(BL_Q4_0, 7, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40_8, tile_q4_i8(BL_Q4_0, 8, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q41_1, tile_q4_i8(BL_Q4_1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q41_2, tile_q4_i8(BL_Q4_1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q41_3, tile_q4_i8(BL_Q4_1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q41_4, tile_q4_i8(BL_Q4_1, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41_5, tile_q4_i8(BL_Q4_1, 5, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41_6, tile_q4_i8(BL_Q4_1, 6, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41_7, tile_q4_i8(BL_Q4_1, 7, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41_8, tile_q4_i8(BL_Q4_1, 8, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80_1, tile_q8_i8(1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80_2, tile_q8_i8(2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80_3, tile_q8_i8(3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80_4, tile_q8_i8(4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 
+/* Decode (one token) over 16 rows: two groups share each activation broadcast. Same float work per
+ * output as tile_q4_i8. */
+AI void tile_q4_i8_g2(const int type, const uint8_t *g, const size_t gb, const int nb, const uint8_t *xa,
+                      float *o, const int nvalid2, const uint8_t *pf, const size_t pfs) {
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const uint8_t *g2 = g + gb;
+    const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
+    const uint8_t *dp2 = g2 + (size_t)nb * 128, *mp2 = dp2 + (size_t)nb * 16;
+    const int8_t *xq = (const int8_t *)xa;
+    const float *xd = (const float *)(const void *)(xa + (size_t)nb * 32), *xsm = xd + nb;
+    const int32_t *xsq = (const int32_t *)(const void *)(xd + 2 * nb);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps(), accm2 = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *q = g + (size_t)b * 128, *q2 = g2 + (size_t)b * 128;
+        const int8_t *x = xq + (size_t)b * 32;
+        if (pf) prefetch_lines(pf + (size_t)b * 2 * pfs, 6);
+        __m256i s, s2;
+        for (int j = 0; j < 4; j++) {
+            const __m256i xl = bcast32(x + 4 * j), xh = bcast32(x + 16 + 4 * j);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+            const __m256i v2 = _mm256_loadu_si256((const __m256i *)(q2 + 32 * j));
+            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, m4), xl),
+                                               _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), xh));
+            const __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v2, m4), xl),
+                                                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v2, 4), m4), xh));
+            s = j ? _mm256_add_epi16(s, p) : p;
+            s2 = j ? _mm256_add_epi16(s2, p2) : p2;
+            PIN(s);
+            PIN(s2);
+        }
+        __m256i i = _mm256_madd_epi16(s, ones), i2 = _mm256_madd_epi16(s2, ones);
+        if (type == BL_Q4_0) {
+            const __m256i off = _mm256_set1_epi32(8 * xsq[b]);
+            i = _mm256_sub_epi32(i, off);
+            i2 = _mm256_sub_epi32(i2, off);
+        }
+        const __m256 dx = _mm256_set1_ps(xd[b]);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp + (size_t)b * 16)));
+        const __m256 dw2 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp2 + (size_t)b * 16)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, dx), acc);
+        acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i2), _mm256_mul_ps(dw2, dx), acc2);
+        if (type == BL_Q4_1) {
+            const __m256 sx = _mm256_set1_ps(xsm[b]);
+            accm = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mp + (size_t)b * 16))), sx, accm);
+            accm2 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mp2 + (size_t)b * 16))), sx, accm2);
+        }
+    }
+    store8(o, type == BL_Q4_1 ? _mm256_add_ps(acc, accm) : acc, 8);
+    store8(o + 8, type == BL_Q4_1 ? _mm256_add_ps(acc2, accm2) : acc2, nvalid2);
+}
+
+static void q40_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
+                   size_t pfs) {
+    tile_q4_i8_g2(BL_Q4_0, g, gb, nb, xa, o, n2, pf, pfs);
+}
+static void q41_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
+                   size_t pfs) {
+    tile_q4_i8_g2(BL_Q4_1, g, gb, nb, xa, o, n2, pf, pfs);
+}
+
 typedef void (*tile_fn)(const uint8_t *, int, const uint8_t *, size_t, float *, size_t, int, const uint8_t *,
                         size_t);
 
 static void matmul_i8(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
-    static const tile_fn q40[4] = {q40_1, q40_2, q40_3, q40_4}, q41[4] = {q41_1, q41_2, q41_3, q41_4},
+    static const tile_fn q40[8] = {q40_1, q40_2, q40_3, q40_4, q40_5, q40_6, q40_7, q40_8},
+                         q41[8] = {q41_1, q41_2, q41_3, q41_4, q41_5, q41_6, q41_7, q41_8},
                          q80[4] = {q80_1, q80_2, q80_3, q80_4};
     const tile_fn *fns = w->type == BL_Q4_0 ? q40 : w->type == BL_Q4_1 ? q41 : q80;
+    /* tokens per tile: 8 for Q4 (~7% faster than 4 here), 4 for Q8_0 (its int32 sums need more registers) */
+    const int ntmax = w->type == BL_Q8_0 ? 4 : 8;
     const int nb = w->cols / BL_QK;
     const size_t gb = bl_i8_group_bytes(w->type, w->cols), xb = bl_act_row_bytes(w, w->cols);
     /* prefetch BL_PF_BYTES ahead, spread over the blocks of a tile (each block prefetches its share pfs of a
      * group's bytes, so every line of the range gets its prefetch); only a group's first token tile does it */
     const size_t pfs = (gb + (size_t)nb - 1) / (size_t)nb;
     const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
-    for (int r = r0; r < r1; r += 8) {
+    int r = r0;
+    if (T == 1 && w->type != BL_Q8_0) { /* decode: 16 rows per tile (~25% faster from cache) */
+        void (*g2fn)(const uint8_t *, size_t, int, const uint8_t *, float *, int, const uint8_t *, size_t) =
+            w->type == BL_Q4_0 ? q40_g2 : q41_g2;
+        for (; r + 8 < r1; r += 16) {
+            const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
+            const uint8_t *pf = g + gb + BL_PF_BYTES < end ? g + gb + BL_PF_BYTES : NULL;
+            g2fn(g, gb, nb, (const uint8_t *)xq, out + r, r1 - r - 8 < 8 ? r1 - r - 8 : 8, pf, pfs);
+        }
+    }
+    for (; r < r1; r += 8) {
         const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
         const int nvalid = r1 - r < 8 ? r1 - r : 8;
         const uint8_t *pf = g + BL_PF_BYTES < end ? g + BL_PF_BYTES : NULL;
-        for (int t = 0; t < T; t += 4) {
-            const int nt = T - t < 4 ? T - t : 4;
+        for (int t = 0; t < T; t += ntmax) {
+            const int nt = T - t < ntmax ? T - t : ntmax;
             fns[nt - 1](g, nb, (const uint8_t *)xq + (size_t)t * xb, xb, out + (size_t)t * ldo + r, ldo, nvalid,
                         t == 0 ? pf : NULL, pfs);
         }
@@ -316,27 +410,34 @@ AI __m256 loadw_tail(const int type, const uint8_t *row, int k, int n) {
 
 AI void tile_float(const int type, const int R, const int NT, const uint8_t *const *wr, const float *const *x,
                    const int cols, float *const *o /* [NT][R] */) {
-    __m256 acc[4][2];
-    for (int i = 0; i < R; i++)
-        for (int t = 0; t < NT; t++) acc[i][t] = _mm256_setzero_ps();
+    /* accumulator a<i><t> for row i, token t: separate variables so they stay in registers */
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+    const uint8_t *w0 = wr[0], *w1 = wr[R > 1 ? 1 : 0], *w2 = wr[R > 2 ? 2 : 0], *w3 = wr[R > 3 ? 3 : 0];
+    const float *x0 = x[0], *x1 = x[NT > 1 ? 1 : 0];
+#define FROW(i, LOAD)                                                                                    \
+    if (R > i) {                                                                                         \
+        const __m256 wv = LOAD;                                                                          \
+        a##i##0 = _mm256_fmadd_ps(wv, xv0, a##i##0);                                                     \
+        if (NT > 1) a##i##1 = _mm256_fmadd_ps(wv, xv1, a##i##1);                                         \
+    }
     int k = 0;
     for (; k + 8 <= cols; k += 8) {
-        __m256 xv[2];
-        for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_ps(x[t] + k);
-        for (int i = 0; i < R; i++) {
-            const __m256 wv = loadw(type, wr[i], k);
-            for (int t = 0; t < NT; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
-        }
+        const __m256 xv0 = _mm256_loadu_ps(x0 + k), xv1 = _mm256_loadu_ps(x1 + k);
+        FROW(0, loadw(type, w0, k))
+        FROW(1, loadw(type, w1, k))
+        FROW(2, loadw(type, w2, k))
+        FROW(3, loadw(type, w3, k))
     }
     if (k < cols) { /* zero-padded tail lanes: fma(0, 0, p) leaves p as the scalar path does */
         const int n = cols - k;
-        __m256 xv[2];
-        for (int t = 0; t < NT; t++) xv[t] = _mm256_maskload_ps(x[t] + k, lane_mask(n));
-        for (int i = 0; i < R; i++) {
-            const __m256 wv = loadw_tail(type, wr[i], k, n);
-            for (int t = 0; t < NT; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
-        }
+        const __m256 xv0 = _mm256_maskload_ps(x0 + k, lane_mask(n)), xv1 = _mm256_maskload_ps(x1 + k, lane_mask(n));
+        FROW(0, loadw_tail(type, w0, k, n))
+        FROW(1, loadw_tail(type, w1, k, n))
+        FROW(2, loadw_tail(type, w2, k, n))
+        FROW(3, loadw_tail(type, w3, k, n))
     }
+#undef FROW
+    const __m256 acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
     for (int t = 0; t < NT; t++)
         for (int i = 0; i < R; i++) o[t][i] = hsum_ps(acc[i][t]);
 }

@@ -18,6 +18,7 @@ from __future__ import annotations
 import codecs
 import functools
 import heapq
+import operator
 import re
 import sys
 import unicodedata
@@ -676,10 +677,10 @@ class Tokenizer:
 
     def _check_id(self, token_id: Any) -> int:
         try:
-            i = int(token_id)
-        except (TypeError, ValueError):
+            i = operator.index(token_id)  # ints and NumPy integers; not floats, which would truncate silently
+        except TypeError:
             raise InvalidRequest(f"token id must be an integer, got {token_id!r}") from None
-        if isinstance(token_id, bool) or i != token_id or not 0 <= i < self.vocab_size:
+        if isinstance(token_id, bool) or not 0 <= i < self.vocab_size:
             raise InvalidRequest(f"token id {token_id!r} is outside the vocabulary (0..{self.vocab_size - 1})")
         return i
 
