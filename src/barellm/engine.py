@@ -453,16 +453,21 @@ class NativeEngine:
         return self._forward(tokens, start, all_logits, slot, None, step)
 
     def profile(self, tokens: Sequence[int], start: int, slot: int = 0, repeat: int = 1) -> dict[str, float]:
-        """Cycles spent per op (thread 0's view: its work plus the barrier wait), summed over `repeat`
-        forward calls of tokens at start; keyed by op name."""
-        cycles = np.zeros(len(self.ops), np.uint64)
+        """TSC cycles spent per op by the calling thread (its work plus the barrier wait), summed over
+        `repeat` forward calls of tokens at start; keyed by op name. profile_threads() has every thread's."""
+        return dict(zip([op.name for op in self.ops], self.profile_threads(tokens, start, slot, repeat)[0].tolist(),
+                        strict=True))
+
+    def profile_threads(self, tokens: Sequence[int], start: int, slot: int = 0, repeat: int = 1) -> np.ndarray:
+        """Cycles [thread, op] (work plus barrier wait), summed over `repeat` calls."""
+        cycles = np.zeros((self.threads, len(self.ops)), np.uint64)
         self._plan.set_profile(cycles)
         try:
             for _ in range(repeat):
                 self.forward(tokens, start, slot=slot)
         finally:
             self._plan.set_profile(None)
-        return {op.name: float(c) for op, c in zip(self.ops, cycles, strict=True)}
+        return cycles
 
     # NumPy implementations of the op kinds (the debug backend; slow and plain)
 

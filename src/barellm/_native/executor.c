@@ -1,6 +1,7 @@
 /* The executor (see executor.h). */
 #include "executor.h"
 
+#include <stdatomic.h>
 #include <string.h>
 #if defined(__x86_64__)
 #include <x86intrin.h>
@@ -51,16 +52,36 @@ static void op_add(const bl_plan *p, const bl_op *op, int tid, int nth) {
         bl_add(op->out + (size_t)t * op->out_stride, op->x + (size_t)t * op->x_stride, op->n);
 }
 
-static void op_matmul(const bl_plan *p, const bl_op *op, int tid, int nth) {
-    const int T = op->rows_sel ? p->n_out : p->T;
-    if (!op->prequantized && op->n_qjobs) {
-        int t0, t1;
-        bl_split(T, 1, tid, nth, &t0, &t1);
-        run_qjobs(op, t0, t1);
-        bl_pool_barrier(p->pool, tid);
+#define PACK(seq, f, e) (((uint64_t)(seq) << 48) | ((uint64_t)(f) << 24) | (uint64_t)(e))
+#define SEQ(w) ((unsigned)((w) >> 48))
+#define FRONT(w) ((int)(((w) >> 24) & 0xFFFFFF))
+#define END(w) ((int)((w) & 0xFFFFFF))
+
+static int take_front(bl_steal_slot *s, unsigned seq, int *c) {
+    uint64_t w = atomic_load_explicit(&s->w, memory_order_acquire);
+    for (;;) {
+        if (SEQ(w) != seq || FRONT(w) >= END(w)) return 0;
+        if (atomic_compare_exchange_weak_explicit(&s->w, &w, PACK(seq, FRONT(w) + 1, END(w)), memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            *c = FRONT(w);
+            return 1;
+        }
     }
-    int lo, hi;
-    bl_split(op->n_rows, op->row_align, tid, nth, &lo, &hi);
+}
+
+static int take_back(bl_steal_slot *s, unsigned seq, int *c) {
+    uint64_t w = atomic_load_explicit(&s->w, memory_order_acquire);
+    for (;;) {
+        if (SEQ(w) != seq || FRONT(w) >= END(w)) return 0;
+        if (atomic_compare_exchange_weak_explicit(&s->w, &w, PACK(seq, FRONT(w), END(w) - 1), memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            *c = END(w) - 1;
+            return 1;
+        }
+    }
+}
+
+static void matmul_rows(const bl_op *op, int T, int lo, int hi) {
     for (int k = 0; k < op->n_parts; k++) {
         const bl_mm_part *pt = &op->parts[k];
         const int a = lo > pt->row0 ? lo - pt->row0 : 0;
@@ -70,6 +91,34 @@ static void op_matmul(const bl_plan *p, const bl_op *op, int tid, int nth) {
         if (pt->res)
             for (int t = 0; t < T; t++)
                 bl_add(pt->res + (size_t)t * pt->res_stride + a, pt->out + (size_t)t * pt->ldo + a, b - a);
+    }
+}
+
+static void op_matmul(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    const int T = op->rows_sel ? p->n_out : p->T;
+    if (T <= 0) return;
+    if (!op->prequantized && op->n_qjobs) {
+        int t0, t1;
+        bl_split(T, 1, tid, nth, &t0, &t1);
+        run_qjobs(op, t0, t1);
+        bl_pool_barrier(p->pool, tid);
+    }
+    if (nth == 1) {
+        matmul_rows(op, T, 0, op->n_rows);
+        return;
+    }
+    /* chunks of whole row groups, about 8 per thread */
+    const int A = op->row_align, want = (op->n_rows + 8 * nth - 1) / (8 * nth);
+    const int CH = want > A ? (want + A - 1) / A * A : A;
+    const int nch = (op->n_rows + CH - 1) / CH;
+    int c0, c1, c;
+    bl_split(nch, 1, tid, nth, &c0, &c1);
+    bl_steal_slot *own = &p->steal[tid];
+    atomic_store_explicit(&own->w, PACK(seq, c0, c1), memory_order_release);
+    while (take_front(own, seq, &c)) matmul_rows(op, T, c * CH, c + 1 < nch ? (c + 1) * CH : op->n_rows);
+    for (int v = 1; v < nth; v++) {
+        bl_steal_slot *other = &p->steal[(tid + v) % nth];
+        while (take_back(other, seq, &c)) matmul_rows(op, T, c * CH, c + 1 < nch ? (c + 1) * CH : op->n_rows);
     }
 }
 
@@ -120,11 +169,11 @@ static void op_attention(const bl_plan *p, const bl_op *op, int tid, int nth) {
     }
 }
 
-static void exec_op(const bl_plan *p, const bl_op *op, int tid, int nth) {
+static void exec_op(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
     switch (op->kind) {
     case BL_OP_EMBED: op_embed(p, op, tid, nth); break;
     case BL_OP_RMSNORM: op_rmsnorm(p, op, tid, nth); break;
-    case BL_OP_MATMUL: op_matmul(p, op, tid, nth); break;
+    case BL_OP_MATMUL: op_matmul(p, op, tid, nth, seq); break;
     case BL_OP_ROPE_KV: op_rope_kv(p, op, tid, nth); break;
     case BL_OP_ATTENTION: op_attention(p, op, tid, nth); break;
     case BL_OP_SILU_MUL: op_silu_mul(p, op, tid, nth); break;
@@ -143,10 +192,10 @@ static inline uint64_t cycles(void) {
 
 static void plan_task(void *ctx, int tid, int nth) {
     const bl_plan *p = ctx;
-    uint64_t *prof = tid == 0 ? p->op_cycles : NULL;
+    uint64_t *prof = p->op_cycles ? p->op_cycles + (size_t)tid * p->n_ops : NULL;
     uint64_t c0 = prof ? cycles() : 0;
     for (int i = p->begin; i < p->end; i++) {
-        exec_op(p, &p->ops[i], tid, nth);
+        exec_op(p, &p->ops[i], tid, nth, (p->run_seq * 1024u + (unsigned)i) & 0xFFFFu);
         if (i + 1 < p->end) bl_pool_barrier(p->pool, tid);
         if (prof) {
             uint64_t c1 = cycles();
@@ -161,5 +210,6 @@ void bl_plan_run(bl_plan *p, int T, int n_out, int begin, int end) {
     p->n_out = n_out;
     p->begin = begin;
     p->end = end;
+    p->run_seq++;
     bl_pool_run(p->pool, plan_task, p);
 }

@@ -74,14 +74,24 @@ typedef struct bl_op {
     float scale;
 } bl_op;
 
+/* Work stealing in a matmul's row space: each thread owns a contiguous range of row chunks, takes them
+ * from the front, and then takes chunks from the back of the others' ranges. One word per thread,
+ * (op sequence number, front, end), changed by compare-and-swap; a word still carrying the previous
+ * op's number is left alone. Which thread computes a row never changes what is computed. */
+typedef struct bl_steal_slot {
+    _Alignas(BL_CACHELINE) _Atomic uint64_t w;
+} bl_steal_slot;
+
 typedef struct bl_plan {
     bl_pool *pool;
+    bl_steal_slot *steal;  /* one per thread */
+    unsigned run_seq;      /* bumped per run, for the steal words */
     bl_op *ops;
     int n_ops;
     const int32_t *tokens, *pos, *slot, *out_rows;
     /* of the current run */
     int T, n_out, begin, end;
-    uint64_t *op_cycles;   /* if set, thread 0 adds each op's cycles (work + barrier wait) here */
+    uint64_t *op_cycles;   /* if set, [thread][op]: each thread adds each op's cycles (work + wait) */
 } bl_plan;
 
 /* Runs ops [begin, end) for T tokens and n_out selected rows. */

@@ -1,6 +1,7 @@
 /* Python bindings of the thread pool, the executor and the ops.h kernels. */
 #include "py_common.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 #include "executor.h"
@@ -291,6 +292,8 @@ static void Plan_clear(PlanObject *self) {
     self->cap_views = 0;
     if (self->plan.ops) bl_free_aligned(self->plan.ops);
     self->plan.ops = NULL;
+    if (self->plan.steal) bl_free_aligned(self->plan.steal);
+    self->plan.steal = NULL;
     Py_CLEAR(self->pool);
     Py_CLEAR(self->profile);
 }
@@ -318,7 +321,10 @@ static int Plan_init(PlanObject *self, PyObject *args, PyObject *kw) {
         return -1;
     int n = (int)PyList_GET_SIZE(ops);
     self->plan.ops = bl_malloc_aligned(sizeof(bl_op) * (n ? n : 1));
-    if (!self->plan.ops) {
+    self->plan.steal = bl_malloc_aligned(sizeof(bl_steal_slot) * bl_pool_size(self->plan.pool));
+    if (self->plan.steal)
+        for (int i = 0; i < bl_pool_size(self->plan.pool); i++) atomic_init(&self->plan.steal[i].w, 0);
+    if (!self->plan.ops || !self->plan.steal) {
         PyErr_NoMemory();
         return -1;
     }
@@ -380,7 +386,7 @@ static PyObject *Plan_run(PlanObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
-/* set_profile(uint64 array of n_ops or None): thread 0 adds each op's cycles into it */
+/* set_profile(uint64 array [threads, n_ops] or None): each thread adds each op's cycles into its row */
 static PyObject *Plan_set_profile(PlanObject *self, PyObject *arg) {
     Py_CLEAR(self->profile);
     self->plan.op_cycles = NULL;
@@ -390,8 +396,8 @@ static PyObject *Plan_set_profile(PlanObject *self, PyObject *arg) {
     void *buf = view.buf;
     Py_ssize_t len = view.len;
     PyBuffer_Release(&view); /* the reference below keeps the array alive (numpy arrays do not move) */
-    if (len < (Py_ssize_t)sizeof(uint64_t) * self->plan.n_ops) {
-        PyErr_SetString(PyExc_ValueError, "profile array needs n_ops uint64 values");
+    if (len < (Py_ssize_t)sizeof(uint64_t) * self->plan.n_ops * bl_pool_size(self->plan.pool)) {
+        PyErr_SetString(PyExc_ValueError, "profile array needs threads * n_ops uint64 values");
         return NULL;
     }
     Py_INCREF(arg);
@@ -408,7 +414,7 @@ static PyObject *Plan_n_ops(PlanObject *self, void *c) {
 static PyMethodDef Plan_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Plan_run, METH_FASTCALL,
      "run(T, n_out, begin=0, end=n_ops): ops [begin, end) on T tokens, n_out selected rows (GIL released)."},
-    {"set_profile", (PyCFunction)Plan_set_profile, METH_O, "set_profile(uint64 array | None)"},
+    {"set_profile", (PyCFunction)Plan_set_profile, METH_O, "set_profile(uint64 array [threads, n_ops] | None)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -648,6 +654,14 @@ static PyObject *py_repack_into(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_pool_stats(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    long long b, i;
+    bl_pool_stats(&b, &i);
+    return Py_BuildValue("{s:L,s:L}", "barrier_sleeps", b, "idle_sleeps", i);
+}
+
 static PyObject *py_alloc_count(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -665,6 +679,7 @@ PyMethodDef bl_engine_methods[] = {
     {"kv_store", py_kv_store, METH_VARARGS, "kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx)"},
     {"attend", py_attend, METH_VARARGS, "attend(q, pos, kc, vc, out, nq, head_dim, n_ctx, scale): one kv head"},
     {"repack_into", py_repack_into, METH_VARARGS, "repack_into(type, layout, rows, cols, src_rows, dst)"},
+    {"pool_stats", py_pool_stats, METH_NOARGS, "{'barrier_sleeps': n, 'idle_sleeps': n} so far"},
     {"alloc_count", py_alloc_count, METH_NOARGS, "native heap allocations so far"},
     {NULL, NULL, 0, NULL},
 };

@@ -23,9 +23,15 @@
 /* pauses before a waiting thread starts yielding its core, and microseconds before it sleeps (so an
  * oversubscribed machine gets the core back for the thread everyone waits for) */
 #define SPIN_BEFORE_YIELD 2048
-#define BARRIER_SPIN_US 50
+#define BARRIER_SPIN_US 200
 
 static atomic_llong g_allocs;
+static atomic_llong g_barrier_sleeps, g_idle_sleeps; /* slow paths taken, for diagnostics */
+
+void bl_pool_stats(long long *barrier_sleeps, long long *idle_sleeps) {
+    *barrier_sleeps = atomic_load(&g_barrier_sleeps);
+    *idle_sleeps = atomic_load(&g_idle_sleeps);
+}
 
 void *bl_malloc_aligned(size_t bytes) {
     void *p = NULL;
@@ -96,6 +102,7 @@ static unsigned wait_job(bl_pool *p, unsigned seen) {
         }
     }
     atomic_fetch_add(&p->sleepers, 1);
+    atomic_fetch_add_explicit(&g_idle_sleeps, 1, memory_order_relaxed);
     while ((j = atomic_load(&p->job)) == seen) futex(&p->job, FUTEX_WAIT_PRIVATE, seen);
     atomic_fetch_sub(&p->sleepers, 1);
     return j;
@@ -201,6 +208,7 @@ void bl_pool_barrier(bl_pool *p, int tid) {
                 t0 = t;
             } else if (t - t0 > BARRIER_SPIN_US) {
                 atomic_fetch_add(&p->bar_sleepers, 1);
+                atomic_fetch_add_explicit(&g_barrier_sleeps, 1, memory_order_relaxed);
                 while (atomic_load(&p->bar_phase) == phase) futex(&p->bar_phase, FUTEX_WAIT_PRIVATE, phase);
                 atomic_fetch_sub(&p->bar_sleepers, 1);
                 return;

@@ -28,16 +28,23 @@ BL_API void bl_pool_barrier(bl_pool *p, int tid);
 /* How long (microseconds) idle workers keep spinning before they sleep. */
 BL_API void bl_pool_set_spin_us(bl_pool *p, int us);
 
+/* Times waiting threads went to sleep: at a barrier (a partner was late by > 50 us: the machine is
+ * oversubscribed) and between tasks (idle longer than the spin time). */
+BL_API void bl_pool_stats(long long *barrier_sleeps, long long *idle_sleeps);
+
 /* Native allocation accounting: every heap allocation of the core goes through these, so a test can
  * check that the token loop allocates nothing. */
 BL_API void *bl_malloc_aligned(size_t bytes);
 BL_API void bl_free_aligned(void *ptr);
 BL_API long long bl_alloc_count(void);
 
-/* [lo, hi) of n units for thread tid of nth, lo and hi multiples of align (except hi == n). */
+/* [lo, hi) of n units for thread tid of nth, lo and hi multiples of align (except hi == n); when the
+ * groups do not divide evenly, the lower threads get the extra ones (thread 0, the caller, is running
+ * already, while a worker may still be waking up). */
 static inline void bl_split(int n, int align, int tid, int nth, int *lo, int *hi) {
     int groups = (n + align - 1) / align;
-    int g0 = (int)((long long)groups * tid / nth), g1 = (int)((long long)groups * (tid + 1) / nth);
+    int g0 = (int)(((long long)groups * tid + nth - 1) / nth);
+    int g1 = (int)(((long long)groups * (tid + 1) + nth - 1) / nth);
     *lo = g0 * align < n ? g0 * align : n;
     *hi = g1 * align < n ? g1 * align : n;
 }
