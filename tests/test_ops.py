@@ -178,29 +178,54 @@ def test_dequant_unsupported():
         nat.dequant_rows(99, np.zeros(64, np.uint8), 1, 64, np.zeros(64, np.float32))
 
 
-def _cache(n_kv, n_ctx, hd, S, rng):
-    kc, vc = aligned(n_kv * n_ctx * hd), aligned(n_kv * n_ctx * hd)
+def test_float_to_half():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([
+        rng.standard_normal(100000).astype(np.float32) * np.float32(10.0) ** rng.integers(-9, 6, 100000),
+        np.array([0.0, -0.0, np.inf, -np.inf, 65504, 65519.99, 65520, 1e6, 6e-8, 3e-8, 2.98e-8, 6.1e-5, 6.09e-5,
+                  1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-11)], np.float32),
+        # ties at every exponent: halfway between two halves
+        (np.arange(1, 2049, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0**-10),
+    ]).astype(np.float32)
+    out = np.empty(len(x), np.uint16)
+    nat.float_to_half(x, out, len(x))
+    with np.errstate(over="ignore"):
+        assert np.array_equal(out, x.astype(np.float16).view(np.uint16))
+    nan = np.empty(1, np.uint16)
+    nat.float_to_half(np.array([np.nan], np.float32), nan, 1)
+    assert np.isnan(nan.view(np.float16)[0])
+
+
+KV_TYPES = {"f32": np.float32, "f16": np.float16}
+
+
+def _cache(n_kv, n_ctx, hd, S, rng, kv="f32"):
+    dt = KV_TYPES[kv]
+    kc, vc = aligned(n_kv * n_ctx * hd, dt), aligned(n_kv * n_ctx * hd, dt)
     K = rng.standard_normal((S, n_kv, hd)).astype(np.float32)
     V = rng.standard_normal((S, n_kv, hd)).astype(np.float32)
     for p in range(S):
-        nat.kv_store(kc, vc, K[p].reshape(-1), V[p].reshape(-1), p, n_kv, hd, n_ctx)
-    return kc, vc, K, V
+        nat.kv_store(kc, vc, K[p].reshape(-1), V[p].reshape(-1), p, n_kv, hd, n_ctx, kv == "f16")
+    # what the cache holds
+    return kc, vc, K.astype(dt).astype(np.float32), V.astype(dt).astype(np.float32)
 
 
-def test_kv_store_layout():
+@pytest.mark.parametrize("kv", KV_TYPES)
+def test_kv_store_layout(kv):
     rng = np.random.default_rng(0)
     n_kv, hd, n_ctx, S = 2, 8, 128, 70
-    kc, vc, K, V = _cache(n_kv, n_ctx, hd, S, rng)
+    kc, vc, K, V = _cache(n_kv, n_ctx, hd, S, rng, kv)
     k = kc.reshape(n_kv, n_ctx // TILE, hd, TILE).transpose(0, 1, 3, 2).reshape(n_kv, n_ctx, hd)
-    assert np.array_equal(k[:, :S], K.transpose(1, 0, 2))
-    assert np.array_equal(vc.reshape(n_kv, n_ctx, hd)[:, :S], V.transpose(1, 0, 2))
+    assert np.array_equal(k[:, :S].astype(np.float32), K.transpose(1, 0, 2))
+    assert np.array_equal(vc.reshape(n_kv, n_ctx, hd)[:, :S].astype(np.float32), V.transpose(1, 0, 2))
 
 
-@pytest.mark.parametrize("hd", [64, 128, 40, 6])
-def test_attention(isa, hd):
-    rng = np.random.default_rng(hd)
+@pytest.mark.parametrize("kv", KV_TYPES)
+@pytest.mark.parametrize("hd,window", [(64, 0), (128, 0), (40, 0), (6, 0), (64, 70), (64, 1), (16, 130)])
+def test_attention(isa, hd, kv, window):
+    rng = np.random.default_rng(hd + window)
     n_kv, n_ctx, S = 2, 320, 300
-    kc, vc, K, V = _cache(n_kv, n_ctx, hd, S, rng)
+    kc, vc, K, V = _cache(n_kv, n_ctx, hd, S, rng, kv)
     scale = np.float32(1 / np.sqrt(hd))
     positions = np.array([0, 1, 62, 63, 64, 65, 127, 128, 200, 299], np.int32)
     nq = len(positions)
@@ -209,38 +234,42 @@ def test_attention(isa, hd):
     kh = kc[head * n_ctx * hd:(head + 1) * n_ctx * hd]
     vh = vc[head * n_ctx * hd:(head + 1) * n_ctx * hd]
     out = np.empty((nq, hd), np.float32)
-    nat.attend(q, positions, kh, vh, out, nq, hd, n_ctx, float(scale))
+
+    def attend(q, pos, out):
+        nat.attend(q, pos, kh, vh, out, len(pos), hd, n_ctx, float(scale), kv == "f16", window)
+
+    attend(q, positions, out)
     for i, p in enumerate(positions):
-        s = (K[:p + 1, head].astype(np.float64) @ q[i].astype(np.float64)) * float(scale)
+        lo = max(0, p - window + 1) if window else 0
+        s = (K[lo:p + 1, head].astype(np.float64) @ q[i].astype(np.float64)) * float(scale)
         e = np.exp(s - s.max())
-        ref = (e / e.sum()) @ V[:p + 1, head].astype(np.float64)
+        ref = (e / e.sum()) @ V[lo:p + 1, head].astype(np.float64)
         np.testing.assert_allclose(out[i], ref, rtol=2e-5, atol=2e-5)
     # a query's bits do not depend on the other queries of its block
     for i in (0, 4, 9):
         one = np.empty((1, hd), np.float32)
-        nat.attend(q[i:i + 1].copy(), positions[i:i + 1].copy(), kh, vh, one, 1, hd, n_ctx, float(scale))
+        attend(q[i:i + 1].copy(), positions[i:i + 1].copy(), one)
         assert np.array_equal(one[0], out[i])
     rev = np.empty_like(out)
-    nat.attend(q[::-1].copy(), positions[::-1].copy(), kh, vh, rev, nq, hd, n_ctx, float(scale))
+    attend(q[::-1].copy(), positions[::-1].copy(), rev)
     assert np.array_equal(rev[::-1], out)
 
 
-def test_attention_ignores_stale_cache(isa):
-    """Keys past a query's position (stale entries, NaN even) never reach its result."""
+@pytest.mark.parametrize("kv", KV_TYPES)
+def test_attention_ignores_stale_cache(isa, kv):
+    """Keys outside a query's range (stale entries, NaN even) never reach its result."""
     rng = np.random.default_rng(1)
     n_kv, n_ctx, hd = 1, 128, 64
-    kc, vc, K, V = _cache(n_kv, n_ctx, hd, 10, rng)
+    kc, vc, K, V = _cache(n_kv, n_ctx, hd, 10, rng, kv)
     q = rng.standard_normal((1, hd)).astype(np.float32)
     pos = np.array([9], np.int32)
     a = np.empty((1, hd), np.float32)
-    nat.attend(q, pos, kc, vc, a, 1, hd, n_ctx, 0.125)
-    kc2, vc2 = kc.copy(), vc.copy()
-    for p in range(10, 128):
-        nat.kv_store(kc2, vc2, np.full(hd, np.nan, np.float32), np.full(hd, np.nan, np.float32), p, 1, hd, n_ctx)
+    f16 = kv == "f16"
+    nat.attend(q, pos, kc, vc, a, 1, hd, n_ctx, 0.125, f16, 6)
+    for p in [*range(0, 4), *range(10, 128)]:
+        nat.kv_store(kc, vc, np.full(hd, np.nan, np.float32), np.full(hd, np.nan, np.float32), p, 1, hd, n_ctx, f16)
     b = np.empty((1, hd), np.float32)
-    k2, v2 = aligned(kc2.size), aligned(vc2.size)
-    k2[:], v2[:] = kc2, vc2
-    nat.attend(q, pos, k2, v2, b, 1, hd, n_ctx, 0.125)
+    nat.attend(q, pos, kc, vc, b, 1, hd, n_ctx, 0.125, f16, 6)
     assert np.array_equal(a, b)
 
 

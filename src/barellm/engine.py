@@ -105,7 +105,7 @@ class NativeEngine:
     """The C executor's forward pass over a KV cache (one region per slot) allocated at load."""
 
     def __init__(self, cfg: ModelConfig, source: Any, n_ctx: int | None = None, threads: int | None = None,
-                 n_slots: int = 1, chunk: int = 64, pin: bool = False) -> None:
+                 n_slots: int = 1, chunk: int = 64, pin: bool = False, kv_type: str = "f16") -> None:
         from barellm.arch.llama import check_tensors
 
         check_tensors(cfg, source.tensors)
@@ -121,6 +121,9 @@ class NativeEngine:
         self.threads = int(threads or _default_threads())
         if self.n_ctx < 1 or self.n_slots < 1 or not 1 <= self.chunk <= 4096 or not 1 <= self.threads <= 256:
             raise InvalidRequest(f"bad engine sizes: n_ctx={n_ctx} n_slots={n_slots} chunk={chunk} threads={threads}")
+        if kv_type not in ("f16", "f32"):
+            raise InvalidRequest(f"kv_type must be 'f16' or 'f32', got {kv_type!r}")
+        self.kv_type = kv_type
         self._source = source
         self._pool = nat.Pool(self.threads, bool(pin))
         self.ops: list[Op] = llama_plan(cfg)
@@ -141,10 +144,11 @@ class NativeEngine:
         self.n_ctx_pad = _round_up(self.n_ctx, KV_TILE)
         hd, nkv, L = cfg.head_dim, cfg.n_kv_heads, cfg.n_layers
         # K: [slot][layer][kv head][n_ctx / tile][head_dim][tile]; V: [slot][layer][kv head][n_ctx][head_dim]
-        self.k_cache = aligned_zeros((self.n_slots, L, nkv, self.n_ctx_pad // KV_TILE, hd, KV_TILE))
-        self.v_cache = aligned_zeros((self.n_slots, L, nkv, self.n_ctx_pad, hd))
-        self._layer_floats = nkv * self.n_ctx_pad * hd
-        self._slot_floats = L * self._layer_floats
+        kv_dtype = np.float16 if self.kv_type == "f16" else np.float32
+        self.k_cache = aligned_zeros((self.n_slots, L, nkv, self.n_ctx_pad // KV_TILE, hd, KV_TILE), kv_dtype)
+        self.v_cache = aligned_zeros((self.n_slots, L, nkv, self.n_ctx_pad, hd), kv_dtype)
+        self._layer_elems = nkv * self.n_ctx_pad * hd
+        self._slot_elems = L * self._layer_elems
         # RoPE tables [n_ctx, rope_dim]: cos then sin of position * base^(-2i/rope_dim), one per base
         self._rope_cs: dict[float, np.ndarray] = {}
         for base in sorted({cfg.layer_rope_theta(i) for i in range(L)}):
@@ -294,13 +298,15 @@ class NativeEngine:
                 col += p[2]
             d.update(parts=pspecs, qjobs=qjobs)
         elif op.kind in ("rope_kv", "attention"):
-            off = 4 * op.params["layer"] * self._layer_floats
+            layer = op.params["layer"]
+            off = self.k_cache.itemsize * layer * self._layer_elems
             d.update(n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, n_ctx=self.n_ctx_pad,
-                     kc=(self.k_cache, off), vc=(self.v_cache, off), slot_stride=self._slot_floats)
+                     kc=(self.k_cache, off), vc=(self.v_cache, off), slot_stride=self._slot_elems,
+                     kv_f16=int(self.kv_type == "f16"), window=cfg.layer_window(layer))
             if op.kind == "rope_kv":
                 d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim,
                          rope_style=0 if cfg.rope_style == "norm" else 1,
-                         rope_cs=self._rope_cs[cfg.layer_rope_theta(op.params["layer"])])
+                         rope_cs=self._rope_cs[cfg.layer_rope_theta(layer)])
             else:
                 d.update(x=self._spec(op.x), x_stride=self._stride(op.x), out=self._spec(op.out),
                          out_stride=self._stride(op.out), scale=float(np.float32(cfg.scale)))
@@ -414,7 +420,7 @@ class NativeEngine:
         kc = self.k_cache[slot, layer]  # [nkv, tiles, hd, tile]
         k = kc.transpose(0, 1, 3, 2).reshape(self.cfg.n_kv_heads, self.n_ctx_pad, self.cfg.head_dim)[:, :n]
         v = self.v_cache[slot, layer][:, :n]
-        return k.transpose(1, 0, 2).copy(), v.transpose(1, 0, 2).copy()
+        return k.transpose(1, 0, 2).astype(np.float32), v.transpose(1, 0, 2).astype(np.float32)
 
     def debug_forward(self, tokens: Sequence[int], start: int, all_logits: bool = False, slot: int = 0, *,
                       backend: str = "native", replace: dict[int | str, Hook] | None = None,

@@ -131,9 +131,9 @@ static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth) {
         const float *cs = op->rope_cs + (size_t)p->pos[t] * op->rope_dim;
         bl_rope(row, op->n_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
         bl_rope(row + qd, op->n_kv_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
-        const size_t s = (size_t)p->slot[t] * op->slot_stride;
+        const size_t s = (size_t)p->slot[t] * op->slot_stride * (op->kv_f16 ? 2 : 4);
         bl_kv_store(op->kc + s, op->vc + s, row + qd, row + qd + kd, p->pos[t], op->n_kv_heads, op->head_dim,
-                    op->n_ctx);
+                    op->n_ctx, op->kv_f16);
     }
 }
 
@@ -141,7 +141,7 @@ static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth) {
  * of them and hands consecutive items of one kv head and one slot to bl_attend in blocks. */
 static void op_attention(const bl_plan *p, const bl_op *op, int tid, int nth) {
     const int grp = op->n_heads / op->n_kv_heads, per_g = p->T * grp, hd = op->head_dim;
-    const size_t head = (size_t)op->n_ctx * hd;
+    const size_t esz = op->kv_f16 ? 2 : 4, head = (size_t)op->n_ctx * hd * esz;
     int u0, u1;
     bl_split(op->n_kv_heads * per_g, 1, tid, nth, &u0, &u1);
     bl_attn_query qs[BL_ATT_MAXQ];
@@ -154,8 +154,8 @@ static void op_attention(const bl_plan *p, const bl_op *op, int tid, int nth) {
             j = u % grp;
         }
         if (nq && (u == u1 || g != cur_g || p->slot[t] != cur_slot || nq == BL_ATT_MAXQ)) {
-            const size_t off = (size_t)cur_slot * op->slot_stride + (size_t)cur_g * head;
-            bl_attend(qs, nq, op->kc + off, op->vc + off, hd, op->scale);
+            const size_t off = (size_t)cur_slot * op->slot_stride * esz + (size_t)cur_g * head;
+            bl_attend(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->kv_f16);
             nq = 0;
         }
         if (u == u1) break;
@@ -165,6 +165,7 @@ static void op_attention(const bl_plan *p, const bl_op *op, int tid, int nth) {
         qs[nq].q = op->x + (size_t)t * op->x_stride + (size_t)h * hd;
         qs[nq].out = op->out + (size_t)t * op->out_stride + (size_t)h * hd;
         qs[nq].pos = p->pos[t];
+        qs[nq].lo = op->window && p->pos[t] >= op->window ? p->pos[t] - op->window + 1 : 0;
         nq++;
     }
 }

@@ -69,8 +69,10 @@ typedef struct bl_op {
     /* rope, kv, attention */
     int n_heads, n_kv_heads, head_dim, rope_dim, rope_style, n_ctx;
     const float *rope_cs;  /* [n_ctx][rope_dim]: cos then sin of each position */
-    float *kc, *vc;        /* this layer's cache in slot 0 */
-    size_t slot_stride;    /* floats from one slot's cache to the next */
+    char *kc, *vc;         /* this layer's cache in slot 0 */
+    size_t slot_stride;    /* elements from one slot's cache to the next */
+    int kv_f16;            /* cache elements are IEEE halves (else f32) */
+    int window;            /* attention: keys a query sees, counting its own (0: all before it) */
     float scale;
 } bl_op;
 

@@ -13,18 +13,27 @@ void bl_rope(float *x, int n_heads, int head_dim, int rope_dim, const float *cs,
 void bl_softmax(float *x, int n) { DISPATCH(bl_softmax, x, n); }
 void bl_silu_mul(const float *gate, const float *up, float *out, int n) { DISPATCH(bl_silu_mul, gate, up, out, n); }
 void bl_add(float *x, const float *y, int n) { DISPATCH(bl_add, x, y, n); }
-void bl_attend(const bl_attn_query *qs, int nq, const float *kc, const float *vc, int head_dim, float scale) {
-    DISPATCH(bl_attend, qs, nq, kc, vc, head_dim, scale);
+void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
+               int kv_f16) {
+    DISPATCH(bl_attend, qs, nq, kc, vc, head_dim, scale, kv_f16);
 }
 
-void bl_kv_store(float *kc, float *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
-                 int n_ctx) {
+void bl_kv_store(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
+                 int n_ctx, int kv_f16) {
     const size_t head = (size_t)n_ctx * head_dim;
+    const size_t kofs = (size_t)(pos / BL_KV_TILE) * head_dim * BL_KV_TILE + pos % BL_KV_TILE;
     for (int h = 0; h < n_kv_heads; h++) {
-        float *kt = kc + h * head + (size_t)(pos / BL_KV_TILE) * head_dim * BL_KV_TILE + pos % BL_KV_TILE;
-        const float *kh = k + (size_t)h * head_dim;
-        for (int d = 0; d < head_dim; d++) kt[(size_t)d * BL_KV_TILE] = kh[d];
-        memcpy(vc + h * head + (size_t)pos * head_dim, v + (size_t)h * head_dim, sizeof(float) * head_dim);
+        const float *kh = k + (size_t)h * head_dim, *vh = v + (size_t)h * head_dim;
+        const size_t vofs = h * head + (size_t)pos * head_dim;
+        if (kv_f16) {
+            uint16_t *kt = (uint16_t *)kc + h * head + kofs, *vt = (uint16_t *)vc + vofs;
+            for (int d = 0; d < head_dim; d++) kt[(size_t)d * BL_KV_TILE] = bl_float_to_half(kh[d]);
+            for (int d = 0; d < head_dim; d++) vt[d] = bl_float_to_half(vh[d]);
+        } else {
+            float *kt = (float *)kc + h * head + kofs;
+            for (int d = 0; d < head_dim; d++) kt[(size_t)d * BL_KV_TILE] = kh[d];
+            memcpy((float *)vc + vofs, vh, sizeof(float) * head_dim);
+        }
     }
 }
 

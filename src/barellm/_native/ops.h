@@ -4,12 +4,14 @@
  * for a row whatever the other rows, the row count or the thread are: the executor's invariance rests
  * on that (greedy output independent of threads, chunking and batching).
  *
- * KV cache of one (slot, layer), f32, n_ctx a multiple of BL_KV_TILE:
+ * KV cache of one (slot, layer), f32 or f16 (IEEE half, rounded to nearest even), n_ctx a multiple of
+ * BL_KV_TILE:
  *   K: [n_kv_heads][n_ctx / BL_KV_TILE][head_dim][BL_KV_TILE]  keys transposed tile by tile, so a
  *      query's scores against a tile of keys are BL_KV_TILE independent fma chains over head_dim;
  *   V: [n_kv_heads][n_ctx][head_dim]                            values row by row.
  * Attention for a query at position p visits keys in tiles [0,64), [64,128), ... up to p with an online
- * softmax: the same tiles and updates in decode and in prefill, so both give identical bits.
+ * softmax: the same tiles and updates in decode and in prefill, so both give identical bits. A sliding
+ * window only masks the keys before it: the tiles stay aligned to key 0.
  */
 #ifndef BARELLM_OPS_H
 #define BARELLM_OPS_H
@@ -24,7 +26,8 @@ enum bl_rope_style { BL_ROPE_NORM = 0, BL_ROPE_NEOX = 1 };
 typedef struct bl_attn_query {
     const float *q; /* head_dim values */
     float *out;     /* head_dim values */
-    int pos;        /* attends keys 0..pos */
+    int pos;        /* attends keys lo..pos */
+    int lo;
 } bl_attn_query;
 
 /* out = x / sqrt(mean(x^2) + eps) * w over n values. */
@@ -45,12 +48,12 @@ BL_API int bl_dequant_row(int type, const void *src, float *dst, int n);
 BL_API size_t bl_type_row_bytes(int type, int n); /* 0 if unsupported or n is not a whole block count */
 
 /* Writes one position's key and value rows (n_kv_heads * head_dim each) into a (slot, layer) cache. */
-BL_API void bl_kv_store(float *kc, float *vc, const float *k, const float *v, int pos, int n_kv_heads,
-                        int head_dim, int n_ctx);
+BL_API void bl_kv_store(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads,
+                        int head_dim, int n_ctx, int kv_f16);
 /* Attention of nq queries (all of one KV head) over that head's keys and values:
- * kc = K + head * (n_ctx * head_dim), vc = V + head * (n_ctx * head_dim); nq <= BL_ATT_MAXQ. */
-BL_API void bl_attend(const bl_attn_query *qs, int nq, const float *kc, const float *vc, int head_dim,
-                      float scale);
+ * kc = K + head * (n_ctx * head_dim), vc = V + head * (n_ctx * head_dim) elements; nq <= BL_ATT_MAXQ. */
+BL_API void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
+                      float scale, int kv_f16);
 
 /* the per-ISA implementations, for tests and dispatch */
 #define BL_OPS_DECLARE(sfx)                                                                            \
@@ -59,8 +62,8 @@ BL_API void bl_attend(const bl_attn_query *qs, int nq, const float *kc, const fl
     void bl_softmax_##sfx(float *x, int n);                                                            \
     void bl_silu_mul_##sfx(const float *gate, const float *up, float *out, int n);                     \
     void bl_add_##sfx(float *x, const float *y, int n);                                                \
-    void bl_attend_##sfx(const bl_attn_query *qs, int nq, const float *kc, const float *vc,            \
-                         int head_dim, float scale);
+    void bl_attend_##sfx(const bl_attn_query *qs, int nq, const void *kc, const void *vc,              \
+                         int head_dim, float scale, int kv_f16);
 BL_OPS_DECLARE(scalar)
 BL_OPS_DECLARE(avx2)
 
@@ -77,6 +80,27 @@ static inline float bl_half_to_float(uint16_t h) {
     float f;
     __builtin_memcpy(&f, &bits, 4);
     return f;
+}
+
+/* float to IEEE half, rounded to nearest even (as F16C's vcvtps2ph does) */
+static inline uint16_t bl_float_to_half(float f) {
+    uint32_t x, sign, ax;
+    __builtin_memcpy(&x, &f, 4);
+    sign = (x >> 16) & 0x8000;
+    ax = x & 0x7fffffff;
+    if (ax >= 0x7f800000) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000 ? 0x200 : 0));
+    if (ax >= 0x477ff000) return (uint16_t)(sign | 0x7c00); /* rounds past the largest half */
+    if (ax < 0x38800000) {                                  /* half subnormal or zero */
+        float a, magic = 0.5f;
+        uint32_t r, mu;
+        __builtin_memcpy(&a, &ax, 4);
+        a += magic; /* the ulp of 0.5f is the half subnormal step, so the add rounds for us */
+        __builtin_memcpy(&r, &a, 4);
+        __builtin_memcpy(&mu, &magic, 4);
+        return (uint16_t)(sign | (r - mu));
+    }
+    ax += 0xc8000fffu + ((ax >> 13) & 1); /* rebias the exponent, round to nearest even */
+    return (uint16_t)(sign | (ax >> 13));
 }
 
 static inline float bl_bfloat_to_float(uint16_t h) {

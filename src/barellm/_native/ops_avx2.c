@@ -149,37 +149,44 @@ void bl_add_avx2(float *x, const float *y, int n) {
     for (; i < n; i++) x[i] += y[i];
 }
 
-/* One query against one tile of keys: scores, online-softmax update, values. */
-static inline void attend_tile(const float *q, float *acc, float *m, float *l, const float *kt, const float *vt,
-                               int nv, int head_dim, float scale) {
+static inline __attribute__((always_inline)) __m256 ld8(const void *base, size_t i, int f16) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)))
+               : _mm256_loadu_ps((const float *)base + i);
+}
+
+/* One query against one tile of keys [k0, k1): scores, online-softmax update, values. */
+static inline __attribute__((always_inline)) void attend_tile(const float *q, float *acc, float *m, float *l,
+                                                              const void *kc, size_t kt, const void *vc, size_t vt,
+                                                              int k0, int k1, int head_dim, float scale, int f16) {
     enum { KT = BL_KV_TILE };
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
     for (int d = 0; d < head_dim; d++) {
         const __m256 qd = _mm256_broadcast_ss(q + d);
-        const float *kr = kt + (size_t)d * KT;
-        s0 = _mm256_fmadd_ps(qd, _mm256_load_ps(kr), s0);
-        s1 = _mm256_fmadd_ps(qd, _mm256_load_ps(kr + 8), s1);
-        s2 = _mm256_fmadd_ps(qd, _mm256_load_ps(kr + 16), s2);
-        s3 = _mm256_fmadd_ps(qd, _mm256_load_ps(kr + 24), s3);
-        s4 = _mm256_fmadd_ps(qd, _mm256_load_ps(kr + 32), s4);
-        s5 = _mm256_fmadd_ps(qd, _mm256_load_ps(kr + 40), s5);
-        s6 = _mm256_fmadd_ps(qd, _mm256_load_ps(kr + 48), s6);
-        s7 = _mm256_fmadd_ps(qd, _mm256_load_ps(kr + 56), s7);
+        const size_t kr = kt + (size_t)d * KT;
+        s0 = _mm256_fmadd_ps(qd, ld8(kc, kr, f16), s0);
+        s1 = _mm256_fmadd_ps(qd, ld8(kc, kr + 8, f16), s1);
+        s2 = _mm256_fmadd_ps(qd, ld8(kc, kr + 16, f16), s2);
+        s3 = _mm256_fmadd_ps(qd, ld8(kc, kr + 24, f16), s3);
+        s4 = _mm256_fmadd_ps(qd, ld8(kc, kr + 32, f16), s4);
+        s5 = _mm256_fmadd_ps(qd, ld8(kc, kr + 40, f16), s5);
+        s6 = _mm256_fmadd_ps(qd, ld8(kc, kr + 48, f16), s6);
+        s7 = _mm256_fmadd_ps(qd, ld8(kc, kr + 56, f16), s7);
     }
     __m256 s[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
     const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i lo = _mm256_set1_epi32(k0 - 1), hi = _mm256_set1_epi32(k1);
     __m256 valid[8];
     __m256 vmax = ninf;
     for (int b = 0; b < 8; b++) {
-        valid[b] = _mm256_castsi256_ps(
-            _mm256_cmpgt_epi32(_mm256_set1_epi32(nv), _mm256_add_epi32(iota, _mm256_set1_epi32(8 * b))));
+        const __m256i kk = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * b));
+        valid[b] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(hi, kk), _mm256_cmpgt_epi32(kk, lo)));
         s[b] = _mm256_blendv_ps(ninf, _mm256_mul_ps(s[b], vscale), valid[b]);
         vmax = _mm256_max_ps(vmax, s[b]);
     }
     const float mt = hmax8(vmax);
     const float mn = mt > *m ? mt : *m;
-    const float corr = exp1(*m - mn); /* 0 for the first tile: m = -inf clamps to e^-87 * 0 acc */
+    const float corr = exp1(*m - mn); /* first tile: m = -inf, clamped: a tiny factor times acc = 0 */
     const __m256 vmn = _mm256_set1_ps(mn);
     _Alignas(32) float p[KT];
     for (int b = 0; b < 8; b++) {
@@ -190,56 +197,55 @@ static inline void attend_tile(const float *q, float *acc, float *m, float *l, c
                                           _mm256_add_ps(_mm256_add_ps(s[4], s[5]), _mm256_add_ps(s[6], s[7]))));
     *l = *l * corr + sum;
     *m = mn;
-    const __m256 vc = _mm256_set1_ps(corr);
+    const __m256 vcorr = _mm256_set1_ps(corr);
     for (int d0 = 0; d0 < head_dim; d0 += 64) {
         const int nd = head_dim - d0 < 64 ? (head_dim - d0) / 8 : 8;
         __m256 a[8];
-        for (int u = 0; u < nd; u++) a[u] = _mm256_mul_ps(_mm256_loadu_ps(acc + d0 + 8 * u), vc);
+        for (int u = 0; u < nd; u++) a[u] = _mm256_mul_ps(_mm256_loadu_ps(acc + d0 + 8 * u), vcorr);
         if (nd == 8) {
-            for (int k = 0; k < nv; k++) {
+            for (int k = k0; k < k1; k++) {
                 const __m256 pk = _mm256_broadcast_ss(p + k);
-                const float *vr = vt + (size_t)k * head_dim + d0;
-                a[0] = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vr), a[0]);
-                a[1] = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vr + 8), a[1]);
-                a[2] = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vr + 16), a[2]);
-                a[3] = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vr + 24), a[3]);
-                a[4] = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vr + 32), a[4]);
-                a[5] = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vr + 40), a[5]);
-                a[6] = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vr + 48), a[6]);
-                a[7] = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vr + 56), a[7]);
+                const size_t vr = vt + (size_t)k * head_dim + d0;
+                a[0] = _mm256_fmadd_ps(pk, ld8(vc, vr, f16), a[0]);
+                a[1] = _mm256_fmadd_ps(pk, ld8(vc, vr + 8, f16), a[1]);
+                a[2] = _mm256_fmadd_ps(pk, ld8(vc, vr + 16, f16), a[2]);
+                a[3] = _mm256_fmadd_ps(pk, ld8(vc, vr + 24, f16), a[3]);
+                a[4] = _mm256_fmadd_ps(pk, ld8(vc, vr + 32, f16), a[4]);
+                a[5] = _mm256_fmadd_ps(pk, ld8(vc, vr + 40, f16), a[5]);
+                a[6] = _mm256_fmadd_ps(pk, ld8(vc, vr + 48, f16), a[6]);
+                a[7] = _mm256_fmadd_ps(pk, ld8(vc, vr + 56, f16), a[7]);
             }
         } else {
-            for (int k = 0; k < nv; k++) {
+            for (int k = k0; k < k1; k++) {
                 const __m256 pk = _mm256_broadcast_ss(p + k);
-                const float *vr = vt + (size_t)k * head_dim + d0;
-                for (int u = 0; u < nd; u++) a[u] = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vr + 8 * u), a[u]);
+                const size_t vr = vt + (size_t)k * head_dim + d0;
+                for (int u = 0; u < nd; u++) a[u] = _mm256_fmadd_ps(pk, ld8(vc, vr + 8 * u, f16), a[u]);
             }
         }
         for (int u = 0; u < nd; u++) _mm256_storeu_ps(acc + d0 + 8 * u, a[u]);
     }
 }
 
-void bl_attend_avx2(const bl_attn_query *qs, int nq, const float *kc, const float *vc, int head_dim, float scale) {
+static inline __attribute__((always_inline)) void attend(const bl_attn_query *qs, int nq, const void *kc,
+                                                         const void *vc, int head_dim, float scale, int f16) {
     enum { KT = BL_KV_TILE };
-    if (head_dim % 8) {
-        bl_attend_scalar(qs, nq, kc, vc, head_dim, scale);
-        return;
-    }
     float m[BL_ATT_MAXQ], l[BL_ATT_MAXQ];
-    int tiles = 0;
+    int tiles = 0, first = 1 << 30;
     for (int i = 0; i < nq; i++) {
         m[i] = -INFINITY;
         l[i] = 0;
         memset(qs[i].out, 0, sizeof(float) * head_dim);
         if (qs[i].pos / KT + 1 > tiles) tiles = qs[i].pos / KT + 1;
+        if (qs[i].lo / KT < first) first = qs[i].lo / KT;
     }
-    for (int j = 0; j < tiles; j++) {
-        const float *kt = kc + (size_t)j * head_dim * KT, *vt = vc + (size_t)j * KT * head_dim;
+    for (int j = first; j < tiles; j++) {
+        const size_t kt = (size_t)j * head_dim * KT, vt = (size_t)j * KT * head_dim;
         for (int i = 0; i < nq; i++) {
-            const int pos = qs[i].pos;
-            if (pos < j * KT) continue;
-            const int nv = pos - j * KT + 1 < KT ? pos - j * KT + 1 : KT;
-            attend_tile(qs[i].q, qs[i].out, &m[i], &l[i], kt, vt, nv, head_dim, scale);
+            const int pos = qs[i].pos, lo = qs[i].lo;
+            if (pos < j * KT || lo >= (j + 1) * KT) continue;
+            const int k0 = lo > j * KT ? lo - j * KT : 0;
+            const int k1 = pos - j * KT + 1 < KT ? pos - j * KT + 1 : KT;
+            attend_tile(qs[i].q, qs[i].out, &m[i], &l[i], kc, kt, vc, vt, k0, k1, head_dim, scale, f16);
         }
     }
     for (int i = 0; i < nq; i++) {
@@ -247,4 +253,11 @@ void bl_attend_avx2(const bl_attn_query *qs, int nq, const float *kc, const floa
         for (int d = 0; d < head_dim; d += 8)
             _mm256_storeu_ps(qs[i].out + d, _mm256_mul_ps(_mm256_loadu_ps(qs[i].out + d), inv));
     }
+}
+
+void bl_attend_avx2(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
+                    int kv_f16) {
+    if (head_dim % 8) bl_attend_scalar(qs, nq, kc, vc, head_dim, scale, kv_f16);
+    else if (kv_f16) attend(qs, nq, kc, vc, head_dim, scale, 1);
+    else attend(qs, nq, kc, vc, head_dim, scale, 0);
 }

@@ -50,52 +50,57 @@ void bl_add_scalar(float *x, const float *y, int n) {
     for (int i = 0; i < n; i++) x[i] += y[i];
 }
 
-void bl_attend_scalar(const bl_attn_query *qs, int nq, const float *kc, const float *vc, int head_dim,
-                      float scale) {
+static inline float kv_at(const void *base, size_t i, int f16) {
+    return f16 ? bl_half_to_float(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
+                      float scale, int f16) {
     enum { KT = BL_KV_TILE };
     float m[BL_ATT_MAXQ], l[BL_ATT_MAXQ];
-    int tiles = 0;
+    int tiles = 0, first = 1 << 30;
     for (int i = 0; i < nq; i++) {
         m[i] = -INFINITY;
         l[i] = 0;
         memset(qs[i].out, 0, sizeof(float) * head_dim);
         if (qs[i].pos / KT + 1 > tiles) tiles = qs[i].pos / KT + 1;
+        if (qs[i].lo / KT < first) first = qs[i].lo / KT;
     }
-    for (int j = 0; j < tiles; j++) {
-        const float *kt = kc + (size_t)j * head_dim * KT;
+    for (int j = first; j < tiles; j++) {
+        const size_t kt = (size_t)j * head_dim * KT, vt = (size_t)j * KT * head_dim;
         for (int i = 0; i < nq; i++) {
-            const int pos = qs[i].pos;
-            if (pos < j * KT) continue;
-            const int nv = pos - j * KT + 1 < KT ? pos - j * KT + 1 : KT;
+            const int pos = qs[i].pos, lo = qs[i].lo;
+            if (pos < j * KT || lo >= (j + 1) * KT) continue;
+            const int k0 = lo > j * KT ? lo - j * KT : 0;
+            const int k1 = pos - j * KT + 1 < KT ? pos - j * KT + 1 : KT;
             const float *q = qs[i].q;
             float *acc = qs[i].out;
             float s[KT];
             for (int k = 0; k < KT; k++) s[k] = 0;
             for (int d = 0; d < head_dim; d++) {
                 const float qd = q[d];
-                const float *kr = kt + (size_t)d * KT;
-                for (int k = 0; k < KT; k++) s[k] += qd * kr[k];
+                const size_t kr = kt + (size_t)d * KT;
+                for (int k = k0; k < k1; k++) s[k] += qd * kv_at(kc, kr + k, f16);
             }
             float mt = -INFINITY;
-            for (int k = 0; k < nv; k++) {
+            for (int k = k0; k < k1; k++) {
                 s[k] *= scale;
                 mt = s[k] > mt ? s[k] : mt;
             }
             const float mn = mt > m[i] ? mt : m[i];
             const float corr = expf(m[i] - mn);
             float sum = 0;
-            for (int k = 0; k < nv; k++) {
+            for (int k = k0; k < k1; k++) {
                 s[k] = expf(s[k] - mn);
                 sum += s[k];
             }
             m[i] = mn;
             l[i] = l[i] * corr + sum;
             for (int d = 0; d < head_dim; d++) acc[d] *= corr;
-            const float *vt = vc + (size_t)j * KT * head_dim;
-            for (int k = 0; k < nv; k++) {
+            for (int k = k0; k < k1; k++) {
                 const float p = s[k];
-                const float *vr = vt + (size_t)k * head_dim;
-                for (int d = 0; d < head_dim; d++) acc[d] += p * vr[d];
+                const size_t vr = vt + (size_t)k * head_dim;
+                for (int d = 0; d < head_dim; d++) acc[d] += p * kv_at(vc, vr + d, f16);
             }
         }
     }

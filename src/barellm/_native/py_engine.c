@@ -198,7 +198,8 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
         d_int(d, "n_kv_heads", 0, &op->n_kv_heads) || d_int(d, "head_dim", 0, &op->head_dim) ||
         d_int(d, "rope_dim", 0, &op->rope_dim) || d_int(d, "rope_style", 0, &op->rope_style) ||
         d_int(d, "n_ctx", 0, &op->n_ctx) || d_size(d, "slot_stride", &op->slot_stride) ||
-        d_float(d, "scale", &op->scale) || d_size(d, "table_row_bytes", &op->table_row_bytes))
+        d_float(d, "scale", &op->scale) || d_size(d, "table_row_bytes", &op->table_row_bytes) ||
+        d_int(d, "kv_f16", 0, &op->kv_f16) || d_int(d, "window", 0, &op->window))
         return -1;
     void *p;
     if (d_ptr(self, d, "out", 1, &p)) return -1;
@@ -566,49 +567,48 @@ static PyObject *py_type_row_bytes(PyObject *self, PyObject *args) {
     return PyLong_FromSize_t(bl_type_row_bytes(type, n));
 }
 
-/* kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx) */
+/* kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_f16=0) */
 static PyObject *py_kv_store(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *kco, *vco, *ko, *vo;
-    int pos, nkv, hd, n_ctx;
-    if (!PyArg_ParseTuple(args, "OOOOiiii", &kco, &vco, &ko, &vo, &pos, &nkv, &hd, &n_ctx)) return NULL;
+    int pos, nkv, hd, n_ctx, f16 = 0;
+    if (!PyArg_ParseTuple(args, "OOOOiiii|p", &kco, &vco, &ko, &vo, &pos, &nkv, &hd, &n_ctx, &f16)) return NULL;
     if (n_ctx % BL_KV_TILE || pos < 0 || pos >= n_ctx) {
         PyErr_SetString(PyExc_ValueError, "kv_store: n_ctx must be a multiple of the tile, 0 <= pos < n_ctx");
         return NULL;
     }
     views vs = {.n = 0};
-    Py_ssize_t cache = (Py_ssize_t)nkv * n_ctx * hd;
-    float *kc = vbuf(&vs, kco, 1, cache, 4, "kc"), *vc = kc ? vbuf(&vs, vco, 1, cache, 4, "vc") : NULL;
+    Py_ssize_t cache = (Py_ssize_t)nkv * n_ctx * hd, esz = f16 ? 2 : 4;
+    void *kc = vbuf(&vs, kco, 1, cache, esz, "kc"), *vc = kc ? vbuf(&vs, vco, 1, cache, esz, "vc") : NULL;
     float *k = vc ? vbuf(&vs, ko, 0, (Py_ssize_t)nkv * hd, 4, "k") : NULL;
     float *v = k ? vbuf(&vs, vo, 0, (Py_ssize_t)nkv * hd, 4, "v") : NULL;
-    if (v) bl_kv_store(kc, vc, k, v, pos, nkv, hd, n_ctx);
+    if (v) bl_kv_store(kc, vc, k, v, pos, nkv, hd, n_ctx, f16);
     views_release(&vs);
     if (!v) return NULL;
     Py_RETURN_NONE;
 }
 
-/* attend(q [nq, hd], pos int32 [nq], kc, vc (one head: [n_ctx, hd] each), out [nq, hd], nq, hd, n_ctx, scale) */
+/* attend(q [nq, hd], pos int32 [nq], kc, vc (one head: [n_ctx, hd] each), out [nq, hd], nq, hd, n_ctx, scale,
+ *        kv_f16=0, window=0) */
 static PyObject *py_attend(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *qo, *po, *kco, *vco, *oo;
-    int nq, hd, n_ctx;
+    int nq, hd, n_ctx, f16 = 0, window = 0;
     float scale;
-    if (!PyArg_ParseTuple(args, "OOOOOiiif", &qo, &po, &kco, &vco, &oo, &nq, &hd, &n_ctx, &scale)) return NULL;
-    if (nq < 1 || nq > BL_ATT_MAXQ || n_ctx % BL_KV_TILE) {
+    if (!PyArg_ParseTuple(args, "OOOOOiiif|pi", &qo, &po, &kco, &vco, &oo, &nq, &hd, &n_ctx, &scale, &f16, &window))
+        return NULL;
+    if (nq < 1 || nq > BL_ATT_MAXQ || n_ctx % BL_KV_TILE || window < 0) {
         PyErr_Format(PyExc_ValueError, "attend: 1 <= nq <= %d, n_ctx a multiple of %d", BL_ATT_MAXQ, BL_KV_TILE);
         return NULL;
     }
     views vs = {.n = 0};
+    const Py_ssize_t esz = f16 ? 2 : 4;
     float *q = vbuf(&vs, qo, 0, (Py_ssize_t)nq * hd, 4, "q");
     int32_t *pos = q ? vbuf(&vs, po, 0, nq, 4, "pos") : NULL;
-    float *kc = pos ? vbuf(&vs, kco, 0, (Py_ssize_t)n_ctx * hd, 4, "kc") : NULL;
-    float *vc = kc ? vbuf(&vs, vco, 0, (Py_ssize_t)n_ctx * hd, 4, "vc") : NULL;
+    void *kc = pos ? vbuf(&vs, kco, 0, (Py_ssize_t)n_ctx * hd, esz, "kc") : NULL;
+    void *vc = kc ? vbuf(&vs, vco, 0, (Py_ssize_t)n_ctx * hd, esz, "vc") : NULL;
     float *out = vc ? vbuf(&vs, oo, 1, (Py_ssize_t)nq * hd, 4, "out") : NULL;
     int ok = out != NULL;
-    if (ok && (((uintptr_t)kc | (uintptr_t)vc) & 31)) {
-        PyErr_SetString(PyExc_ValueError, "attend: caches must be 32-byte aligned");
-        ok = 0;
-    }
     for (int i = 0; ok && i < nq; i++)
         if (pos[i] < 0 || pos[i] >= n_ctx) {
             PyErr_SetString(PyExc_ValueError, "attend: position out of range");
@@ -620,11 +620,28 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
             qs[i].q = q + (size_t)i * hd;
             qs[i].out = out + (size_t)i * hd;
             qs[i].pos = pos[i];
+            qs[i].lo = window && pos[i] >= window ? pos[i] - window + 1 : 0;
         }
-        bl_attend(qs, nq, kc, vc, hd, scale);
+        bl_attend(qs, nq, kc, vc, hd, scale, f16);
     }
     views_release(&vs);
     if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* float_to_half(x f32[n], out u16[n]) */
+static PyObject *py_float_to_half(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *oo;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OOn", &xo, &oo, &n)) return NULL;
+    views vs = {.n = 0};
+    float *x = vbuf(&vs, xo, 0, n, 4, "x");
+    uint16_t *o = x ? vbuf(&vs, oo, 1, n, 2, "out") : NULL;
+    if (o)
+        for (Py_ssize_t i = 0; i < n; i++) o[i] = bl_float_to_half(x[i]);
+    views_release(&vs);
+    if (!o) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -676,8 +693,10 @@ PyMethodDef bl_engine_methods[] = {
     {"add", py_add, METH_VARARGS, "add(x, y, n): x += y"},
     {"dequant_rows", py_dequant_rows, METH_VARARGS, "dequant_rows(type, raw, rows, n, out)"},
     {"type_row_bytes", py_type_row_bytes, METH_VARARGS, "type_row_bytes(type, n): 0 if unsupported"},
-    {"kv_store", py_kv_store, METH_VARARGS, "kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx)"},
-    {"attend", py_attend, METH_VARARGS, "attend(q, pos, kc, vc, out, nq, head_dim, n_ctx, scale): one kv head"},
+    {"kv_store", py_kv_store, METH_VARARGS, "kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_f16=0)"},
+    {"attend", py_attend, METH_VARARGS,
+     "attend(q, pos, kc, vc, out, nq, head_dim, n_ctx, scale, kv_f16=0, window=0): one kv head"},
+    {"float_to_half", py_float_to_half, METH_VARARGS, "float_to_half(x_f32, out_u16, n): round to nearest even"},
     {"repack_into", py_repack_into, METH_VARARGS, "repack_into(type, layout, rows, cols, src_rows, dst)"},
     {"pool_stats", py_pool_stats, METH_NOARGS, "{'barrier_sleeps': n, 'idle_sleeps': n} so far"},
     {"alloc_count", py_alloc_count, METH_NOARGS, "native heap allocations so far"},
