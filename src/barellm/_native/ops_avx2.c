@@ -154,80 +154,115 @@ static inline __attribute__((always_inline)) __m256 ld8(const void *base, size_t
                : _mm256_loadu_ps((const float *)base + i);
 }
 
-/* One query against one tile of keys [k0, k1): scores, online-softmax update, values. */
-static inline __attribute__((always_inline)) void attend_tile(const float *q, float *acc, float *m, float *l,
-                                                              const void *kc, size_t kt, const void *vc, size_t vt,
-                                                              int k0, int k1, int head_dim, float scale, int f16) {
+#define ALWAYS static inline __attribute__((always_inline))
+
+/* Scores of QB queries against keys [32 h, 32 h + 32) of a tile, unscaled, into s[i * KT + k]:
+ * each score is an fma chain over d = 0 .. head_dim - 1 (the same chain for any QB). */
+ALWAYS void qk_pass(int QB, const bl_attn_query *qs, const void *kc, size_t kt, int h, int head_dim, int f16,
+                    float *s) {
     enum { KT = BL_KV_TILE };
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    __m256 a[2][4];
+    for (int i = 0; i < QB; i++)
+        for (int u = 0; u < 4; u++) a[i][u] = _mm256_setzero_ps();
     for (int d = 0; d < head_dim; d++) {
-        const __m256 qd = _mm256_broadcast_ss(q + d);
-        const size_t kr = kt + (size_t)d * KT;
-        s0 = _mm256_fmadd_ps(qd, ld8(kc, kr, f16), s0);
-        s1 = _mm256_fmadd_ps(qd, ld8(kc, kr + 8, f16), s1);
-        s2 = _mm256_fmadd_ps(qd, ld8(kc, kr + 16, f16), s2);
-        s3 = _mm256_fmadd_ps(qd, ld8(kc, kr + 24, f16), s3);
-        s4 = _mm256_fmadd_ps(qd, ld8(kc, kr + 32, f16), s4);
-        s5 = _mm256_fmadd_ps(qd, ld8(kc, kr + 40, f16), s5);
-        s6 = _mm256_fmadd_ps(qd, ld8(kc, kr + 48, f16), s6);
-        s7 = _mm256_fmadd_ps(qd, ld8(kc, kr + 56, f16), s7);
+        const size_t kr = kt + (size_t)d * KT + 32 * h;
+        const __m256 k0 = ld8(kc, kr, f16), k1 = ld8(kc, kr + 8, f16);
+        const __m256 k2 = ld8(kc, kr + 16, f16), k3 = ld8(kc, kr + 24, f16);
+        for (int i = 0; i < QB; i++) {
+            const __m256 qd = _mm256_broadcast_ss(qs[i].q + d);
+            a[i][0] = _mm256_fmadd_ps(qd, k0, a[i][0]);
+            a[i][1] = _mm256_fmadd_ps(qd, k1, a[i][1]);
+            a[i][2] = _mm256_fmadd_ps(qd, k2, a[i][2]);
+            a[i][3] = _mm256_fmadd_ps(qd, k3, a[i][3]);
+        }
     }
-    __m256 s[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    for (int i = 0; i < QB; i++)
+        for (int u = 0; u < 4; u++) _mm256_store_ps(s + i * KT + 32 * h + 8 * u, a[i][u]);
+}
+
+/* Online-softmax update of one query for the keys [k0, k1) of a tile: s (scores) becomes p, with 0
+ * outside the range; returns the factor the query's accumulator is rescaled by. */
+ALWAYS float softmax_tile(float *s, float *m, float *l, int k0, int k1, float scale) {
     const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i lo = _mm256_set1_epi32(k0 - 1), hi = _mm256_set1_epi32(k1);
-    __m256 valid[8];
+    __m256 v[8], valid[8];
     __m256 vmax = ninf;
     for (int b = 0; b < 8; b++) {
         const __m256i kk = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * b));
         valid[b] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(hi, kk), _mm256_cmpgt_epi32(kk, lo)));
-        s[b] = _mm256_blendv_ps(ninf, _mm256_mul_ps(s[b], vscale), valid[b]);
-        vmax = _mm256_max_ps(vmax, s[b]);
+        v[b] = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_load_ps(s + 8 * b), vscale), valid[b]);
+        vmax = _mm256_max_ps(vmax, v[b]);
     }
     const float mt = hmax8(vmax);
     const float mn = mt > *m ? mt : *m;
     const float corr = exp1(*m - mn); /* first tile: m = -inf, clamped: a tiny factor times acc = 0 */
     const __m256 vmn = _mm256_set1_ps(mn);
-    _Alignas(32) float p[KT];
     for (int b = 0; b < 8; b++) {
-        s[b] = _mm256_and_ps(exp8(_mm256_sub_ps(s[b], vmn)), valid[b]);
-        _mm256_store_ps(p + 8 * b, s[b]);
+        v[b] = _mm256_and_ps(exp8(_mm256_sub_ps(v[b], vmn)), valid[b]);
+        _mm256_store_ps(s + 8 * b, v[b]);
     }
-    const float sum = hsum8(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3])),
-                                          _mm256_add_ps(_mm256_add_ps(s[4], s[5]), _mm256_add_ps(s[6], s[7]))));
-    *l = *l * corr + sum;
+    const float sum = hsum8(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])),
+                                          _mm256_add_ps(_mm256_add_ps(v[4], v[5]), _mm256_add_ps(v[6], v[7]))));
+    *l = fmaf(*l, corr, sum);
     *m = mn;
-    const __m256 vcorr = _mm256_set1_ps(corr);
-    for (int d0 = 0; d0 < head_dim; d0 += 64) {
-        const int nd = head_dim - d0 < 64 ? (head_dim - d0) / 8 : 8;
-        __m256 a[8];
-        for (int u = 0; u < nd; u++) a[u] = _mm256_mul_ps(_mm256_loadu_ps(acc + d0 + 8 * u), vcorr);
-        if (nd == 8) {
-            for (int k = k0; k < k1; k++) {
-                const __m256 pk = _mm256_broadcast_ss(p + k);
-                const size_t vr = vt + (size_t)k * head_dim + d0;
-                a[0] = _mm256_fmadd_ps(pk, ld8(vc, vr, f16), a[0]);
-                a[1] = _mm256_fmadd_ps(pk, ld8(vc, vr + 8, f16), a[1]);
-                a[2] = _mm256_fmadd_ps(pk, ld8(vc, vr + 16, f16), a[2]);
-                a[3] = _mm256_fmadd_ps(pk, ld8(vc, vr + 24, f16), a[3]);
-                a[4] = _mm256_fmadd_ps(pk, ld8(vc, vr + 32, f16), a[4]);
-                a[5] = _mm256_fmadd_ps(pk, ld8(vc, vr + 40, f16), a[5]);
-                a[6] = _mm256_fmadd_ps(pk, ld8(vc, vr + 48, f16), a[6]);
-                a[7] = _mm256_fmadd_ps(pk, ld8(vc, vr + 56, f16), a[7]);
-            }
-        } else {
-            for (int k = k0; k < k1; k++) {
-                const __m256 pk = _mm256_broadcast_ss(p + k);
-                const size_t vr = vt + (size_t)k * head_dim + d0;
-                for (int u = 0; u < nd; u++) a[u] = _mm256_fmadd_ps(pk, ld8(vc, vr + 8 * u, f16), a[u]);
+    return corr;
+}
+
+/* acc_i = acc_i * corr_i + sum over k in [k0, k1) of p_i[k] * V[k], for QB queries; per output value an
+ * fma chain over k in order (the same chain for any QB). */
+ALWAYS void pv_pass(int QB, const bl_attn_query *qs, const float *p, const float *corr, const void *vc, size_t vt,
+                    int k0, int k1, int head_dim, int f16) {
+    enum { KT = BL_KV_TILE };
+    int d0 = 0;
+    for (; d0 + 32 <= head_dim; d0 += 32) {
+        __m256 a[2][4];
+        for (int i = 0; i < QB; i++) {
+            const __m256 c = _mm256_set1_ps(corr[i]);
+            for (int u = 0; u < 4; u++) a[i][u] = _mm256_mul_ps(_mm256_loadu_ps(qs[i].out + d0 + 8 * u), c);
+        }
+        for (int k = k0; k < k1; k++) {
+            const size_t vr = vt + (size_t)k * head_dim + d0;
+            const __m256 v0 = ld8(vc, vr, f16), v1 = ld8(vc, vr + 8, f16);
+            const __m256 v2 = ld8(vc, vr + 16, f16), v3 = ld8(vc, vr + 24, f16);
+            for (int i = 0; i < QB; i++) {
+                const __m256 pk = _mm256_broadcast_ss(p + i * KT + k);
+                a[i][0] = _mm256_fmadd_ps(pk, v0, a[i][0]);
+                a[i][1] = _mm256_fmadd_ps(pk, v1, a[i][1]);
+                a[i][2] = _mm256_fmadd_ps(pk, v2, a[i][2]);
+                a[i][3] = _mm256_fmadd_ps(pk, v3, a[i][3]);
             }
         }
-        for (int u = 0; u < nd; u++) _mm256_storeu_ps(acc + d0 + 8 * u, a[u]);
+        for (int i = 0; i < QB; i++)
+            for (int u = 0; u < 4; u++) _mm256_storeu_ps(qs[i].out + d0 + 8 * u, a[i][u]);
+    }
+    for (; d0 < head_dim; d0 += 8) { /* head_dim % 32: one vector at a time */
+        __m256 a[2];
+        for (int i = 0; i < QB; i++) a[i] = _mm256_mul_ps(_mm256_loadu_ps(qs[i].out + d0), _mm256_set1_ps(corr[i]));
+        for (int k = k0; k < k1; k++) {
+            const __m256 v = ld8(vc, vt + (size_t)k * head_dim + d0, f16);
+            for (int i = 0; i < QB; i++) a[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i * KT + k), v, a[i]);
+        }
+        for (int i = 0; i < QB; i++) _mm256_storeu_ps(qs[i].out + d0, a[i]);
     }
 }
 
-static inline __attribute__((always_inline)) void attend(const bl_attn_query *qs, int nq, const void *kc,
-                                                         const void *vc, int head_dim, float scale, int f16) {
+/* QB queries (QB <= 2) with the same key range [k0, k1) in tile (kt, vt): K and V loads are shared. */
+ALWAYS void tile_block(int QB, const bl_attn_query *qs, float *m, float *l, const void *kc, size_t kt,
+                       const void *vc, size_t vt, int k0, int k1, int head_dim, float scale, int f16) {
+    enum { KT = BL_KV_TILE };
+    _Alignas(32) float s[2 * KT];
+    float corr[2];
+    qk_pass(QB, qs, kc, kt, 0, head_dim, f16, s);
+    if (k1 > 32) qk_pass(QB, qs, kc, kt, 1, head_dim, f16, s);
+    else
+        for (int i = 0; i < QB; i++) memset(s + i * KT + 32, 0, 32 * sizeof(float)); /* masked below */
+    for (int i = 0; i < QB; i++) corr[i] = softmax_tile(s + i * KT, &m[i], &l[i], k0, k1, scale);
+    pv_pass(QB, qs, s, corr, vc, vt, k0, k1, head_dim, f16);
+}
+
+ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
+                   int f16) {
     enum { KT = BL_KV_TILE };
     float m[BL_ATT_MAXQ], l[BL_ATT_MAXQ];
     int tiles = 0, first = 1 << 30;
@@ -240,12 +275,28 @@ static inline __attribute__((always_inline)) void attend(const bl_attn_query *qs
     }
     for (int j = first; j < tiles; j++) {
         const size_t kt = (size_t)j * head_dim * KT, vt = (size_t)j * KT * head_dim;
+        int r0[BL_ATT_MAXQ], r1[BL_ATT_MAXQ];
         for (int i = 0; i < nq; i++) {
             const int pos = qs[i].pos, lo = qs[i].lo;
-            if (pos < j * KT || lo >= (j + 1) * KT) continue;
-            const int k0 = lo > j * KT ? lo - j * KT : 0;
-            const int k1 = pos - j * KT + 1 < KT ? pos - j * KT + 1 : KT;
-            attend_tile(qs[i].q, qs[i].out, &m[i], &l[i], kc, kt, vc, vt, k0, k1, head_dim, scale, f16);
+            r0[i] = lo > j * KT ? lo - j * KT : 0;
+            r1[i] = pos - j * KT + 1 < KT ? pos - j * KT + 1 : KT;
+            if (pos < j * KT || lo >= (j + 1) * KT) r1[i] = 0; /* not in this tile */
+        }
+        for (int i = 0; i < nq;) {
+            if (r1[i] <= r0[i]) {
+                i++;
+                continue;
+            }
+            /* pair it with the next query in the tile if that one has the same key range */
+            int n = i + 1;
+            while (n < nq && r1[n] <= r0[n]) n++;
+            if (n < nq && r0[n] == r0[i] && r1[n] == r1[i] && n == i + 1) {
+                tile_block(2, qs + i, m + i, l + i, kc, kt, vc, vt, r0[i], r1[i], head_dim, scale, f16);
+                i += 2;
+            } else {
+                tile_block(1, qs + i, m + i, l + i, kc, kt, vc, vt, r0[i], r1[i], head_dim, scale, f16);
+                i++;
+            }
         }
     }
     for (int i = 0; i < nq; i++) {
