@@ -29,8 +29,18 @@ openai = pytest.importorskip("openai")
 from barellm.sampling import SamplingParams  # noqa: E402
 from barellm.serve.scheduler import Event, Job, QueueFull, Scheduler  # noqa: E402
 
-# The reference engine serves until the native one lands in main; both implement slots and forward_batch.
-ENGINE = os.environ.get("BARELLM_TEST_SERVER_ENGINE", "reference")
+
+def _default_engine() -> str:
+    """The default (native) engine where it is built in, else the NumPy reference: both implement slots and
+    forward_batch, and the reference one is slow, so generations here stay a few tokens long."""
+    try:
+        import barellm.engine  # noqa: F401
+    except ImportError:
+        return "reference"
+    return "native"
+
+
+ENGINE = os.environ.get("BARELLM_TEST_SERVER_ENGINE") or _default_engine()
 SLOTS = 4
 CONTEXT = 512
 MODEL_ID = "smollm2-135m"
@@ -652,3 +662,18 @@ def test_full_queue_is_429_and_time_limit_ends_with_length() -> None:
         # and then the slot serves again
         ok = client.completions.create(model="fake-model", prompt="abc", max_tokens=3)
         assert ok.usage.completion_tokens == 3 and ok.usage.prompt_tokens == 3
+
+
+def test_disconnect_while_waiting_for_a_whole_response() -> None:
+    from barellm.serve.app import create_app
+
+    # a reply of the whole context takes 250 steps of 50 ms; the client gives up after 0.5 s
+    app = create_app(FakeModel(FakeEngine(n_slots=1, delay=0.05)), timeout=60)
+    with serving(app) as url:
+        t0 = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/chat/completions", json={"messages": _chat("hello")}, timeout=0.5)
+        while httpx.get(f"{url}/health", timeout=10).json()["slots_in_use"]:
+            assert time.monotonic() - t0 < 6, "the slot stayed in use after the client went away"
+            time.sleep(0.05)
+        assert app.state.server.metrics.finished["cancelled"] == 1
