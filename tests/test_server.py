@@ -239,6 +239,24 @@ def test_concurrent_greedy_matches_alone(server: Server) -> None:
 
 
 @pytest.mark.model
+def test_concurrent_chats_with_cache_reuse_match_alone(server: Server) -> None:
+    if ENGINE != "native":
+        pytest.skip("the reference engine's last bits depend on how a prompt is cut into chunks")
+    # the native engine gives the same logits however a prompt was cut, so the cached prefixes each
+    # request happens to find (different alone and together) must not change a greedy reply either
+    client = server.client()
+    chats = [_chat(p) for p in ("Name a river.", "Name a mountain.", "Name a desert.", "Name a forest.")]
+
+    def ask(messages: list[dict[str, str]]) -> str:
+        r = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=24, temperature=0)
+        return r.choices[0].message.content
+
+    alone = [ask(m) for m in chats]
+    with concurrent.futures.ThreadPoolExecutor(len(chats)) as pool:
+        assert list(pool.map(ask, chats)) == alone
+
+
+@pytest.mark.model
 def test_second_turn_reuses_the_cache(server: Server) -> None:
     client = server.client()
     turn1 = _chat("Tell me one fact about owls, please.")
@@ -527,6 +545,28 @@ def test_prefix_reuse_picks_the_best_slot(fake: tuple[Scheduler, FakeEngine]) ->
     # an identical prompt reuses all but its last token, which must be fed to get logits
     (_, _, evs), = _run_jobs(sched, [b], max_tokens=1)
     assert next(e for e in evs if e.kind == "start").cached_tokens == len(b) - 1
+
+
+def test_conversations_keep_their_slots(fake: tuple[Scheduler, FakeEngine]) -> None:
+    sched, engine = fake
+    system = [27, 27, 27]
+    users = [system + [1, 2, 3, 4], system + [5, 6, 7, 8], system + [9, 10, 11, 12]]
+    # one after another: each new conversation shares only the system prompt with the cached ones, fewer
+    # tokens than a cached conversation holds beyond it, so it takes an empty slot instead of evicting one
+    firsts = [_run_jobs(sched, [u], max_tokens=3)[0] for u in users]
+    assert [next(e for e in evs if e.kind == "start").cached_tokens for _, _, evs in firsts] == [0, 0, 0]
+    assert sorted(tuple(t[:7]) for t in sched.slot_tokens) == sorted(tuple(u) for u in users)
+    # with every slot taken, a new one reuses the system prompt from the slot that loses the least
+    (_, _, evs), = _run_jobs(sched, [system + [13]], max_tokens=1)
+    assert next(e for e in evs if e.kind == "start").cached_tokens == len(system)
+    users = users[1:]     # the least recently used conversation was evicted
+    firsts = firsts[1:]
+    # every second turn finds its whole first turn cached
+    for u, (_, _, evs) in zip(users, firsts, strict=True):
+        generated = [t for e in evs if e.kind == "delta" for t in e.token_ids]
+        turn2 = u + generated + [28, 29]
+        (_, _, evs2), = _run_jobs(sched, [turn2], max_tokens=1)
+        assert next(e for e in evs2 if e.kind == "start").cached_tokens == len(u) + len(generated) - 1
 
 
 def test_stop_strings_and_end_of_generation() -> None:
