@@ -29,8 +29,18 @@ openai = pytest.importorskip("openai")
 from barellm.sampling import SamplingParams  # noqa: E402
 from barellm.serve.scheduler import Event, Job, QueueFull, Scheduler  # noqa: E402
 
-# The reference engine serves until the native one lands in main; both implement slots and forward_batch.
-ENGINE = os.environ.get("BARELLM_TEST_SERVER_ENGINE", "reference")
+
+def _default_engine() -> str:
+    """The default (native) engine where it is built in, else the NumPy reference: both implement slots and
+    forward_batch, and the reference one is slow, so generations here stay a few tokens long."""
+    try:
+        import barellm.engine  # noqa: F401
+    except ImportError:
+        return "reference"
+    return "native"
+
+
+ENGINE = os.environ.get("BARELLM_TEST_SERVER_ENGINE") or _default_engine()
 SLOTS = 4
 CONTEXT = 512
 MODEL_ID = "smollm2-135m"
@@ -226,6 +236,24 @@ def test_concurrent_greedy_matches_alone(server: Server) -> None:
     steps = server.metric("barellm_batch_steps_total") - steps0
     seqs = server.metric("barellm_batch_sequences_total") - seqs0
     assert steps > 0 and seqs / steps > 1.5, "the requests were not batched together"
+
+
+@pytest.mark.model
+def test_concurrent_chats_with_cache_reuse_match_alone(server: Server) -> None:
+    if ENGINE != "native":
+        pytest.skip("the reference engine's last bits depend on how a prompt is cut into chunks")
+    # the native engine gives the same logits however a prompt was cut, so the cached prefixes each
+    # request happens to find (different alone and together) must not change a greedy reply either
+    client = server.client()
+    chats = [_chat(p) for p in ("Name a river.", "Name a mountain.", "Name a desert.", "Name a forest.")]
+
+    def ask(messages: list[dict[str, str]]) -> str:
+        r = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=24, temperature=0)
+        return r.choices[0].message.content
+
+    alone = [ask(m) for m in chats]
+    with concurrent.futures.ThreadPoolExecutor(len(chats)) as pool:
+        assert list(pool.map(ask, chats)) == alone
 
 
 @pytest.mark.model
@@ -519,6 +547,28 @@ def test_prefix_reuse_picks_the_best_slot(fake: tuple[Scheduler, FakeEngine]) ->
     assert next(e for e in evs if e.kind == "start").cached_tokens == len(b) - 1
 
 
+def test_conversations_keep_their_slots(fake: tuple[Scheduler, FakeEngine]) -> None:
+    sched, engine = fake
+    system = [27, 27, 27]
+    users = [system + [1, 2, 3, 4], system + [5, 6, 7, 8], system + [9, 10, 11, 12]]
+    # one after another: each new conversation shares only the system prompt with the cached ones, fewer
+    # tokens than a cached conversation holds beyond it, so it takes an empty slot instead of evicting one
+    firsts = [_run_jobs(sched, [u], max_tokens=3)[0] for u in users]
+    assert [next(e for e in evs if e.kind == "start").cached_tokens for _, _, evs in firsts] == [0, 0, 0]
+    assert sorted(tuple(t[:7]) for t in sched.slot_tokens) == sorted(tuple(u) for u in users)
+    # with every slot taken, a new one reuses the system prompt from the slot that loses the least
+    (_, _, evs), = _run_jobs(sched, [system + [13]], max_tokens=1)
+    assert next(e for e in evs if e.kind == "start").cached_tokens == len(system)
+    users = users[1:]     # the least recently used conversation was evicted
+    firsts = firsts[1:]
+    # every second turn finds its whole first turn cached
+    for u, (_, _, evs) in zip(users, firsts, strict=True):
+        generated = [t for e in evs if e.kind == "delta" for t in e.token_ids]
+        turn2 = u + generated + [28, 29]
+        (_, _, evs2), = _run_jobs(sched, [turn2], max_tokens=1)
+        assert next(e for e in evs2 if e.kind == "start").cached_tokens == len(u) + len(generated) - 1
+
+
 def test_stop_strings_and_end_of_generation() -> None:
     engine = FakeEngine(n_slots=1, eog_after=12)
     sched = Scheduler(engine, FakeTokenizer(), n_ctx=engine.n_ctx)
@@ -652,3 +702,18 @@ def test_full_queue_is_429_and_time_limit_ends_with_length() -> None:
         # and then the slot serves again
         ok = client.completions.create(model="fake-model", prompt="abc", max_tokens=3)
         assert ok.usage.completion_tokens == 3 and ok.usage.prompt_tokens == 3
+
+
+def test_disconnect_while_waiting_for_a_whole_response() -> None:
+    from barellm.serve.app import create_app
+
+    # a reply of the whole context takes 250 steps of 50 ms; the client gives up after 0.5 s
+    app = create_app(FakeModel(FakeEngine(n_slots=1, delay=0.05)), timeout=60)
+    with serving(app) as url:
+        t0 = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/chat/completions", json={"messages": _chat("hello")}, timeout=0.5)
+        while httpx.get(f"{url}/health", timeout=10).json()["slots_in_use"]:
+            assert time.monotonic() - t0 < 6, "the slot stayed in use after the client went away"
+            time.sleep(0.05)
+        assert app.state.server.metrics.finished["cancelled"] == 1

@@ -15,6 +15,10 @@ from barellm.errors import BarellmError
 COMMAND_MODULES = [
     "barellm.commands",
     "barellm.tools.inspect",
+    "barellm.tools.perplexity",
+    "barellm.tools.kld",
+    "barellm.tools.bench",
+    "barellm.tools.debug",
     "barellm.serve",
 ]
 

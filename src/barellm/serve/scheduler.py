@@ -10,8 +10,8 @@ depend on what else is being served.
 The asyncio side never touches the engine: it submits Jobs and receives Events through a callback,
 which the app turns into loop.call_soon_threadsafe.
 
-Slots remember the tokens their cache holds after a sequence ends. A new job goes to the free slot
-sharing the longest prefix with its prompt, and only the rest is prefilled.
+Slots remember the tokens their cache holds after a sequence ends. A new job goes to the free slot whose
+cache saves it the most prefill without throwing away more than it saves, and only the rest is prefilled.
 """
 
 from __future__ import annotations
@@ -278,8 +278,8 @@ class Scheduler:
         self._waiting = keep
 
     def _admit(self) -> None:
-        """Gives waiting jobs free slots, first come first served; each picks the free slot whose cache
-        shares the longest prefix with its prompt (ties: the least recently used slot)."""
+        """Gives waiting jobs free slots, first come first served; each takes the free slot whose cache
+        serves it best (see _slot_score)."""
         while self._waiting:
             free = [i for i in range(self.n_slots) if i not in self._live]
             if not free:
@@ -291,14 +291,10 @@ class Scheduler:
                 job.done = True
                 self._emit(job, Event("error", status=400, message=str(e), error_type="invalid_request_error"))
                 continue
-            if job.cache_prompt:
-                best = max(free, key=lambda i: (common_prefix(self.slot_tokens[i], job.prompt),
-                                                -self._slot_used_at[i]))
-                # at least the last prompt token is fed, to get the logits that follow it
-                reuse = min(common_prefix(self.slot_tokens[best], job.prompt), len(job.prompt) - 1)
-            else:
-                best = min(free, key=lambda i: self._slot_used_at[i])
-                reuse = 0
+            best = max(free, key=lambda i: self._slot_score(i, job))
+            # at least the last prompt token is fed, to get the logits that follow it
+            reuse = (min(common_prefix(self.slot_tokens[best], job.prompt), len(job.prompt) - 1)
+                     if job.cache_prompt else 0)
             self.slot_tokens[best] = self.slot_tokens[best][:reuse]
             self._slot_used_at[best] = self.clock()
             self._seq_no += 1
@@ -306,6 +302,16 @@ class Scheduler:
             self._live[best] = live
             self.metrics.admitted(len(job.prompt), reuse)
             self._emit(job, Event("start", prompt_tokens=len(job.prompt), cached_tokens=reuse))
+
+    def _slot_score(self, slot: int, job: Job) -> tuple[int, float]:
+        """How good a free slot is for job: the prompt tokens its cache saves now, minus the cached tokens
+        it would throw away (which another conversation's next turn may still want); ties go to the least
+        recently used slot. So a continuing conversation returns to its own slot, a new one that shares
+        only a system prompt with the others takes an empty slot rather than evicting one of them, and a
+        repeated long prompt still finds its cache."""
+        held = len(self.slot_tokens[slot])
+        saved = common_prefix(self.slot_tokens[slot], job.prompt) if job.cache_prompt else 0
+        return saved - (held - saved), -self._slot_used_at[slot]
 
     def _reap(self) -> None:
         """Frees the slots of cancelled jobs and ends those past their time limit."""
