@@ -69,6 +69,13 @@ def matmul_supported(type_id: int, rows: int, cols: int) -> bool:
     return nat.matrix_bytes(type_id, LAYOUT_ROWS, rows, cols) > 0
 
 
+def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
+    """Why the native engine cannot run a model, or None if it can (Model falls back on the reference)."""
+    if cfg.arch != "llama":
+        return f"architecture {cfg.arch!r} is not in the native plan yet"
+    return None
+
+
 def _default_threads() -> int:
     from barellm.model import default_threads
 
@@ -109,8 +116,9 @@ class NativeEngine:
         from barellm.arch.llama import check_tensors
 
         check_tensors(cfg, source.tensors)
-        if cfg.arch != "llama":
-            raise FormatError(f"the native engine does not run architecture {cfg.arch!r} yet")
+        reason = unsupported_reason(cfg, source)
+        if reason is not None:
+            raise FormatError(f"the native engine cannot run this model: {reason}")
         if cfg.n_heads % cfg.n_kv_heads:
             raise InvalidRequest("n_heads must be a multiple of n_kv_heads")
         self.cfg = cfg
