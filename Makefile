@@ -15,9 +15,9 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install -q -e ".[test,server]"
 	touch $@
 
-# rebuilds the C core in place when a source changed (an editable install does not)
+# rebuilds the C core in place, every object (setuptools would reuse objects whose headers changed)
 build: setup
-	$(PY) setup.py -q build_ext --inplace
+	$(PY) setup.py -q build_ext --inplace --force
 
 run: build
 	$(VENV)/bin/barellm run "$(PROMPT)" --max-tokens 64 --temperature 0 --verbose

@@ -76,6 +76,15 @@ def matmul_supported(type_id: int, rows: int, cols: int) -> bool:
     return _matrix_bytes(type_id, LAYOUT_ROWS, rows, cols) > 0
 
 
+def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
+    """Why the native engine cannot run a model, or None if it can (Model falls back on the reference)."""
+    if cfg.arch not in ("llama", "gemma3"):
+        return f"architecture {cfg.arch!r} is not in the native plan yet"
+    if cfg.act not in ("silu", "gelu_tanh"):
+        return f"activation {cfg.act!r} has no native kernel"
+    return None
+
+
 def _default_threads() -> int:
     from barellm.model import default_threads
 
@@ -116,8 +125,9 @@ class NativeEngine:
         from barellm.arch.llama import check_tensors
 
         check_tensors(cfg, source.tensors)
-        if cfg.act not in ("silu", "gelu_tanh"):
-            raise FormatError(f"the native engine has no activation {cfg.act!r}")
+        reason = unsupported_reason(cfg, source)
+        if reason is not None:
+            raise FormatError(f"the native engine cannot run this model: {reason}")
         if cfg.n_heads % cfg.n_kv_heads:
             raise InvalidRequest("n_heads must be a multiple of n_kv_heads")
         self.cfg = cfg
