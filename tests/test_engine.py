@@ -33,8 +33,9 @@ def engines(model):
     def get(threads=2, chunk=64, n_slots=1, kv_type="f16"):
         key = (threads, chunk, n_slots, kv_type)
         if key not in cache:
+            # a fixed thread count, so the multi-thread paths are what runs
             cache[key] = NativeEngine(cfg, src, n_ctx=N_CTX, threads=threads, chunk=chunk, n_slots=n_slots,
-                                      kv_type=kv_type)
+                                      kv_type=kv_type, adaptive_threads=False)
         return cache[key]
 
     return get
@@ -117,6 +118,25 @@ def test_greedy_identical_across_threads(engines, prompt):
         ids, logits = runs[t]
         assert ids == ids1, t
         assert np.array_equal(logits, logits1), t
+
+
+def test_adaptive_threads_same_bits(model, engines, prompt):
+    """With adaptive threads a step may run on fewer threads than asked for: the same bits either way."""
+    cfg, src = model
+    e = NativeEngine(cfg, src, n_ctx=N_CTX, threads=2, chunk=16, adaptive_threads=True)
+    used = set()
+    ids, logits = [], []
+    out = e.forward(prompt[:20], 0)
+    for i in range(24):
+        tok = int(np.argmax(out))
+        ids.append(tok)
+        logits.append(out.copy())
+        out = e.forward([tok], 20 + i)
+        used.add(e._plan.last_threads)
+    assert used <= {1, 2}
+    want_ids, want_logits = greedy(engines(2, 16), prompt[:20], 24)
+    assert ids == want_ids
+    assert np.array_equal(np.concatenate(logits), want_logits[:24])
 
 
 def test_chunking_invariance(engines, prompt):

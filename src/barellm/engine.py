@@ -121,7 +121,8 @@ class NativeEngine:
     """The C executor's forward pass over a KV cache (one region per slot) allocated at load."""
 
     def __init__(self, cfg: ModelConfig, source: Any, n_ctx: int | None = None, threads: int | None = None,
-                 n_slots: int = 1, chunk: int = 64, pin: bool = False, kv_type: str = "f16") -> None:
+                 n_slots: int = 1, chunk: int = 64, pin: bool = False, kv_type: str = "f16",
+                 adaptive_threads: bool = True) -> None:
         from barellm.arch.llama import check_tensors
 
         check_tensors(cfg, source.tensors)
@@ -149,6 +150,7 @@ class NativeEngine:
         self._norms: dict[str, np.ndarray] = {}
         self._dequantized: dict[str, np.ndarray] = {}
         self._plan = self._compile(fuse=True)
+        self._plan.set_adaptive(bool(adaptive_threads))
         self._debug_plan: Any = None
 
     # --- buffers ------------------------------------------------------------------------------
