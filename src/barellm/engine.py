@@ -224,6 +224,16 @@ class NativeEngine:
             self._dequantized[name] = out.reshape(shape)
         return self._dequantized[name]
 
+    def _table_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """float32 rows of a matrix (embedding lookups on the debug path, without dequantizing it all)."""
+        if name in self._dequantized:
+            return self._dequantized[name][rows]
+        (type_id, _, _, cols, raw), rb = self._table(name)
+        out = np.empty((len(rows), cols), np.float32)
+        for i, r in enumerate(rows):
+            nat.dequant_rows(type_id, raw[int(r) * rb:(int(r) + 1) * rb], 1, cols, out[i])
+        return out
+
     def _norm(self, name: str) -> np.ndarray:
         if name not in self._norms:
             type_id, raw = self._raw_rows(name)
@@ -511,7 +521,7 @@ class NativeEngine:
 
         cfg, T = self.cfg, ctx.T
         if op.kind == "embed":
-            x = self._dequant(op.weights[0])[ctx.tokens]
+            x = self._table_rows(op.weights[0], ctx.tokens)
             scale = op.params.get("scale", 1.0)
             ctx.output(op)[:] = x * np.float32(scale) if scale != 1.0 else x
         elif op.kind == "rmsnorm":
