@@ -1,11 +1,12 @@
 # The two quickstart commands:
 #   make run    sets up a virtual environment, builds the native core, runs the default model
-#   make test   sets up the same, fetches the real models, runs lint and every test
+#   make test   sets up the same, fetches the real models, runs lint and every test but the slow ones
+#   make test-slow   the slow ones (the reference engine over the whole perplexity corpus, ...)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= The capital of France is
 
-.PHONY: setup build run test test-asan lint bench clean
+.PHONY: setup build run test test-slow test-asan lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -27,8 +28,12 @@ lint: setup
 
 test: build lint
 	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 	$(MAKE) test-asan
+
+test-slow: build
+	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m
+	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
 # The kernel tests again, against a copy of the native core built with AddressSanitizer.
 test-asan: setup
