@@ -194,14 +194,17 @@ def test_invariance_T_and_splits(isa, type_, layout, rows, cols):
     # row splits on the alignment grid, as threads would take them
     align = nat.row_align(type_, layout)
     xq = nat.quantize_act(type_, layout, cols, x)
+    xq1 = nat.quantize_act(type_, layout, cols, x[:1])  # T = 1 takes other tiles (decode kernels)
     for _ in range(6):
         cuts = sorted(set(int(c) for c in rng.integers(0, rows // align + 1, 3) * align) | {0, rows})
-        out = np.zeros_like(full)
-        for r0, r1 in zip(cuts[:-1], cuts[1:]):
+        out, out1 = np.zeros_like(full), np.zeros_like(full[:1])
+        for r0, r1 in zip(cuts[:-1], cuts[1:], strict=True):
             part = np.asarray(nat.matmul_q(type_, layout, rows, cols, w, xq, T, r0=r0, r1=r1))
             assert not part[:, :r0].any() and not part[:, r1:].any()
             out[:, r0:r1] = part[:, r0:r1]
+            out1[:, r0:r1] = np.asarray(nat.matmul_q(type_, layout, rows, cols, w, xq1, 1, r0=r0, r1=r1))[:, r0:r1]
         assert np.array_equal(out, full), cuts
+        assert np.array_equal(out1, full[:1]), cuts
 
 
 @pytest.mark.skipif(len(ISAS) < 2, reason="needs AVX2+FMA")

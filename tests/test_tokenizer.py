@@ -7,6 +7,7 @@ import random
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 from gguf_metadata import read_metadata
 
@@ -181,6 +182,9 @@ def test_bad_input_is_a_clear_error(smollm):
         smollm.decode([19556, 49152])
     with pytest.raises(InvalidRequest, match="outside the vocabulary"):
         smollm.stream_decoder().feed(-1)
+    with pytest.raises(InvalidRequest, match="must be an integer"):
+        smollm.decode([1.0])
+    assert smollm.decode(np.array([19556, 905], dtype=np.int32)) == "Hello world"
     with pytest.raises(InvalidRequest, match="must be a str"):
         smollm.encode(b"bytes")  # type: ignore[arg-type]
     with pytest.raises(InvalidRequest, match="surrogate"):
@@ -263,6 +267,48 @@ def test_special_tokens_longest_text_first_like_llamacpp():
     # parse_special=False: control tokens stay text, user-defined ones are still matched
     assert pieces(tok, "<x><tag>", parse_special=False) == ["<", "x", ">", "<tag>"]
     assert tok.decode(tok.encode("<x><tag>", parse_special=False)) == "<x><tag>"
+
+
+def llamacpp_partition(text: str, specials: list[tuple[int, str]]) -> list[str | int]:
+    """llama.cpp's tokenizer_st_partition written out plainly: for each special token, longest first,
+    split every raw fragment at its occurrences, left to right."""
+    frags: list[tuple[int, int] | int] = [(0, len(text))] if text else []
+    for tid, tok in sorted(specials, key=lambda s: (-len(s[1].encode()), s[0])):
+        out: list[tuple[int, int] | int] = []
+        for frag in frags:
+            if isinstance(frag, int):
+                out.append(frag)
+                continue
+            off, length = frag
+            while length > 0:
+                m = text.find(tok, off)
+                if m < 0 or m + len(tok) > off + length:
+                    out.append((off, length))
+                    break
+                if m > off:
+                    out.append((off, m - off))
+                out.append(tid)
+                length -= m + len(tok) - off
+                off = m + len(tok)
+        frags = out
+    return [f if isinstance(f, int) else text[f[0]:f[0] + f[1]] for f in frags]
+
+
+def test_special_token_partition_equals_llamacpp_on_random_overlaps():
+    rng = random.Random(7)
+    for _ in range(400):
+        words = sorted({"".join(rng.choice("ab ") for _ in range(rng.randint(1, 5))) for _ in range(6)})
+        tokens = words + [c for c in ("a", "b", "▁") if c not in words]
+        md = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+              "tokenizer.ggml.token_type": [3] * len(words) + [1] * (len(tokens) - len(words)),
+              "tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_space_prefix": False}
+        tok = Tokenizer.from_metadata(md)
+        for _ in range(5):
+            text = "".join(rng.choice("ab ") for _ in range(rng.randint(0, 60)))
+            want: list[int] = []
+            for frag in llamacpp_partition(text, list(enumerate(words))):
+                want += [frag] if isinstance(frag, int) else tok.encode(frag)  # raw text holds no special
+            assert tok.encode(text) == want, (words, text)
 
 
 def test_stream_decoder_equals_decode_on_random_bytes():

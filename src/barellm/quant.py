@@ -90,7 +90,11 @@ _BLOCK_Q4_0 = np.dtype([("d", "<f2"), ("qs", "u1", (QK // 2,))])
 _BLOCK_Q4_1 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (QK // 2,))])
 # qh is a little-endian uint32 in ggml; as bytes it unpacks straight into per-element bits.
 _BLOCK_Q5_0 = np.dtype([("d", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (QK // 2,))])
+_BLOCK_Q5_1 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (QK // 2,))])
 _BLOCK_Q4_K = np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)), ("qs", "u1", (QK_K // 2,))])
+_BLOCK_Q5_K = np.dtype(
+    [("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)), ("qh", "u1", (QK_K // 8,)), ("qs", "u1", (QK_K // 2,))]
+)
 _BLOCK_Q6_K = np.dtype(
     [("ql", "u1", (QK_K // 2,)), ("qh", "u1", (QK_K // 4,)), ("scales", "i1", (QK_K // 16,)), ("d", "<f2")]
 )
@@ -161,15 +165,25 @@ def _dec_q4_1(b: np.ndarray, out: np.ndarray) -> None:
     o += _f16(b["m"])[:, None, None]
 
 
-def _dec_q5_0(b: np.ndarray, out: np.ndarray) -> None:
-    high = np.unpackbits(b["qh"], axis=-1, bitorder="little")  # bit j is the 5th bit of element j
+def _q5_values(b: np.ndarray) -> np.ndarray:
+    """The 5-bit values of Q5_0/Q5_1 blocks: nibbles as in Q4, the fifth bit of element j in qh bit j."""
     q = np.empty((b.shape[0], 2, QK // 2), dtype=np.uint8)
     np.bitwise_and(b["qs"], 0x0F, out=q[:, 0])
     np.right_shift(b["qs"], 4, out=q[:, 1])
     q = q.reshape(-1, QK)
-    q |= high << 4
-    np.subtract(q, 16, out=out, dtype=_F32, casting="unsafe")
+    q |= np.unpackbits(b["qh"], axis=-1, bitorder="little") << 4
+    return q
+
+
+def _dec_q5_0(b: np.ndarray, out: np.ndarray) -> None:
+    np.subtract(_q5_values(b), 16, out=out, dtype=_F32, casting="unsafe")
     out *= _f16(b["d"])[:, None]
+
+
+def _dec_q5_1(b: np.ndarray, out: np.ndarray) -> None:
+    out[...] = _q5_values(b)
+    out *= _f16(b["d"])[:, None]
+    out += _f16(b["m"])[:, None]
 
 
 def _k4_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -192,6 +206,26 @@ def _dec_q4_k(b: np.ndarray, out: np.ndarray) -> None:
     m1 = (_f16(b["dmin"])[:, None] * mn).reshape(-1, 4, 2, 1)
     o = out.reshape(-1, 4, 2, 32)
     _split_nibbles(b["qs"].reshape(-1, 4, 32), o)
+    o *= d1
+    o -= m1
+
+
+_Q5_K_SHIFTS = np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+
+
+def _dec_q5_k(b: np.ndarray, out: np.ndarray) -> None:
+    # As Q4_K, plus a fifth bit: value l of sub-block s (32 values each) takes bit s of qh[l].
+    n = b.shape[0]
+    sc, mn = _k4_scales_mins(b["scales"])
+    d1 = (_f16(b["d"])[:, None] * sc).reshape(n, 4, 2, 1)
+    m1 = (_f16(b["dmin"])[:, None] * mn).reshape(n, 4, 2, 1)
+    q = np.empty((n, 4, 2, 32), dtype=np.uint8)
+    qs = b["qs"].reshape(n, 4, 32)
+    np.bitwise_and(qs, 0x0F, out=q[:, :, 0])
+    np.right_shift(qs, 4, out=q[:, :, 1])
+    q |= (((b["qh"][:, None, :] >> _Q5_K_SHIFTS) & 1) << 4).reshape(n, 4, 2, 32)
+    o = out.reshape(n, 4, 2, 32)
+    o[...] = q
     o *= d1
     o -= m1
 
@@ -304,9 +338,26 @@ def _q5_0_from_float(x: np.ndarray) -> np.ndarray:
     q = np.minimum(np.trunc(xb * _inverse(d)[:, None] + _F32(16.5)), 31).astype(np.uint8)
     out = np.empty(xb.shape[0], dtype=_BLOCK_Q5_0)
     out["d"] = d
+    _pack_q5(out, q)
+    return out.view(np.uint8)
+
+
+def _q5_1_from_float(x: np.ndarray) -> np.ndarray:
+    xb = _as_blocks(x, QK)
+    lo = xb.min(axis=-1)
+    d = (xb.max(axis=-1) - lo) / _F32(31)
+    # ggml does not clamp here; (max - min) * id + 0.5 cannot reach 32, so the clamp only guards NaN
+    q = np.minimum(np.trunc((xb - lo[:, None]) * _inverse(d)[:, None] + _F32(0.5)), 31).astype(np.uint8)
+    out = np.empty(xb.shape[0], dtype=_BLOCK_Q5_1)
+    out["d"] = d
+    out["m"] = lo
+    _pack_q5(out, q)
+    return out.view(np.uint8)
+
+
+def _pack_q5(out: np.ndarray, q: np.ndarray) -> None:
     out["qh"] = np.packbits(q >> 4, axis=-1, bitorder="little")
     out["qs"] = (q[:, : QK // 2] & 0x0F) | ((q[:, QK // 2 :] & 0x0F) << 4)
-    return out.view(np.uint8)
 
 
 # --- error bounds --------------------------------------------------------------------------------------
@@ -355,6 +406,12 @@ def _q5_0_max_error(xb: np.ndarray) -> np.ndarray:
     return np.abs(d) + 16 * _fp16_error(d) + _slack(xb)
 
 
+def _q5_1_max_error(xb: np.ndarray) -> np.ndarray:
+    lo = xb.min(axis=-1)
+    d = (xb.max(axis=-1) - lo) / _F32(31)
+    return d / 2 + 31 * _fp16_error(d) + _fp16_error(lo) + _slack(xb)
+
+
 def _exact(xb: np.ndarray) -> np.ndarray:
     return np.zeros(xb.shape[0], dtype=_F32)
 
@@ -369,13 +426,13 @@ _ROWS: list[QuantType] = [
     QuantType(4, "q4_2", 0, 0),  # removed from ggml
     QuantType(5, "q4_3", 0, 0),  # removed from ggml
     QuantType(6, "q5_0", QK, 22, _dequantizer(_BLOCK_Q5_0, QK, _dec_q5_0), _q5_0_from_float, _q5_0_max_error),
-    QuantType(7, "q5_1", QK, 24),
+    QuantType(7, "q5_1", QK, 24, _dequantizer(_BLOCK_Q5_1, QK, _dec_q5_1), _q5_1_from_float, _q5_1_max_error),
     QuantType(8, "q8_0", QK, 34, _dequantizer(_BLOCK_Q8_0, QK, _dec_q8_0), _q8_0_from_float, _q8_0_max_error),
     QuantType(9, "q8_1", QK, 36),
     QuantType(10, "q2_k", QK_K, 84),
     QuantType(11, "q3_k", QK_K, 110),
     QuantType(12, "q4_k", QK_K, 144, _dequantizer(_BLOCK_Q4_K, QK_K, _dec_q4_k)),
-    QuantType(13, "q5_k", QK_K, 176),
+    QuantType(13, "q5_k", QK_K, 176, _dequantizer(_BLOCK_Q5_K, QK_K, _dec_q5_k)),
     QuantType(14, "q6_k", QK_K, 210, _dequantizer(_BLOCK_Q6_K, QK_K, _dec_q6_k)),
     QuantType(15, "q8_k", QK_K, 292),
     QuantType(16, "iq2_xxs", QK_K, 66),

@@ -273,22 +273,23 @@ static PyObject *py_dequantize_row(PyObject *self, PyObject *args) {
     return res;
 }
 
-static double now_s(void) {
+static double now_s(int cpu) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(cpu ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* bench_matmul(type, layout, rows, cols, ws, x, iters) -> seconds per call (matmul only, activations
- * quantized once beforehand); ws is a sequence of weight buffers of the same shape, used round-robin (many
- * copies make the weights stream from memory instead of cache). */
+/* bench_matmul(type, layout, rows, cols, ws, x, iters, cpu=False) -> seconds per call (matmul only,
+ * activations quantized once beforehand); ws is a sequence of weight buffers of the same shape, used
+ * round-robin (many copies make the weights stream from memory instead of cache). cpu: count this thread's
+ * CPU time instead of wall time (steadier on a shared machine). */
 static PyObject *py_bench_matmul(PyObject *self, PyObject *args) {
     (void)self;
-    int type, layout, rows, cols, iters, T;
+    int type, layout, rows, cols, iters, T, cpu = 0;
     PyObject *wseq, *xobj;
     bl_matrix m;
     Py_buffer xv;
-    if (!PyArg_ParseTuple(args, "iiiiOOi", &type, &layout, &rows, &cols, &wseq, &xobj, &iters)) return NULL;
+    if (!PyArg_ParseTuple(args, "iiiiOOi|p", &type, &layout, &rows, &cols, &wseq, &xobj, &iters, &cpu)) return NULL;
     if (check_matrix(&m, type, layout, rows, cols) < 0) return NULL;
     if (iters <= 0) return PyErr_Format(PyExc_ValueError, "iters must be positive");
     PyObject *fast = PySequence_Fast(wseq, "ws must be a sequence of weight buffers");
@@ -317,9 +318,9 @@ static PyObject *py_bench_matmul(PyObject *self, PyObject *args) {
         double dt;
         Py_BEGIN_ALLOW_THREADS
         bl_quantize_act(&m, (const float *)xv.buf, (size_t)cols, T, xq);
-        double t0 = now_s();
+        double t0 = now_s(cpu);
         for (int i = 0; i < iters; i++) bl_matmul(&ms[i % nw], xq, T, out, (size_t)rows, 0, rows);
-        dt = (now_s() - t0) / iters;
+        dt = (now_s(cpu) - t0) / iters;
         Py_END_ALLOW_THREADS
         res = PyFloat_FromDouble(dt);
     }
@@ -354,6 +355,7 @@ PyMethodDef bl_kernel_methods[] = {
     {"dequantize_row", py_dequantize_row, METH_VARARGS,
      "dequantize_row(type, layout, rows, cols, w, r) -> f32 memoryview [cols]: row r of W."},
     {"bench_matmul", py_bench_matmul, METH_VARARGS,
-     "bench_matmul(type, layout, rows, cols, ws, x_f32[T, cols], iters) -> seconds per matmul call."},
+     "bench_matmul(type, layout, rows, cols, ws, x_f32[T, cols], iters, cpu=False) -> seconds per matmul call\n"
+     "(cpu=True: this thread's CPU time rather than wall time)."},
     {NULL, NULL, 0, NULL},
 };

@@ -18,6 +18,7 @@ from __future__ import annotations
 import codecs
 import functools
 import heapq
+import operator
 import re
 import sys
 import unicodedata
@@ -241,45 +242,61 @@ def _array(md: Mapping[str, Any], name: str, item: type | tuple[type, ...], n: i
 
 
 class _Trie:
-    """Special-token texts by character, for finding every occurrence in one pass over the text."""
+    """Special-token texts by character, to find which of them occur in a text."""
 
-    __slots__ = ("root", "first")
+    __slots__ = ("root", "depth", "_first", "_run")
 
     def __init__(self) -> None:
         self.root: dict[str, Any] = {}
-        self.first: str = ""
+        self.depth = 0
+        self._first: re.Pattern[str] | None = None
+        self._run = re.compile(r"(.)\1*", re.DOTALL)
 
     def add(self, text: str, value: int) -> None:
         node = self.root
         for ch in text:
             node = node.setdefault(ch, {})
         node[""] = value  # "" can never be a character, so it marks the end of a token
+        self.depth = max(self.depth, len(text))
 
     def finish(self) -> None:
-        self.first = "".join(sorted(self.root))
+        if self.root:
+            self._first = re.compile("[" + "".join(re.escape(c) for c in sorted(self.root)) + "]")
 
     def __bool__(self) -> bool:
         return bool(self.root)
 
-    def occurrences(self, text: str) -> list[tuple[int, int, int]]:
-        """Every (start, length, value) of a stored text in text, overlapping ones included."""
-        out: list[tuple[int, int, int]] = []
-        root = self.root
-        n = len(text)
-        starts = re.finditer(f"[{re.escape(self.first)}]", text) if len(self.first) < 64 else None
-        positions = (m.start() for m in starts) if starts is not None else range(n)
-        for p in positions:
-            node = root.get(text[p])
-            i = p + 1
-            while node is not None:
-                v = node.get("")
-                if v is not None:
-                    out.append((p, i - p, v))
-                if i >= n:
-                    break
-                node = node.get(text[i])
-                i += 1
-        return out
+    def _walk(self, text: str, p: int, found: set[int]) -> None:
+        node = self.root.get(text[p])
+        i, n = p + 1, len(text)
+        while node is not None:
+            v = node.get("")
+            if v is not None:
+                found.add(v)
+            if i >= n:
+                break
+            node = node.get(text[i])
+            i += 1
+
+    def present(self, text: str) -> set[int]:
+        """The values of all stored texts that occur in text."""
+        found: set[int] = set()
+        if self._first is None:
+            return found
+        search, run, k = self._first.search, self._run.match, self.depth
+        p = 0
+        while (m := search(text, p)) is not None:
+            p = m.start()
+            end = run(text, p).end()
+            # Inside a run of one character every start sees the same walk until the run's end comes
+            # within reach, so a long run (Gemma's whitespace tokens) costs one walk plus the last k.
+            if end - p > k + 1:
+                self._walk(text, p, found)
+                p = end - k
+            while p < end:
+                self._walk(text, p, found)
+                p += 1
+        return found
 
 
 # --- the tokenizer -------------------------------------------------------------------------------------------
@@ -488,20 +505,30 @@ class Tokenizer:
         trie = self._trie_all if parse_special else self._trie_user
         if not trie:
             return [text]
-        occ = trie.occurrences(text)
-        if not occ:
+        found = trie.present(text)
+        if not found:
             return [text]
-        rank = self._special_rank
-        occ.sort(key=lambda o: (rank[o[2]], o[0]))
+        tokens = self._tokens
         claimed = bytearray(len(text))
         taken: list[tuple[int, int, int]] = []
-        for start, length, tid in occ:
-            # an occurrence counts only if all of it is still raw text: not inside a longer token found
-            # earlier, nor overlapping an earlier occurrence of the same token
-            if 1 in claimed[start:start + length]:
-                continue
-            claimed[start:start + length] = b"\x01" * length
-            taken.append((start, length, tid))
+        for tid in sorted(found, key=self._special_rank.__getitem__):
+            # llama.cpp: longest token first, its occurrences left to right, each taken only if all of it
+            # is still raw text (not inside a longer token taken earlier, nor an earlier one of its own)
+            t = tokens[tid]
+            size = len(t)
+            p = text.find(t)
+            while p >= 0:
+                hit = claimed.find(1, p, p + size)
+                if hit < 0:
+                    claimed[p:p + size] = b"\x01" * size
+                    taken.append((p, size, tid))
+                    p = text.find(t, p + size)
+                    continue
+                # any later start before the end of the taken stretch it ran into overlaps it as well
+                free = claimed.find(0, hit)
+                if free < 0:
+                    break
+                p = text.find(t, free)
         taken.sort()
         out: list[str | int] = []
         last = 0
@@ -650,10 +677,10 @@ class Tokenizer:
 
     def _check_id(self, token_id: Any) -> int:
         try:
-            i = int(token_id)
-        except (TypeError, ValueError):
+            i = operator.index(token_id)  # ints and NumPy integers; not floats, which would truncate silently
+        except TypeError:
             raise InvalidRequest(f"token id must be an integer, got {token_id!r}") from None
-        if isinstance(token_id, bool) or i != token_id or not 0 <= i < self.vocab_size:
+        if isinstance(token_id, bool) or not 0 <= i < self.vocab_size:
             raise InvalidRequest(f"token id {token_id!r} is outside the vocabulary (0..{self.vocab_size - 1})")
         return i
 

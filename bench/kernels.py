@@ -1,0 +1,154 @@
+"""Single-thread speed of the matmul kernels on SmolLM2-135M's shapes.
+
+    python bench/kernels.py [--quick] [--reps N] [--cpu-time] [--no-scalar]
+
+For each shape and T: GMAC/s (rows * cols * T multiply-adds per second) and GB/s (weight bytes read per
+second) of
+  avx2 i8       the AVX2 kernel on the interleaved layout (what the engine uses),
+  avx2 i8 cold  the same streaming its weights from memory (it cycles through > 96 MB of copies, the size
+                of the model, as a real decode does; T = 1 only),
+  avx2 rows     the AVX2 kernel on GGUF-ordered rows,
+  scalar        the portable C path,
+  numpy f32     NumPy's matmul on the dequantized f32 weights (GB/s counts its 4-byte weights).
+Times exclude the activation quantization (done once per input vector and shared by the matmuls that
+read it); its cost per vector is printed separately. Each figure is the median of --reps runs of about
+--budget seconds. --cpu-time counts the thread's CPU time instead of wall time (steadier on a shared
+machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from functools import partial
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+from barellm import _native as nat  # noqa: E402
+
+Q4_1, Q8_0 = 3, 8
+ROWS, I8 = 0, 1
+NAMES = {Q4_1: "q4_1", Q8_0: "q8_0"}
+SHAPES = [  # (what, rows, cols, type)
+    ("q/o", 576, 576, Q4_1),
+    ("k/v", 192, 576, Q4_1),
+    ("gate/up", 1536, 576, Q4_1),
+    ("down", 576, 1536, Q4_1),
+    ("output", 49152, 576, Q8_0),
+]
+COLD_BYTES = 96 << 20
+
+_BLOCK = {
+    Q8_0: np.dtype([("d", "<f2"), ("qs", "i1", (32,))]),
+    Q4_1: np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))]),
+}
+
+
+def make_weights(type_, rows, cols, rng):
+    b = np.zeros(rows * cols // 32, dtype=_BLOCK[type_])
+    b["d"] = rng.uniform(-0.05, 0.05, b.shape)
+    if type_ == Q4_1:
+        b["m"] = rng.uniform(-0.5, 0.5, b.shape)
+    lo, hi = (-127, 128) if type_ == Q8_0 else (0, 256)
+    b["qs"] = rng.integers(lo, hi, b["qs"].shape)
+    return b.view(np.uint8)
+
+
+def dequantize(raw, type_, rows, cols):
+    b = raw.view(_BLOCK[type_])
+    d = b["d"].astype(np.float32)[:, None]
+    if type_ == Q8_0:
+        return (b["qs"] * d).reshape(rows, cols)
+    q = np.concatenate([b["qs"] & 15, b["qs"] >> 4], axis=1).astype(np.float32)
+    return (q * d + b["m"].astype(np.float32)[:, None]).reshape(rows, cols)
+
+
+def kernel_run(iters, *, isa, type_, layout, rows, cols, ws, x, cpu):
+    nat.set_isa(isa)
+    return nat.bench_matmul(type_, layout, rows, cols, ws, x, iters, cpu)
+
+
+def numpy_run(iters, x, wt, cpu):
+    clock = time.thread_time if cpu else time.perf_counter  # NumPy's BLAS is held to one thread above
+    t0 = clock()
+    for _ in range(iters):
+        x @ wt
+    return (clock() - t0) / iters
+
+
+def quant_run(iters, type_, cols, x):
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        nat.quantize_act(type_, I8, cols, x)
+    return (time.perf_counter() - t0) / iters / x.shape[0]
+
+
+def measure(fn, reps, budget):
+    """Median over reps of seconds per call, each rep as many calls as fill about `budget` seconds."""
+    per = fn(1)
+    if per > budget:  # slow paths: a single call per rep, and fewer reps
+        return statistics.median([per] + [fn(1) for _ in range(min(reps, 3) - 1)])
+    iters = max(1, int(budget / max(per, 1e-7)))
+    return statistics.median(fn(iters) for _ in range(reps))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="T = 1 and 64 only, shorter runs")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--budget", type=float, default=None, help="seconds per rep (default 0.05, quick 0.02)")
+    ap.add_argument("--cpu-time", action="store_true", help="thread CPU time instead of wall time")
+    ap.add_argument("--no-scalar", action="store_true")
+    args = ap.parse_args()
+    budget = args.budget or (0.02 if args.quick else 0.05)
+    ts = [1, 64] if args.quick else [1, 64, 128]
+    has_avx2 = nat.cpu_info()["avx2_fma"]
+    rng = np.random.default_rng(0)
+    clock = "thread CPU time" if args.cpu_time else "wall time"
+    print(f"cpu: {nat.cpu_info()}; single thread; medians of {args.reps} ({clock})")
+    hdr = f"{'shape':>24} {'T':>4} {'path':>13} {'GMAC/s':>8} {'GB/s':>7} {'us/call':>10}"
+    print(hdr)
+    print("-" * len(hdr))
+    for what, rows, cols, type_ in SHAPES:
+        raw = make_weights(type_, rows, cols, rng)
+        wrows = raw.tobytes()
+        wi8 = nat.repack(type_, I8, rows, cols, wrows)
+        nbytes = len(wrows)
+        wt = np.ascontiguousarray(dequantize(raw, type_, rows, cols).T)
+        label = f"{what} {rows}x{cols} {NAMES[type_]}"
+        for T in ts:
+            x = rng.standard_normal((T, cols)).astype(np.float32)
+            run = partial(kernel_run, type_=type_, rows=rows, cols=cols, x=x, cpu=args.cpu_time)
+            results = []
+            if has_avx2:
+                fn = partial(run, isa="avx2", layout=I8, ws=[wi8])
+                results.append(("avx2 i8", nbytes, measure(fn, args.reps, budget)))
+                if T == 1:
+                    cold = [bytes(wi8) for _ in range(COLD_BYTES // nbytes + 2)]
+                    fn = partial(run, isa="avx2", layout=I8, ws=cold)
+                    results.append(("avx2 i8 cold", nbytes, measure(fn, args.reps, budget)))
+                    del cold
+                fn = partial(run, isa="avx2", layout=ROWS, ws=[wrows])
+                results.append(("avx2 rows", nbytes, measure(fn, args.reps, budget)))
+            if not args.no_scalar and (T == 1 or rows * cols * T <= 1536 * 576 * 64):  # ~1 GMAC/s
+                fn = partial(run, isa="scalar", layout=ROWS, ws=[wrows])
+                results.append(("scalar", nbytes, measure(fn, args.reps, budget)))
+            nat.set_isa("avx2" if has_avx2 else "scalar")
+            fn = partial(numpy_run, x=x, wt=wt, cpu=args.cpu_time)
+            results.append(("numpy f32", wt.nbytes, measure(fn, args.reps, budget)))
+            for name, wb, sec in results:
+                gmac, gbs = rows * cols * T / sec / 1e9, wb / sec / 1e9
+                print(f"{label:>24} {T:>4} {name:>13} {gmac:8.1f} {gbs:7.1f} {sec * 1e6:10.1f}", flush=True)
+        xq = rng.standard_normal((64, cols)).astype(np.float32)
+        sec = measure(partial(quant_run, type_=type_, cols=cols, x=xq), args.reps, budget)
+        print(f"{label:>24} {'':>4} {'quantize x':>13} {'':>8} {'':>7} {sec * 1e6:10.2f}")
+
+
+if __name__ == "__main__":
+    main()
