@@ -12,12 +12,12 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,server]"
 	touch $@
 
-# rebuilds the C core in place when a source changed (an editable install does not)
+# rebuilds the C core in place, every object (setuptools would reuse objects whose headers changed)
 build: setup
-	$(PY) setup.py -q build_ext --inplace
+	$(PY) setup.py -q build_ext --inplace --force
 
 run: build
 	$(VENV)/bin/barellm run "$(PROMPT)" --max-tokens 64 --temperature 0 --verbose
@@ -37,7 +37,7 @@ test-asan: setup
 	cp -r src/barellm .asan-build/pkg && rm -f .asan-build/pkg/_native*.so
 	cp .asan-build/lib/barellm/_native*.so .asan-build/pkg/
 	mkdir -p .asan-build/path && mv .asan-build/pkg .asan-build/path/barellm
-	cd .asan-build && LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
+	cd .asan-build && PYTHONMALLOC=malloc LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
 		PYTHONPATH=$$PWD/path ../$(PY) -m pytest -q -p no:cacheprovider --rootdir=.. -c ../pyproject.toml \
 		$$(ls ../tests/test_kernels*.py ../tests/test_ops.py 2>/dev/null)
 

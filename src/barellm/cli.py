@@ -15,6 +15,11 @@ from barellm.errors import BarellmError
 COMMAND_MODULES = [
     "barellm.commands",
     "barellm.tools.inspect",
+    "barellm.tools.perplexity",
+    "barellm.tools.kld",
+    "barellm.tools.bench",
+    "barellm.tools.debug",
+    "barellm.serve",
 ]
 
 
@@ -24,8 +29,9 @@ def add_model_args(p: argparse.ArgumentParser, *, engine: bool = True) -> None:
     p.add_argument("-c", "--context", type=int, default=None,
                    help="context size in tokens (default: min(4096, the model's))")
     if engine:
-        p.add_argument("--engine", choices=["native", "reference"], default="native",
-                       help="native: the C core (default); reference: the NumPy float32 forward (slow, exact)")
+        p.add_argument("--engine", choices=["auto", "native", "reference"], default="auto",
+                       help="native: the C core; reference: the NumPy float32 forward (slow, exact); "
+                            "auto (default): native where it runs the model, else reference")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

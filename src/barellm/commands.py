@@ -46,7 +46,7 @@ def _load(args: argparse.Namespace, model: str | None, **kw: object):
     import barellm
 
     return barellm.load(model, threads=args.threads, context=args.context,
-                        engine=getattr(args, "engine", "native"), **kw)
+                        engine=getattr(args, "engine", "auto"), **kw)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,10 @@ import numpy as np
 
 from barellm import hub
 from barellm.arch.config import ModelConfig, config_from_metadata
-from barellm.errors import BarellmError, InvalidRequest
+from barellm.errors import BarellmError, FormatError, InvalidRequest
 from barellm.sampling import Sampler, SamplingParams
 
-ENGINES = ("native", "reference")
+ENGINES = ("auto", "native", "reference")
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Model:
     """A loaded model. Not safe to use from several threads at once (one KV cache)."""
 
     def __init__(self, path: Path, *, threads: int | None = None, context: int | None = None,
-                 engine: str = "native", chat_template: str | None = None, slots: int = 1) -> None:
+                 engine: str = "auto", chat_template: str | None = None, slots: int = 1) -> None:
         from barellm.text.chat import ChatTemplate, template_for
         from barellm.text.tokenizer import Tokenizer
 
@@ -85,18 +86,24 @@ class Model:
             raise InvalidRequest(f"slots must be an integer in 1..256, got {slots!r}")
         self.slots = slots
         self.threads = threads or default_threads()
-        self.engine_name = engine
-        self.engine = self._make_engine(engine)
+        self.engine_name, self.engine = self._make_engine(engine)
         self._cached: list[int] = []   # the tokens whose KV entries the engine holds, in order
 
-    def _make_engine(self, engine: str) -> Any:
-        if engine == "reference":
-            from barellm.arch import reference_engine
+    def _make_engine(self, engine: str) -> tuple[str, Any]:
+        if engine in ("auto", "native"):
+            from barellm.engine import NativeEngine, unsupported_reason
 
-            return reference_engine(self.config, self.source, self.n_ctx, self.slots)
-        from barellm.engine import NativeEngine
+            reason = unsupported_reason(self.config, self.source)
+            if reason is None:
+                return "native", NativeEngine(self.config, self.source, n_ctx=self.n_ctx, threads=self.threads,
+                                              n_slots=self.slots)
+            if engine == "native":
+                raise FormatError(f"the native engine cannot run this model: {reason}")
+            warnings.warn(f"the native engine cannot run this model ({reason}); using the NumPy reference engine, "
+                          "which is slow", RuntimeWarning, stacklevel=3)
+        from barellm.arch import reference_engine
 
-        return NativeEngine(self.config, self.source, n_ctx=self.n_ctx, threads=self.threads, n_slots=self.slots)
+        return "reference", reference_engine(self.config, self.source, self.n_ctx, self.slots)
 
     # --- text <-> ids -------------------------------------------------------------------------
 
@@ -320,11 +327,12 @@ def default_threads() -> int:
 
 
 def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = None, context: int | None = None,
-         engine: str = "native", chat_template: str | None = None, slots: int = 1) -> Model:
+         engine: str = "auto", chat_template: str | None = None, slots: int = 1) -> Model:
     """Loads a model by name ("smollm2-135m", pulled on first use) or path.
 
     threads: worker threads (default: physical cores); context: KV cache size in tokens;
-    engine: "native" (the C core) or "reference" (NumPy float32, slow, exact);
+    engine: "native" (the C core), "reference" (NumPy float32, slow, exact) or "auto" (the default: native
+    where it runs the model, else reference with a warning);
     chat_template: a built-in template name to use instead of the file's;
     slots: independent KV caches (sequences served side by side); the Model's own calls use slot 0.
     """

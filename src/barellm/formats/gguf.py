@@ -4,8 +4,9 @@ GGUF files come from anywhere, so the reader treats every number in them as host
 dimension and offset is checked against the bytes that remain in the file (and against fixed sanity
 limits) before anything is allocated or looped over on its behalf. A claim of 2^60 array elements
 therefore fails at once on the size check instead of trying to build the array. Python integers cannot
-overflow, but the limits ggml itself enforces (int64 element counts, at most 4 dimensions) are checked so
-that a file accepted here is one ggml would accept too.
+overflow, but ggml's own limits on tensors are checked too (at most 4 dimensions, none negative, an
+element count that fits int64, whole blocks per row, aligned offsets), so a tensor table accepted here
+describes tensors ggml could hold.
 
 Every problem raises `FormatError` with one line: "<path>: <field> at offset <n>: <what is wrong>".
 
@@ -286,6 +287,10 @@ class _Parser:
 
 class GGUFFile:
     """An open GGUF file: its metadata, its tensor table, and zero-copy views of tensor data.
+
+    `metadata` holds plain Python values (int, float, bool, str; arrays as lists, nested arrays as nested
+    lists) in file order; `metadata_types` gives each key's GGUF type ("uint32", "array[string]").
+    `tensors` is in file order, shapes in NumPy order.
 
     The file is memory-mapped; `raw()` views stay valid as long as they are referenced, even after
     `close()` (the mapping is released when the last view goes).

@@ -1,1 +1,82 @@
+"""The OpenAI-compatible server: `barellm serve` (needs the extra: pip install 'barellm[server]').
 
+Importing this package stays cheap and works without Starlette: only the command checks for it, so
+`barellm --help` lists `serve` on any install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from barellm.errors import BarellmError, InvalidRequest
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from barellm.cli import add_model_args
+
+    p = sub.add_parser(
+        "serve", help="OpenAI-compatible HTTP server; concurrent requests share forward passes",
+        description="Serves MODEL (default smollm2-135m) over an OpenAI-compatible HTTP API: "
+                    "/v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /health, "
+                    "/metrics, /openapi.json. Needs the extra: pip install 'barellm[server]'.")
+    p.add_argument("model", nargs="?", default=None, help="model name or path (default smollm2-135m)")
+    add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; 0.0.0.0 exposes the server to the network)")
+    p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    p.add_argument("--slots", type=int, default=4,
+                   help="sequences generated side by side, each with its own KV cache (default 4)")
+    p.add_argument("--queue", type=int, default=64,
+                   help="requests that may wait for a slot; more are answered 429 (default 64)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds a request may take, queueing included; then it ends with finish_reason "
+                        "\"length\" (0 = no limit; default 600)")
+    p.add_argument("--prefill-chunk", type=int, default=256,
+                   help="prompt tokens fed per step, so a long prompt does not stall the others (default 256)")
+    p.add_argument("--alias", action="append", default=[], metavar="NAME",
+                   help="another model name requests may use (repeatable)")
+    p.add_argument("--template", default=None, help="a built-in chat template to use instead of the file's")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=cmd_serve)
+
+
+def served_id(model: str | None, path: Path) -> str:
+    """The id /v1/models reports: the registry name when the model was given by name, else the file's stem."""
+    from barellm import hub
+
+    name = model if model is not None else hub.DEFAULT_MODEL
+    name = hub.ALIASES.get(name, name)
+    return name if name in hub.REGISTRY else path.stem
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise BarellmError(f"barellm serve needs Starlette and uvicorn ({e.name} is missing): "
+                           "pip install 'barellm[server]'") from None
+    if not 0 <= args.port <= 65535:
+        raise InvalidRequest(f"--port must be in 0..65535, got {args.port}")
+    if not 1 <= args.slots <= 256:
+        raise InvalidRequest(f"--slots must be in 1..256, got {args.slots}")
+    if args.queue < 0:
+        raise InvalidRequest(f"--queue must be >= 0, got {args.queue}")
+    if not args.timeout >= 0:
+        raise InvalidRequest(f"--timeout must be >= 0 seconds, got {args.timeout}")
+    if args.prefill_chunk < 1:
+        raise InvalidRequest(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
+
+    import barellm
+    from barellm.serve.app import create_app, run
+
+    model = barellm.load(args.model, threads=args.threads, context=args.context, engine=args.engine,
+                         chat_template=args.template, slots=args.slots)
+    app = create_app(model, model_id=served_id(args.model, model.path), aliases=args.alias,
+                     max_queue=args.queue, timeout=args.timeout or None, prefill_chunk=args.prefill_chunk)
+    print(f"barellm: serving {app.state.server.model_id} ({model!r}, {args.slots} slots) "
+          f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

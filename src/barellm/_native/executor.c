@@ -1,0 +1,216 @@
+/* The executor (see executor.h). */
+#include "executor.h"
+
+#include <stdatomic.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
+static void run_qjobs(const bl_op *op, int r0, int r1) {
+    for (int j = 0; j < op->n_qjobs; j++) {
+        const bl_qjob *q = &op->qjobs[j];
+        const float *x = q->x ? q->x : op->out;
+        const size_t xs = q->x ? q->x_stride : op->out_stride;
+        if (r1 > r0)
+            bl_quantize_act(&q->w, x + (size_t)r0 * xs, xs, r1 - r0, (char *)q->dst + (size_t)r0 * q->dst_stride);
+    }
+}
+
+static void op_embed(const bl_plan *p, const bl_op *op, int tid, int nth) {
+    int t0, t1;
+    bl_split(p->T, 1, tid, nth, &t0, &t1);
+    for (int t = t0; t < t1; t++) {
+        const char *row = (const char *)op->table.data + (size_t)p->tokens[t] * op->table_row_bytes;
+        bl_dequant_row(op->table.type, row, op->out + (size_t)t * op->out_stride, op->n);
+    }
+}
+
+static void op_rmsnorm(const bl_plan *p, const bl_op *op, int tid, int nth) {
+    int i0, i1;
+    bl_split(op->rows_sel ? p->n_out : p->T, 1, tid, nth, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        const int src = op->rows_sel ? p->out_rows[i] : i;
+        bl_rmsnorm(op->x + (size_t)src * op->x_stride, op->w, op->out + (size_t)i * op->out_stride, op->n, op->eps);
+    }
+    run_qjobs(op, i0, i1);
+}
+
+static void op_silu_mul(const bl_plan *p, const bl_op *op, int tid, int nth) {
+    int t0, t1;
+    bl_split(p->T, 1, tid, nth, &t0, &t1);
+    for (int t = t0; t < t1; t++)
+        bl_silu_mul(op->x + (size_t)t * op->x_stride, op->x2 + (size_t)t * op->x_stride,
+                    op->out + (size_t)t * op->out_stride, op->n);
+    run_qjobs(op, t0, t1);
+}
+
+static void op_add(const bl_plan *p, const bl_op *op, int tid, int nth) {
+    int t0, t1;
+    bl_split(p->T, 1, tid, nth, &t0, &t1);
+    for (int t = t0; t < t1; t++)
+        bl_add(op->out + (size_t)t * op->out_stride, op->x + (size_t)t * op->x_stride, op->n);
+}
+
+#define PACK(seq, f, e) (((uint64_t)(seq) << 48) | ((uint64_t)(f) << 24) | (uint64_t)(e))
+#define SEQ(w) ((unsigned)((w) >> 48))
+#define FRONT(w) ((int)(((w) >> 24) & 0xFFFFFF))
+#define END(w) ((int)((w) & 0xFFFFFF))
+
+static int take_front(bl_steal_slot *s, unsigned seq, int *c) {
+    uint64_t w = atomic_load_explicit(&s->w, memory_order_acquire);
+    for (;;) {
+        if (SEQ(w) != seq || FRONT(w) >= END(w)) return 0;
+        if (atomic_compare_exchange_weak_explicit(&s->w, &w, PACK(seq, FRONT(w) + 1, END(w)), memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            *c = FRONT(w);
+            return 1;
+        }
+    }
+}
+
+static int take_back(bl_steal_slot *s, unsigned seq, int *c) {
+    uint64_t w = atomic_load_explicit(&s->w, memory_order_acquire);
+    for (;;) {
+        if (SEQ(w) != seq || FRONT(w) >= END(w)) return 0;
+        if (atomic_compare_exchange_weak_explicit(&s->w, &w, PACK(seq, FRONT(w), END(w) - 1), memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            *c = END(w) - 1;
+            return 1;
+        }
+    }
+}
+
+static void matmul_rows(const bl_op *op, int T, int lo, int hi) {
+    for (int k = 0; k < op->n_parts; k++) {
+        const bl_mm_part *pt = &op->parts[k];
+        const int a = lo > pt->row0 ? lo - pt->row0 : 0;
+        const int b = hi - pt->row0 < pt->w.rows ? hi - pt->row0 : pt->w.rows;
+        if (a >= b) continue;
+        bl_matmul(&pt->w, pt->xq, T, pt->out, pt->ldo, a, b);
+        if (pt->res)
+            for (int t = 0; t < T; t++)
+                bl_add(pt->res + (size_t)t * pt->res_stride + a, pt->out + (size_t)t * pt->ldo + a, b - a);
+    }
+}
+
+static void op_matmul(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    const int T = op->rows_sel ? p->n_out : p->T;
+    if (T <= 0) return;
+    if (!op->prequantized && op->n_qjobs) {
+        int t0, t1;
+        bl_split(T, 1, tid, nth, &t0, &t1);
+        run_qjobs(op, t0, t1);
+        bl_pool_barrier(p->pool, tid);
+    }
+    if (nth == 1) {
+        matmul_rows(op, T, 0, op->n_rows);
+        return;
+    }
+    /* chunks of whole row groups, about 8 per thread */
+    const int A = op->row_align, want = (op->n_rows + 8 * nth - 1) / (8 * nth);
+    const int CH = want > A ? (want + A - 1) / A * A : A;
+    const int nch = (op->n_rows + CH - 1) / CH;
+    int c0, c1, c;
+    bl_split(nch, 1, tid, nth, &c0, &c1);
+    bl_steal_slot *own = &p->steal[tid];
+    atomic_store_explicit(&own->w, PACK(seq, c0, c1), memory_order_release);
+    while (take_front(own, seq, &c)) matmul_rows(op, T, c * CH, c + 1 < nch ? (c + 1) * CH : op->n_rows);
+    for (int v = 1; v < nth; v++) {
+        bl_steal_slot *other = &p->steal[(tid + v) % nth];
+        while (take_back(other, seq, &c)) matmul_rows(op, T, c * CH, c + 1 < nch ? (c + 1) * CH : op->n_rows);
+    }
+}
+
+static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth) {
+    int t0, t1;
+    bl_split(p->T, 1, tid, nth, &t0, &t1);
+    const int qd = op->n_heads * op->head_dim, kd = op->n_kv_heads * op->head_dim;
+    for (int t = t0; t < t1; t++) {
+        float *row = op->out + (size_t)t * op->out_stride;
+        const float *cs = op->rope_cs + (size_t)p->pos[t] * op->rope_dim;
+        bl_rope(row, op->n_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
+        bl_rope(row + qd, op->n_kv_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
+        const size_t s = (size_t)p->slot[t] * op->slot_stride * (op->kv_f16 ? 2 : 4);
+        bl_kv_store(op->kc + s, op->vc + s, row + qd, row + qd + kd, p->pos[t], op->n_kv_heads, op->head_dim,
+                    op->n_ctx, op->kv_f16);
+    }
+}
+
+/* Work items are (kv head g, token t, head j of g's group), g-major; a thread takes a contiguous run
+ * of them and hands consecutive items of one kv head and one slot to bl_attend in blocks. */
+static void op_attention(const bl_plan *p, const bl_op *op, int tid, int nth) {
+    const int grp = op->n_heads / op->n_kv_heads, per_g = p->T * grp, hd = op->head_dim;
+    const size_t esz = op->kv_f16 ? 2 : 4, head = (size_t)op->n_ctx * hd * esz;
+    int u0, u1;
+    bl_split(op->n_kv_heads * per_g, 1, tid, nth, &u0, &u1);
+    bl_attn_query qs[BL_ATT_MAXQ];
+    int nq = 0, cur_g = -1, cur_slot = -1;
+    for (int u = u0; u <= u1; u++) {
+        int g = -1, t = 0, j = 0;
+        if (u < u1) {
+            g = u / per_g;
+            t = (u % per_g) / grp;
+            j = u % grp;
+        }
+        if (nq && (u == u1 || g != cur_g || p->slot[t] != cur_slot || nq == BL_ATT_MAXQ)) {
+            const size_t off = (size_t)cur_slot * op->slot_stride * esz + (size_t)cur_g * head;
+            bl_attend(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->kv_f16);
+            nq = 0;
+        }
+        if (u == u1) break;
+        const int h = g * grp + j;
+        cur_g = g;
+        cur_slot = p->slot[t];
+        qs[nq].q = op->x + (size_t)t * op->x_stride + (size_t)h * hd;
+        qs[nq].out = op->out + (size_t)t * op->out_stride + (size_t)h * hd;
+        qs[nq].pos = p->pos[t];
+        qs[nq].lo = op->window && p->pos[t] >= op->window ? p->pos[t] - op->window + 1 : 0;
+        nq++;
+    }
+}
+
+static void exec_op(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    switch (op->kind) {
+    case BL_OP_EMBED: op_embed(p, op, tid, nth); break;
+    case BL_OP_RMSNORM: op_rmsnorm(p, op, tid, nth); break;
+    case BL_OP_MATMUL: op_matmul(p, op, tid, nth, seq); break;
+    case BL_OP_ROPE_KV: op_rope_kv(p, op, tid, nth); break;
+    case BL_OP_ATTENTION: op_attention(p, op, tid, nth); break;
+    case BL_OP_SILU_MUL: op_silu_mul(p, op, tid, nth); break;
+    case BL_OP_ADD: op_add(p, op, tid, nth); break;
+    default: break;
+    }
+}
+
+static inline uint64_t cycles(void) {
+#if defined(__x86_64__)
+    return __rdtsc();
+#else
+    return 0;
+#endif
+}
+
+static void plan_task(void *ctx, int tid, int nth) {
+    const bl_plan *p = ctx;
+    uint64_t *prof = p->op_cycles ? p->op_cycles + (size_t)tid * p->n_ops : NULL;
+    uint64_t c0 = prof ? cycles() : 0;
+    for (int i = p->begin; i < p->end; i++) {
+        exec_op(p, &p->ops[i], tid, nth, (p->run_seq * 1024u + (unsigned)i) & 0xFFFFu);
+        if (i + 1 < p->end) bl_pool_barrier(p->pool, tid);
+        if (prof) {
+            uint64_t c1 = cycles();
+            prof[i] += c1 - c0;
+            c0 = c1;
+        }
+    }
+}
+
+void bl_plan_run(bl_plan *p, int T, int n_out, int begin, int end) {
+    p->T = T;
+    p->n_out = n_out;
+    p->begin = begin;
+    p->end = end;
+    p->run_seq++;
+    bl_pool_run(p->pool, plan_task, p);
+}

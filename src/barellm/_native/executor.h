@@ -1,0 +1,102 @@
+/* The executor: runs a plan (an array of ops over preallocated buffers) on the thread pool.
+ *
+ * engine.py builds the plan once at load; one bl_plan_run() call then runs a whole forward step
+ * (T tokens through every layer): each thread walks the op list, does its share of each op (disjoint
+ * output rows, aligned to cache lines and to the matmul row groups) and meets the others at a barrier
+ * between ops. Nothing here allocates or takes a lock.
+ *
+ * Per-call inputs are read from arrays the plan points at (filled by the caller before each run):
+ * tokens[T], pos[T] (position of each token), slot[T] (KV cache region of each token), and
+ * out_rows[n_out] (the rows whose logits are wanted, gathered by the ops flagged rows_sel).
+ */
+#ifndef BARELLM_EXECUTOR_H
+#define BARELLM_EXECUTOR_H
+
+#include "kernels.h"
+#include "ops.h"
+#include "threadpool.h"
+
+enum bl_op_kind {
+    BL_OP_EMBED = 1,    /* out[t] = dequant(table row tokens[t]) */
+    BL_OP_RMSNORM = 2,  /* out[i] = rmsnorm(x[row i], w); then the qjobs on out[i] */
+    BL_OP_MATMUL = 3,   /* qjobs (unless prequantized), barrier, parts: out = W xq (+ res) */
+    BL_OP_ROPE_KV = 4,  /* rotate q and k of x[t] in place; store k, v at pos[t] of slot[t] */
+    BL_OP_ATTENTION = 5,/* out[t] = attention of the q heads of x[t] over the slot's cache */
+    BL_OP_SILU_MUL = 6, /* out[t] = silu(x[t]) * x2[t]; then the qjobs */
+    BL_OP_ADD = 7,      /* out[t] += x[t] */
+};
+
+#define BL_MAX_PARTS 4
+#define BL_MAX_QJOBS 4
+
+typedef struct bl_qjob { /* convert f32 rows into w's activation type */
+    bl_matrix w;         /* only its type, layout and cols matter */
+    const float *x;      /* source rows (matmul phase); the op's own output rows for an epilogue */
+    size_t x_stride;     /* floats */
+    void *dst;
+    size_t dst_stride;   /* bytes: bl_act_row_bytes(w, cols) */
+} bl_qjob;
+
+typedef struct bl_mm_part { /* rows [row0, row0 + w.rows) of a matmul op's row space */
+    bl_matrix w;
+    const void *xq;
+    float *out;
+    size_t ldo;
+    float *res;            /* if set: res[t * res_stride + r] += out[t * ldo + r] */
+    size_t res_stride;
+    int row0;
+} bl_mm_part;
+
+typedef struct bl_op {
+    int kind;
+    int rows_sel;          /* rows are the n_out selected ones, not the T tokens */
+    int prequantized;      /* matmul: the qjobs already ran in the previous op's epilogue */
+    int n;                 /* row width */
+    float *out;
+    size_t out_stride;     /* floats */
+    const float *x, *x2;
+    size_t x_stride;
+    const float *w;        /* rmsnorm weight */
+    float eps;
+    /* matmul */
+    int n_parts, n_rows, row_align;
+    bl_mm_part parts[BL_MAX_PARTS];
+    int n_qjobs;
+    bl_qjob qjobs[BL_MAX_QJOBS];
+    /* embedding */
+    bl_matrix table;
+    size_t table_row_bytes;
+    /* rope, kv, attention */
+    int n_heads, n_kv_heads, head_dim, rope_dim, rope_style, n_ctx;
+    const float *rope_cs;  /* [n_ctx][rope_dim]: cos then sin of each position */
+    char *kc, *vc;         /* this layer's cache in slot 0 */
+    size_t slot_stride;    /* elements from one slot's cache to the next */
+    int kv_f16;            /* cache elements are IEEE halves (else f32) */
+    int window;            /* attention: keys a query sees, counting its own (0: all before it) */
+    float scale;
+} bl_op;
+
+/* Work stealing in a matmul's row space: each thread owns a contiguous range of row chunks, takes them
+ * from the front, and then takes chunks from the back of the others' ranges. One word per thread,
+ * (op sequence number, front, end), changed by compare-and-swap; a word still carrying the previous
+ * op's number is left alone. Which thread computes a row never changes what is computed. */
+typedef struct bl_steal_slot {
+    _Alignas(BL_CACHELINE) _Atomic uint64_t w;
+} bl_steal_slot;
+
+typedef struct bl_plan {
+    bl_pool *pool;
+    bl_steal_slot *steal;  /* one per thread */
+    unsigned run_seq;      /* bumped per run, for the steal words */
+    bl_op *ops;
+    int n_ops;
+    const int32_t *tokens, *pos, *slot, *out_rows;
+    /* of the current run */
+    int T, n_out, begin, end;
+    uint64_t *op_cycles;   /* if set, [thread][op]: each thread adds each op's cycles (work + wait) */
+} bl_plan;
+
+/* Runs ops [begin, end) for T tokens and n_out selected rows. */
+BL_API void bl_plan_run(bl_plan *p, int T, int n_out, int begin, int end);
+
+#endif

@@ -1,0 +1,314 @@
+/* AVX2+FMA kernels of ops.h. Compiled for that target only; called when bl_isa() says so. */
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "ops.h"
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* e^x, about 2 ulp, for x in [-87.3, 88.7] (clamped outside; so never exactly 0 or inf) */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.72283f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n in two steps so n = 128 (x near the top of the range) does not overflow the exponent */
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i half = _mm256_srai_epi32(ni, 1);
+    __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    __m256 p2 = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
+}
+
+static inline float exp1(float x) {
+    return _mm256_cvtss_f32(exp8(_mm256_set1_ps(x)));
+}
+
+void bl_rmsnorm_avx2(const float *x, const float *w, float *out, int n, float eps) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        __m256 v2 = _mm256_loadu_ps(x + i + 16), v3 = _mm256_loadu_ps(x + i + 24);
+        a0 = _mm256_fmadd_ps(v0, v0, a0);
+        a1 = _mm256_fmadd_ps(v1, v1, a1);
+        a2 = _mm256_fmadd_ps(v2, v2, a2);
+        a3 = _mm256_fmadd_ps(v3, v3, a3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        a0 = _mm256_fmadd_ps(v, v, a0);
+    }
+    float ss = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) ss += x[i] * x[i];
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(w + i)));
+    for (; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+void bl_rope_avx2(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, int style) {
+    const int h = rope_dim / 2;
+    const float *cosv = cs, *sinv = cs + h;
+    for (int hd = 0; hd < n_heads; hd++) {
+        float *v = x + (size_t)hd * head_dim;
+        int i = 0;
+        if (style == BL_ROPE_NEOX) {
+            for (; i + 8 <= h; i += 8) {
+                __m256 a = _mm256_loadu_ps(v + i), b = _mm256_loadu_ps(v + i + h);
+                __m256 c = _mm256_loadu_ps(cosv + i), s = _mm256_loadu_ps(sinv + i);
+                _mm256_storeu_ps(v + i, _mm256_fmsub_ps(a, c, _mm256_mul_ps(b, s)));
+                _mm256_storeu_ps(v + i + h, _mm256_fmadd_ps(b, c, _mm256_mul_ps(a, s)));
+            }
+            for (; i < h; i++) {
+                const float x0 = v[i], x1 = v[i + h];
+                v[i] = x0 * cosv[i] - x1 * sinv[i];
+                v[i + h] = x1 * cosv[i] + x0 * sinv[i];
+            }
+        } else {
+            for (; i + 4 <= h; i += 4) {
+                __m128 c4 = _mm_loadu_ps(cosv + i), s4 = _mm_loadu_ps(sinv + i);
+                __m256 c = _mm256_set_m128(_mm_unpackhi_ps(c4, c4), _mm_unpacklo_ps(c4, c4));
+                __m256 s = _mm256_set_m128(_mm_unpackhi_ps(s4, s4), _mm_unpacklo_ps(s4, s4));
+                __m256 a = _mm256_loadu_ps(v + 2 * i);
+                __m256 sw = _mm256_permute_ps(a, 0xB1); /* (x1, x0, x3, x2, ...) */
+                /* even lanes x0 c - x1 s, odd lanes x1 c + x0 s */
+                _mm256_storeu_ps(v + 2 * i, _mm256_fmaddsub_ps(a, c, _mm256_mul_ps(sw, s)));
+            }
+            for (; i < h; i++) {
+                const float x0 = v[2 * i], x1 = v[2 * i + 1];
+                v[2 * i] = x0 * cosv[i] - x1 * sinv[i];
+                v[2 * i + 1] = x1 * cosv[i] + x0 * sinv[i];
+            }
+        }
+    }
+}
+
+void bl_softmax_avx2(float *x, int n) {
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + i));
+    float m = hmax8(vm);
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    const __m256 bm = _mm256_set1_ps(m);
+    __m256 vs = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), bm));
+        _mm256_storeu_ps(x + i, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    float sum = hsum8(vs);
+    for (; i < n; i++) {
+        x[i] = exp1(x[i] - m);
+        sum += x[i];
+    }
+    const float inv = 1.0f / sum;
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vi));
+    for (; i < n; i++) x[i] *= inv;
+}
+
+void bl_silu_mul_avx2(const float *gate, const float *up, float *out, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp8(_mm256_sub_ps(zero, g));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) out[i] = gate[i] / (1.0f + exp1(-gate[i])) * up[i];
+}
+
+void bl_add_avx2(float *x, const float *y, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) x[i] += y[i];
+}
+
+static inline __attribute__((always_inline)) __m256 ld8(const void *base, size_t i, int f16) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)))
+               : _mm256_loadu_ps((const float *)base + i);
+}
+
+#define ALWAYS static inline __attribute__((always_inline))
+
+/* Scores of QB queries against keys [32 h, 32 h + 32) of a tile, unscaled, into s[i * KT + k]:
+ * each score is an fma chain over d = 0 .. head_dim - 1 (the same chain for any QB). */
+ALWAYS void qk_pass(int QB, const bl_attn_query *qs, const void *kc, size_t kt, int h, int head_dim, int f16,
+                    float *s) {
+    enum { KT = BL_KV_TILE };
+    __m256 a[2][4];
+    for (int i = 0; i < QB; i++)
+        for (int u = 0; u < 4; u++) a[i][u] = _mm256_setzero_ps();
+    for (int d = 0; d < head_dim; d++) {
+        const size_t kr = kt + (size_t)d * KT + 32 * h;
+        const __m256 k0 = ld8(kc, kr, f16), k1 = ld8(kc, kr + 8, f16);
+        const __m256 k2 = ld8(kc, kr + 16, f16), k3 = ld8(kc, kr + 24, f16);
+        for (int i = 0; i < QB; i++) {
+            const __m256 qd = _mm256_broadcast_ss(qs[i].q + d);
+            a[i][0] = _mm256_fmadd_ps(qd, k0, a[i][0]);
+            a[i][1] = _mm256_fmadd_ps(qd, k1, a[i][1]);
+            a[i][2] = _mm256_fmadd_ps(qd, k2, a[i][2]);
+            a[i][3] = _mm256_fmadd_ps(qd, k3, a[i][3]);
+        }
+    }
+    for (int i = 0; i < QB; i++)
+        for (int u = 0; u < 4; u++) _mm256_store_ps(s + i * KT + 32 * h + 8 * u, a[i][u]);
+}
+
+/* Online-softmax update of one query for the keys [k0, k1) of a tile: s (scores) becomes p, with 0
+ * outside the range; returns the factor the query's accumulator is rescaled by. */
+ALWAYS float softmax_tile(float *s, float *m, float *l, int k0, int k1, float scale) {
+    const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i lo = _mm256_set1_epi32(k0 - 1), hi = _mm256_set1_epi32(k1);
+    __m256 v[8], valid[8];
+    __m256 vmax = ninf;
+    for (int b = 0; b < 8; b++) {
+        const __m256i kk = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * b));
+        valid[b] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(hi, kk), _mm256_cmpgt_epi32(kk, lo)));
+        v[b] = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_load_ps(s + 8 * b), vscale), valid[b]);
+        vmax = _mm256_max_ps(vmax, v[b]);
+    }
+    const float mt = hmax8(vmax);
+    const float mn = mt > *m ? mt : *m;
+    const float corr = exp1(*m - mn); /* first tile: m = -inf, clamped: a tiny factor times acc = 0 */
+    const __m256 vmn = _mm256_set1_ps(mn);
+    for (int b = 0; b < 8; b++) {
+        v[b] = _mm256_and_ps(exp8(_mm256_sub_ps(v[b], vmn)), valid[b]);
+        _mm256_store_ps(s + 8 * b, v[b]);
+    }
+    const float sum = hsum8(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])),
+                                          _mm256_add_ps(_mm256_add_ps(v[4], v[5]), _mm256_add_ps(v[6], v[7]))));
+    *l = fmaf(*l, corr, sum);
+    *m = mn;
+    return corr;
+}
+
+/* acc_i = acc_i * corr_i + sum over k in [k0, k1) of p_i[k] * V[k], for QB queries; per output value an
+ * fma chain over k in order (the same chain for any QB). */
+ALWAYS void pv_pass(int QB, const bl_attn_query *qs, const float *p, const float *corr, const void *vc, size_t vt,
+                    int k0, int k1, int head_dim, int f16) {
+    enum { KT = BL_KV_TILE };
+    int d0 = 0;
+    for (; d0 + 32 <= head_dim; d0 += 32) {
+        __m256 a[2][4];
+        for (int i = 0; i < QB; i++) {
+            const __m256 c = _mm256_set1_ps(corr[i]);
+            for (int u = 0; u < 4; u++) a[i][u] = _mm256_mul_ps(_mm256_loadu_ps(qs[i].out + d0 + 8 * u), c);
+        }
+        for (int k = k0; k < k1; k++) {
+            const size_t vr = vt + (size_t)k * head_dim + d0;
+            const __m256 v0 = ld8(vc, vr, f16), v1 = ld8(vc, vr + 8, f16);
+            const __m256 v2 = ld8(vc, vr + 16, f16), v3 = ld8(vc, vr + 24, f16);
+            for (int i = 0; i < QB; i++) {
+                const __m256 pk = _mm256_broadcast_ss(p + i * KT + k);
+                a[i][0] = _mm256_fmadd_ps(pk, v0, a[i][0]);
+                a[i][1] = _mm256_fmadd_ps(pk, v1, a[i][1]);
+                a[i][2] = _mm256_fmadd_ps(pk, v2, a[i][2]);
+                a[i][3] = _mm256_fmadd_ps(pk, v3, a[i][3]);
+            }
+        }
+        for (int i = 0; i < QB; i++)
+            for (int u = 0; u < 4; u++) _mm256_storeu_ps(qs[i].out + d0 + 8 * u, a[i][u]);
+    }
+    for (; d0 < head_dim; d0 += 8) { /* head_dim % 32: one vector at a time */
+        __m256 a[2];
+        for (int i = 0; i < QB; i++) a[i] = _mm256_mul_ps(_mm256_loadu_ps(qs[i].out + d0), _mm256_set1_ps(corr[i]));
+        for (int k = k0; k < k1; k++) {
+            const __m256 v = ld8(vc, vt + (size_t)k * head_dim + d0, f16);
+            for (int i = 0; i < QB; i++) a[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i * KT + k), v, a[i]);
+        }
+        for (int i = 0; i < QB; i++) _mm256_storeu_ps(qs[i].out + d0, a[i]);
+    }
+}
+
+/* QB queries (QB <= 2) with the same key range [k0, k1) in tile (kt, vt): K and V loads are shared. */
+ALWAYS void tile_block(int QB, const bl_attn_query *qs, float *m, float *l, const void *kc, size_t kt,
+                       const void *vc, size_t vt, int k0, int k1, int head_dim, float scale, int f16) {
+    enum { KT = BL_KV_TILE };
+    _Alignas(32) float s[2 * KT];
+    float corr[2];
+    qk_pass(QB, qs, kc, kt, 0, head_dim, f16, s);
+    if (k1 > 32) qk_pass(QB, qs, kc, kt, 1, head_dim, f16, s);
+    else
+        for (int i = 0; i < QB; i++) memset(s + i * KT + 32, 0, 32 * sizeof(float)); /* masked below */
+    for (int i = 0; i < QB; i++) corr[i] = softmax_tile(s + i * KT, &m[i], &l[i], k0, k1, scale);
+    pv_pass(QB, qs, s, corr, vc, vt, k0, k1, head_dim, f16);
+}
+
+ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
+                   int f16) {
+    enum { KT = BL_KV_TILE };
+    float m[BL_ATT_MAXQ], l[BL_ATT_MAXQ];
+    int tiles = 0, first = 1 << 30;
+    for (int i = 0; i < nq; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0;
+        memset(qs[i].out, 0, sizeof(float) * head_dim);
+        if (qs[i].pos / KT + 1 > tiles) tiles = qs[i].pos / KT + 1;
+        if (qs[i].lo / KT < first) first = qs[i].lo / KT;
+    }
+    for (int j = first; j < tiles; j++) {
+        const size_t kt = (size_t)j * head_dim * KT, vt = (size_t)j * KT * head_dim;
+        int r0[BL_ATT_MAXQ], r1[BL_ATT_MAXQ];
+        for (int i = 0; i < nq; i++) {
+            const int pos = qs[i].pos, lo = qs[i].lo;
+            r0[i] = lo > j * KT ? lo - j * KT : 0;
+            r1[i] = pos - j * KT + 1 < KT ? pos - j * KT + 1 : KT;
+            if (pos < j * KT || lo >= (j + 1) * KT) r1[i] = 0; /* not in this tile */
+        }
+        for (int i = 0; i < nq;) {
+            if (r1[i] <= r0[i]) {
+                i++;
+                continue;
+            }
+            /* pair it with the next query in the tile if that one has the same key range */
+            int n = i + 1;
+            while (n < nq && r1[n] <= r0[n]) n++;
+            if (n < nq && r0[n] == r0[i] && r1[n] == r1[i] && n == i + 1) {
+                tile_block(2, qs + i, m + i, l + i, kc, kt, vc, vt, r0[i], r1[i], head_dim, scale, f16);
+                i += 2;
+            } else {
+                tile_block(1, qs + i, m + i, l + i, kc, kt, vc, vt, r0[i], r1[i], head_dim, scale, f16);
+                i++;
+            }
+        }
+    }
+    for (int i = 0; i < nq; i++) {
+        const __m256 inv = _mm256_set1_ps(1.0f / l[i]);
+        for (int d = 0; d < head_dim; d += 8)
+            _mm256_storeu_ps(qs[i].out + d, _mm256_mul_ps(_mm256_loadu_ps(qs[i].out + d), inv));
+    }
+}
+
+void bl_attend_avx2(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
+                    int kv_f16) {
+    if (head_dim % 8) bl_attend_scalar(qs, nq, kc, vc, head_dim, scale, kv_f16);
+    else if (kv_f16) attend(qs, nq, kc, vc, head_dim, scale, 1);
+    else attend(qs, nq, kc, vc, head_dim, scale, 0);
+}

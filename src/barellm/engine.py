@@ -1,0 +1,541 @@
+"""NativeEngine: the forward plan (plan.py) bound to preallocated buffers and run by the C executor.
+
+At load, the engine
+  - decides each weight matrix's layout (`matrix_layout`, the one place that choice is made), fuses
+    Q|K|V and gate|up into single matrices where their types agree, and repacks what the kernels want
+    repacked;
+  - allocates every buffer once, for `chunk` tokens: activations, quantized activations, the KV cache of
+    each slot, the logits;
+  - compiles the plan into an array of C op structs pointing at those buffers.
+A forward call then only writes the token ids, positions and slots into small preallocated arrays and
+makes one native call per chunk of up to `chunk` tokens; the worker threads run all layers with a
+barrier between ops. Nothing is allocated in the token loop except the returned logits array (pass
+`out=` to avoid even that).
+
+Invariance: every op computes a row (a token) with the same float operations whatever the chunk, the
+batch or the thread split, so greedy output is the same for any thread count, prefill chunking, or
+batch composition (see ops.h, kernels.h).
+
+Debug: `debug_forward` runs the same plan one op at a time, each op either by its native kernel or by
+a NumPy implementation, with hooks to replace any op and to observe every op's output.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from barellm import _native as nat
+from barellm.arch.config import ModelConfig
+from barellm.errors import FormatError, InvalidRequest
+from barellm.plan import Op, buffer_widths, llama_plan
+
+KIND_IDS = {"embed": 1, "rmsnorm": 2, "matmul": 3, "rope_kv": 4, "attention": 5, "silu_mul": 6, "add": 7}
+F32, F16 = 0, 1
+LAYOUT_ROWS, LAYOUT_INTERLEAVE8 = 0, 1
+KV_TILE = nat.KV_TILE
+FLOAT_ALIGN = 16  # buffer rows start on cache lines: strides are multiples of 16 floats
+
+
+def aligned_zeros(shape: tuple[int, ...] | int, dtype: Any = np.float32, align: int = 64) -> np.ndarray:
+    """A zeroed C-contiguous array whose data starts on an `align`-byte boundary."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.zeros(nbytes + align, dtype=np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + nbytes].view(dtype).reshape(shape)
+
+
+def _round_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def matrix_layout(type_id: int, rows: int, cols: int) -> int:
+    """The layout the matmul kernels want for a matrix (the weights' storage decision, in one place).
+
+    A repacked layout where the kernels have one for the type, else GGUF's rows. A .blm file stores
+    matrices already in the layout this returns, tagged, so loading it needs no repacking.
+    """
+    if nat.matrix_bytes(type_id, LAYOUT_INTERLEAVE8, rows, cols) > 0:
+        return LAYOUT_INTERLEAVE8
+    return LAYOUT_ROWS
+
+
+def matmul_supported(type_id: int, rows: int, cols: int) -> bool:
+    return nat.matrix_bytes(type_id, LAYOUT_ROWS, rows, cols) > 0
+
+
+def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
+    """Why the native engine cannot run a model, or None if it can (Model falls back on the reference)."""
+    if cfg.arch != "llama":
+        return f"architecture {cfg.arch!r} is not in the native plan yet"
+    return None
+
+
+def _default_threads() -> int:
+    from barellm.model import default_threads
+
+    return default_threads()
+
+
+class DebugContext:
+    """What a replacement op or an observer sees: the engine's buffers for the current chunk."""
+
+    def __init__(self, engine: NativeEngine, T: int, n_out: int) -> None:
+        self.engine = engine
+        self.T = T
+        self.n_out = n_out
+        self.tokens = engine._tok[:T]
+        self.positions = engine._pos[:T]
+        self.slots = engine._slot[:T]
+        self.selected = engine._rows[:n_out]   # rows of x whose logits are wanted
+
+    def rows(self, op: Op) -> int:
+        return self.n_out if op.rows == "selected" else self.T
+
+    def buf(self, name: str, rows: int | None = None) -> np.ndarray:
+        """A writable view [rows, width] of buffer `name` (rows defaults to T)."""
+        return self.engine._view(name, self.T if rows is None else rows)
+
+    def output(self, op: Op) -> np.ndarray:
+        return self.buf(op.out, self.rows(op))
+
+
+Hook = Callable[[Op, DebugContext], None]
+
+
+class NativeEngine:
+    """The C executor's forward pass over a KV cache (one region per slot) allocated at load."""
+
+    def __init__(self, cfg: ModelConfig, source: Any, n_ctx: int | None = None, threads: int | None = None,
+                 n_slots: int = 1, chunk: int = 64, pin: bool = False, kv_type: str = "f16") -> None:
+        from barellm.arch.llama import check_tensors
+
+        check_tensors(cfg, source.tensors)
+        reason = unsupported_reason(cfg, source)
+        if reason is not None:
+            raise FormatError(f"the native engine cannot run this model: {reason}")
+        if cfg.n_heads % cfg.n_kv_heads:
+            raise InvalidRequest("n_heads must be a multiple of n_kv_heads")
+        self.cfg = cfg
+        self.n_ctx = int(n_ctx or cfg.context_length)
+        self.n_vocab = cfg.n_vocab
+        self.n_slots = int(n_slots)
+        self.chunk = int(chunk)
+        self.threads = int(threads or _default_threads())
+        if self.n_ctx < 1 or self.n_slots < 1 or not 1 <= self.chunk <= 4096 or not 1 <= self.threads <= 256:
+            raise InvalidRequest(f"bad engine sizes: n_ctx={n_ctx} n_slots={n_slots} chunk={chunk} threads={threads}")
+        if kv_type not in ("f16", "f32"):
+            raise InvalidRequest(f"kv_type must be 'f16' or 'f32', got {kv_type!r}")
+        self.kv_type = kv_type
+        self._source = source
+        self._pool = nat.Pool(self.threads, bool(pin))
+        self.ops: list[Op] = llama_plan(cfg)
+        self._alloc()
+        self._matrices: dict[tuple[str, ...], list[tuple[int, int, int, int, np.ndarray]]] = {}
+        self._norms: dict[str, np.ndarray] = {}
+        self._dequantized: dict[str, np.ndarray] = {}
+        self._plan = self._compile(fuse=True)
+        self._debug_plan: Any = None
+
+    # --- buffers ------------------------------------------------------------------------------
+
+    def _alloc(self) -> None:
+        cfg, T = self.cfg, self.chunk
+        self._widths = buffer_widths(cfg)
+        self._bufs = {name: aligned_zeros((T, _round_up(w, FLOAT_ALIGN))) for name, w in self._widths.items()}
+        self._qbufs: dict[tuple[str, int, int], np.ndarray] = {}
+        self.n_ctx_pad = _round_up(self.n_ctx, KV_TILE)
+        hd, nkv, L = cfg.head_dim, cfg.n_kv_heads, cfg.n_layers
+        # K: [slot][layer][kv head][n_ctx / tile][head_dim][tile]; V: [slot][layer][kv head][n_ctx][head_dim]
+        kv_dtype = np.float16 if self.kv_type == "f16" else np.float32
+        self.k_cache = aligned_zeros((self.n_slots, L, nkv, self.n_ctx_pad // KV_TILE, hd, KV_TILE), kv_dtype)
+        self.v_cache = aligned_zeros((self.n_slots, L, nkv, self.n_ctx_pad, hd), kv_dtype)
+        self._layer_elems = nkv * self.n_ctx_pad * hd
+        self._slot_elems = L * self._layer_elems
+        # RoPE tables [n_ctx, rope_dim]: cos then sin of position * base^(-2i/rope_dim), one per base
+        self._rope_cs: dict[float, np.ndarray] = {}
+        for base in sorted({cfg.layer_rope_theta(i) for i in range(L)}):
+            inv = 1.0 / (base ** (np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim))
+            ang = np.outer(np.arange(self.n_ctx_pad, dtype=np.float64), inv)
+            table = aligned_zeros((self.n_ctx_pad, cfg.rope_dim))
+            table[:] = np.concatenate([np.cos(ang), np.sin(ang)], axis=1)
+            self._rope_cs[base] = table
+        # per-call inputs the plan reads
+        self._tok = aligned_zeros(T, np.int32)
+        self._pos = aligned_zeros(T, np.int32)
+        self._slot = aligned_zeros(T, np.int32)
+        self._rows = aligned_zeros(T, np.int32)
+        self._iota = np.arange(T, dtype=np.int32)
+
+    def _view(self, name: str, rows: int) -> np.ndarray:
+        return self._bufs[name][:rows, :self._widths[name]]
+
+    def _spec(self, name: str, col: int = 0) -> tuple[np.ndarray, int]:
+        """C buffer spec of buffer `name` starting at column col."""
+        return (self._bufs[name], 4 * col)
+
+    def _stride(self, name: str) -> int:
+        return self._bufs[name].shape[1]
+
+    def _qbuf(self, src: str, mat: tuple) -> np.ndarray:
+        """Quantized-activation buffer for rows of `src` converted for matrices like `mat`."""
+        type_id, layout, _, cols, _ = mat
+        key = (src, type_id, layout)
+        if key not in self._qbufs:
+            rb = nat.act_row_bytes(type_id, layout, cols)
+            self._qbufs[key] = aligned_zeros((self.chunk, rb), np.uint8)
+        return self._qbufs[key]
+
+    # --- weights ------------------------------------------------------------------------------
+
+    def _raw_rows(self, name: str) -> tuple[int, np.ndarray]:
+        info = self._source.tensors[name]
+        return int(info.type), np.asarray(self._source.raw(name)).view(np.uint8)
+
+    def _dequant(self, name: str) -> np.ndarray:
+        """float32 copy of a tensor (debug path and unsupported types)."""
+        if name not in self._dequantized:
+            info = self._source.tensors[name]
+            shape = tuple(info.shape)
+            cols = shape[-1]
+            rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+            type_id, raw = self._raw_rows(name)
+            out = aligned_zeros((rows, cols))
+            if nat.type_row_bytes(type_id, cols):
+                nat.dequant_rows(type_id, raw, rows, cols, out)
+            else:
+                out[:] = np.asarray(self._source.dequantize(name), dtype=np.float32).reshape(rows, cols)
+            self._dequantized[name] = out.reshape(shape)
+        return self._dequantized[name]
+
+    def _norm(self, name: str) -> np.ndarray:
+        if name not in self._norms:
+            type_id, raw = self._raw_rows(name)
+            w = raw.view(np.float32) if type_id == F32 else self._dequant(name).reshape(-1)
+            self._norms[name] = np.ascontiguousarray(w, dtype=np.float32)
+        return self._norms[name]
+
+    def _matrix(self, names: tuple[str, ...]) -> list[tuple[int, int, int, int, np.ndarray]]:
+        """The matmul parts for the row-concatenation of `names`: one fused matrix when their types agree,
+        else one part per tensor. Each part is (type, layout, rows, cols, data)."""
+        if names in self._matrices:
+            return self._matrices[names]
+        infos = [self._source.tensors[n] for n in names]
+        cols = int(infos[0].shape[1])
+        types = {int(i.type) for i in infos}
+        groups = [names] if len(types) == 1 else [(n,) for n in names]
+        parts = []
+        for group in groups:
+            type_id = int(self._source.tensors[group[0]].type)
+            rows = sum(int(self._source.tensors[n].shape[0]) for n in group)
+            if matmul_supported(type_id, rows, cols):
+                raw = [self._raw_rows(n)[1] for n in group]
+                src = raw[0] if len(raw) == 1 else np.concatenate(raw)
+            else:  # a type the kernels lack: exact float32 rows
+                type_id = F32
+                src = np.concatenate([self._dequant(n).reshape(-1, cols) for n in group]).view(np.uint8)
+            layout = matrix_layout(type_id, rows, cols)
+            nbytes = nat.matrix_bytes(type_id, layout, rows, cols)
+            if layout == LAYOUT_ROWS and len(group) == 1 and src.ctypes.data % 32 == 0:
+                data = src  # zero-copy view of the file
+            else:
+                data = aligned_zeros(nbytes, np.uint8)
+                nat.repack_into(type_id, LAYOUT_ROWS if layout == LAYOUT_ROWS else layout, rows, cols,
+                                np.ascontiguousarray(src), data)
+            parts.append((type_id, layout, rows, cols, data))
+        self._matrices[names] = parts
+        return parts
+
+    def _table(self, name: str) -> tuple[tuple[int, int, int, int, np.ndarray], int]:
+        """The embedding table in GGUF rows, for row lookups (not the matmul copy)."""
+        info = self._source.tensors[name]
+        rows, cols = int(info.shape[0]), int(info.shape[1])
+        type_id, raw = self._raw_rows(name)
+        rb = nat.type_row_bytes(type_id, cols)
+        if not rb:
+            type_id, raw, rb = F32, self._dequant(name).reshape(-1).view(np.uint8), 4 * cols
+        return (type_id, LAYOUT_ROWS, rows, cols, raw), rb
+
+    # --- compiling ----------------------------------------------------------------------------
+
+    def _compile(self, fuse: bool) -> Any:
+        specs = [self._op_spec(op) for op in self.ops]
+        if fuse:  # quantize a matmul's input in the epilogue of the op that produced it (saves a barrier)
+            for k in range(1, len(self.ops)):
+                op, prev = self.ops[k], self.ops[k - 1]
+                if (op.kind == "matmul" and prev.kind in ("rmsnorm", "silu_mul") and prev.out == op.x
+                        and prev.rows == op.rows and specs[k].get("qjobs")):
+                    specs[k - 1]["qjobs"] = [dict(j, x=None) for j in specs[k]["qjobs"]]
+                    specs[k]["prequantized"] = 1
+        return nat.Plan(self._pool, specs, self._tok, self._pos, self._slot, self._rows, self.chunk, self.chunk,
+                        self.n_vocab, self.n_ctx, self.n_slots)
+
+    def _op_spec(self, op: Op) -> dict[str, Any]:
+        cfg = self.cfg
+        d: dict[str, Any] = {"kind": KIND_IDS[op.kind], "rows_sel": int(op.rows == "selected")}
+        if op.kind == "embed":
+            table, rb = self._table(op.weights[0])
+            d.update(out=self._spec(op.out), out_stride=self._stride(op.out), n=cfg.dim, table=table,
+                     table_row_bytes=rb)
+        elif op.kind == "rmsnorm":
+            d.update(x=self._spec(op.x), x_stride=self._stride(op.x), out=self._spec(op.out),
+                     out_stride=self._stride(op.out), w=self._norm(op.weights[0]), eps=op.params["eps"],
+                     n=self._widths[op.x])
+        elif op.kind == "matmul":
+            parts = self._matrix(op.weights)
+            qjobs, qmap, pspecs = [], {}, []
+            col = 0
+            acc = op.params.get("accumulate", False)
+            for p in parts:
+                key = (p[0], p[1])
+                if key not in qmap:
+                    qb = self._qbuf(op.x, p)
+                    qmap[key] = qb
+                    qjobs.append({"w": (p[0], p[1], p[2], p[3], None), "x": self._spec(op.x),
+                                  "x_stride": self._stride(op.x), "dst": qb, "dst_stride": qb.shape[1]})
+                target = "proj" if acc else op.out
+                ps = {"w": p, "xq": qmap[key], "out": self._spec(target, col), "ldo": self._stride(target)}
+                if acc:
+                    ps.update(res=self._spec(op.out, col), res_stride=self._stride(op.out))
+                pspecs.append(ps)
+                col += p[2]
+            d.update(parts=pspecs, qjobs=qjobs)
+        elif op.kind in ("rope_kv", "attention"):
+            layer = op.params["layer"]
+            off = self.k_cache.itemsize * layer * self._layer_elems
+            d.update(n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, n_ctx=self.n_ctx_pad,
+                     kc=(self.k_cache, off), vc=(self.v_cache, off), slot_stride=self._slot_elems,
+                     kv_f16=int(self.kv_type == "f16"), window=cfg.layer_window(layer))
+            if op.kind == "rope_kv":
+                d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim,
+                         rope_style=0 if cfg.rope_style == "norm" else 1,
+                         rope_cs=self._rope_cs[cfg.layer_rope_theta(layer)])
+            else:
+                d.update(x=self._spec(op.x), x_stride=self._stride(op.x), out=self._spec(op.out),
+                         out_stride=self._stride(op.out), scale=float(np.float32(cfg.scale)))
+        elif op.kind == "silu_mul":
+            f = cfg.ffn_dim
+            d.update(x=self._spec(op.x), x2=self._spec(op.x, f), x_stride=self._stride(op.x), out=self._spec(op.out),
+                     out_stride=self._stride(op.out), n=f)
+        elif op.kind == "add":
+            d.update(x=self._spec(op.x), x_stride=self._stride(op.x), out=self._spec(op.out),
+                     out_stride=self._stride(op.out), n=self._widths[op.out])
+        else:
+            raise ValueError(f"unknown op kind {op.kind!r}")
+        return d
+
+    # --- running ------------------------------------------------------------------------------
+
+    def _check(self, tokens: Sequence[int], start: int, slot: int) -> np.ndarray:
+        ids = np.asarray(tokens)
+        if ids.ndim != 1 or len(ids) == 0:
+            raise InvalidRequest("forward needs a non-empty sequence of token ids")
+        if ids.dtype.kind not in "iu":
+            raise InvalidRequest(f"token ids must be integers, got {ids.dtype}")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.n_vocab:
+            raise InvalidRequest(f"token id out of range 0..{self.n_vocab - 1}")
+        if not isinstance(start, (int, np.integer)) or start < 0 or start + len(ids) > self.n_ctx:
+            raise InvalidRequest(f"positions {start}..{start + len(ids) - 1} do not fit the context of {self.n_ctx}")
+        if not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.n_slots:
+            raise InvalidRequest(f"slot {slot} out of range 0..{self.n_slots - 1}")
+        return ids
+
+    def forward(self, tokens: Sequence[int], start: int, all_logits: bool = False, slot: int = 0,
+                out: np.ndarray | None = None) -> np.ndarray:
+        """Feeds tokens at positions start.. of a slot's cache; returns float32 logits [len, n_vocab] if
+        all_logits, else [1, n_vocab] for the last token. `out`, if given, receives them (no allocation)."""
+        return self._forward(tokens, start, all_logits, slot, out, None)
+
+    def _forward(self, tokens, start, all_logits, slot, out, step) -> np.ndarray:
+        ids = self._check(tokens, start, slot)
+        n = len(ids)
+        shape = (n if all_logits else 1, self.n_vocab)
+        if out is None:
+            out = np.empty(shape, np.float32)
+        elif out.shape != shape or out.dtype != np.float32:
+            raise InvalidRequest(f"out must be float32 {shape}")
+        logits = self._bufs["logits"]
+        for c0 in range(0, n, self.chunk):
+            c1 = min(n, c0 + self.chunk)
+            T = c1 - c0
+            self._tok[:T] = ids[c0:c1]
+            np.add(self._iota[:T], start + c0, out=self._pos[:T])
+            self._slot[:T] = slot
+            if all_logits:
+                self._rows[:T] = self._iota[:T]
+                n_out = T
+            elif c1 == n:
+                self._rows[0] = T - 1
+                n_out = 1
+            else:
+                n_out = 0
+            if step is None:
+                self._plan.run(T, n_out)
+            else:
+                step(T, n_out)
+            if all_logits:
+                out[c0:c1] = logits[:T, :self.n_vocab]
+            elif n_out:
+                out[0] = logits[0, :self.n_vocab]
+        return out
+
+    def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
+        """Several sequences (slot, tokens, start) in shared passes; the last logits of each
+        [len(seqs), n_vocab]. Each row is bit-identical to running that sequence alone."""
+        if not seqs:
+            raise InvalidRequest("forward_batch needs at least one sequence")
+        slots = [s for s, _, _ in seqs]
+        if len(set(slots)) != len(slots):
+            raise InvalidRequest("forward_batch: each sequence needs its own slot")
+        tok, pos, slo, last = [], [], [], []
+        for i, (slot, tokens, start) in enumerate(seqs):
+            ids = self._check(tokens, start, slot)
+            tok.append(ids.astype(np.int32))
+            pos.append(np.arange(start, start + len(ids), dtype=np.int32))
+            slo.append(np.full(len(ids), slot, np.int32))
+            last.append(np.full(len(ids), -1, np.int64))
+            last[-1][-1] = i
+        tok_a, pos_a, slot_a, last_a = (np.concatenate(a) for a in (tok, pos, slo, last))
+        out = np.empty((len(seqs), self.n_vocab), np.float32)
+        logits = self._bufs["logits"]
+        for c0 in range(0, len(tok_a), self.chunk):
+            c1 = min(len(tok_a), c0 + self.chunk)
+            T = c1 - c0
+            self._tok[:T] = tok_a[c0:c1]
+            self._pos[:T] = pos_a[c0:c1]
+            self._slot[:T] = slot_a[c0:c1]
+            sel = np.nonzero(last_a[c0:c1] >= 0)[0]
+            self._rows[:len(sel)] = sel
+            self._plan.run(T, len(sel))
+            out[last_a[c0:c1][sel]] = logits[:len(sel), :self.n_vocab]
+        return out
+
+    # --- introspection and debugging ----------------------------------------------------------
+
+    def op_index(self, key: int | str) -> list[int]:
+        """Indices of the ops an int index, an exact name, or a glob pattern ("blk.*.rope") picks."""
+        if isinstance(key, (int, np.integer)):
+            return [int(key)]
+        return [i for i, op in enumerate(self.ops) if op.name == key or fnmatch.fnmatchcase(op.name, key)]
+
+    def kv(self, slot: int, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the first n cached positions of a slot and layer: K, V [n, n_kv_heads, head_dim]."""
+        kc = self.k_cache[slot, layer]  # [nkv, tiles, hd, tile]
+        k = kc.transpose(0, 1, 3, 2).reshape(self.cfg.n_kv_heads, self.n_ctx_pad, self.cfg.head_dim)[:, :n]
+        v = self.v_cache[slot, layer][:, :n]
+        return k.transpose(1, 0, 2).astype(np.float32), v.transpose(1, 0, 2).astype(np.float32)
+
+    def debug_forward(self, tokens: Sequence[int], start: int, all_logits: bool = False, slot: int = 0, *,
+                      backend: str = "native", replace: dict[int | str, Hook] | None = None,
+                      observe: Callable[[Op, np.ndarray, DebugContext], None] | None = None) -> np.ndarray:
+        """forward(), one op at a time.
+
+        backend: "native" runs each op's C kernel, "numpy" runs NumPy implementations of the ops.
+        replace: {op index | name | glob: fn(op, ctx)}: fn computes that op instead (writes ctx.output(op)
+            and whatever else the op writes, e.g. the KV cache for rope_kv).
+        observe: fn(op, output_view, ctx) after every op (output_view is live: copy to keep it).
+        """
+        if backend not in ("native", "numpy"):
+            raise InvalidRequest("backend must be 'native' or 'numpy'")
+        hooks: dict[int, Hook] = {}
+        for key, fn in (replace or {}).items():
+            idx = self.op_index(key)
+            if not idx:
+                raise InvalidRequest(f"no op matches {key!r}")
+            for i in idx:
+                hooks[i] = fn
+        if backend == "native" and self._debug_plan is None:
+            self._debug_plan = self._compile(fuse=False)
+
+        def step(T: int, n_out: int) -> None:
+            ctx = DebugContext(self, T, n_out)
+            for i, op in enumerate(self.ops):
+                if i in hooks:
+                    hooks[i](op, ctx)
+                elif backend == "numpy":
+                    self._numpy_op(op, ctx)
+                else:
+                    self._debug_plan.run(T, n_out, i, i + 1)
+                if observe is not None:
+                    observe(op, ctx.output(op), ctx)
+
+        return self._forward(tokens, start, all_logits, slot, None, step)
+
+    def profile(self, tokens: Sequence[int], start: int, slot: int = 0, repeat: int = 1) -> dict[str, float]:
+        """TSC cycles spent per op by the calling thread (its work plus the barrier wait), summed over
+        `repeat` forward calls of tokens at start; keyed by op name. profile_threads() has every thread's."""
+        return dict(zip([op.name for op in self.ops], self.profile_threads(tokens, start, slot, repeat)[0].tolist(),
+                        strict=True))
+
+    def profile_threads(self, tokens: Sequence[int], start: int, slot: int = 0, repeat: int = 1) -> np.ndarray:
+        """Cycles [thread, op] (work plus barrier wait), summed over `repeat` calls."""
+        cycles = np.zeros((self.threads, len(self.ops)), np.uint64)
+        self._plan.set_profile(cycles)
+        try:
+            for _ in range(repeat):
+                self.forward(tokens, start, slot=slot)
+        finally:
+            self._plan.set_profile(None)
+        return cycles
+
+    # NumPy implementations of the op kinds (the debug backend; slow and plain)
+
+    def _numpy_op(self, op: Op, ctx: DebugContext) -> None:
+        from barellm.arch import llama as ref
+
+        cfg, T = self.cfg, ctx.T
+        if op.kind == "embed":
+            ctx.output(op)[:] = self._dequant(op.weights[0])[ctx.tokens]
+        elif op.kind == "rmsnorm":
+            x = ctx.buf(op.x)
+            if op.rows == "selected":
+                x = x[ctx.selected]
+            ctx.output(op)[:] = ref.rmsnorm(x, self._norm(op.weights[0]), op.params["eps"])
+        elif op.kind == "matmul":
+            key = "|".join(op.weights)
+            if key not in self._dequantized:
+                self._dequantized[key] = np.concatenate([self._dequant(n) for n in op.weights])
+            w = self._dequantized[key]
+            x = ctx.buf(op.x, ctx.rows(op))
+            y = (x @ w.T).astype(np.float32)
+            if op.params.get("accumulate"):
+                ctx.buf("proj")[:] = y
+                ctx.output(op)[:] += y
+            else:
+                ctx.output(op)[:] = y
+        elif op.kind == "rope_kv":
+            qkv = ctx.buf(op.out)
+            hd, qd, kd = cfg.head_dim, cfg.q_dim, cfg.kv_dim
+            half = cfg.rope_dim // 2
+            layer = op.params["layer"]
+            cs = self._rope_cs[cfg.layer_rope_theta(layer)][ctx.positions]
+            cos, sin = cs[:, :half], cs[:, half:]
+            q = ref.rope(qkv[:, :qd].reshape(T, cfg.n_heads, hd), cos, sin, cfg.rope_style)
+            k = ref.rope(qkv[:, qd:qd + kd].reshape(T, cfg.n_kv_heads, hd), cos, sin, cfg.rope_style)
+            qkv[:, :qd] = q.reshape(T, qd)
+            qkv[:, qd:qd + kd] = k.reshape(T, kd)
+            v = qkv[:, qd + kd:qd + 2 * kd].reshape(T, cfg.n_kv_heads, hd)
+            for t in range(T):
+                s, p = int(ctx.slots[t]), int(ctx.positions[t])
+                self.k_cache[s, layer, :, p // KV_TILE, :, p % KV_TILE] = k[t]
+                self.v_cache[s, layer, :, p] = v[t]
+        elif op.kind == "attention":
+            qkv, out = ctx.buf(op.x), ctx.output(op)
+            layer = op.params["layer"]
+            for t in range(T):
+                s, p = int(ctx.slots[t]), int(ctx.positions[t])
+                k, v = self.kv(s, layer, p + 1)
+                q = qkv[t:t + 1, :cfg.q_dim].reshape(1, cfg.n_heads, cfg.head_dim)
+                out[t] = ref.attention(q, k, v, p, cfg.scale, cfg.layer_window(layer))[0]
+        elif op.kind == "silu_mul":
+            gu, f = ctx.buf(op.x), cfg.ffn_dim
+            ctx.output(op)[:] = ref.silu(gu[:, :f]) * gu[:, f:2 * f]
+        elif op.kind == "add":
+            ctx.output(op)[:] += ctx.buf(op.x)
+        else:
+            raise ValueError(f"unknown op kind {op.kind!r}")

@@ -1,0 +1,499 @@
+"""The OpenAI-compatible HTTP app (Starlette): validation, tokenization, and streaming the scheduler's events.
+
+The event loop never runs the model. A generation request is validated and tokenized (in a worker
+thread, as a long prompt takes a while), submitted to the Scheduler, and answered by a GenerationResponse,
+which relays the scheduler's events as one JSON body or as server-sent events while it watches the
+connection: a client that goes away cancels its job at once, freeing the slot before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from barellm import __version__
+from barellm.errors import InvalidRequest
+from barellm.serve import schemas
+from barellm.serve.metrics import Metrics, endpoint_label
+from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, QueueFull, Scheduler, TokenLogprob
+from barellm.serve.schemas import ApiError, GenerationRequest, bad
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint
+
+
+def _run_sync(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+    from starlette.concurrency import run_in_threadpool
+
+    return run_in_threadpool(fn, *args)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _utf8(text: str) -> bytes:
+    # an error message may quote a client's string, and JSON lets those hold lone surrogates
+    return text.encode("utf-8", errors="replace")
+
+
+class _JSON(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return _utf8(_dumps(content))
+
+
+class ServerState:
+    """What the handlers share: the model, the scheduler, the metrics and the served names."""
+
+    def __init__(self, model: Any, *, model_id: str | None = None, aliases: Iterable[str] = (),
+                 max_queue: int = 64, timeout: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 max_body: int = schemas.MAX_BODY_BYTES) -> None:
+        self.model = model
+        self.tokenizer = model.tokenizer
+        self.n_ctx: int = model.n_ctx
+        self.n_vocab: int = model.config.n_vocab
+        path = Path(getattr(model, "path", "model"))
+        self.model_id = model_id or path.stem
+        self.created = int(path.stat().st_mtime) if path.exists() else int(time.time())
+        # Names a request may give for this model. OpenAI clients always send one; anything else is a
+        # 404, as sending a request meant for another model here is most likely a mistake.
+        self.names = {n.lower() for n in (self.model_id, path.name, path.stem, *aliases) if n}
+        self.timeout = timeout if timeout and timeout > 0 else None
+        self.max_body = max_body
+        self.fingerprint = f"barellm-{__version__}-{getattr(model, 'engine_name', 'engine')}"
+        self.metrics = Metrics(model.engine.n_slots)
+        self.scheduler = Scheduler(model.engine, model.tokenizer, n_ctx=self.n_ctx, max_queue=max_queue,
+                                   prefill_chunk=prefill_chunk, metrics=self.metrics)
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name.lower() not in self.names:
+            raise ApiError(404, f"The model {name!r} does not exist here; this server serves {self.model_id!r}",
+                           param="model", code="model_not_found")
+
+
+# --- body and errors -----------------------------------------------------------------------------
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    except ClientDisconnect:
+        raise bad("the client went away while sending the body") from None
+    return schemas.parse_json(bytes(body))
+
+
+def error_response(state: ServerState, path: str, err: ApiError, headers: dict[str, str] | None = None
+                   ) -> Response:
+    state.metrics.error(endpoint_label(path), err.type)
+    return _JSON(err.body(), status_code=err.status, headers=headers)
+
+
+# --- turning events into OpenAI's shapes ---------------------------------------------------------
+
+class Formatter:
+    """Builds the response objects and stream chunks of one request."""
+
+    def __init__(self, state: ServerState, req: GenerationRequest, prompt_chars: int) -> None:
+        self.state = state
+        self.req = req
+        self.chat = req.kind == "chat"
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.offset = prompt_chars    # text_offset of the next token (legacy logprobs count from the prompt)
+
+    def _token(self, token_id: int) -> tuple[str, list[int]]:
+        b = self.state.tokenizer.token_bytes(token_id)
+        text = f"token_id:{token_id}" if self.req.tokens_as_ids else b.decode("utf-8", errors="replace")
+        return text, list(b)
+
+    def logprobs(self, toks: list[TokenLogprob]) -> dict[str, Any] | None:
+        if self.req.top_logprobs is None:
+            return None
+        if self.chat:
+            content = []
+            for t in toks:
+                s, b = self._token(t.token_id)
+                top = []
+                for i, lp in t.top:
+                    ts, tb = self._token(i)
+                    top.append({"token": ts, "logprob": lp, "bytes": tb})
+                content.append({"token": s, "logprob": t.logprob, "bytes": b, "top_logprobs": top})
+            return {"content": content}
+        out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for t in toks:
+            s, _ = self._token(t.token_id)
+            out["tokens"].append(s)
+            out["token_logprobs"].append(t.logprob)
+            out["top_logprobs"].append({self._token(i)[0]: lp for i, lp in t.top})
+            out["text_offset"].append(self.offset)
+            self.offset += len(self.state.tokenizer.token_bytes(t.token_id).decode("utf-8", errors="ignore"))
+        return out
+
+    @staticmethod
+    def merge_logprobs(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+        if a is None:
+            return b
+        if b is not None:
+            for k in a:
+                a[k].extend(b[k])
+        return a
+
+    def usage(self, done: Event) -> dict[str, Any]:
+        return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+                "total_tokens": done.prompt_tokens + done.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_id,
+                "system_fingerprint": self.state.fingerprint, "choices": choices}
+
+    def whole(self, text: str, logprobs: dict[str, Any] | None, done: Event) -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                      "logprobs": logprobs, "finish_reason": done.finish_reason}
+            body = self._envelope("chat.completion", [choice])
+        else:
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": done.finish_reason}
+            body = self._envelope("text_completion", [choice])
+        body["usage"] = self.usage(done)
+        return body
+
+    def chunk(self, text: str | None, logprobs: dict[str, Any] | None, finish_reason: str | None = None,
+              role: bool = False) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta = {"role": "assistant", "content": ""}
+            elif text is not None:
+                delta = {"content": text}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            body = self._envelope("chat.completion.chunk", [choice])
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+            body = self._envelope("text_completion", [choice])
+        if self.req.include_usage:
+            body["usage"] = None   # OpenAI's shape: null on every chunk but the last
+        return body
+
+    def usage_chunk(self, done: Event) -> dict[str, Any]:
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
+        body["usage"] = self.usage(done)
+        return body
+
+
+def _sse(obj: Any) -> dict[str, Any]:
+    return {"type": "http.response.body", "body": _utf8(f"data: {_dumps(obj)}\n\n"), "more_body": True}
+
+
+class GenerationResponse(Response):
+    """Relays a job's events; cancels the job when the client disconnects or the response ends early."""
+
+    def __init__(self, state: ServerState, job: Job, events: asyncio.Queue[Event | None], fmt: Formatter,
+                 path: str) -> None:
+        self.state = state
+        self.job = job
+        self.events = events
+        self.fmt = fmt
+        self.path = path
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.state.scheduler.cancel(self.job)
+                    self.events.put_nowait(None)
+                    return
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await self._respond(scope, receive, send)
+        except (OSError, ClientDisconnect):
+            pass   # the connection broke while writing: the finally below frees the slot
+        finally:
+            watcher.cancel()
+            self.state.scheduler.cancel(self.job)   # no-op once the job is done
+
+    async def _error(self, scope: Scope, receive: Receive, send: Send, ev: Event) -> None:
+        err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
+        await error_response(self.state, self.path, err)(scope, receive, send)
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ev = await self.events.get()
+        if ev is None:
+            return
+        if ev.kind == "error":
+            await self._error(scope, receive, send, ev)
+            return
+        fmt = self.fmt
+        if not fmt.req.stream:
+            parts: list[str] = []
+            logprobs: dict[str, Any] | None = fmt.logprobs([])
+            while True:
+                ev = await self.events.get()
+                if ev is None:
+                    return
+                if ev.kind == "delta":
+                    parts.append(ev.text)
+                    logprobs = fmt.merge_logprobs(logprobs, fmt.logprobs(ev.tokens))
+                elif ev.kind == "done":
+                    await _JSON(fmt.whole("".join(parts), logprobs, ev))(scope, receive, send)
+                    return
+                elif ev.kind == "error":
+                    await self._error(scope, receive, send, ev)
+                    return
+
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no")]})
+        if fmt.chat:
+            await send(_sse(fmt.chunk(None, None, role=True)))
+        while True:
+            ev = await self.events.get()
+            if ev is None:
+                return
+            if ev.kind == "delta":
+                await send(_sse(fmt.chunk(ev.text, fmt.logprobs(ev.tokens))))
+            elif ev.kind == "done":
+                await send(_sse(fmt.chunk(None, None, finish_reason=ev.finish_reason)))
+                if fmt.req.include_usage:
+                    await send(_sse(fmt.usage_chunk(ev)))
+                await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+                return
+            elif ev.kind == "error":
+                # the status line is gone already: OpenAI's clients read an error object in the stream
+                self.state.metrics.error(endpoint_label(self.path), ev.error_type)
+                err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
+                await send(_sse(err.body()))
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+
+
+# --- handlers ------------------------------------------------------------------------------------
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[int], prompt_chars: int
+                    ) -> Response:
+    state = _state(request)
+    if not prompt_ids:
+        raise bad("the prompt is empty (it encodes to no tokens)", "prompt" if req.kind == "completion" else "messages")
+    room = state.n_ctx - len(prompt_ids)
+    if room < 1:
+        raise bad(f"the prompt has {len(prompt_ids)} tokens; this server's context holds {state.n_ctx}, "
+                  "including the reply", "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
+    max_tokens = req.max_tokens
+    if max_tokens is None:
+        max_tokens = room if req.kind == "chat" else min(room, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    elif max_tokens > room:
+        raise bad(f"the prompt has {len(prompt_ids)} tokens and max_tokens is {max_tokens}: together over the "
+                  f"context of {state.n_ctx} tokens", "max_tokens", "context_length_exceeded")
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Event | None] = asyncio.Queue()
+
+    def emit(ev: Event) -> None:   # scheduler thread
+        loop.call_soon_threadsafe(events.put_nowait, ev)
+
+    job = Job(prompt=prompt_ids, params=req.params, max_tokens=max_tokens, emit=emit, stops=req.stops,
+              top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt)
+    try:
+        state.scheduler.submit(job)
+    except QueueFull as e:
+        raise ApiError(429, f"the server is busy: {e}; retry later", type="rate_limit_error",
+                       code="queue_full") from None
+    return GenerationResponse(state, job, events, Formatter(state, req, prompt_chars), request.url.path)
+
+
+async def chat_completions(request: Request) -> Response:
+    state = _state(request)
+    req = schemas.chat_request(await read_json(request, state.max_body))
+    state.check_model(req.model)
+    assert req.messages is not None
+    try:
+        ids = await _run_sync(state.model.chat_prompt, req.messages)
+    except InvalidRequest as e:
+        raise bad(str(e), "messages") from None
+    return await _generate(request, req, ids, 0)
+
+
+async def completions(request: Request) -> Response:
+    state = _state(request)
+    req = schemas.completion_request(await read_json(request, state.max_body), state.n_vocab)
+    state.check_model(req.model)
+    if isinstance(req.prompt, str):
+        try:
+            ids = await _run_sync(state.model.tokenize, req.prompt)
+        except InvalidRequest as e:
+            raise bad(str(e), "prompt") from None
+        return await _generate(request, req, ids, len(req.prompt))
+    assert req.prompt is not None
+    return await _generate(request, req, list(req.prompt), 0)
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "barellm",
+            "context_length": state.n_ctx, "n_vocab": state.n_vocab, "slots": state.scheduler.n_slots}
+
+
+async def list_models(request: Request) -> Response:
+    return _JSON({"object": "list", "data": [_model_card(_state(request))]})
+
+
+async def get_model(request: Request) -> Response:
+    state = _state(request)
+    state.check_model(request.path_params["model"])
+    return _JSON(_model_card(state))
+
+
+async def health(request: Request) -> Response:
+    s = _state(request).scheduler
+    return _JSON({"status": "ok", "slots": s.n_slots, "slots_in_use": s.slots_in_use, "queue_depth": s.queue_depth})
+
+
+async def metrics(request: Request) -> Response:
+    return PlainTextResponse(_state(request).metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def tokenize(request: Request) -> Response:
+    state = _state(request)
+    text, add_special, parse_special, with_pieces = schemas.tokenize_request(await read_json(request, state.max_body))
+    try:
+        ids = await _run_sync(state.model.tokenize, text, add_special, parse_special)
+    except InvalidRequest as e:
+        raise bad(str(e), "content") from None
+    if with_pieces:
+        tok = state.tokenizer
+        return _JSON({"tokens": [{"id": i, "piece": tok.token_bytes(i).decode("utf-8", errors="replace")}
+                                 for i in ids]})
+    return _JSON({"tokens": ids})
+
+
+async def detokenize(request: Request) -> Response:
+    state = _state(request)
+    ids = schemas.detokenize_request(await read_json(request, state.max_body), state.n_vocab)
+    try:
+        text = await _run_sync(state.model.detokenize, ids)
+    except InvalidRequest as e:
+        raise bad(str(e), "tokens") from None
+    return _JSON({"content": text})
+
+
+async def openapi(request: Request) -> Response:
+    return _JSON(request.app.state.openapi)
+
+
+# --- errors and metrics around every request -----------------------------------------------------
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(_state(request), request.url.path, exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    msg = {404: f"no such endpoint: {request.method} {request.url.path}",
+           405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+    return error_response(_state(request), request.url.path, ApiError(exc.status_code, msg, code=code),
+                          headers=dict(exc.headers or {}))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    # a bug: the client gets OpenAI's shape, the log gets the traceback (Starlette re-raises it)
+    err = ApiError(500, f"internal error: {type(exc).__name__}", type="server_error", code="internal_error")
+    return error_response(_state(request), request.url.path, err)
+
+
+class _CountRequests:
+    """Counts every answered request by endpoint and status (404s and 405s included)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [0]
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except Exception:
+            status[0] = status[0] or 500
+            raise
+        finally:
+            if status[0]:
+                self.metrics.request(endpoint_label(scope.get("path", "")), status[0])
+
+
+def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str] = (), max_queue: int = 64,
+               timeout: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+               max_body: int = schemas.MAX_BODY_BYTES) -> Starlette:
+    """The app for a loaded model (barellm.load(..., slots=N): one slot per concurrent sequence).
+
+    The scheduler thread starts and stops with the app's lifespan.
+    """
+    state = ServerState(model, model_id=model_id, aliases=aliases, max_queue=max_queue, timeout=timeout,
+                        prefill_chunk=prefill_chunk, max_body=max_body)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
+        state.scheduler.start()
+        try:
+            yield
+        finally:
+            await _run_sync(state.scheduler.stop)
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+        ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error})
+    app.state.server = state
+    app.state.openapi = schemas.openapi(__version__)
+    app.add_middleware(_CountRequests, metrics=state.metrics)
+    return app
+
+
+def run(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info") -> None:
+    """Serves app with uvicorn until interrupted."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=5, server_header=False)
+    uvicorn.Server(config).run()

@@ -1,0 +1,150 @@
+"""Server counters and gauges, rendered in Prometheus' text exposition format (version 0.0.4).
+
+Written from the event loop (requests) and the scheduler thread (tokens, steps), read by GET /metrics:
+one lock guards them all, as every update is a few integer additions.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+
+# The paths that get their own label; anything else counts as "other", so a client probing random
+# paths cannot grow the label set without bound.
+KNOWN_ENDPOINTS = (
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+    "/tokenize", "/detokenize", "/openapi.json",
+)
+
+RATE_WINDOW_S = 10.0   # generated tokens/s is measured over this trailing window
+
+
+def endpoint_label(path: str) -> str:
+    if path in KNOWN_ENDPOINTS:
+        return path
+    if path.startswith("/v1/models/"):
+        return "/v1/models/{id}"
+    return "other"
+
+
+class Metrics:
+    def __init__(self, n_slots: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self.started = clock()
+        self.n_slots = n_slots
+        self.requests: dict[tuple[str, int], int] = defaultdict(int)
+        self.errors: dict[tuple[str, str], int] = defaultdict(int)
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.generated_tokens = 0
+        self.finished: dict[str, int] = defaultdict(int)   # by finish reason (stop, length, cancelled, error)
+        self.steps = 0
+        self.step_seconds = 0.0
+        self.step_sequences = 0
+        self.ttft_sum = 0.0
+        self.ttft_count = 0
+        self.queue_depth = 0
+        self.slots_in_use = 0
+        self._recent: deque[tuple[float, int]] = deque()   # (time, tokens) of recent decode steps
+
+    # --- updates ------------------------------------------------------------------------------
+
+    def request(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            self.requests[(endpoint, status)] += 1
+
+    def error(self, endpoint: str, kind: str) -> None:
+        with self._lock:
+            self.errors[(endpoint, kind)] += 1
+
+    def admitted(self, prompt_tokens: int, cached_tokens: int) -> None:
+        with self._lock:
+            self.prompt_tokens += prompt_tokens
+            self.cached_tokens += cached_tokens
+
+    def first_token(self, seconds: float) -> None:
+        with self._lock:
+            self.ttft_sum += seconds
+            self.ttft_count += 1
+
+    def step(self, seconds: float, sequences: int, generated: int) -> None:
+        now = self._clock()
+        with self._lock:
+            self.steps += 1
+            self.step_seconds += seconds
+            self.step_sequences += sequences
+            self.generated_tokens += generated
+            if generated:
+                self._recent.append((now, generated))
+            self._trim(now)
+
+    def finish(self, reason: str) -> None:
+        with self._lock:
+            self.finished[reason] += 1
+
+    def occupancy(self, queue_depth: int, slots_in_use: int) -> None:
+        with self._lock:
+            self.queue_depth = queue_depth
+            self.slots_in_use = slots_in_use
+
+    def _trim(self, now: float) -> None:
+        while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
+            self._recent.popleft()
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def tokens_per_second(self) -> float:
+        now = self._clock()
+        with self._lock:
+            self._trim(now)
+            total = sum(n for _, n in self._recent)
+            window = min(RATE_WINDOW_S, max(now - self.started, 1e-9))
+        return total / window
+
+    def render(self) -> str:
+        rate = self.tokens_per_second()
+        with self._lock:
+            lines: list[str] = []
+
+            def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+                lines.append(f"# HELP {name} {help_}")
+                lines.append(f"# TYPE {name} {kind}")
+                for labels, value in samples:
+                    lines.append(f"{name}{labels} {_num(value)}")
+
+            metric("barellm_requests_total", "counter", "HTTP requests answered, by endpoint and status code.",
+                   [(f'{{endpoint="{e}",status="{s}"}}', n) for (e, s), n in sorted(self.requests.items())])
+            metric("barellm_request_errors_total", "counter", "Requests answered with an error, by endpoint and type.",
+                   [(f'{{endpoint="{e}",type="{t}"}}', n) for (e, t), n in sorted(self.errors.items())])
+            metric("barellm_prompt_tokens_total", "counter", "Prompt tokens of admitted generations.",
+                   [("", self.prompt_tokens)])
+            metric("barellm_prompt_tokens_cached_total", "counter",
+                   "Prompt tokens whose KV cache entries were reused instead of computed.", [("", self.cached_tokens)])
+            metric("barellm_generated_tokens_total", "counter", "Tokens generated.", [("", self.generated_tokens)])
+            metric("barellm_generation_finished_total", "counter", "Generations ended, by reason.",
+                   [(f'{{reason="{r}"}}', n) for r, n in sorted(self.finished.items())])
+            metric("barellm_generated_tokens_per_second", "gauge",
+                   f"Generated tokens per second over the last {RATE_WINDOW_S:g} seconds.", [("", rate)])
+            metric("barellm_time_to_first_token_seconds", "summary",
+                   "From a request's arrival to its first generated token.",
+                   [("_sum", self.ttft_sum), ("_count", self.ttft_count)])
+            metric("barellm_batch_steps_total", "counter", "Batched forward passes run.", [("", self.steps)])
+            metric("barellm_batch_step_seconds_total", "counter", "Time spent in batched forward passes.",
+                   [("", self.step_seconds)])
+            metric("barellm_batch_sequences_total", "counter",
+                   "Sequences summed over batched forward passes (divide by steps for the mean batch size).",
+                   [("", self.step_sequences)])
+            metric("barellm_queue_depth", "gauge", "Requests waiting for a slot.", [("", self.queue_depth)])
+            metric("barellm_slots_in_use", "gauge", "KV cache slots holding a live sequence.",
+                   [("", self.slots_in_use)])
+            metric("barellm_slots", "gauge", "KV cache slots allocated at start-up.", [("", self.n_slots)])
+        return "\n".join(lines) + "\n"
+
+
+def _num(v: float) -> str:
+    if isinstance(v, int):
+        return str(v)
+    return repr(float(v))

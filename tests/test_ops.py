@@ -1,0 +1,283 @@
+"""The element-wise and attention kernels (ops_*.c) against NumPy, on both ISA paths.
+
+Tolerances, per op (x, w ~ N(0, 1) unless said):
+- rmsnorm: the sum of squares is accumulated in a different order than NumPy's pairwise sum; relative
+  error of the sum <= n * 2^-24 bounds the scale's relative error by about n * 2^-25 (< 2e-5 at
+  n = 1000); then two roundings per value: rtol 3e-5 of |x * w / rms|, atol 1e-6.
+- rope: one rotation per pair, products of O(1) values, with or without fma: a few ulp; atol 2e-6.
+- softmax, silu_mul: the AVX2 exp is a polynomial within 2 ulp; the sum over n adds n ulp relative;
+  rtol 1e-5 (softmax) / 2e-6 (silu) and atol 1e-7 of the output scale.
+- add: exact.
+- dequant_row: the same float formula as the block definitions: exact against an independent NumPy
+  decoding (K-quants: within 1 ulp, the products are grouped differently).
+- attention: online softmax over tiles vs the exact float64 softmax: rtol/atol 2e-5 (scores ~ 8, so
+  exp amplifies score rounding by ~ 8 ulp; sums over up to 300 keys).
+  And: a query gives identical bits whether attended alone or in a block with others.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from barellm import _native as nat
+
+ISAS = ["scalar"] + (["avx2"] if nat.cpu_info()["avx2_fma"] else [])
+TILE = nat.KV_TILE
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    before = "avx2" if nat.cpu_info()["isa"] != "scalar" else "scalar"
+    nat.set_isa(request.param)
+    yield request.param
+    nat.set_isa(before)
+
+
+def aligned(shape, dtype=np.float32):
+    from barellm.engine import aligned_zeros
+
+    return aligned_zeros(shape, dtype)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 31, 33, 64, 576, 1000])
+def test_rmsnorm(isa, n):
+    rng = np.random.default_rng(n)
+    T = 3
+    x = rng.standard_normal((T, n)).astype(np.float32) * 3
+    w = rng.standard_normal(n).astype(np.float32)
+    out = np.empty_like(x)
+    nat.rmsnorm(x, w, out, T, n, 1e-5)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(out, ref, rtol=3e-5, atol=1e-6)
+
+
+def rope_ref(x, pos, head_dim, rope_dim, base, style):
+    inv = 1.0 / base ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
+    ang = np.outer(pos, inv)
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    T = x.shape[0]
+    y = x.reshape(T, -1, head_dim).astype(np.float64).copy()
+    h = rope_dim // 2
+    if style == 0:
+        a, b = y[..., 0:rope_dim:2].copy(), y[..., 1:rope_dim:2].copy()
+        y[..., 0:rope_dim:2], y[..., 1:rope_dim:2] = a * c - b * s, a * s + b * c
+    else:
+        a, b = y[..., :h].copy(), y[..., h:rope_dim].copy()
+        y[..., :h], y[..., h:rope_dim] = a * c - b * s, a * s + b * c
+    return y.reshape(T, -1), ang
+
+
+@pytest.mark.parametrize("style", [0, 1])
+@pytest.mark.parametrize("n_heads,head_dim,rope_dim", [(9, 64, 64), (2, 64, 32), (3, 10, 10), (2, 66, 18), (1, 8, 2)])
+def test_rope(isa, style, n_heads, head_dim, rope_dim):
+    rng = np.random.default_rng(head_dim * 7 + rope_dim)
+    T = 5
+    pos = np.array([0, 1, 63, 64, 4000])
+    x = rng.standard_normal((T, n_heads * head_dim)).astype(np.float32)
+    ref, ang = rope_ref(x, pos, head_dim, rope_dim, 10000.0, style)
+    cs = np.concatenate([np.cos(ang), np.sin(ang)], axis=1).astype(np.float32)
+    y = x.copy()
+    nat.rope(y, cs, T, n_heads, head_dim, rope_dim, style)
+    np.testing.assert_allclose(y, ref, rtol=0, atol=2e-6)
+    # the part of each head past rope_dim is untouched
+    yh, xh = y.reshape(T, n_heads, head_dim), x.reshape(T, n_heads, head_dim)
+    assert np.array_equal(yh[..., rope_dim:], xh[..., rope_dim:])
+
+
+@pytest.mark.parametrize("n", [1, 5, 8, 17, 49152])
+def test_softmax(isa, n):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((2, n)) * 10).astype(np.float32)
+    x[1, 0] = 80.0  # one dominant value
+    y = x.copy()
+    nat.softmax(y, 2, n)
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    ref = e / e.sum(-1, keepdims=True)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-7)
+    assert np.allclose(y.sum(-1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 33, 1536])
+def test_silu_mul_and_add(isa, n):
+    rng = np.random.default_rng(n)
+    g = (rng.standard_normal(n) * 6).astype(np.float32)
+    g[0] = -100.0  # far tail: exp(100) must not turn into inf/nan
+    u = rng.standard_normal(n).astype(np.float32)
+    out = np.empty_like(g)
+    nat.silu_mul(g, u, out, n)
+    g64 = g.astype(np.float64)
+    ref = g64 / (1 + np.exp(-g64)) * u
+    np.testing.assert_allclose(out, ref, rtol=2e-6, atol=max(1e-7 * np.abs(ref).max(), 1e-30))
+    assert np.isfinite(out).all()
+    x = u.copy()
+    nat.add(x, g, n)
+    assert np.array_equal(x, u + g)
+
+
+def test_f16_conversion_exhaustive():
+    bits = np.arange(65536, dtype=np.uint16)
+    out = np.empty(65536, np.float32)
+    nat.dequant_rows(1, bits.view(np.uint8), 1, 65536, out)
+    ref = bits.view(np.float16).astype(np.float32)
+    same = (out == ref) | (np.isnan(out) & np.isnan(ref))
+    assert same.all()
+
+
+def _random_blocks(qtype, nblocks, rng):
+    """Random raw blocks with sane f16 scales (so values are finite)."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf.constants import GGML_QUANT_SIZES
+
+    bs, bb = GGML_QUANT_SIZES[Q(qtype)]
+    raw = rng.integers(0, 256, (nblocks, bb), dtype=np.uint8)
+    f16 = lambda v: np.asarray(v, np.float16).view(np.uint8).reshape(nblocks, 2)  # noqa: E731
+    d = rng.uniform(-0.1, 0.1, nblocks)
+    if qtype in (2, 3, 6, 7, 8):
+        raw[:, 0:2] = f16(d)
+        if qtype in (3, 7):
+            raw[:, 2:4] = f16(rng.uniform(-1, 1, nblocks))
+    elif qtype in (12, 13):
+        raw[:, 0:2] = f16(np.abs(d))
+        raw[:, 2:4] = f16(np.abs(rng.uniform(0, 0.1, nblocks)))
+    elif qtype == 14:
+        raw[:, 208:210] = f16(d)
+    return raw, bs
+
+
+@pytest.mark.parametrize("qtype", [0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30])
+def test_dequant_row(qtype):
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+
+    rng = np.random.default_rng(qtype)
+    if qtype in (0, 1, 30):
+        n = 70
+        vals = rng.standard_normal(n).astype(np.float32)
+        raw = {0: vals.view(np.uint8), 1: vals.astype(np.float16).view(np.uint8),
+               30: (vals.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)}[qtype]
+        ref = {0: vals, 1: vals.astype(np.float16).astype(np.float32),
+               30: ((vals.view(np.uint32) >> 16) << 16).view(np.float32)}[qtype]
+    else:
+        raw, bs = _random_blocks(qtype, 4, rng)
+        n = 4 * bs
+        raw = raw.reshape(-1)
+        ref = dequantize(raw, Q(qtype)).reshape(-1).astype(np.float32)
+    assert nat.type_row_bytes(qtype, n) == raw.size
+    out = np.empty(n, np.float32)
+    nat.dequant_rows(qtype, raw, 1, n, out)
+    np.testing.assert_allclose(out, ref, rtol=2.0**-23, atol=0)
+
+
+def test_dequant_unsupported():
+    assert nat.type_row_bytes(3, 33) == 0  # not a whole number of blocks
+    assert nat.type_row_bytes(99, 64) == 0
+    with pytest.raises(ValueError):
+        nat.dequant_rows(99, np.zeros(64, np.uint8), 1, 64, np.zeros(64, np.float32))
+
+
+def test_float_to_half():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([
+        rng.standard_normal(100000).astype(np.float32) * np.float32(10.0) ** rng.integers(-9, 6, 100000),
+        np.array([0.0, -0.0, np.inf, -np.inf, 65504, 65519.99, 65520, 1e6, 6e-8, 3e-8, 2.98e-8, 6.1e-5, 6.09e-5,
+                  1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-11)], np.float32),
+        # ties at every exponent: halfway between two halves
+        (np.arange(1, 2049, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0**-10),
+    ]).astype(np.float32)
+    out = np.empty(len(x), np.uint16)
+    nat.float_to_half(x, out, len(x))
+    with np.errstate(over="ignore"):
+        assert np.array_equal(out, x.astype(np.float16).view(np.uint16))
+    nan = np.empty(1, np.uint16)
+    nat.float_to_half(np.array([np.nan], np.float32), nan, 1)
+    assert np.isnan(nan.view(np.float16)[0])
+
+
+KV_TYPES = {"f32": np.float32, "f16": np.float16}
+
+
+def _cache(n_kv, n_ctx, hd, S, rng, kv="f32"):
+    dt = KV_TYPES[kv]
+    kc, vc = aligned(n_kv * n_ctx * hd, dt), aligned(n_kv * n_ctx * hd, dt)
+    K = rng.standard_normal((S, n_kv, hd)).astype(np.float32)
+    V = rng.standard_normal((S, n_kv, hd)).astype(np.float32)
+    for p in range(S):
+        nat.kv_store(kc, vc, K[p].reshape(-1), V[p].reshape(-1), p, n_kv, hd, n_ctx, kv == "f16")
+    # what the cache holds
+    return kc, vc, K.astype(dt).astype(np.float32), V.astype(dt).astype(np.float32)
+
+
+@pytest.mark.parametrize("kv", KV_TYPES)
+def test_kv_store_layout(kv):
+    rng = np.random.default_rng(0)
+    n_kv, hd, n_ctx, S = 2, 8, 128, 70
+    kc, vc, K, V = _cache(n_kv, n_ctx, hd, S, rng, kv)
+    k = kc.reshape(n_kv, n_ctx // TILE, hd, TILE).transpose(0, 1, 3, 2).reshape(n_kv, n_ctx, hd)
+    assert np.array_equal(k[:, :S].astype(np.float32), K.transpose(1, 0, 2))
+    assert np.array_equal(vc.reshape(n_kv, n_ctx, hd)[:, :S].astype(np.float32), V.transpose(1, 0, 2))
+
+
+@pytest.mark.parametrize("kv", KV_TYPES)
+@pytest.mark.parametrize("hd,window", [(64, 0), (128, 0), (40, 0), (6, 0), (64, 70), (64, 1), (16, 130)])
+def test_attention(isa, hd, kv, window):
+    rng = np.random.default_rng(hd + window)
+    n_kv, n_ctx, S = 2, 320, 300
+    kc, vc, K, V = _cache(n_kv, n_ctx, hd, S, rng, kv)
+    scale = np.float32(1 / np.sqrt(hd))
+    positions = np.array([0, 1, 62, 63, 64, 65, 127, 128, 200, 299], np.int32)
+    nq = len(positions)
+    head = 1
+    q = (rng.standard_normal((nq, hd)) * 3).astype(np.float32)
+    kh = kc[head * n_ctx * hd:(head + 1) * n_ctx * hd]
+    vh = vc[head * n_ctx * hd:(head + 1) * n_ctx * hd]
+    out = np.empty((nq, hd), np.float32)
+
+    def attend(q, pos, out):
+        nat.attend(q, pos, kh, vh, out, len(pos), hd, n_ctx, float(scale), kv == "f16", window)
+
+    attend(q, positions, out)
+    for i, p in enumerate(positions):
+        lo = max(0, p - window + 1) if window else 0
+        s = (K[lo:p + 1, head].astype(np.float64) @ q[i].astype(np.float64)) * float(scale)
+        e = np.exp(s - s.max())
+        ref = (e / e.sum()) @ V[lo:p + 1, head].astype(np.float64)
+        np.testing.assert_allclose(out[i], ref, rtol=2e-5, atol=2e-5)
+    # a query's bits do not depend on the other queries of its block
+    for i in (0, 4, 9):
+        one = np.empty((1, hd), np.float32)
+        attend(q[i:i + 1].copy(), positions[i:i + 1].copy(), one)
+        assert np.array_equal(one[0], out[i])
+    rev = np.empty_like(out)
+    attend(q[::-1].copy(), positions[::-1].copy(), rev)
+    assert np.array_equal(rev[::-1], out)
+
+
+@pytest.mark.parametrize("kv", KV_TYPES)
+def test_attention_ignores_stale_cache(isa, kv):
+    """Keys outside a query's range (stale entries, NaN even) never reach its result."""
+    rng = np.random.default_rng(1)
+    n_kv, n_ctx, hd = 1, 128, 64
+    kc, vc, K, V = _cache(n_kv, n_ctx, hd, 10, rng, kv)
+    q = rng.standard_normal((1, hd)).astype(np.float32)
+    pos = np.array([9], np.int32)
+    a = np.empty((1, hd), np.float32)
+    f16 = kv == "f16"
+    nat.attend(q, pos, kc, vc, a, 1, hd, n_ctx, 0.125, f16, 6)
+    for p in [*range(0, 4), *range(10, 128)]:
+        nat.kv_store(kc, vc, np.full(hd, np.nan, np.float32), np.full(hd, np.nan, np.float32), p, 1, hd, n_ctx, f16)
+    b = np.empty((1, hd), np.float32)
+    nat.attend(q, pos, kc, vc, b, 1, hd, n_ctx, 0.125, f16, 6)
+    assert np.array_equal(a, b)
+
+
+def test_bad_arguments():
+    x = np.zeros(8, np.float32)
+    with pytest.raises(ValueError):
+        nat.rmsnorm(x, x, x, 2, 8, 1e-5)  # x too small for 2 rows
+    with pytest.raises(ValueError):
+        nat.rope(x, x, 1, 1, 8, 3, 0)  # odd rope_dim
+    with pytest.raises(ValueError):
+        nat.attend(x, np.zeros(1, np.int32), x, x, x, 1, 8, 100, 1.0)  # n_ctx not a tile multiple
