@@ -117,6 +117,24 @@ def test_silu_mul_and_add(isa, n):
     assert np.array_equal(x, u + g)
 
 
+@pytest.mark.parametrize("n", [1, 7, 8, 33, 2048])
+def test_gelu_mul(isa, n):
+    """gelu_tanh(g) * u, computed as g / (1 + e^(-2u)) * u: exp within 2 ulp (its argument's rounding
+    is amplified by |2u| <= ~40 at most for the g used here), a division and two products: rtol 1e-5."""
+    rng = np.random.default_rng(n)
+    g = (rng.standard_normal(n) * 4).astype(np.float32)
+    g[0] = -60.0
+    u = rng.standard_normal(n).astype(np.float32)
+    out = np.empty_like(g)
+    nat.gelu_mul(g, u, out, n)
+    g64 = g.astype(np.float64)
+    # 0.5 g (1 + tanh(v)) written without float64's own cancellation where tanh(v) is near -1
+    with np.errstate(over="ignore"):  # g = -60: e^(+big) = inf, g / inf = -0, the right limit
+        ref = g64 / (1 + np.exp(-2 * np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64**3))) * u
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-30)
+    assert np.isfinite(out).all()
+
+
 def test_f16_conversion_exhaustive():
     bits = np.arange(65536, dtype=np.uint16)
     out = np.empty(65536, np.float32)

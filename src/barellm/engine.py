@@ -60,19 +60,28 @@ def matrix_layout(type_id: int, rows: int, cols: int) -> int:
     A repacked layout where the kernels have one for the type, else GGUF's rows. A .blm file stores
     matrices already in the layout this returns, tagged, so loading it needs no repacking.
     """
-    if nat.matrix_bytes(type_id, LAYOUT_INTERLEAVE8, rows, cols) > 0:
+    if _matrix_bytes(type_id, LAYOUT_INTERLEAVE8, rows, cols) > 0:
         return LAYOUT_INTERLEAVE8
     return LAYOUT_ROWS
 
 
+def _matrix_bytes(type_id: int, layout: int, rows: int, cols: int) -> int:
+    try:
+        return nat.matrix_bytes(type_id, layout, rows, cols)
+    except ValueError:  # a type or layout the kernels do not have
+        return 0
+
+
 def matmul_supported(type_id: int, rows: int, cols: int) -> bool:
-    return nat.matrix_bytes(type_id, LAYOUT_ROWS, rows, cols) > 0
+    return _matrix_bytes(type_id, LAYOUT_ROWS, rows, cols) > 0
 
 
 def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
     """Why the native engine cannot run a model, or None if it can (Model falls back on the reference)."""
-    if cfg.arch != "llama":
+    if cfg.arch not in ("llama", "gemma3"):
         return f"architecture {cfg.arch!r} is not in the native plan yet"
+    if cfg.act not in ("silu", "gelu_tanh"):
+        return f"activation {cfg.act!r} has no native kernel"
     return None
 
 
@@ -225,10 +234,13 @@ class NativeEngine:
         else one part per tensor. Each part is (type, layout, rows, cols, data)."""
         if names in self._matrices:
             return self._matrices[names]
-        infos = [self._source.tensors[n] for n in names]
-        cols = int(infos[0].shape[1])
-        types = {int(i.type) for i in infos}
-        groups = [names] if len(types) == 1 else [(n,) for n in names]
+        cols = int(self._source.tensors[names[0]].shape[1])
+        groups: list[tuple[str, ...]] = []  # runs of consecutive tensors of one type are fused
+        for n in names:
+            if groups and self._source.tensors[groups[-1][0]].type == self._source.tensors[n].type:
+                groups[-1] = (*groups[-1], n)
+            else:
+                groups.append((n,))
         parts = []
         for group in groups:
             type_id = int(self._source.tensors[group[0]].type)
@@ -281,11 +293,15 @@ class NativeEngine:
         if op.kind == "embed":
             table, rb = self._table(op.weights[0])
             d.update(out=self._spec(op.out), out_stride=self._stride(op.out), n=cfg.dim, table=table,
-                     table_row_bytes=rb)
+                     table_row_bytes=rb, scale_embed=float(np.float32(op.params.get("scale", 1.0))))
         elif op.kind == "rmsnorm":
-            d.update(x=self._spec(op.x), x_stride=self._stride(op.x), out=self._spec(op.out),
-                     out_stride=self._stride(op.out), w=self._norm(op.weights[0]), eps=op.params["eps"],
-                     n=self._widths[op.x])
+            d.update(x=self._spec(op.x), x_stride=self._stride(op.x), w=self._norm(op.weights[0]),
+                     eps=op.params["eps"], n=self._widths[op.x])
+            if op.params.get("accumulate"):  # out += rmsnorm(x): normalize x in place, then add
+                d.update(out=self._spec(op.x), out_stride=self._stride(op.x), res=self._spec(op.out),
+                         res_stride=self._stride(op.out))
+            else:
+                d.update(out=self._spec(op.out), out_stride=self._stride(op.out))
         elif op.kind == "matmul":
             parts = self._matrix(op.weights)
             qjobs, qmap, pspecs = [], {}, []
@@ -312,7 +328,10 @@ class NativeEngine:
                      kc=(self.k_cache, off), vc=(self.v_cache, off), slot_stride=self._slot_elems,
                      kv_f16=int(self.kv_type == "f16"), window=cfg.layer_window(layer))
             if op.kind == "rope_kv":
+                if op.weights:
+                    d.update(q_norm=self._norm(op.weights[0]), k_norm=self._norm(op.weights[1]))
                 d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim,
+                         eps=op.params["eps"],
                          rope_style=0 if cfg.rope_style == "norm" else 1,
                          rope_cs=self._rope_cs[cfg.layer_rope_theta(layer)])
             else:
@@ -321,7 +340,7 @@ class NativeEngine:
         elif op.kind == "silu_mul":
             f = cfg.ffn_dim
             d.update(x=self._spec(op.x), x2=self._spec(op.x, f), x_stride=self._stride(op.x), out=self._spec(op.out),
-                     out_stride=self._stride(op.out), n=f)
+                     out_stride=self._stride(op.out), n=f, gelu=int(op.params.get("act") == "gelu_tanh"))
         elif op.kind == "add":
             d.update(x=self._spec(op.x), x_stride=self._stride(op.x), out=self._spec(op.out),
                      out_stride=self._stride(op.out), n=self._widths[op.out])
@@ -490,12 +509,19 @@ class NativeEngine:
 
         cfg, T = self.cfg, ctx.T
         if op.kind == "embed":
-            ctx.output(op)[:] = self._dequant(op.weights[0])[ctx.tokens]
+            x = self._dequant(op.weights[0])[ctx.tokens]
+            scale = op.params.get("scale", 1.0)
+            ctx.output(op)[:] = x * np.float32(scale) if scale != 1.0 else x
         elif op.kind == "rmsnorm":
             x = ctx.buf(op.x)
             if op.rows == "selected":
                 x = x[ctx.selected]
-            ctx.output(op)[:] = ref.rmsnorm(x, self._norm(op.weights[0]), op.params["eps"])
+            y = ref.rmsnorm(x, self._norm(op.weights[0]), op.params["eps"])
+            if op.params.get("accumulate"):
+                x[:] = y
+                ctx.output(op)[:] += y
+            else:
+                ctx.output(op)[:] = y
         elif op.kind == "matmul":
             key = "|".join(op.weights)
             if key not in self._dequantized:
@@ -515,8 +541,13 @@ class NativeEngine:
             layer = op.params["layer"]
             cs = self._rope_cs[cfg.layer_rope_theta(layer)][ctx.positions]
             cos, sin = cs[:, :half], cs[:, half:]
-            q = ref.rope(qkv[:, :qd].reshape(T, cfg.n_heads, hd), cos, sin, cfg.rope_style)
-            k = ref.rope(qkv[:, qd:qd + kd].reshape(T, cfg.n_kv_heads, hd), cos, sin, cfg.rope_style)
+            q = qkv[:, :qd].reshape(T, cfg.n_heads, hd)
+            k = qkv[:, qd:qd + kd].reshape(T, cfg.n_kv_heads, hd)
+            if op.weights:
+                q = ref.rmsnorm(q, self._norm(op.weights[0]), op.params["eps"])
+                k = ref.rmsnorm(k, self._norm(op.weights[1]), op.params["eps"])
+            q = ref.rope(q, cos, sin, cfg.rope_style)
+            k = ref.rope(k, cos, sin, cfg.rope_style)
             qkv[:, :qd] = q.reshape(T, qd)
             qkv[:, qd:qd + kd] = k.reshape(T, kd)
             v = qkv[:, qd + kd:qd + 2 * kd].reshape(T, cfg.n_kv_heads, hd)
@@ -534,7 +565,7 @@ class NativeEngine:
                 out[t] = ref.attention(q, k, v, p, cfg.scale, cfg.layer_window(layer))[0]
         elif op.kind == "silu_mul":
             gu, f = ctx.buf(op.x), cfg.ffn_dim
-            ctx.output(op)[:] = ref.silu(gu[:, :f]) * gu[:, f:2 * f]
+            ctx.output(op)[:] = ref.ACTIVATIONS[op.params.get("act", "silu")](gu[:, :f]) * gu[:, f:2 * f]
         elif op.kind == "add":
             ctx.output(op)[:] += ctx.buf(op.x)
         else:

@@ -22,7 +22,10 @@ static void op_embed(const bl_plan *p, const bl_op *op, int tid, int nth) {
     bl_split(p->T, 1, tid, nth, &t0, &t1);
     for (int t = t0; t < t1; t++) {
         const char *row = (const char *)op->table.data + (size_t)p->tokens[t] * op->table_row_bytes;
-        bl_dequant_row(op->table.type, row, op->out + (size_t)t * op->out_stride, op->n);
+        float *out = op->out + (size_t)t * op->out_stride;
+        bl_dequant_row(op->table.type, row, out, op->n);
+        if (op->scale_embed != 0.0f && op->scale_embed != 1.0f)
+            for (int i = 0; i < op->n; i++) out[i] *= op->scale_embed;
     }
 }
 
@@ -31,7 +34,9 @@ static void op_rmsnorm(const bl_plan *p, const bl_op *op, int tid, int nth) {
     bl_split(op->rows_sel ? p->n_out : p->T, 1, tid, nth, &i0, &i1);
     for (int i = i0; i < i1; i++) {
         const int src = op->rows_sel ? p->out_rows[i] : i;
-        bl_rmsnorm(op->x + (size_t)src * op->x_stride, op->w, op->out + (size_t)i * op->out_stride, op->n, op->eps);
+        float *out = op->out + (size_t)i * op->out_stride;
+        bl_rmsnorm(op->x + (size_t)src * op->x_stride, op->w, out, op->n, op->eps);
+        if (op->res) bl_add(op->res + (size_t)i * op->res_stride, out, op->n);
     }
     run_qjobs(op, i0, i1);
 }
@@ -40,8 +45,8 @@ static void op_silu_mul(const bl_plan *p, const bl_op *op, int tid, int nth) {
     int t0, t1;
     bl_split(p->T, 1, tid, nth, &t0, &t1);
     for (int t = t0; t < t1; t++)
-        bl_silu_mul(op->x + (size_t)t * op->x_stride, op->x2 + (size_t)t * op->x_stride,
-                    op->out + (size_t)t * op->out_stride, op->n);
+        (op->gelu ? bl_gelu_mul : bl_silu_mul)(op->x + (size_t)t * op->x_stride, op->x2 + (size_t)t * op->x_stride,
+                                               op->out + (size_t)t * op->out_stride, op->n);
     run_qjobs(op, t0, t1);
 }
 
@@ -129,6 +134,12 @@ static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth) {
     for (int t = t0; t < t1; t++) {
         float *row = op->out + (size_t)t * op->out_stride;
         const float *cs = op->rope_cs + (size_t)p->pos[t] * op->rope_dim;
+        if (op->q_norm)
+            for (int h = 0; h < op->n_heads; h++)
+                bl_rmsnorm(row + h * op->head_dim, op->q_norm, row + h * op->head_dim, op->head_dim, op->eps);
+        if (op->k_norm)
+            for (int h = 0; h < op->n_kv_heads; h++)
+                bl_rmsnorm(row + qd + h * op->head_dim, op->k_norm, row + qd + h * op->head_dim, op->head_dim, op->eps);
         bl_rope(row, op->n_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
         bl_rope(row + qd, op->n_kv_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
         const size_t s = (size_t)p->slot[t] * op->slot_stride * (op->kv_f16 ? 2 : 4);

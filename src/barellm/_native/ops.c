@@ -12,6 +12,7 @@ void bl_rope(float *x, int n_heads, int head_dim, int rope_dim, const float *cs,
 }
 void bl_softmax(float *x, int n) { DISPATCH(bl_softmax, x, n); }
 void bl_silu_mul(const float *gate, const float *up, float *out, int n) { DISPATCH(bl_silu_mul, gate, up, out, n); }
+void bl_gelu_mul(const float *gate, const float *up, float *out, int n) { DISPATCH(bl_gelu_mul, gate, up, out, n); }
 void bl_add(float *x, const float *y, int n) { DISPATCH(bl_add, x, y, n); }
 void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
                int kv_f16) {

@@ -40,6 +40,8 @@ BL_API void bl_rope(float *x, int n_heads, int head_dim, int rope_dim, const flo
 BL_API void bl_softmax(float *x, int n);
 /* out = silu(gate) * up = gate / (1 + exp(-gate)) * up. */
 BL_API void bl_silu_mul(const float *gate, const float *up, float *out, int n);
+/* out = gelu_tanh(gate) * up, gelu_tanh(g) = g / 2 * (1 + tanh(sqrt(2 / pi) * (g + 0.044715 g^3))). */
+BL_API void bl_gelu_mul(const float *gate, const float *up, float *out, int n);
 /* x += y. */
 BL_API void bl_add(float *x, const float *y, int n);
 /* One row of n values of a weight matrix stored in `type` (rows layout) to f32; 0, or -1 if the type is
@@ -61,6 +63,7 @@ BL_API void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const voi
     void bl_rope_##sfx(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, int style);  \
     void bl_softmax_##sfx(float *x, int n);                                                            \
     void bl_silu_mul_##sfx(const float *gate, const float *up, float *out, int n);                     \
+    void bl_gelu_mul_##sfx(const float *gate, const float *up, float *out, int n);                     \
     void bl_add_##sfx(float *x, const float *y, int n);                                                \
     void bl_attend_##sfx(const bl_attn_query *qs, int nq, const void *kc, const void *vc,              \
                          int head_dim, float scale, int kv_f16);

@@ -143,6 +143,25 @@ void bl_silu_mul_avx2(const float *gate, const float *up, float *out, int n) {
     for (; i < n; i++) out[i] = gate[i] / (1.0f + exp1(-gate[i])) * up[i];
 }
 
+/* g / 2 * (1 + tanh(u)) = g / (1 + e^(-2u)), u = sqrt(2 / pi) (g + 0.044715 g^3): no cancellation where
+ * tanh(u) is near -1 */
+static inline float gelu1(float g) {
+    const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return g / (1.0f + exp1(-2.0f * u));
+}
+
+void bl_gelu_mul_avx2(const float *gate, const float *up, float *out, int n) {
+    const __m256 c = _mm256_set1_ps(-2.0f * 0.7978845608028654f), k = _mm256_set1_ps(0.044715f);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp8(_mm256_mul_ps(c, _mm256_fmadd_ps(_mm256_mul_ps(k, g), _mm256_mul_ps(g, g), g)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) out[i] = gelu1(gate[i]) * up[i];
+}
+
 void bl_add_avx2(float *x, const float *y, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));

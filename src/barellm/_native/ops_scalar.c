@@ -46,6 +46,15 @@ void bl_silu_mul_scalar(const float *gate, const float *up, float *out, int n) {
     for (int i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+void bl_gelu_mul_scalar(const float *gate, const float *up, float *out, int n) {
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int i = 0; i < n; i++) {
+        const float g = gate[i];
+        /* g / 2 * (1 + tanh(u)) = g / (1 + e^(-2u)): no cancellation where tanh(u) is near -1 */
+        out[i] = g / (1.0f + expf(-2.0f * c * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
 void bl_add_scalar(float *x, const float *y, int n) {
     for (int i = 0; i < n; i++) x[i] += y[i];
 }

@@ -199,7 +199,9 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
         d_int(d, "rope_dim", 0, &op->rope_dim) || d_int(d, "rope_style", 0, &op->rope_style) ||
         d_int(d, "n_ctx", 0, &op->n_ctx) || d_size(d, "slot_stride", &op->slot_stride) ||
         d_float(d, "scale", &op->scale) || d_size(d, "table_row_bytes", &op->table_row_bytes) ||
-        d_int(d, "kv_f16", 0, &op->kv_f16) || d_int(d, "window", 0, &op->window))
+        d_int(d, "kv_f16", 0, &op->kv_f16) || d_int(d, "window", 0, &op->window) ||
+        d_size(d, "res_stride", &op->res_stride) || d_int(d, "gelu", 0, &op->gelu) ||
+        d_float(d, "scale_embed", &op->scale_embed))
         return -1;
     void *p;
     if (d_ptr(self, d, "out", 1, &p)) return -1;
@@ -212,6 +214,12 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
     op->w = p;
     if (d_ptr(self, d, "rope_cs", 0, &p)) return -1;
     op->rope_cs = p;
+    if (d_ptr(self, d, "res", 1, &p)) return -1;
+    op->res = p;
+    if (d_ptr(self, d, "q_norm", 0, &p)) return -1;
+    op->q_norm = p;
+    if (d_ptr(self, d, "k_norm", 0, &p)) return -1;
+    op->k_norm = p;
     if (d_ptr(self, d, "kc", 1, &p)) return -1;
     op->kc = p;
     if (d_ptr(self, d, "vc", 1, &p)) return -1;
@@ -526,6 +534,20 @@ static PyObject *py_silu_mul(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_gelu_mul(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *go, *uo, *oo;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OOOn", &go, &uo, &oo, &n)) return NULL;
+    views vs = {.n = 0};
+    float *g = vbuf(&vs, go, 0, n, 4, "gate"), *u = g ? vbuf(&vs, uo, 0, n, 4, "up") : NULL;
+    float *o = u ? vbuf(&vs, oo, 1, n, 4, "out") : NULL;
+    if (o) bl_gelu_mul(g, u, o, (int)n);
+    views_release(&vs);
+    if (!o) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_add(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *xo, *yo;
@@ -690,6 +712,7 @@ PyMethodDef bl_engine_methods[] = {
     {"rope", py_rope, METH_VARARGS, "rope(x, cs, T, n_heads, head_dim, rope_dim, style): in place, cs [T, rope_dim]"},
     {"softmax", py_softmax, METH_VARARGS, "softmax(x, T, n): in place"},
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate, up, out, n)"},
+    {"gelu_mul", py_gelu_mul, METH_VARARGS, "gelu_mul(gate, up, out, n)"},
     {"add", py_add, METH_VARARGS, "add(x, y, n): x += y"},
     {"dequant_rows", py_dequant_rows, METH_VARARGS, "dequant_rows(type, raw, rows, n, out)"},
     {"type_row_bytes", py_type_row_bytes, METH_VARARGS, "type_row_bytes(type, n): 0 if unsupported"},
