@@ -229,9 +229,9 @@ def _cache(n_kv, n_ctx, hd, S, rng, kv="f32"):
 
 
 @pytest.mark.parametrize("kv", KV_TYPES)
-def test_kv_store_layout(kv):
+def test_kv_store_layout(isa, kv):
     rng = np.random.default_rng(0)
-    n_kv, hd, n_ctx, S = 2, 8, 128, 70
+    n_kv, hd, n_ctx, S = 2, 12, 128, 70  # head_dim 12: a vector of 8 and a tail of 4
     kc, vc, K, V = _cache(n_kv, n_ctx, hd, S, rng, kv)
     k = kc.reshape(n_kv, n_ctx // TILE, hd, TILE).transpose(0, 1, 3, 2).reshape(n_kv, n_ctx, hd)
     assert np.array_equal(k[:, :S].astype(np.float32), K.transpose(1, 0, 2))

@@ -15,6 +15,7 @@ from barellm.errors import BarellmError
 COMMAND_MODULES = [
     "barellm.commands",
     "barellm.tools.inspect",
+    "barellm.convert",
     "barellm.tools.perplexity",
     "barellm.tools.kld",
     "barellm.tools.bench",

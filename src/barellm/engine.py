@@ -121,7 +121,8 @@ class NativeEngine:
     """The C executor's forward pass over a KV cache (one region per slot) allocated at load."""
 
     def __init__(self, cfg: ModelConfig, source: Any, n_ctx: int | None = None, threads: int | None = None,
-                 n_slots: int = 1, chunk: int = 64, pin: bool = False, kv_type: str = "f16") -> None:
+                 n_slots: int = 1, chunk: int = 64, pin: bool = False, kv_type: str = "f16",
+                 adaptive_threads: bool = True) -> None:
         from barellm.arch.llama import check_tensors
 
         check_tensors(cfg, source.tensors)
@@ -149,6 +150,7 @@ class NativeEngine:
         self._norms: dict[str, np.ndarray] = {}
         self._dequantized: dict[str, np.ndarray] = {}
         self._plan = self._compile(fuse=True)
+        self._plan.set_adaptive(bool(adaptive_threads))
         self._debug_plan: Any = None
 
     # --- buffers ------------------------------------------------------------------------------
@@ -221,6 +223,16 @@ class NativeEngine:
                 out[:] = np.asarray(self._source.dequantize(name), dtype=np.float32).reshape(rows, cols)
             self._dequantized[name] = out.reshape(shape)
         return self._dequantized[name]
+
+    def _table_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """float32 rows of a matrix (embedding lookups on the debug path, without dequantizing it all)."""
+        if name in self._dequantized:
+            return self._dequantized[name][rows]
+        (type_id, _, _, cols, raw), rb = self._table(name)
+        out = np.empty((len(rows), cols), np.float32)
+        for i, r in enumerate(rows):
+            nat.dequant_rows(type_id, raw[int(r) * rb:(int(r) + 1) * rb], 1, cols, out[i])
+        return out
 
     def _norm(self, name: str) -> np.ndarray:
         if name not in self._norms:
@@ -509,7 +521,7 @@ class NativeEngine:
 
         cfg, T = self.cfg, ctx.T
         if op.kind == "embed":
-            x = self._dequant(op.weights[0])[ctx.tokens]
+            x = self._table_rows(op.weights[0], ctx.tokens)
             scale = op.params.get("scale", 1.0)
             ctx.output(op)[:] = x * np.float32(scale) if scale != 1.0 else x
         elif op.kind == "rmsnorm":

@@ -217,11 +217,62 @@ static void plan_task(void *ctx, int tid, int nth) {
     }
 }
 
+static int adapt_choose(bl_adapt_state *a, int nth) {
+    if (a->alone) {
+        if (++a->since >= a->interval) { /* see whether the full pool helps again */
+            a->since = 0;
+            return nth;
+        }
+        return 1;
+    }
+    if (a->cool > 0) a->cool--;
+    if (a->probe && a->cool == 0) {
+        a->probe = 0;
+        return 1;
+    }
+    return nth;
+}
+
+static void adapt_update(bl_adapt_state *a, int used, int nth, double per_token, double wait_frac) {
+    const int k = used == 1 ? 0 : 1;
+    const int current = (used == 1) == (a->alone != 0);
+    a->cyc[k] = current && a->cyc[k] > 0 ? 0.7 * a->cyc[k] + 0.3 * per_token : per_token;
+    if (!a->alone) {
+        if (used == nth) {
+            if (wait_frac > 0.25) a->probe = 1;
+        } else if (a->cyc[0] < 0.9 * a->cyc[1]) {
+            a->alone = 1;
+            a->since = 0;
+            a->interval = 8;
+        } else { /* alone was no better: do not ask again for a while */
+            a->cool = a->cool ? 2 * a->cool : 16;
+            if (a->cool > 256) a->cool = 256;
+        }
+    } else if (used == nth) {
+        if (a->cyc[1] < 0.85 * a->cyc[0]) { /* clearly better: back to the full pool */
+            a->alone = 0;
+            a->cool = 2;
+        } else if (a->interval < 64) {
+            a->interval *= 2;
+        }
+    }
+}
+
 void bl_plan_run(bl_plan *p, int T, int n_out, int begin, int end) {
     p->T = T;
     p->n_out = n_out;
     p->begin = begin;
     p->end = end;
     p->run_seq++;
-    bl_pool_run(p->pool, plan_task, p);
+    const int nth = bl_pool_size(p->pool);
+    bl_adapt_state *a = &p->adapt[T > 1];
+    const int whole = begin == 0 && end == p->n_ops;
+    const int use = p->adaptive && nth > 1 && whole ? adapt_choose(a, nth) : nth;
+    const uint64_t c0 = cycles(), w0 = bl_pool_wait_cycles(p->pool);
+    bl_pool_run_n(p->pool, plan_task, p, use);
+    p->last_threads = use;
+    if (p->adaptive && nth > 1 && whole) {
+        const double dc = (double)(cycles() - c0), dw = (double)(bl_pool_wait_cycles(p->pool) - w0);
+        adapt_update(a, use, nth, dc / T, dc > 0 ? dw / dc : 0);
+    }
 }

@@ -89,6 +89,19 @@ typedef struct bl_steal_slot {
     _Alignas(BL_CACHELINE) _Atomic uint64_t w;
 } bl_steal_slot;
 
+/* Adaptive thread count: results do not depend on how many threads run a step, so the executor may use
+ * fewer when the others do not help, which happens when other processes hold the cores (a barrier
+ * then waits for a thread that is not running). Per kind of step (one token, or several), it keeps the
+ * cycles per token of the full pool and of the calling thread alone; when thread 0 spends over a
+ * quarter of a step waiting at barriers it tries one step alone, keeps whichever is faster, and goes
+ * back to the full pool now and then to see whether the machine has calmed down. */
+typedef struct bl_adapt_state {
+    double cyc[2];   /* cycles per token: [0] alone, [1] full pool (0: not measured) */
+    int alone;       /* running alone now */
+    int probe;       /* try alone at the next step */
+    int since, interval, cool;
+} bl_adapt_state;
+
 typedef struct bl_plan {
     bl_pool *pool;
     bl_steal_slot *steal;  /* one per thread */
@@ -99,6 +112,9 @@ typedef struct bl_plan {
     /* of the current run */
     int T, n_out, begin, end;
     uint64_t *op_cycles;   /* if set, [thread][op]: each thread adds each op's cycles (work + wait) */
+    int adaptive;          /* choose the thread count per step (see bl_adapt_state) */
+    int last_threads;      /* threads the last run used */
+    bl_adapt_state adapt[2]; /* [0] one-token steps, [1] several tokens */
 } bl_plan;
 
 /* Runs ops [begin, end) for T tokens and n_out selected rows. */

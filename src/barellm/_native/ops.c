@@ -21,6 +21,10 @@ void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, 
 
 void bl_kv_store(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
                  int n_ctx, int kv_f16) {
+    if (kv_f16 && bl_isa() == BL_ISA_AVX2) {
+        bl_kv_store_f16_avx2(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx);
+        return;
+    }
     const size_t head = (size_t)n_ctx * head_dim;
     const size_t kofs = (size_t)(pos / BL_KV_TILE) * head_dim * BL_KV_TILE + pos % BL_KV_TILE;
     for (int h = 0; h < n_kv_heads; h++) {

@@ -69,6 +69,8 @@ BL_API void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const voi
                          int head_dim, float scale, int kv_f16);
 BL_OPS_DECLARE(scalar)
 BL_OPS_DECLARE(avx2)
+void bl_kv_store_f16_avx2(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
+                          int n_ctx);
 
 /* IEEE half / bfloat16 to float */
 static inline float bl_half_to_float(uint16_t h) {

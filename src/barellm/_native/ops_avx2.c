@@ -173,6 +173,28 @@ static inline __attribute__((always_inline)) __m256 ld8(const void *base, size_t
                : _mm256_loadu_ps((const float *)base + i);
 }
 
+/* bl_kv_store for an f16 cache with F16C (the same rounding, to nearest even, as bl_float_to_half) */
+void bl_kv_store_f16_avx2(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
+                          int n_ctx) {
+    const size_t head = (size_t)n_ctx * head_dim;
+    const size_t kofs = (size_t)(pos / BL_KV_TILE) * head_dim * BL_KV_TILE + pos % BL_KV_TILE;
+    for (int h = 0; h < n_kv_heads; h++) {
+        const float *kh = k + (size_t)h * head_dim, *vh = v + (size_t)h * head_dim;
+        uint16_t *kt = (uint16_t *)kc + h * head + kofs, *vt = (uint16_t *)vc + h * head + (size_t)pos * head_dim;
+        int d = 0;
+        for (; d + 8 <= head_dim; d += 8) {
+            _Alignas(16) uint16_t hk[8];
+            _mm_store_si128((__m128i *)hk, _mm256_cvtps_ph(_mm256_loadu_ps(kh + d), _MM_FROUND_TO_NEAREST_INT));
+            for (int i = 0; i < 8; i++) kt[(size_t)(d + i) * BL_KV_TILE] = hk[i];
+            _mm_storeu_si128((__m128i *)(vt + d), _mm256_cvtps_ph(_mm256_loadu_ps(vh + d), _MM_FROUND_TO_NEAREST_INT));
+        }
+        for (; d < head_dim; d++) {
+            kt[(size_t)d * BL_KV_TILE] = bl_float_to_half(kh[d]);
+            vt[d] = bl_float_to_half(vh[d]);
+        }
+    }
+}
+
 #define ALWAYS static inline __attribute__((always_inline))
 
 /* Scores of QB queries against keys [32 h, 32 h + 32) of a tile, unscaled, into s[i * KT + k]:

@@ -415,6 +415,19 @@ static PyObject *Plan_set_profile(PlanObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Plan_set_adaptive(PlanObject *self, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    self->plan.adaptive = on;
+    memset(self->plan.adapt, 0, sizeof self->plan.adapt);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Plan_last_threads(PlanObject *self, void *c) {
+    (void)c;
+    return PyLong_FromLong(self->plan.last_threads);
+}
+
 static PyObject *Plan_n_ops(PlanObject *self, void *c) {
     (void)c;
     return PyLong_FromLong(self->plan.n_ops);
@@ -423,12 +436,15 @@ static PyObject *Plan_n_ops(PlanObject *self, void *c) {
 static PyMethodDef Plan_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Plan_run, METH_FASTCALL,
      "run(T, n_out, begin=0, end=n_ops): ops [begin, end) on T tokens, n_out selected rows (GIL released)."},
+    {"set_adaptive", (PyCFunction)Plan_set_adaptive, METH_O,
+     "set_adaptive(bool): let each run use fewer threads when the others do not help"},
     {"set_profile", (PyCFunction)Plan_set_profile, METH_O, "set_profile(uint64 array [threads, n_ops] | None)"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef Plan_getset[] = {
     {"n_ops", (getter)Plan_n_ops, NULL, "number of ops", NULL},
+    {"last_threads", (getter)Plan_last_threads, NULL, "threads the last run used", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

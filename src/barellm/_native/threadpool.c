@@ -15,6 +15,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <x86intrin.h>
 #define cpu_relax() _mm_pause()
 #else
 #define cpu_relax() ((void)0)
@@ -59,6 +60,8 @@ struct bl_pool {
 
     bl_task_fn fn;
     void *ctx;
+    int n_active;          /* threads taking part in the current task */
+    uint64_t wait0;        /* cycles thread 0 spent waiting at barriers (diagnostics, adaptive mode) */
     /* each hot atomic on its own cache line */
     _Alignas(BL_CACHELINE) atomic_uint job;      /* bumped for each task; also the futex word */
     _Alignas(BL_CACHELINE) atomic_uint bar_count;
@@ -116,7 +119,8 @@ static void *worker_main(void *arg) {
     for (;;) {
         seen = wait_job(p, seen);
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) break;
-        p->fn(p->ctx, w->tid, p->n);
+        if (w->tid >= p->n_active) continue; /* not needed for this task */
+        p->fn(p->ctx, w->tid, p->n_active);
         bl_pool_barrier(p, w->tid);
     }
     return NULL;
@@ -128,6 +132,7 @@ bl_pool *bl_pool_create(int n, int pin) {
     if (!p) return NULL;
     memset(p, 0, sizeof *p);
     p->n = n;
+    p->n_active = n;
     p->pin = pin;
     atomic_store(&p->spin_us, 300);
     for (int i = 0; i < BL_MAX_THREADS; i++) p->cpus[i] = -1;
@@ -176,8 +181,12 @@ int bl_pool_size(const bl_pool *p) { return p->n; }
 
 void bl_pool_set_spin_us(bl_pool *p, int us) { atomic_store(&p->spin_us, us < 0 ? 0 : us); }
 
-void bl_pool_run(bl_pool *p, bl_task_fn fn, void *ctx) {
-    if (p->n == 1) {
+void bl_pool_run(bl_pool *p, bl_task_fn fn, void *ctx) { bl_pool_run_n(p, fn, ctx, p->n); }
+
+void bl_pool_run_n(bl_pool *p, bl_task_fn fn, void *ctx, int n_active) {
+    if (n_active < 1 || n_active > p->n) n_active = p->n;
+    p->n_active = n_active;
+    if (n_active == 1) { /* the workers are left idle */
         fn(ctx, 0, 1);
         return;
     }
@@ -185,20 +194,41 @@ void bl_pool_run(bl_pool *p, bl_task_fn fn, void *ctx) {
     p->ctx = ctx;
     atomic_fetch_add(&p->job, 1); /* seq_cst: pairs with the sleepers count in wait_job */
     if (atomic_load(&p->sleepers) > 0) futex(&p->job, FUTEX_WAKE_PRIVATE, 0x7fffffff);
-    fn(ctx, 0, p->n);
+    fn(ctx, 0, n_active);
     bl_pool_barrier(p, 0); /* the workers end each task with the same barrier */
 }
 
+uint64_t bl_pool_wait_cycles(const bl_pool *p) { return p->wait0; }
+
+static inline uint64_t tsc(void) {
+#if defined(__x86_64__)
+    return __rdtsc();
+#else
+    return 0;
+#endif
+}
+
+static void barrier_wait(bl_pool *p, unsigned phase);
+
 void bl_pool_barrier(bl_pool *p, int tid) {
-    (void)tid;
-    if (p->n == 1) return;
+    if (p->n_active <= 1) return;
     unsigned phase = atomic_load_explicit(&p->bar_phase, memory_order_relaxed);
-    if (atomic_fetch_add_explicit(&p->bar_count, 1, memory_order_acq_rel) == (unsigned)p->n - 1) {
+    if (atomic_fetch_add_explicit(&p->bar_count, 1, memory_order_acq_rel) == (unsigned)p->n_active - 1) {
         atomic_store_explicit(&p->bar_count, 0, memory_order_relaxed);
         atomic_store(&p->bar_phase, phase + 1); /* seq_cst: pairs with bar_sleepers below */
         if (atomic_load(&p->bar_sleepers) > 0) futex(&p->bar_phase, FUTEX_WAKE_PRIVATE, 0x7fffffff);
         return;
     }
+    if (tid == 0) {
+        const uint64_t c0 = tsc();
+        barrier_wait(p, phase);
+        p->wait0 += tsc() - c0;
+    } else {
+        barrier_wait(p, phase);
+    }
+}
+
+static void barrier_wait(bl_pool *p, unsigned phase) {
     double t0 = 0;
     for (unsigned it = 1; atomic_load_explicit(&p->bar_phase, memory_order_acquire) == phase; it++) {
         cpu_relax();

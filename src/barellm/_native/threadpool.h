@@ -22,6 +22,10 @@ BL_API void bl_pool_destroy(bl_pool *p);
 BL_API int bl_pool_size(const bl_pool *p);
 /* Runs fn on every thread of the pool; the calling thread is tid 0. Not reentrant: one caller at a time. */
 BL_API void bl_pool_run(bl_pool *p, bl_task_fn fn, void *ctx);
+/* The same with only threads 0 .. n_active - 1 taking part (the others stay idle). */
+BL_API void bl_pool_run_n(bl_pool *p, bl_task_fn fn, void *ctx, int n_active);
+/* Cycles (TSC) thread 0 has spent waiting at barriers so far. */
+BL_API uint64_t bl_pool_wait_cycles(const bl_pool *p);
 /* All threads of the running task wait here until every one has arrived; memory written before the
  * barrier by any thread is visible to all after it. */
 BL_API void bl_pool_barrier(bl_pool *p, int tid);

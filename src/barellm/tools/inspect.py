@@ -34,12 +34,15 @@ def preview(value: Any, full: bool = False, width: int = 72) -> str:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from barellm import hub
+    from barellm.errors import FormatError
     from barellm.formats import open_model_file, sniff
     from barellm.quant import TYPES
 
     path = hub.resolve(args.file, pull_missing=False)
     kind = sniff(Path(path))
-    src = open_model_file(Path(path))
+    if kind == "hf":
+        raise FormatError(f"{path}: a checkpoint directory; `barellm convert` it and inspect the .blm")
+    src = open_model_file(Path(path), convert=False)  # the file itself, not its converted copy
     size = Path(path).stat().st_size
     print(f"file: {path}")
     print(f"format: {kind}" + (f" v{src.version}" if hasattr(src, "version") else "") + f", {size / 1e6:.1f} MB")
@@ -59,14 +62,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     if args.tensors:
         for name, t in tensors.items():
-            layout = f" layout {t.layout}" if getattr(t, "layout", None) not in (None, 0, "rows") else ""
+            layout = f" {getattr(t, 'layout_name', t.layout)}" if getattr(t, "layout", None) not in (None, 0) else ""
             print(f"  {name:<40} {tname(t):<6} {str(tuple(t.shape)):<16} {t.nbytes:>11,} B{layout}")
     else:
-        by_type = Counter()
+        by_type: Counter[str] = Counter()
         bytes_by_type: Counter[str] = Counter()
         for t in tensors.values():
-            by_type[tname(t)] += 1
-            bytes_by_type[tname(t)] += t.nbytes
+            key = tname(t) + (f" {getattr(t, 'layout_name', t.layout)}" if getattr(t, "layout", 0) else "")
+            by_type[key] += 1
+            bytes_by_type[key] += t.nbytes
         for name, count in by_type.most_common():
             print(f"  {name:<6} {count:>4} tensors {bytes_by_type[name] / 1e6:>9.1f} MB")
         print("  (--tensors lists them all)")

@@ -1,0 +1,942 @@
+"""barellm's own model file (.blm): the writer, the memory-mapped reader, and verify. docs/format.md is the spec.
+
+The reader trusts nothing it has not checked. The header's CRC-32 is compared before anything past the
+64-byte preamble is parsed, which stops accidental corruption; but a file can also be hostile (or written
+by a buggy tool with a valid checksum), so every count is then checked against the bytes that remain in
+the header, and every offset, size and shape against the file size and the type's block size, before any
+of it is used. Python integers do not overflow, so these checks are exact; the limits ggml and the C core
+live with (int64 element counts, int32 matrix sides for repacked layouts) are checked on top.
+
+Every problem raises `FormatError` with one line: "<path>: <field> at offset <n>: <what is wrong>".
+
+Tensors are handed out as read-only NumPy views into the mapping (`raw`), so their addresses are stable
+for as long as a view is alive, which is what the C core keeps pointers to.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import struct
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from barellm import quant
+from barellm.errors import BarellmError, FormatError, ModelNotFound
+from barellm.progress import Progress
+
+__all__ = [
+    "MAGIC", "MAJOR", "MINOR", "LAYOUTS", "LAYOUT_ROWS", "LAYOUT_INTERLEAVE8", "Layout", "TensorInfo",
+    "TensorSpec", "BLMFile", "VerifyResult", "write_blm", "verify", "kernel_layout", "layout_by_name",
+    "infer_type",
+]
+
+MAGIC = b"BARELLM\0"
+MAJOR, MINOR = 1, 0
+PAGE = 4096
+DEFAULT_ALIGNMENT = 64
+MIN_ALIGNMENT, MAX_ALIGNMENT = 64, PAGE
+MAX_DIMS = 4
+MAX_NAME_BYTES = 0xFFFF
+INT64_MAX = (1 << 63) - 1
+INT32_MAX = (1 << 31) - 1
+
+# magic, major, minor, alignment, header_size, data_offset, data_size, n_metadata, n_provenance,
+# n_tensors, header_crc32, reserved
+_PREAMBLE = struct.Struct("<8sHHIQQQIIII8s")
+PREAMBLE_BYTES = _PREAMBLE.size
+_CRC_AT = 52
+# type, layout, n_dims, crc32, dims[4], offset, nbytes
+_ENTRY = struct.Struct("<IIII4QQQ")
+_U8 = struct.Struct("<B")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+assert PREAMBLE_BYTES == 64 and _ENTRY.size == 64
+
+
+def _round_up(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+# --- metadata value types (GGUF's codes) ------------------------------------------------------------------
+
+_ARRAY = 9
+_STRING = 8
+_BOOL = 7
+_TYPE_NAMES = {0: "uint8", 1: "int8", 2: "uint16", 3: "int16", 4: "uint32", 5: "int32", 6: "float32",
+               7: "bool", 8: "string", 9: "array", 10: "uint64", 11: "int64", 12: "float64"}
+_TYPE_CODES = {v: k for k, v in _TYPE_NAMES.items()}
+_DTYPES = {0: np.dtype("<u1"), 1: np.dtype("<i1"), 2: np.dtype("<u2"), 3: np.dtype("<i2"), 4: np.dtype("<u4"),
+           5: np.dtype("<i4"), 6: np.dtype("<f4"), 7: np.dtype("<u1"), 10: np.dtype("<u8"), 11: np.dtype("<i8"),
+           12: np.dtype("<f8")}
+_STRUCTS = {t: struct.Struct("<" + c) for t, c in
+            {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "B", 10: "Q", 11: "q", 12: "d"}.items()}
+_INT_RANGES = {t: (int(np.iinfo(dt).min), int(np.iinfo(dt).max)) for t, dt in _DTYPES.items() if dt.kind in "iu"
+               and t != _BOOL}
+_MIN_VALUE_BYTES = {**{t: dt.itemsize for t, dt in _DTYPES.items()}, _STRING: 4, _ARRAY: 9}
+_MIN_KV_BYTES = 2 + 1 + 1 + 1  # a one-byte key, the type, the smallest value
+_MIN_TENSOR_BYTES = 2 + 1 + _ENTRY.size
+
+
+def infer_type(value: Any) -> str:
+    """The value type a Python value is written as when none is given ("uint32", "array[string]", ...)."""
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, np.generic) and value.dtype in _DTYPES.values():
+        return next(_TYPE_NAMES[t] for t, dt in _DTYPES.items() if dt == value.dtype.newbyteorder("<")
+                    and t != _BOOL)
+    if isinstance(value, int):
+        if value < 0:
+            return "int32" if value >= -(1 << 31) else "int64"
+        return "uint32" if value < (1 << 32) else "uint64"
+    if isinstance(value, float):
+        return "float32"
+    if isinstance(value, (str, bytes)):
+        return "string"
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        return f"array[{infer_type(value.dtype.type(0))}]" if value.dtype != np.bool_ else "array[bool]"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "array[uint8]"
+        inner = infer_type(value[0])
+        if inner == "float32" or any(isinstance(v, float) for v in value):
+            return "array[float32]"
+        if inner in ("int32", "uint32", "int64", "uint64"):
+            lo, hi = min(value), max(value)
+            if lo >= -(1 << 31) and hi < (1 << 31):
+                return "array[int32]"
+            return "array[int64]" if lo < 0 else "array[uint64]"
+        return f"array[{inner}]"
+    raise FormatError(f"cannot store a metadata value of type {type(value).__name__}")
+
+
+def _parse_type_name(name: str, key: str) -> tuple[int, int | None]:
+    """("array[string]") -> (9, 8); ("uint32") -> (4, None)."""
+    if name.startswith("array[") and name.endswith("]"):
+        inner = _TYPE_CODES.get(name[6:-1])
+        if inner is None or inner == _ARRAY:
+            raise FormatError(f"metadata {key!r}: value type {name!r} cannot be stored (arrays do not nest)")
+        return _ARRAY, inner
+    code = _TYPE_CODES.get(name)
+    if code is None or code == _ARRAY:
+        raise FormatError(f"metadata {key!r}: unknown value type {name!r}")
+    return code, None
+
+
+def _encode_str(s: str | bytes, what: str) -> bytes:
+    b = s if isinstance(s, bytes) else s.encode("utf-8", "surrogateescape")
+    if len(b) > 0xFFFFFFFF:
+        raise FormatError(f"{what}: a string of {len(b)} bytes is too long")
+    return b
+
+
+def _encode_scalar(code: int, v: Any, key: str) -> bytes:
+    if code == _STRING:
+        if not isinstance(v, (str, bytes)):
+            raise FormatError(f"metadata {key!r}: expected a string, got {type(v).__name__}")
+        b = _encode_str(v, f"metadata {key!r}")
+        return _U32.pack(len(b)) + b
+    if code == _BOOL:
+        if not isinstance(v, (bool, np.bool_)) and v not in (0, 1):
+            raise FormatError(f"metadata {key!r}: expected a bool, got {v!r}")
+        return _U8.pack(int(bool(v)))
+    if code in _INT_RANGES:
+        lo, hi = _INT_RANGES[code]
+        if isinstance(v, (bool, float)) or not isinstance(v, (int, np.integer)) or not lo <= int(v) <= hi:
+            raise FormatError(f"metadata {key!r}: {v!r} is not a {_TYPE_NAMES[code]}")
+        return _STRUCTS[code].pack(int(v))
+    if not isinstance(v, (int, float, np.floating, np.integer)) or isinstance(v, bool):
+        raise FormatError(f"metadata {key!r}: {v!r} is not a {_TYPE_NAMES[code]}")
+    return _STRUCTS[code].pack(float(v))
+
+
+def _encode_kv(out: bytearray, key: str, value: Any, type_name: str) -> None:
+    kb = key.encode("utf-8")
+    if not 0 < len(kb) <= MAX_NAME_BYTES:
+        raise FormatError(f"metadata key {key!r}: must be 1 to {MAX_NAME_BYTES} bytes of UTF-8")
+    code, inner = _parse_type_name(type_name, key)
+    out += _U16.pack(len(kb)) + kb + _U8.pack(code)
+    if inner is None:
+        out += _encode_scalar(code, value, key)
+        return
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise FormatError(f"metadata {key!r}: expected a list for {type_name}, got {type(value).__name__}")
+    out += _U8.pack(inner) + _U64.pack(len(value))
+    if inner == _STRING:
+        try:
+            parts = [_encode_str(s, f"metadata {key!r}") for s in value]
+        except (AttributeError, TypeError):
+            raise FormatError(f"metadata {key!r}: every element of {type_name} must be a string") from None
+        out += np.array([len(p) for p in parts], dtype="<u4").tobytes()
+        out += b"".join(parts)
+    elif inner in _INT_RANGES or inner == _BOOL:
+        for v in value:  # range-checks each element with the scalar rules (and clear messages)
+            _encode_scalar(inner, v, key)
+        out += np.asarray([int(v) for v in value], dtype=_DTYPES[inner]).tobytes()
+    else:
+        out += np.asarray(value, dtype=_DTYPES[inner]).tobytes()
+
+
+# --- layouts ----------------------------------------------------------------------------------------------
+# One row per layout tag: which tensors it can hold, how many bytes it takes, and how to turn it back into
+# GGUF rows (dequantize needs that) and into it from rows (the converter needs that). The kernels define
+# the byte layouts (_native/quant_internal.h); this table is the only place Python knows about them.
+
+LAYOUT_ROWS = 0
+LAYOUT_INTERLEAVE8 = 1
+
+# ggml type -> (block bytes, bytes ahead of the quants in a block, quant bytes per block)
+_I8_TYPES = {2: (18, 2, 16), 3: (20, 4, 16), 8: (34, 2, 32)}
+
+
+@dataclass(frozen=True)
+class Layout:
+    tag: int
+    name: str
+    # why (type, shape) cannot be held, or None if it can
+    check: Callable[[int, tuple[int, ...]], str | None]
+    nbytes: Callable[[int, tuple[int, ...]], int]
+    to_rows: Callable[[np.ndarray, int, tuple[int, ...]], np.ndarray]
+    from_rows: Callable[[np.ndarray, int, tuple[int, ...]], np.ndarray]
+
+
+def _rows_check(type_id: int, shape: tuple[int, ...]) -> str | None:
+    return None
+
+
+def _rows_nbytes(type_id: int, shape: tuple[int, ...]) -> int:
+    return quant.nbytes(type_id, shape)
+
+
+def _identity(data: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
+    return data
+
+
+def _i8_check(type_id: int, shape: tuple[int, ...]) -> str | None:
+    if type_id not in _I8_TYPES:
+        return f"holds only q4_0, q4_1 and q8_0 tensors, not {quant.type_name(type_id)}"
+    if len(shape) != 2:
+        return f"holds only matrices, not a tensor of shape {shape}"
+    rows, cols = shape
+    if not (0 < rows <= INT32_MAX and 0 < cols <= INT32_MAX):
+        return f"needs a matrix shape within 1..{INT32_MAX}, not {shape}"
+    return None
+
+
+def _i8_geometry(type_id: int, shape: tuple[int, ...]) -> tuple[int, int, int, int, int, int, int]:
+    rows, cols = shape
+    bb, hdr, nq = _I8_TYPES[type_id]
+    nb = cols // quant.QK
+    rb = nb * bb
+    gb = _round_up(8 * rb, 64)          # one group of 8 rows, padded to a cache line
+    return rows, nb, bb, hdr, nq, gb, -(-rows // 8)
+
+
+def _i8_nbytes(type_id: int, shape: tuple[int, ...]) -> int:
+    *_, gb, groups = _i8_geometry(type_id, shape)
+    return groups * gb
+
+
+def _i8_to_rows(data: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
+    rows, nb, bb, hdr, nq, gb, groups = _i8_geometry(type_id, shape)
+    g = data.reshape(groups, gb)
+    qs_end = nb * nq * 8
+    out = np.empty((groups, 8, nb, bb), dtype=np.uint8)
+    # quants: block b of the group is nq/4 vectors of 32 bytes; lane l (4 bytes) of vector j is bytes 4j..4j+3
+    # of row l's quants in that block
+    q = g[:, :qs_end].reshape(groups, nb, nq // 4, 8, 4)
+    out[..., hdr:] = q.transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, nq)
+    d = g[:, qs_end:qs_end + nb * 16].reshape(groups, nb, 8, 2)
+    out[..., 0:2] = d.transpose(0, 2, 1, 3)
+    if hdr == 4:  # q4_1's minimums follow the scales
+        m = g[:, qs_end + nb * 16:qs_end + nb * 32].reshape(groups, nb, 8, 2)
+        out[..., 2:4] = m.transpose(0, 2, 1, 3)
+    return out.reshape(groups * 8, nb * bb)[:rows].reshape(-1)
+
+
+def _i8_from_rows(data: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
+    try:  # the kernels' own repacking when the native core is built: the layout is theirs to define
+        from barellm import _native
+
+        return np.frombuffer(_native.repack(type_id, LAYOUT_INTERLEAVE8, shape[0], shape[1], data), dtype=np.uint8)
+    except (ImportError, AttributeError):
+        pass
+    rows, nb, bb, hdr, nq, gb, groups = _i8_geometry(type_id, shape)
+    src = np.zeros((groups * 8, nb, bb), dtype=np.uint8)  # padding rows are zero, as bl_repack writes them
+    src[:rows] = data.reshape(rows, nb, bb)
+    src = src.reshape(groups, 8, nb, bb)
+    g = np.zeros((groups, gb), dtype=np.uint8)
+    qs_end = nb * nq * 8
+    g[:, :qs_end] = src[..., hdr:].reshape(groups, 8, nb, nq // 4, 4).transpose(0, 2, 3, 1, 4).reshape(groups, -1)
+    g[:, qs_end:qs_end + nb * 16] = src[..., 0:2].transpose(0, 2, 1, 3).reshape(groups, -1)
+    if hdr == 4:
+        g[:, qs_end + nb * 16:qs_end + nb * 32] = src[..., 2:4].transpose(0, 2, 1, 3).reshape(groups, -1)
+    return g.reshape(-1)
+
+
+LAYOUTS: dict[int, Layout] = {
+    LAYOUT_ROWS: Layout(LAYOUT_ROWS, "rows", _rows_check, _rows_nbytes, _identity, _identity),
+    LAYOUT_INTERLEAVE8: Layout(LAYOUT_INTERLEAVE8, "interleave8", _i8_check, _i8_nbytes, _i8_to_rows, _i8_from_rows),
+}
+
+
+def layout_by_name(name: str) -> Layout:
+    for layout in LAYOUTS.values():
+        if layout.name == name:
+            return layout
+    raise FormatError(f"unknown layout {name!r} (known: {', '.join(lt.name for lt in LAYOUTS.values())})")
+
+
+def layout_name(tag: int) -> str:
+    layout = LAYOUTS.get(tag)
+    return layout.name if layout else f"layout {tag}"
+
+
+def kernel_layout(name: str, type_id: int, shape: tuple[int, ...]) -> int:
+    """The layout `convert --layout kernels` stores a tensor in.
+
+    Weight matrices take the layout the native engine's matmuls want (`engine.matrix_layout`, the engine's
+    one place for that decision, when the engine is importable; else interleave8 wherever the table allows
+    it). The token embedding stays in rows, since it is looked up a row at a time by token id; so does
+    everything that is not a matrix.
+    """
+    shape = tuple(shape)
+    if name == "token_embd.weight" or len(shape) != 2:
+        return LAYOUT_ROWS
+    try:
+        from barellm.engine import matrix_layout
+    except (ImportError, AttributeError):  # no engine, or a native core built without it
+        matrix_layout = None
+    if matrix_layout is not None:
+        try:
+            tag = int(matrix_layout(type_id, shape[0], shape[1]))
+        except (ValueError, OverflowError):  # a type or shape the kernels do not take
+            return LAYOUT_ROWS
+        return tag if tag in LAYOUTS and LAYOUTS[tag].check(type_id, shape) is None else LAYOUT_ROWS
+    return LAYOUT_INTERLEAVE8 if LAYOUTS[LAYOUT_INTERLEAVE8].check(type_id, shape) is None else LAYOUT_ROWS
+
+
+# --- the reader -------------------------------------------------------------------------------------------
+
+
+def _too_big(shape: tuple[int, ...]) -> bool:
+    """Whether a shape could not be a NumPy array of float64 even when a zero dimension makes it empty
+    (NumPy refuses those too: it checks the product of the non-zero dimensions)."""
+    return math.prod(max(d, 1) for d in shape) > INT64_MAX // 8
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where a tensor lives in the file and what it holds. `shape` is in NumPy order."""
+
+    name: str
+    shape: tuple[int, ...]
+    type: int
+    layout: int
+    offset: int  # absolute, in the file
+    nbytes: int
+    crc32: int
+
+    @property
+    def type_name(self) -> str:
+        return quant.type_name(self.type)
+
+    @property
+    def layout_name(self) -> str:
+        return layout_name(self.layout)
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ne(self) -> tuple[int, ...]:
+        """The dimensions as GGUF lists them, innermost first."""
+        return tuple(reversed(self.shape))
+
+
+class TensorNotFound(FormatError, KeyError):
+    """A tensor name the file does not have (also a KeyError, as for any mapping)."""
+
+    __str__ = Exception.__str__
+
+
+class _Cursor:
+    """Reads the header body, refusing to go past its end."""
+
+    def __init__(self, buf: mmap.mmap, pos: int, end: int, path: str) -> None:
+        self.buf, self.pos, self.end, self.path = buf, pos, end, path
+
+    def error(self, field: str, offset: int, what: str) -> FormatError:
+        return FormatError(f"{self.path}: {field} at offset {offset}: {what}")
+
+    def need(self, n: int, field: str) -> None:
+        if n > self.end - self.pos:
+            raise self.error(field, self.pos, f"needs {n} bytes but the header ends at offset {self.end}")
+
+    def unpack(self, st: struct.Struct, field: str) -> Any:
+        self.need(st.size, field)
+        v = st.unpack_from(self.buf, self.pos)
+        self.pos += st.size
+        return v[0] if len(v) == 1 else v
+
+    def name(self, field: str) -> str:
+        at = self.pos
+        n = self.unpack(_U16, field)
+        if n == 0:
+            raise self.error(field, at, "empty name")
+        self.need(n, field)
+        raw = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.error(field, at, f"name {raw!r} is not valid UTF-8") from None
+
+    def string(self, field: str) -> str:
+        at = self.pos
+        n = self.unpack(_U32, field)
+        if n > self.end - self.pos:
+            raise self.error(field, at, f"string length {n} runs past the end of the header")
+        s = self.buf[self.pos:self.pos + n].decode("utf-8", "surrogateescape")
+        self.pos += n
+        return s
+
+    def count(self, n: int, min_bytes: int, field: str, at: int) -> None:
+        if n * min_bytes > self.end - self.pos:
+            raise self.error(field, at, f"{n} entries cannot fit in the {self.end - self.pos} bytes left in the header")
+
+    def value(self, field: str) -> tuple[Any, str]:
+        at = self.pos
+        code = self.unpack(_U8, f"{field} type")
+        if code not in _TYPE_NAMES:
+            raise self.error(f"{field} type", at, f"unknown value type {code}")
+        if code != _ARRAY:
+            return self.scalar(code, field), _TYPE_NAMES[code]
+        at = self.pos
+        inner = self.unpack(_U8, f"{field} element type")
+        if inner not in _TYPE_NAMES or inner == _ARRAY:
+            raise self.error(f"{field} element type", at, f"{inner} is not a type an array can hold")
+        at = self.pos
+        n = self.unpack(_U64, f"{field} count")
+        self.count(n, _MIN_VALUE_BYTES[inner], f"{field} count", at)
+        type_name = f"array[{_TYPE_NAMES[inner]}]"
+        if inner == _STRING:
+            return self.strings(n, field), type_name
+        dt = _DTYPES[inner]
+        arr = np.frombuffer(self.buf, dtype=dt, count=n, offset=self.pos) if n else np.zeros(0, dt)
+        if inner == _BOOL:
+            bad = np.flatnonzero(arr > 1)
+            if bad.size:
+                raise self.error(f"{field}[{int(bad[0])}]", self.pos + int(bad[0]), "bool value is not 0 or 1")
+            self.pos += n
+            return arr.astype(bool).tolist(), type_name
+        self.pos += n * dt.itemsize
+        return arr.tolist(), type_name
+
+    def scalar(self, code: int, field: str) -> Any:
+        if code == _STRING:
+            return self.string(field)
+        at = self.pos
+        v = self.unpack(_STRUCTS[code], field)
+        if code == _BOOL:
+            if v > 1:
+                raise self.error(field, at, f"bool value is {v}, not 0 or 1")
+            return bool(v)
+        return v
+
+    def strings(self, n: int, field: str) -> list[str]:
+        # lengths first, then the bytes: a vocabulary is one vectorized sum and one loop of slices
+        lens = np.frombuffer(self.buf, dtype="<u4", count=n, offset=self.pos) if n else np.zeros(0, "<u4")
+        at = self.pos
+        self.pos += 4 * n
+        total = int(lens.sum(dtype=np.uint64))
+        if total > self.end - self.pos:
+            raise self.error(f"{field} lengths", at, f"{total} bytes of strings run past the end of the header")
+        blob = self.buf[self.pos:self.pos + total]
+        self.pos += total
+        ends = np.cumsum(lens, dtype=np.int64)
+        starts = ends - lens
+        # Fast path, about 20x faster than one decode per string: when no string holds a NUL byte, put one
+        # after each string, decode everything at once and split at the NULs. If that decode succeeds and no
+        # string starts inside a multi-byte character, each string was whole characters on its own, so the
+        # pieces are exactly what decoding each string would give.
+        b = np.frombuffer(blob, dtype=np.uint8)
+        first = starts[lens > 0]
+        if n and not (b == 0).any() and ((b[first] & 0xC0) != 0x80).all():
+            sep = np.zeros(total + n, dtype=np.uint8)
+            sep[np.arange(total, dtype=np.int64) + np.repeat(np.arange(n, dtype=np.int64), lens)] = b
+            try:
+                pieces = sep.tobytes().decode("utf-8").split("\0")
+            except UnicodeDecodeError:
+                pass
+            else:
+                return pieces[:n]
+        s, e = starts.tolist(), ends.tolist()
+        return [blob[x:y].decode("utf-8", "surrogateescape") for x, y in zip(s, e, strict=True)]
+
+    def kvs(self, n: int, section: str) -> tuple[dict[str, Any], dict[str, str]]:
+        values: dict[str, Any] = {}
+        types: dict[str, str] = {}
+        for i in range(n):
+            at = self.pos
+            key = self.name(f"{section} key #{i}")
+            if key in values:
+                raise self.error(f"{section} key #{i}", at, f"duplicate key {key!r}")
+            values[key], types[key] = self.value(f"{section} {key!r}")
+        return values, types
+
+
+class BLMFile:
+    """An open .blm file: metadata, provenance, the tensor table, and zero-copy views of tensor data.
+
+    Same interface as GGUFFile (.metadata, .tensors, .raw(), .dequantize()), plus each tensor's .layout
+    and .crc32, .provenance, .stored() for a tensor's bytes as stored (in its layout) and .rows() for them
+    in GGUF's row layout.
+    The mapping stays alive as long as any view handed out does, even after close().
+    """
+
+    path: Path
+    major: int
+    minor: int
+    metadata: dict[str, Any]
+    metadata_types: dict[str, str]
+    provenance: dict[str, Any]
+    provenance_types: dict[str, str]
+    tensors: dict[str, TensorInfo]
+    alignment: int
+    header_size: int
+    header_crc32: int
+    data_offset: int
+    data_size: int
+    file_size: int
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._name = str(path)
+        self._mmap: mmap.mmap | None = None
+        self._data: np.ndarray | None = None
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ModelNotFound(f"{self._name}: no such file") from None
+        except OSError as e:
+            raise FormatError(f"{self._name}: cannot open: {e.strerror}") from None
+        try:
+            self.file_size = os.fstat(fd).st_size
+            if self.file_size < PREAMBLE_BYTES:
+                raise FormatError(f"{self._name}: preamble at offset 0: the file has {self.file_size} bytes, "
+                                  f"fewer than the {PREAMBLE_BYTES} of a .blm preamble")
+            try:
+                self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as e:
+                raise FormatError(f"{self._name}: cannot map the file: {e}") from None
+        finally:
+            os.close(fd)
+        try:
+            self._parse(self._mmap)
+            self._data = np.frombuffer(self._mmap, dtype=np.uint8)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def version(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+    # --- parsing -----------------------------------------------------------------------------------------
+
+    def _error(self, field: str, offset: int, what: str) -> FormatError:
+        return FormatError(f"{self._name}: {field} at offset {offset}: {what}")
+
+    def _parse(self, buf: mmap.mmap) -> None:
+        (magic, major, minor, alignment, header_size, data_offset, data_size, n_md, n_prov, n_tensors,
+         crc, _reserved) = _PREAMBLE.unpack_from(buf, 0)
+        if magic != MAGIC:
+            raise self._error("magic", 0, f"not a barellm .blm file (it starts with {magic!r})")
+        if major != MAJOR:
+            if major > MAJOR:
+                raise self._error("version", 8, f"format version {major}.{minor} is newer than this barellm reads "
+                                  f"({MAJOR}.x): upgrade barellm, or convert the model again with this one")
+            raise self._error("version", 8, f"format version {major}.{minor} is older than this barellm reads "
+                              f"({MAJOR}.x): convert the model again from its source with `barellm convert`")
+        self.major, self.minor = major, minor
+        header_end = PREAMBLE_BYTES + header_size
+        if header_size > self.file_size - PREAMBLE_BYTES:
+            raise self._error("header_size", 16, f"a header of {header_size} bytes runs past the end of the file "
+                              f"({self.file_size} bytes): the file is truncated or corrupt")
+        # Checked before anything past the preamble is read: a flipped byte anywhere in the metadata or the
+        # tensor table is refused here, not misread.
+        computed = zlib.crc32(buf[_CRC_AT + 4:header_end], zlib.crc32(buf[:_CRC_AT] + b"\0\0\0\0"))
+        if computed != crc:
+            raise self._error("header_crc32", _CRC_AT, f"header checksum mismatch (stored {crc:#010x}, computed "
+                              f"{computed:#010x}): the header or the tensor table is corrupt")
+        if alignment & (alignment - 1) or not MIN_ALIGNMENT <= alignment <= MAX_ALIGNMENT:
+            raise self._error("alignment", 12, f"{alignment} is not a power of two in {MIN_ALIGNMENT}..{MAX_ALIGNMENT}")
+        if data_offset % PAGE or data_offset < header_end:
+            raise self._error("data_offset", 24, f"{data_offset} is not a multiple of {PAGE} at or after the end "
+                              f"of the header ({header_end})")
+        if data_offset > self.file_size or data_size != self.file_size - data_offset:
+            raise self._error("data_size", 32, f"the data section [{data_offset}, {data_offset + data_size}) does "
+                              f"not end where the file does ({self.file_size} bytes): the file is truncated or "
+                              "has bytes appended")
+        self.alignment, self.header_size, self.header_crc32 = alignment, header_size, crc
+        self.data_offset, self.data_size = data_offset, data_size
+
+        cur = _Cursor(buf, PREAMBLE_BYTES, header_end, self._name)
+        cur.count(n_md, _MIN_KV_BYTES, "n_metadata", 40)
+        self.metadata, self.metadata_types = cur.kvs(n_md, "metadata")
+        cur.count(n_prov, _MIN_KV_BYTES, "n_provenance", 44)
+        self.provenance, self.provenance_types = cur.kvs(n_prov, "provenance")
+        cur.count(n_tensors, _MIN_TENSOR_BYTES, "n_tensors", 48)
+        tensors: dict[str, TensorInfo] = {}
+        for i in range(n_tensors):
+            info = self._tensor(cur, i)
+            if info.name in tensors:
+                raise cur.error(f"tensor #{i} name", cur.pos - _ENTRY.size, f"duplicate tensor name {info.name!r}")
+            tensors[info.name] = info
+        if cur.pos != header_end:
+            raise cur.error("header", cur.pos, f"{header_end - cur.pos} bytes left over after the tensor table")
+        # disjoint ranges: overlapping tensors are never written, so they mean corruption or a crafted file
+        spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors.values() if t.nbytes)
+        for (_, end_a, a), (start_b, _, b) in zip(spans, spans[1:], strict=False):
+            if start_b < end_a:
+                raise self._error(f"tensor {b!r} offset", 0, f"data overlaps that of tensor {a!r}")
+        self.tensors = tensors
+
+    def _tensor(self, cur: _Cursor, i: int) -> TensorInfo:
+        name = cur.name(f"tensor #{i} name")
+        label = f"tensor {name!r}"
+        at = cur.pos
+        type_id, layout_tag, n_dims, crc, *dims, rel, nbytes = cur.unpack(_ENTRY, label)
+        if n_dims > MAX_DIMS:
+            raise cur.error(f"{label} n_dims", at + 8, f"{n_dims} dimensions (at most {MAX_DIMS})")
+        if any(dims[n_dims:]):
+            raise cur.error(f"{label} dims", at + 16, f"dimensions past n_dims = {n_dims} are not zero")
+        shape = tuple(dims[:n_dims])
+        if _too_big(shape):
+            raise cur.error(f"{label} dims", at + 16, f"dimensions {shape} overflow int64 bytes")
+        qt = quant.TYPES.get(type_id)
+        if qt is None or not qt.has_layout:
+            what = "was removed from ggml and has no layout" if qt else "is unknown to this barellm"
+            raise cur.error(f"{label} type", at, f"ggml type {quant.type_name(type_id)} ({type_id}) {what}")
+        row = shape[-1] if shape else 1
+        if row % qt.block_size:
+            raise cur.error(f"{label} dims", at + 16,
+                            f"row length {row} is not a multiple of the {qt.name} block size {qt.block_size}")
+        layout = LAYOUTS.get(layout_tag)
+        if layout is None:
+            raise cur.error(f"{label} layout", at + 4, f"unknown layout tag {layout_tag} (this barellm knows "
+                            f"{', '.join(f'{t} {lt.name}' for t, lt in LAYOUTS.items())}); the file needs a newer "
+                            "barellm, or convert it again with --layout rows")
+        why = layout.check(type_id, shape)
+        if why is not None:
+            raise cur.error(f"{label} layout", at + 4, f"layout {layout.name} {why}")
+        expected = layout.nbytes(type_id, shape)
+        if nbytes != expected:
+            raise cur.error(f"{label} nbytes", at + 56, f"{nbytes} bytes, but a {qt.name} tensor of shape {shape} "
+                            f"in layout {layout.name} takes {expected}")
+        if rel % self.alignment:
+            raise cur.error(f"{label} offset", at + 48, f"{rel} is not a multiple of the alignment {self.alignment}")
+        if rel > self.data_size or nbytes > self.data_size - rel:
+            raise cur.error(f"{label} offset", at + 48, f"data [{rel}, {rel + nbytes}) runs past the end of the "
+                            f"data section ({self.data_size} bytes)")
+        return TensorInfo(name, shape, type_id, layout_tag, self.data_offset + rel, nbytes, crc)
+
+    # --- access ------------------------------------------------------------------------------------------
+
+    def _info(self, name: str) -> TensorInfo:
+        info = self.tensors.get(name)
+        if info is None:
+            raise TensorNotFound(f"{self._name}: no tensor named {name!r}")
+        return info
+
+    def stored(self, name: str) -> np.ndarray:
+        """The tensor's bytes as stored, in layout `.layout`: a read-only uint8 view of the mapping (no copy)."""
+        info = self._info(name)
+        if self._data is None:
+            raise ValueError(f"{self._name}: the file is closed")
+        return self._data[info.offset:info.offset + info.nbytes]
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes in GGUF's row layout, as GGUFFile.raw gives them: a read-only view (no copy).
+
+        A tensor stored repacked is refused rather than handed out as rows it is not: callers that know
+        layouts read it with stored() and its .layout, others with rows() (a converted copy).
+        """
+        info = self._info(name)
+        if info.layout != LAYOUT_ROWS:
+            raise FormatError(f"{self._name}: tensor {name!r} is stored in layout {info.layout_name}, not in rows; "
+                              "read it with stored() and its .layout, or with rows()")
+        return self.stored(name)
+
+    def rows(self, name: str) -> np.ndarray:
+        """The tensor's bytes in GGUF's row layout: the stored view itself for `rows`, else a new array."""
+        info = self._info(name)
+        data = self.stored(name)
+        if info.layout == LAYOUT_ROWS:
+            return data
+        return LAYOUTS[info.layout].to_rows(data, info.type, info.shape)
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """The tensor decoded to a new float32 array of shape `TensorInfo.shape` (any layout is undone first)."""
+        info = self._info(name)
+        try:
+            return quant.dequantize(self.rows(name), info.type, info.shape)
+        except FormatError as e:
+            raise FormatError(f"{self._name}: tensor {name!r}: {e}") from None
+
+    def close(self) -> None:
+        """Release the mapping (deferred while views are still alive)."""
+        self._data = None
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                pass  # views are alive; the mapping goes when they do
+            self._mmap = None
+
+    def __enter__(self) -> BLMFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._data is None else f"{len(self.tensors)} tensors"
+        return f"<BLMFile {self._name!r} v{getattr(self, 'major', '?')}.{getattr(self, 'minor', '?')} {state}>"
+
+    # --- inspection --------------------------------------------------------------------------------------
+
+    def header_lines(self) -> list[str]:
+        """Header facts beyond the version, one line each, for `barellm inspect`."""
+        p = self.provenance
+        layouts = Counter(t.layout_name for t in self.tensors.values())
+        lines = [
+            f"tensors: {len(self.tensors)}, metadata keys: {len(self.metadata)}, header {self.header_size:,} B "
+            f"(crc32 {self.header_crc32:#010x})",
+            f"alignment: {self.alignment}, data section at offset {self.data_offset} ({self.data_size:,} B)",
+            "layouts: " + ", ".join(f"{name} {n}" for name, n in layouts.most_common()),
+        ]
+        if p:
+            src = f"source: {p.get('source.name', '?')} ({p.get('source.format', '?')}"
+            if "source.size" in p:
+                src += f", {p['source.size'] / 1e6:.1f} MB"
+            lines.append(src + f", sha256 {p.get('source.sha256', '?')})")
+            lines.append(f"converter: {p.get('converter.name', '?')} {p.get('converter.version', '?')} "
+                         f"(revision {p.get('converter.revision', '?')}), type {p.get('convert.type', '?')}, "
+                         f"layout {p.get('convert.layout', '?')}")
+            extra = [k for k in p if not k.startswith(("source.", "converter.", "convert."))]
+            lines += [f"provenance {k}: {p[k]!r}" for k in extra]
+        return lines
+
+
+# --- verify -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    path: Path
+    n_tensors: int
+    nbytes: int
+    seconds: float
+
+
+def verify(path: str | os.PathLike[str], progress: Progress | None = None) -> VerifyResult:
+    """Checks the header (by opening the file) and every tensor's CRC-32; FormatError names every failure."""
+    t0 = time.perf_counter()
+    with BLMFile(path) as f:
+        infos = list(f.tensors.values())
+
+        def crc(info: TensorInfo) -> int:
+            return zlib.crc32(f.stored(info.name))
+
+        # zlib releases the GIL on large buffers: a few threads overlap the page faults and the sums
+        with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+            computed = []
+            for info, c in zip(infos, pool.map(crc, infos), strict=True):
+                computed.append(c)
+                if progress:
+                    progress.advance(info.nbytes)
+        bad = [f"{i.name!r} (stored {i.crc32:#010x}, computed {c:#010x})"
+               for i, c in zip(infos, computed, strict=True) if c != i.crc32]
+        total = sum(i.nbytes for i in infos)
+        n = len(infos)
+    if bad:
+        shown = "; ".join(bad[:8]) + (f"; and {len(bad) - 8} more" if len(bad) > 8 else "")
+        raise FormatError(f"{path}: tensor data checksum mismatch in {len(bad)} of {n} tensors: {shown}")
+    return VerifyResult(Path(path), n, total, time.perf_counter() - t0)
+
+
+# --- the writer -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TensorSpec:
+    """A tensor to write. `data` holds its bytes in `layout` (any dtype; its bytes are taken), or is a
+    function that returns them, called once when the tensor is written (so a converter holds one tensor
+    in memory at a time)."""
+
+    name: str
+    type: int
+    shape: tuple[int, ...]
+    data: np.ndarray | bytes | Callable[[], np.ndarray | bytes]
+    layout: int = LAYOUT_ROWS
+
+
+def _check_spec(spec: TensorSpec) -> int:
+    """The spec's byte size, after checking it is something a reader will accept."""
+    nb = spec.name.encode("utf-8")
+    if not 0 < len(nb) <= MAX_NAME_BYTES:
+        raise FormatError(f"tensor name {spec.name!r}: must be 1 to {MAX_NAME_BYTES} bytes of UTF-8")
+    shape = tuple(int(d) for d in spec.shape)
+    if len(shape) > MAX_DIMS or any(d < 0 for d in shape) or _too_big(shape):
+        raise FormatError(f"tensor {spec.name!r}: shape {shape} (at most {MAX_DIMS} non-negative dimensions, "
+                          "fewer than 2^63 bytes as float64)")
+    qt = quant.TYPES.get(spec.type)
+    if qt is None or not qt.has_layout:
+        raise FormatError(f"tensor {spec.name!r}: ggml type {spec.type} cannot be stored")
+    if (shape[-1] if shape else 1) % qt.block_size:
+        raise FormatError(f"tensor {spec.name!r}: row length {shape[-1]} is not a multiple of the {qt.name} block "
+                          f"size {qt.block_size}")
+    layout = LAYOUTS.get(spec.layout)
+    if layout is None:
+        raise FormatError(f"tensor {spec.name!r}: unknown layout tag {spec.layout}")
+    why = layout.check(spec.type, shape)
+    if why is not None:
+        raise FormatError(f"tensor {spec.name!r}: layout {layout.name} {why}")
+    return layout.nbytes(spec.type, shape)
+
+
+def _as_bytes(data: np.ndarray | bytes) -> np.ndarray:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return np.frombuffer(data, dtype=np.uint8)
+    return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+
+
+def _kv_section(values: Mapping[str, Any], types: Mapping[str, str] | None) -> bytes:
+    out = bytearray()
+    for key, value in values.items():
+        _encode_kv(out, key, value, (types or {}).get(key) or infer_type(value))
+    return bytes(out)
+
+
+def temp_path(path: Path) -> Path:
+    """The temporary file a write to `path` goes through: hidden, in the same directory (so the final rename
+    is atomic), named after the writing process so that leftovers of a killed writer can be recognized."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+
+
+def write_blm(path: str | os.PathLike[str], metadata: Mapping[str, Any], tensors: Iterable[TensorSpec], *,
+              metadata_types: Mapping[str, str] | None = None, provenance: Mapping[str, Any] | None = None,
+              provenance_types: Mapping[str, str] | None = None, alignment: int = DEFAULT_ALIGNMENT,
+              progress: Progress | None = None) -> Path:
+    """Writes a .blm file atomically (temp file, fsync, rename); an error leaves nothing at `path` that is new.
+
+    Value types come from `metadata_types` ("uint32", "array[string]", ...) where given, else `infer_type`.
+    """
+    path = Path(path)
+    if alignment & (alignment - 1) or not MIN_ALIGNMENT <= alignment <= MAX_ALIGNMENT:
+        raise FormatError(f"alignment {alignment} is not a power of two in {MIN_ALIGNMENT}..{MAX_ALIGNMENT}")
+    specs = list(tensors)
+    sizes = [_check_spec(s) for s in specs]
+    names = Counter(s.name for s in specs)
+    dup = [n for n, c in names.items() if c > 1]
+    if dup:
+        raise FormatError(f"tensor {dup[0]!r} is given twice")
+    offsets = []
+    end = 0
+    for n in sizes:
+        start = _round_up(end, alignment)
+        offsets.append(start)
+        end = start + n
+    data_size = end
+    md = _kv_section(metadata, metadata_types)
+    prov = _kv_section(provenance or {}, provenance_types)
+
+    def table(crcs: list[int]) -> bytes:
+        out = bytearray()
+        for spec, off, n, crc in zip(specs, offsets, sizes, crcs, strict=True):
+            nb = spec.name.encode("utf-8")
+            shape = tuple(int(d) for d in spec.shape)
+            dims = list(shape) + [0] * (MAX_DIMS - len(shape))
+            out += _U16.pack(len(nb)) + nb
+            out += _ENTRY.pack(spec.type, spec.layout, len(shape), crc, *dims, off, n)
+        return bytes(out)
+
+    body_size = len(md) + len(prov) + len(table([0] * len(specs)))
+    data_offset = _round_up(PREAMBLE_BYTES + body_size, PAGE)
+    if len(metadata) > 0xFFFFFFFF or len(provenance or {}) > 0xFFFFFFFF or len(specs) > 0xFFFFFFFF:
+        raise FormatError("too many metadata entries or tensors for one file")
+
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            # Zeros where the header goes: until the very end the file has no magic, so a writer killed
+            # part-way leaves a temp file that no reader mistakes for a model.
+            f.write(b"\0" * data_offset)
+            crcs = []
+            pos = 0
+            for spec, off, n in zip(specs, offsets, sizes, strict=True):
+                data = spec.data() if callable(spec.data) else spec.data
+                arr = _as_bytes(data)
+                if arr.size != n:
+                    raise FormatError(f"tensor {spec.name!r}: {arr.size} bytes of data given, but its type, shape "
+                                      f"and layout take {n}")
+                if off > pos:
+                    f.write(b"\0" * (off - pos))
+                f.write(memoryview(arr))
+                crcs.append(zlib.crc32(arr))
+                pos = off + n
+                del data, arr
+                if progress:
+                    progress.advance(n)
+            f.flush()
+            os.fsync(f.fileno())
+            body = md + prov + table(crcs)
+            assert len(body) == body_size
+            pre = _PREAMBLE.pack(MAGIC, MAJOR, MINOR, alignment, body_size, data_offset, data_size, len(metadata),
+                                 len(provenance or {}), len(specs), 0, b"\0" * 8)
+            crc = zlib.crc32(body, zlib.crc32(pre))  # the crc field is still zero in `pre`
+            pre = pre[:_CRC_AT] + _U32.pack(crc) + pre[_CRC_AT + 4:]
+            f.seek(PREAMBLE_BYTES)
+            f.write(body)
+            f.flush()
+            f.seek(0)
+            f.write(pre)  # the magic goes in last
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise BarellmError(f"{path}: cannot write: {e.strerror or e}") from e
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Makes a rename in `directory` durable (best effort: some filesystems refuse a directory fsync)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,409 @@
+"""The .blm format: round trips, layouts, integrity checks, versioning, atomic writes, and a fuzzer over the
+header and tensor table."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from barellm import quant
+from barellm.errors import FormatError
+from barellm.formats import blm, open_model_file, sniff
+from barellm.formats.blm import BLMFile, TensorSpec, write_blm
+
+RNG_SEED = 1234
+METADATA = {
+    "general.architecture": "llama",
+    "u8": 200, "i8": -5, "u16": 60000, "i16": -30000, "u32": 4_000_000_000, "i32": -2_000_000_000,
+    "u64": 1 << 63, "i64": -(1 << 62), "f32": 0.5, "f64": 1e-300, "flag": True,
+    "tokens": ["<s>", "", "héllo", "\udcff\udcfe", "a b", "日本"],
+    "scores": [0.0, -1.5, 2.25],
+    "types": [1, 3, 5],
+    "bools": [True, False, True],
+    "empty": [],
+    "template": "{{ messages }}",
+}
+TYPES = {"u8": "uint8", "i8": "int8", "u16": "uint16", "i16": "int16", "u64": "uint64", "i64": "int64",
+         "f64": "float64", "types": "array[int32]", "bools": "array[bool]", "empty": "array[string]"}
+
+
+def _tensors(rng: np.random.Generator) -> dict[str, tuple[int, tuple[int, ...], np.ndarray, int]]:
+    """name -> (type, shape, float values, layout)"""
+    out = {}
+    for name, tid, shape, layout in [
+        ("norm", 0, (64,), 0), ("f16.matrix", 1, (3, 40), 0), ("bf16.matrix", 30, (2, 8), 0),
+        ("q4_0.matrix", 2, (5, 64), 0), ("q8_0.matrix", 8, (16, 32), 0), ("q4_1.cube", 3, (2, 3, 32), 0),
+        ("q4_0.i8", 2, (13, 64), 1), ("q4_1.i8", 3, (8, 96), 1), ("q8_0.i8", 8, (9, 32), 1),
+        ("empty", 0, (0, 4), 0), ("scalar", 0, (), 0),
+    ]:
+        out[name] = (tid, shape, rng.standard_normal(shape).astype(np.float32), layout)
+    return out
+
+
+def _rows(tid: int, x: np.ndarray) -> np.ndarray:
+    return quant.quantize(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1), tid).reshape(-1)
+
+
+def write_sample(path: Path, seed: int = RNG_SEED) -> dict:
+    tensors = _tensors(np.random.default_rng(seed))
+    specs = []
+    for name, (tid, shape, x, layout) in tensors.items():
+        data = blm.LAYOUTS[layout].from_rows(_rows(tid, x), tid, shape)
+        specs.append(TensorSpec(name, tid, shape, data, layout))
+    write_blm(path, METADATA, specs, metadata_types=TYPES,
+              provenance={"source.name": "sample", "source.sha256": "0" * 64, "source.size": 1})
+    return tensors
+
+
+@pytest.fixture()
+def sample(tmp_path):
+    path = tmp_path / "sample.blm"
+    return path, write_sample(path)
+
+
+def fix_crc(buf: bytearray) -> None:
+    """Recomputes the header checksum of a (patched) file image."""
+    (header_size,) = struct.unpack_from("<Q", buf, 16)
+    end = min(64 + header_size, len(buf))
+    crc = zlib.crc32(bytes(buf[56:end]), zlib.crc32(bytes(buf[:52]) + b"\0\0\0\0"))
+    struct.pack_into("<I", buf, 52, crc)
+
+
+def table_offsets(path: Path) -> dict[str, int]:
+    """Offset of each tensor's fixed 64-byte record in the file."""
+    with BLMFile(path) as f:
+        names = list(f.tensors)
+        end = 64 + f.header_size
+    out = {}
+    pos = end
+    for name in reversed(names):  # the table is the last section: walk it backwards from the end
+        pos -= 64
+        out[name] = pos
+        pos -= 2 + len(name.encode())
+    return out
+
+
+# --- round trips -----------------------------------------------------------------------------------------
+
+
+def test_round_trip_metadata_types_and_tensors(sample):
+    path, tensors = sample
+    assert sniff(path) == "blm"
+    with BLMFile(path) as f:
+        assert f.version == "1.0"
+        assert f.metadata == METADATA
+        assert f.metadata_types["u64"] == "uint64" and f.metadata_types["tokens"] == "array[string]"
+        assert f.metadata_types["general.architecture"] == "string" and f.metadata_types["f32"] == "float32"
+        assert f.metadata_types["i32"] == "int32" and f.metadata_types["scores"] == "array[float32]"
+        assert f.provenance["source.name"] == "sample"
+        assert list(f.tensors) == list(tensors)
+        assert f.data_offset % 4096 == 0
+        for name, (tid, shape, x, layout) in tensors.items():
+            info = f.tensors[name]
+            assert (info.type, info.shape, info.layout) == (tid, shape, layout)
+            assert (info.offset - f.data_offset) % 64 == 0 and info.offset % 64 == 0
+            rows = _rows(tid, x)
+            assert np.array_equal(f.rows(name), rows)
+            expected = quant.dequantize(rows, tid, shape)
+            assert np.array_equal(f.dequantize(name), expected)
+            stored = f.stored(name)
+            assert stored.dtype == np.uint8 and not stored.flags.writeable and stored.size == info.nbytes
+            assert np.shares_memory(stored, f.stored(name)) or stored.size == 0  # a view of the mapping
+            if layout == 0:
+                assert np.shares_memory(f.raw(name), stored) or stored.size == 0
+            else:  # never handed out as rows it is not
+                with pytest.raises(FormatError, match=f"tensor '{name}' is stored in layout interleave8"):
+                    f.raw(name)
+
+
+def test_open_model_file_maps_blm_directly(sample):
+    path, _ = sample
+    src = open_model_file(path)
+    assert isinstance(src, BLMFile)
+    src.close()
+
+
+def test_views_survive_close(sample):
+    path, tensors = sample
+    f = BLMFile(path)
+    raw = f.raw("q4_0.matrix")
+    f.close()
+    assert np.array_equal(raw, _rows(2, tensors["q4_0.matrix"][2]))
+    with pytest.raises(ValueError):
+        f.raw("q4_0.matrix")
+
+
+def test_missing_tensor_is_a_key_error_and_format_error(sample):
+    path, _ = sample
+    with BLMFile(path) as f, pytest.raises(KeyError) as e:
+        f.raw("nope")
+    assert isinstance(e.value, FormatError) and "nope" in str(e.value)
+
+
+# --- layouts ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tid", [2, 3, 8])
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 24])
+@pytest.mark.parametrize("cols", [32, 160])
+def test_interleave8_matches_the_native_repack_and_undoes_it(tid, rows, cols, monkeypatch):
+    x = np.random.default_rng(rows * cols + tid).standard_normal((rows, cols)).astype(np.float32)
+    q = _rows(tid, x)
+    lay = blm.LAYOUTS[blm.LAYOUT_INTERLEAVE8]
+    packed = lay.from_rows(q, tid, (rows, cols))
+    assert packed.size == lay.nbytes(tid, (rows, cols))
+    assert np.array_equal(lay.to_rows(packed, tid, (rows, cols)), q)
+    native = pytest.importorskip("barellm._native")
+    if not hasattr(native, "repack"):
+        pytest.skip("native core without repack")
+    assert np.array_equal(np.frombuffer(native.repack(tid, 1, rows, cols, q), np.uint8), packed)
+    # the NumPy fallback writes the same bytes as the kernels' own repacking
+    monkeypatch.setattr(native, "repack", None, raising=False)
+    monkeypatch.delattr(native, "repack")
+    assert np.array_equal(lay.from_rows(q, tid, (rows, cols)), packed)
+
+
+def test_kernel_layout_decision():
+    assert blm.kernel_layout("blk.0.attn_q.weight", 3, (576, 576)) == blm.LAYOUT_INTERLEAVE8
+    assert blm.kernel_layout("token_embd.weight", 8, (49152, 576)) == blm.LAYOUT_ROWS
+    assert blm.kernel_layout("blk.0.attn_norm.weight", 0, (576,)) == blm.LAYOUT_ROWS
+    assert blm.kernel_layout("blk.0.ffn_down.weight", 12, (576, 1536)) == blm.LAYOUT_ROWS  # q4_k: no layout
+
+
+def test_unknown_layout_tag_names_the_tensor_and_tag(sample):
+    path, _ = sample
+    buf = bytearray(path.read_bytes())
+    struct.pack_into("<I", buf, table_offsets(path)["q8_0.matrix"] + 4, 7)
+    fix_crc(buf)
+    path.write_bytes(bytes(buf))
+    with pytest.raises(FormatError, match=r"tensor 'q8_0.matrix' layout .*unknown layout tag 7"):
+        BLMFile(path)
+
+
+def test_layout_that_cannot_hold_the_type_is_refused(tmp_path):
+    with pytest.raises(FormatError, match="interleave8"):
+        write_blm(tmp_path / "x.blm", {}, [TensorSpec("w", 0, (8, 32), np.zeros(256, np.float32), 1)])
+    assert not list(tmp_path.iterdir())
+
+
+# --- integrity -------------------------------------------------------------------------------------------
+
+
+def test_verify_passes_then_names_a_tensor_with_one_flipped_byte(sample):
+    path, _ = sample
+    r = blm.verify(path)
+    assert r.n_tensors == 11
+    with BLMFile(path) as f:
+        info = f.tensors["q4_1.i8"]
+    buf = bytearray(path.read_bytes())
+    buf[info.offset + info.nbytes // 2] ^= 0x10
+    path.write_bytes(bytes(buf))
+    BLMFile(path).close()  # data corruption does not stop loading (that would read every page) ...
+    with pytest.raises(FormatError, match=r"checksum mismatch in 1 of 11 tensors: 'q4_1.i8'"):
+        blm.verify(path)  # ... verify finds it
+
+
+def test_every_flipped_header_byte_is_caught_at_load(sample):
+    path, _ = sample
+    good = path.read_bytes()
+    with BLMFile(path) as f:
+        end = 64 + f.header_size
+    rng = np.random.default_rng(5)
+    positions = sorted(set(range(64)) | set(rng.integers(64, end, 300).tolist()) | {end - 1})
+    for pos in positions:
+        if 56 <= pos < 64:
+            continue  # reserved bytes are covered by the checksum too, tested below
+        buf = bytearray(good)
+        buf[pos] ^= 1 << int(rng.integers(8))
+        path.write_bytes(bytes(buf))
+        with pytest.raises(FormatError):
+            BLMFile(path)
+    buf = bytearray(good)
+    buf[60] ^= 1
+    path.write_bytes(bytes(buf))
+    with pytest.raises(FormatError, match="header checksum mismatch"):
+        BLMFile(path)
+
+
+def test_truncated_and_extended_files_are_refused(sample):
+    path, _ = sample
+    good = path.read_bytes()
+    for cut in (0, 10, 63, 64, 200, len(good) - 1):
+        path.write_bytes(good[:cut])
+        with pytest.raises(FormatError):
+            BLMFile(path)
+    path.write_bytes(good + b"\0")
+    with pytest.raises(FormatError, match="does not end where the file does"):
+        BLMFile(path)
+
+
+def test_not_a_blm_file(tmp_path):
+    p = tmp_path / "x.blm"
+    p.write_bytes(b"GGUF" + b"\0" * 100)
+    with pytest.raises(FormatError, match="not a barellm .blm file"):
+        BLMFile(p)
+
+
+# --- versions --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("major, minor, outcome", [
+    (2, 0, "newer than this barellm reads"), (0, 9, "older than this barellm reads"), (1, 7, None),
+])
+def test_versioning_rule(sample, major, minor, outcome):
+    path, _ = sample
+    buf = bytearray(path.read_bytes())
+    struct.pack_into("<HH", buf, 8, major, minor)
+    fix_crc(buf)
+    path.write_bytes(bytes(buf))
+    if outcome:
+        with pytest.raises(FormatError, match=outcome):
+            BLMFile(path)
+    else:
+        with BLMFile(path) as f:  # a newer minor only adds: read as usual
+            assert f.version == f"1.{minor}" and f.metadata == METADATA
+
+
+# --- writing ---------------------------------------------------------------------------------------------
+
+
+def test_failed_write_leaves_the_old_file_and_no_temp(tmp_path, sample):
+    path, _ = sample
+    before = path.read_bytes()
+
+    def boom() -> np.ndarray:
+        raise RuntimeError("source went away")
+
+    specs = [TensorSpec("a", 0, (4,), np.zeros(4, np.float32)), TensorSpec("b", 0, (4,), boom)]
+    with pytest.raises(RuntimeError):
+        write_blm(path, {}, specs)
+    with pytest.raises(FormatError, match="6 bytes of data given"):
+        write_blm(path, {}, [TensorSpec("a", 0, (4,), np.zeros(6, np.uint8))])
+    assert path.read_bytes() == before
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_writer_refuses_bad_input(tmp_path):
+    out = tmp_path / "x.blm"
+    cases = [
+        ({}, [TensorSpec("a", 2, (4, 31), b"")], "block size"),
+        ({}, [TensorSpec("a", 0, (1,), b"\0" * 4), TensorSpec("a", 0, (1,), b"\0" * 4)], "given twice"),
+        ({}, [TensorSpec("a", 5, (1,), b"")], "cannot be stored"),
+        ({"k": 1 << 40}, [], None),
+        ({"k": [[1]]}, [], "arrays do not nest"),
+        ({"k": -1}, [], None),
+    ]
+    for md, specs, err in cases:
+        if err:
+            with pytest.raises(FormatError, match=err):
+                write_blm(out, md, specs)
+        else:
+            write_blm(out, md, specs)
+            with BLMFile(out) as f:
+                assert f.metadata == md
+    with pytest.raises(FormatError, match="not a uint8"):
+        write_blm(out, {"k": 300}, [], metadata_types={"k": "uint8"})
+
+
+def test_same_input_same_bytes(tmp_path):
+    a, b = tmp_path / "a.blm", tmp_path / "b.blm"
+    write_sample(a)
+    write_sample(b)
+    assert a.read_bytes() == b.read_bytes()
+
+
+# --- fuzzing ---------------------------------------------------------------------------------------------
+
+_INTERESTING = [0, 1, 7, 63, 64, 4095, 4096, 0x7FFFFFFF, 0xFFFFFFFF, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
+
+
+def _mutate(buf: bytearray, end: int, rng: np.random.Generator) -> None:
+    for _ in range(int(rng.integers(1, 4))):
+        kind = int(rng.integers(4))
+        pos = int(rng.integers(0, end))
+        if kind == 0:
+            buf[pos] ^= 1 << int(rng.integers(8))
+        elif kind == 1:
+            buf[pos] = int(rng.integers(256))
+        else:
+            width = 4 if kind == 2 else 8
+            pos = min(pos - pos % width, end - width)
+            v = _INTERESTING[int(rng.integers(len(_INTERESTING)))]
+            if rng.integers(2):
+                v = int(struct.unpack_from("<Q" if width == 8 else "<I", buf, pos)[0]) + int(rng.integers(-70, 70))
+            v %= 1 << (8 * width)
+            struct.pack_into("<Q" if width == 8 else "<I", buf, pos, v)
+
+
+def _check_loaded(path: Path, good_tensors: dict[str, tuple[tuple, bytes]]) -> None:
+    size = path.stat().st_size
+    with BLMFile(path) as f:
+        for name, info in f.tensors.items():
+            assert 0 <= info.offset and info.offset + info.nbytes <= size
+            raw = f.stored(name)
+            assert raw.size == info.nbytes
+            key = (info.type, info.shape, info.layout, info.offset)
+            if name in good_tensors and good_tensors[name][0] == key:
+                assert raw.tobytes() == good_tensors[name][1]  # unchanged entries read the same data
+            try:
+                f.dequantize(name)
+            except FormatError:
+                pass  # a type we list but cannot decode
+    try:
+        blm.verify(path)
+    except FormatError:
+        pass
+
+
+def test_fuzz_header_and_table(tmp_path):
+    """Every mutation of the header and table loads correct data or raises the clean FormatError.
+
+    Half the cases keep the stored checksum (so the checksum catches them), half recompute it, so the
+    parser itself sees hostile values. BARELLM_FUZZ_ITERS raises the count."""
+    iters = int(os.environ.get("BARELLM_FUZZ_ITERS", "2000"))
+    path = tmp_path / "f.blm"
+    write_sample(path)
+    good = path.read_bytes()
+    with BLMFile(path) as f:
+        end = 64 + f.header_size
+        good_tensors = {n: ((i.type, i.shape, i.layout, i.offset), f.stored(n).tobytes()) for n, i in f.tensors.items()}
+    rng = np.random.default_rng(int(os.environ.get("BARELLM_FUZZ_SEED", "20240601")))
+    outcomes = {"refused": 0, "loaded": 0}
+
+    def hang(signum, frame):
+        raise TimeoutError("the reader hung on a mutated file")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(max(60, iters // 20))
+    try:
+        worst = 0.0
+        for i in range(iters):
+            buf = bytearray(good)
+            _mutate(buf, end, rng)
+            fixed = bool(i % 2)
+            if fixed:
+                fix_crc(buf)
+            with open(path, "r+b") as fh:
+                fh.write(buf)
+                fh.truncate(len(buf))
+            t0 = time.perf_counter()
+            try:
+                _check_loaded(path, good_tensors)
+                outcomes["loaded"] += 1
+                if not fixed:
+                    assert bytes(buf) == good, f"case {i}: a mutation with a stale checksum loaded"
+            except FormatError:
+                outcomes["refused"] += 1
+            worst = max(worst, time.perf_counter() - t0)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert outcomes["refused"] > iters // 2
+    assert worst < 5.0

@@ -1,0 +1,584 @@
+"""Conversion into .blm: from GGUF (bit-identical logits), from tiny Hugging Face llama checkpoints written
+here (checked against an independent NumPy forward in Hugging Face's own convention), requantization
+within the types' error bounds, the transparent model cache, the CLI, and a convert killed mid-write."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import barellm
+from barellm import quant
+from barellm.arch.config import config_from_metadata
+from barellm.arch.llama import ReferenceEngine
+from barellm.cli import main
+from barellm.convert import CONVERTER_REVISION, SafetensorsFile, convert, permute_qk
+from barellm.errors import FormatError
+from barellm.formats import open_model_file
+from barellm.formats.blm import LAYOUT_INTERLEAVE8, LAYOUT_ROWS, BLMFile, verify
+from barellm.formats.gguf import GGUFFile
+from barellm.text.tokenizer import Tokenizer
+
+from tiny_model import CHATML, byte_vocab, write_tiny_llama
+
+safetensors = pytest.importorskip("safetensors")
+from safetensors import TensorSpec, serialize_file  # noqa: E402
+
+# --- a tiny Hugging Face llama checkpoint ----------------------------------------------------------------
+
+DIM, FFN, HEADS, KV_HEADS, LAYERS = 64, 96, 4, 2, 2
+HD = DIM // HEADS
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("a", "n"), ("e", "r"), ("o", "n"), ("Ġ", "a")]
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _vocab() -> list[str]:
+    return SPECIALS + byte_vocab() + [a + b for a, b in MERGES]
+
+
+N_VOCAB = len(_vocab())
+
+
+def hf_weights(seed: int = 0, tied: bool = False) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+
+    def norm() -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(DIM)).astype(np.float32)
+
+    w = {"model.embed_tokens.weight": mat(N_VOCAB, DIM, 4.0), "model.norm.weight": norm()}
+    if not tied:
+        w["lm_head.weight"] = mat(N_VOCAB, DIM, 4.0)
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        w.update({
+            p + "input_layernorm.weight": norm(),
+            p + "self_attn.q_proj.weight": mat(HEADS * HD, DIM, 3.0),
+            p + "self_attn.k_proj.weight": mat(KV_HEADS * HD, DIM, 3.0),
+            p + "self_attn.v_proj.weight": mat(KV_HEADS * HD, DIM),
+            p + "self_attn.o_proj.weight": mat(DIM, HEADS * HD),
+            p + "post_attention_layernorm.weight": norm(),
+            p + "mlp.gate_proj.weight": mat(FFN, DIM),
+            p + "mlp.up_proj.weight": mat(FFN, DIM),
+            p + "mlp.down_proj.weight": mat(DIM, FFN),
+        })
+    w["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(HD // 2, np.float32)  # a buffer to skip
+    return w
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (round to nearest even)."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16(b: np.ndarray) -> np.ndarray:
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def _save(tensors: dict[str, np.ndarray], path: Path, dtype: str) -> None:
+    if dtype == "F32":
+        from safetensors.numpy import save_file
+
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+        return
+    keep = {k: np.ascontiguousarray(to_bf16(v)) for k, v in tensors.items()}  # numpy has no bf16
+    specs = {k: TensorSpec(dtype="bfloat16", shape=v.shape, data_ptr=v.ctypes.data, data_len=v.nbytes)
+             for k, v in keep.items()}
+    serialize_file(specs, str(path), metadata={"format": "pt"})
+
+
+def tokenizer_json(pre: str = "smollm", pair_merges: bool = False) -> dict:
+    vocab = {t: i for i, t in enumerate(_vocab())}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    if pre == "smollm":
+        pt = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, byte_level]}
+    elif pre == "gpt2":
+        pt = byte_level
+    elif pre == "llama3":
+        pt = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
+            dict(byte_level, use_regex=False)]}
+    else:
+        pt = {"type": "Metaspace", "replacement": "▁"}
+    tj = {
+        "version": "1.0",
+        "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, t in enumerate(SPECIALS)],
+        "normalizer": None,
+        "pre_tokenizer": pt,
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": pre == "llama3", "vocab": vocab,
+                  "merges": [list(m) for m in MERGES] if pair_merges else [f"{a} {b}" for a, b in MERGES]},
+    }
+    if pre == "llama3":  # BOS comes from the post-processor, as in Llama 3
+        tj["post_processor"] = {"type": "TemplateProcessing",
+                                "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                                           {"Sequence": {"id": "A", "type_id": 0}}],
+                                "pair": [], "special_tokens": {}}
+    return tj
+
+
+def write_hf(root: Path, dtype: str = "F32", shards: int = 1, tied: bool = False, pre: str = "smollm",
+             seed: int = 0, **config_extra) -> dict[str, np.ndarray]:
+    """Writes a checkpoint directory; returns the float32 weights the checkpoint holds (after bf16 rounding)."""
+    root.mkdir(parents=True, exist_ok=True)
+    w = hf_weights(seed, tied)
+    if dtype == "BF16":
+        w = {k: from_bf16(to_bf16(v)) for k, v in w.items()}
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": DIM, "intermediate_size": FFN,
+        "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256, "vocab_size": N_VOCAB,
+        "tie_word_embeddings": tied, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+        "torch_dtype": "float32" if dtype == "F32" else "bfloat16", **config_extra,
+    }
+    (root / "config.json").write_text(json.dumps(config))
+    (root / "tokenizer.json").write_text(json.dumps(tokenizer_json(pre, pair_merges=shards > 1)))
+    tc = {"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>", "special": True},
+          "unk_token": "<|endoftext|>", "pad_token": "<|im_end|>", "chat_template": CHATML}
+    if pre != "llama3":
+        tc["add_bos_token"] = False
+    (root / "tokenizer_config.json").write_text(json.dumps(tc))
+    names = sorted(w)
+    if shards == 1:
+        _save(w, root / "model.safetensors", dtype)
+    else:
+        weight_map = {}
+        for s in range(shards):
+            part = names[s::shards]
+            fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            _save({k: w[k] for k in part}, root / fname, dtype)
+            weight_map.update({k: fname for k in part})
+        (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return w
+
+
+def hf_forward(w: dict[str, np.ndarray], ids: list[int], theta: float = 10000.0, eps: float = 1e-5) -> np.ndarray:
+    """Logits of every position, computed the Hugging Face way: unpermuted Q/K, rotate_half RoPE, float64."""
+    W = {k: v.astype(np.float64) for k, v in w.items()}
+    T = len(ids)
+    x = W["model.embed_tokens.weight"][ids]
+
+    def rms(v: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * g
+
+    inv_freq = 1.0 / theta ** (np.arange(0, HD, 2) / HD)
+    freqs = np.outer(np.arange(T), inv_freq)
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    cos, sin = np.cos(emb)[:, None, :], np.sin(emb)[:, None, :]
+
+    def rotate_half(t: np.ndarray) -> np.ndarray:
+        return np.concatenate([-t[..., HD // 2:], t[..., :HD // 2]], axis=-1)
+
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        h = rms(x, W[p + "input_layernorm.weight"])
+        q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(T, HEADS, HD)
+        k = (h @ W[p + "self_attn.k_proj.weight"].T).reshape(T, KV_HEADS, HD)
+        v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(T, KV_HEADS, HD)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k, v = np.repeat(k, HEADS // KV_HEADS, axis=1), np.repeat(v, HEADS // KV_HEADS, axis=1)
+        scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(HD) + mask
+        p_att = np.exp(scores - scores.max(-1, keepdims=True))
+        p_att /= p_att.sum(-1, keepdims=True)
+        att = np.einsum("hts,shd->thd", p_att, v).reshape(T, DIM)
+        x = x + att @ W[p + "self_attn.o_proj.weight"].T
+        h = rms(x, W[p + "post_attention_layernorm.weight"])
+        gate = h @ W[p + "mlp.gate_proj.weight"].T
+        x = x + ((gate / (1 + np.exp(-gate))) * (h @ W[p + "mlp.up_proj.weight"].T)) @ W[p + "mlp.down_proj.weight"].T
+    out = W.get("lm_head.weight", W["model.embed_tokens.weight"])
+    return rms(x, W["model.norm.weight"]) @ out.T
+
+
+IDS = [1, 60, 80, 3 + 72, 3 + 101, 259, 261, 2, 100, 33, 5]
+
+
+def _logits(src, ids=IDS) -> np.ndarray:
+    cfg = config_from_metadata(src.metadata, src.tensors["token_embd.weight"].shape[0],
+                               "output.weight" not in src.tensors)
+    return ReferenceEngine(cfg, src, n_ctx=64).forward(ids, 0, all_logits=True)
+
+
+def _no_temps(directory: Path) -> None:
+    assert not [p.name for p in directory.iterdir() if p.name.endswith(".tmp")]
+
+
+# --- Hugging Face checkpoints ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, shards, tied, pre", [
+    ("F32", 1, False, "smollm"), ("BF16", 2, False, "llama3"), ("F32", 3, True, "gpt2"),
+])
+def test_checkpoint_converts_and_matches_a_hugging_face_forward(tmp_path, dtype, shards, tied, pre):
+    w = write_hf(tmp_path / "ckpt", dtype=dtype, shards=shards, tied=tied, pre=pre)
+    out = convert(tmp_path / "ckpt", tmp_path / "m.blm")
+    _no_temps(tmp_path)
+    with BLMFile(out) as f:
+        assert f.provenance["source.format"] == "safetensors" and len(f.provenance["source.sha256"]) == 64
+        assert ("output.weight" in f.tensors) != tied
+        assert f.tensors["blk.0.attn_norm.weight"].type == 0  # norms are float32 whatever the checkpoint has
+        assert f.tensors["blk.1.ffn_up.weight"].type == (30 if dtype == "BF16" else 0)
+        assert f.metadata["tokenizer.ggml.pre"] == {"smollm": "smollm", "llama3": "llama-bpe", "gpt2": "gpt-2"}[pre]
+        ours = _logits(f)
+    ref = hf_forward(w, IDS)
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+    # and it runs as a model
+    m = barellm.load(out, engine="reference", context=64)
+    assert isinstance(m.generate("the cat", max_tokens=4, temperature=0), str)
+
+
+def test_permutation_is_llama_cpps():
+    # head_dim 4: a head's rows [0 1 2 3] become [0 2 1 3] (pairs (i, i + hd/2) become adjacent)
+    rows = np.arange(8).reshape(8, 1)
+    assert permute_qk(rows, 2)[:, 0].tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
+
+
+def test_checkpoint_tokenizer(tmp_path):
+    write_hf(tmp_path / "ckpt", pre="smollm")
+    with BLMFile(convert(tmp_path / "ckpt", tmp_path / "m.blm")) as f:
+        md = f.metadata
+    assert md["tokenizer.ggml.model"] == "gpt2"
+    assert md["tokenizer.ggml.tokens"] == _vocab()
+    assert md["tokenizer.ggml.merges"] == [f"{a} {b}" for a, b in MERGES]
+    assert md["tokenizer.ggml.token_type"][:4] == [3, 3, 3, 1]
+    assert (md["tokenizer.ggml.bos_token_id"], md["tokenizer.ggml.eos_token_id"]) == (1, 2)
+    assert (md["tokenizer.ggml.unknown_token_id"], md["tokenizer.ggml.padding_token_id"]) == (0, 2)
+    assert md["tokenizer.ggml.add_bos_token"] is False and md["tokenizer.chat_template"] == CHATML
+    tok = Tokenizer.from_metadata(md)
+    ids = tok.encode("the cat in the<|im_end|>")
+    assert ids[-1] == 2 and _vocab().index("Ġthe") in ids and tok.decode(ids) == "the cat in the<|im_end|>"
+    # llama 3 style: BOS from the post-processor
+    write_hf(tmp_path / "l3", pre="llama3")
+    with BLMFile(convert(tmp_path / "l3", tmp_path / "l3.blm")) as f:
+        assert f.metadata["tokenizer.ggml.add_bos_token"] is True
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0", "q4_1", "f16", "bf16"])
+def test_requantized_checkpoint_within_the_types_error_bounds(tmp_path, qtype):
+    write_hf(tmp_path / "ckpt")
+    f32 = BLMFile(convert(tmp_path / "ckpt", tmp_path / "f32.blm"))
+    q = BLMFile(convert(tmp_path / "ckpt", tmp_path / "q.blm", type=qtype))
+    qt = quant.by_name(qtype)
+    assert q.provenance["convert.type"] == qtype
+    for name, info in q.tensors.items():
+        x = f32.dequantize(name)
+        if len(info.shape) == 1:
+            assert info.type == 0 and np.array_equal(q.dequantize(name), x)
+            continue
+        assert info.type == qt.id, name
+        blocks = x.reshape(-1, qt.block_size)
+        err = np.abs(q.dequantize(name).reshape(blocks.shape) - blocks).max(axis=-1)
+        assert (err <= qt.max_error(blocks)).all(), name
+    q.close()
+    f32.close()
+    m = barellm.load(tmp_path / "q.blm", engine="reference", context=64)
+    assert isinstance(m.generate("in the", max_tokens=3, temperature=0), str)
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda r: (r / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}'),
+     "only llama checkpoints"),
+    (lambda r: (r / "config.json").write_text("{not json"), "cannot read it as JSON"),
+    (lambda r: (r / "tokenizer.json").write_text(json.dumps(tokenizer_json("metaspace"))), "pre_tokenizer"),
+    (lambda r: (r / "tokenizer.json").unlink(), "tokenizer.json: missing"),
+    (lambda r: (r / "model.safetensors").write_bytes(b"\xff" * 16), "header length"),
+    (lambda r: (r / "model.safetensors").write_bytes((5).to_bytes(8, "little") + b"{oops"), "not valid JSON"),
+    (lambda r: _patch_header(r, "model.norm.weight", data_offsets=[0, 10 ** 9]), "fall outside"),
+    (lambda r: _patch_header(r, "model.norm.weight", shape=[65]), "which takes"),
+    (lambda r: _patch_header(r, "model.norm.weight", dtype="I32"), "only F32, F16 and BF16"),
+    (lambda r: _patch_header(r, "model.norm.weight", dtype="Q9"), "unknown dtype"),
+    (lambda r: _rename_tensor(r, "lm_head.weight", "model.mystery.weight"), "not part of a llama checkpoint"),
+    (lambda r: _rename_tensor(r, "model.layers.1.mlp.up_proj.weight", "model.layers.1.mlp.up.weight"),
+     "not part of a llama"),
+])
+def test_broken_checkpoints_fail_cleanly(tmp_path, breakage, message):
+    root = tmp_path / "ckpt"
+    write_hf(root)
+    breakage(root)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    with pytest.raises(FormatError, match=message):
+        convert(root, out_dir / "m.blm")
+    assert not list(out_dir.iterdir())
+
+
+def test_shard_names_cannot_leave_the_checkpoint(tmp_path):
+    root = tmp_path / "ckpt"
+    write_hf(root, shards=2)
+    idx = json.loads((root / "model.safetensors.index.json").read_text())
+    idx["weight_map"]["model.norm.weight"] = "../evil.safetensors"
+    (root / "model.safetensors.index.json").write_text(json.dumps(idx))
+    with pytest.raises(FormatError, match="not a .safetensors file name"):
+        convert(root, tmp_path / "m.blm")
+
+
+def _read_st(path: Path) -> tuple[dict, bytes]:
+    b = path.read_bytes()
+    n = int.from_bytes(b[:8], "little")
+    return json.loads(b[8:8 + n]), b[8 + n:]
+
+
+def _write_st(path: Path, header: dict, data: bytes) -> None:
+    h = json.dumps(header).encode()
+    path.write_bytes(len(h).to_bytes(8, "little") + h + data)
+
+
+def _patch_header(root: Path, name: str, **fields) -> None:
+    header, data = _read_st(root / "model.safetensors")
+    header[name].update(fields)
+    _write_st(root / "model.safetensors", header, data)
+
+
+def _rename_tensor(root: Path, old: str, new: str) -> None:
+    header, data = _read_st(root / "model.safetensors")
+    header[new] = header.pop(old)
+    _write_st(root / "model.safetensors", header, data)
+
+
+def test_safetensors_reader_matches_the_library(tmp_path):
+    from safetensors.numpy import load_file
+
+    write_hf(tmp_path / "ckpt", shards=1)
+    ours = SafetensorsFile(tmp_path / "ckpt" / "model.safetensors")
+    theirs = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
+    assert set(ours.tensors) == set(theirs)
+    for name, arr in theirs.items():
+        assert np.array_equal(ours.floats(name), arr)
+    ours.close()
+
+
+def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
+    write_hf(tmp_path / "ckpt")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    calls = {"n": 0}
+    real = quant.quantize
+
+    def flaky(x, t):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise FormatError("simulated failure")
+        return real(x, t)
+
+    monkeypatch.setattr("barellm.convert.quant.quantize", flaky)
+    with pytest.raises(FormatError, match="simulated failure"):
+        convert(tmp_path / "ckpt", out_dir / "m.blm", type="q8_0")
+    assert calls["n"] == 6 and not list(out_dir.iterdir())
+
+
+# --- GGUF ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+
+
+def test_gguf_keeps_types_bytes_and_metadata(tiny_gguf, tmp_path):
+    out = convert(tiny_gguf, tmp_path / "t.blm")
+    with GGUFFile(tiny_gguf) as g, BLMFile(out) as f:
+        assert f.metadata == {k: v for k, v in g.metadata.items() if k != "general.alignment"}
+        assert all(f.metadata_types[k] == g.metadata_types[k] for k in f.metadata)
+        for name, info in g.tensors.items():
+            assert (f.tensors[name].type, f.tensors[name].shape) == (info.type, info.shape)
+            assert np.array_equal(f.raw(name), g.raw(name))
+        assert np.array_equal(_logits(f), _logits(g))
+
+
+def test_gguf_requantized_and_repacked(tiny_gguf, tmp_path):
+    with GGUFFile(tiny_gguf) as g:
+        ref = _logits(g)
+    k = convert(tiny_gguf, tmp_path / "k.blm", layout="kernels")
+    with BLMFile(k) as f:
+        layouts = {n: t.layout for n, t in f.tensors.items()}
+        assert layouts["blk.0.attn_q.weight"] == LAYOUT_INTERLEAVE8 and layouts["output.weight"] == LAYOUT_INTERLEAVE8
+        assert layouts["token_embd.weight"] == LAYOUT_ROWS and layouts["output_norm.weight"] == LAYOUT_ROWS
+        assert np.array_equal(_logits(f), ref)  # the layout changes where bytes are, not what they say
+    q = convert(tiny_gguf, tmp_path / "q.blm", type="q4_0")
+    with BLMFile(q) as f:
+        assert {t.type for n, t in f.tensors.items() if len(t.shape) == 2} == {2}
+        assert {t.type for n, t in f.tensors.items() if len(t.shape) == 1} == {0}
+        assert np.isfinite(_logits(f)).all()
+
+
+def test_native_engine_reads_the_blm_as_it_reads_the_gguf(tiny_gguf, tmp_path):
+    engine = pytest.importorskip("barellm.engine", reason="native engine not built")
+    out = convert(tiny_gguf, tmp_path / "t.blm")
+
+    def native(src):
+        cfg = config_from_metadata(src.metadata, src.tensors["token_embd.weight"].shape[0],
+                                   "output.weight" not in src.tensors)
+        return engine.NativeEngine(cfg, src, n_ctx=64, threads=1).forward(IDS, 0, all_logits=True)
+
+    with GGUFFile(tiny_gguf) as g, BLMFile(out) as f:
+        assert np.array_equal(native(f), native(g))
+    # a repacked file is refused clearly by a reader of rows, never misread
+    with BLMFile(convert(tiny_gguf, tmp_path / "k.blm", layout="kernels")) as f:
+        with pytest.raises(FormatError, match="stored in layout interleave8"):
+            native(f)
+
+
+# --- the model cache -------------------------------------------------------------------------------------
+
+
+def test_transparent_conversion_happens_once(tiny_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("BARELLM_CONVERT", raising=False)
+    src = open_model_file(tiny_gguf)
+    assert isinstance(src, BLMFile) and src.path.parent == tmp_path / "home" / "blm"
+    assert src.path.name == f"{src.provenance['source.sha256']}.blm"
+    first = src.path
+    src.close()
+
+    def no_conversion(*a, **k):
+        raise AssertionError("converted again")
+
+    def no_hashing(*a, **k):
+        raise AssertionError("hashed again")
+
+    with monkeypatch.context() as m:
+        m.setattr("barellm.convert.convert", no_conversion)
+        m.setattr("barellm.convert.sha256_files", no_hashing)
+        again = open_model_file(tiny_gguf)
+        assert again.path == first
+        again.close()
+        # the model API goes the same way
+        model = barellm.load(tiny_gguf, engine="reference", context=32)
+        assert isinstance(model.source, BLMFile)
+    # the same bytes under another path (or touched): hashed, not converted
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(tiny_gguf.read_bytes())
+    with monkeypatch.context() as m:
+        m.setattr("barellm.convert.convert", no_conversion)
+        other = open_model_file(copy)
+        assert other.path == first
+        other.close()
+    # a direct read on request
+    assert isinstance(open_model_file(tiny_gguf, convert=False), GGUFFile)
+    monkeypatch.setenv("BARELLM_CONVERT", "0")
+    assert isinstance(open_model_file(tiny_gguf), GGUFFile)
+
+
+def test_an_unwritable_cache_falls_back_to_the_gguf(tiny_gguf, tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    home.write_text("a file where the cache directory should be")
+    monkeypatch.setenv("BARELLM_HOME", str(home))
+    monkeypatch.delenv("BARELLM_CONVERT", raising=False)
+    assert isinstance(open_model_file(tiny_gguf), GGUFFile)
+    assert "reading tiny.gguf directly" in capsys.readouterr().err
+
+
+def test_cache_reconverts_a_corrupt_or_stale_file(tiny_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("BARELLM_CONVERT", raising=False)
+    path = open_model_file(tiny_gguf).path
+    buf = bytearray(path.read_bytes())
+    buf[100] ^= 0xFF  # inside the header: refused at load
+    path.write_bytes(bytes(buf))
+    src = open_model_file(tiny_gguf)
+    assert src.path == path and src.provenance["converter.revision"] == CONVERTER_REVISION
+    src.close()
+    monkeypatch.setattr("barellm.convert.CONVERTER_REVISION", CONVERTER_REVISION + 1)
+    src = open_model_file(tiny_gguf)
+    assert src.provenance["converter.revision"] == CONVERTER_REVISION + 1
+    src.close()
+
+
+def test_a_checkpoint_directory_loads_by_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    w = write_hf(tmp_path / "ckpt", shards=2)
+    model = barellm.load(tmp_path / "ckpt", engine="reference", context=64)
+    np.testing.assert_allclose(model.logits(IDS), hf_forward(w, IDS), rtol=0, atol=2e-3)
+    assert model.source.path.parent == tmp_path / "home" / "blm"
+
+
+# --- commands --------------------------------------------------------------------------------------------
+
+
+def test_cli_convert_verify_inspect(tiny_gguf, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    out = tmp_path / "t.blm"
+    assert main(["convert", str(tiny_gguf), "-o", str(out), "--type", "q8_0", "--layout", "kernels", "-q"]) == 0
+    assert "tensors" in capsys.readouterr().out
+    assert main(["verify", str(out)]) == 0
+    assert "ok" in capsys.readouterr().out
+    assert main(["inspect", str(out), "--tensors"]) == 0
+    text = capsys.readouterr().out
+    assert "format: blm v1.0" in text and "source: tiny.gguf (gguf" in text and "interleave8" in text
+    assert "converter: barellm" in text and "type q8_0, layout kernels" in text
+    assert main(["inspect", str(tiny_gguf)]) == 0  # a GGUF is shown as itself, not converted
+    assert "format: gguf v3" in capsys.readouterr().out
+    with BLMFile(out) as f:
+        info = f.tensors["blk.1.ffn_down.weight"]
+    buf = bytearray(out.read_bytes())
+    buf[info.offset + 3] ^= 0x40
+    out.write_bytes(bytes(buf))
+    assert main(["verify", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "'blk.1.ffn_down.weight'" in err and err.count("\n") == 1
+    # a GGUF path verifies its cached conversion, once there is one
+    assert main(["verify", str(tiny_gguf)]) == 1
+    assert "not converted yet" in capsys.readouterr().err
+    open_model_file(tiny_gguf).close()
+    assert main(["verify", str(tiny_gguf)]) == 0
+
+
+# --- the real model --------------------------------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_default_model_blm_logits_bit_identical_to_gguf(smollm_gguf, tmp_path):
+    out = convert(smollm_gguf, tmp_path / "smol.blm")
+    ids = [1, 504, 3458, 282, 4649, 314, 216]
+    with GGUFFile(smollm_gguf) as g:
+        ref = _logits(g, ids)
+    with BLMFile(out) as f:
+        assert f.provenance["source.sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+        ours = _logits(f, ids)
+    assert ours.dtype == np.float32 and np.array_equal(ours, ref)
+    r = verify(out)
+    assert r.n_tensors == 272
+
+
+@pytest.mark.model
+def test_convert_killed_mid_write_leaves_nothing_that_loads(smollm_gguf, tmp_path):
+    out = tmp_path / "killed.blm"
+    # requantizing makes the write take seconds, so there is a window to kill it in
+    proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "convert", str(smollm_gguf), "-o", str(out),
+                             "--type", "q8_0", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            temps = list(tmp_path.glob(".killed.blm.*.tmp"))
+            if temps and temps[0].stat().st_size > 4 << 20:  # past the header, into the tensor data
+                break
+            assert proc.poll() is None, f"convert ended before it could be killed: {proc.stderr.read()!r}"
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not out.exists()
+    leftovers = list(tmp_path.glob(".*.tmp"))
+    assert leftovers  # the killed writer could not clean up ...
+    for p in leftovers:  # ... but what it left is no model
+        with pytest.raises(FormatError, match="not a barellm .blm file"):
+            BLMFile(p)
