@@ -1,8 +1,9 @@
-"""Engine throughput: decode tok/s (128 tokens after a short prompt) and prefill tok/s (a 512-token
-prompt, logits for the last token only), at 1 and 2 threads; median (and best) of several runs,
-the thread counts interleaved so the machine's drift hits them alike.
+"""Engine throughput at 1 and 2 threads: decode tok/s (128 tokens after a short prompt, and 128 tokens
+after a 512-token prompt is cached) and prefill tok/s (a 512-token prompt, logits for the last token
+only); median (and best) of several runs, the thread counts interleaved so the machine's drift hits
+them alike. Adaptive threading is off unless --adaptive: the thread count asked for is the one used.
 
-    python bench/engine.py [--model PATH] [--runs 5] [--threads 1,2] [--chunk 64] [--profile]
+    python bench/engine.py [--model PATH] [--runs 5] [--threads 1,2] [--chunk 64] [--adaptive] [--profile]
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ def open_model(path: str):
 
 
 def decode_run(engine, prompt, n):
-    engine.forward(prompt, 0)
     logits = np.empty((1, engine.n_vocab), np.float32)
     tok = int(np.argmax(engine.forward(prompt, 0)))
     t0 = time.perf_counter()
@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--profile", action="store_true", help="cycles per op kind for one decode step")
+    ap.add_argument("--adaptive", action="store_true", help="let steps run on fewer threads when that is faster")
     args = ap.parse_args()
 
     from barellm.engine import NativeEngine
@@ -63,9 +64,10 @@ def main() -> None:
     prompt = [int(t) for t in rng.integers(100, cfg.n_vocab, args.prefill)]
     short = prompt[:8]
     threads = [int(t) for t in args.threads.split(",")]
-    engines = {t: NativeEngine(cfg, src, n_ctx=max(1024, args.prefill + 16), threads=t, chunk=args.chunk)
-               for t in threads}
+    engines = {t: NativeEngine(cfg, src, n_ctx=args.prefill + args.decode + 16, threads=t, chunk=args.chunk,
+                               adaptive_threads=args.adaptive) for t in threads}
     dec = {t: [] for t in threads}
+    dec_long = {t: [] for t in threads}
     pre = {t: [] for t in threads}
     for e in engines.values():  # warm-up: page in the weights, wake the workers
         decode_run(e, short, 8)
@@ -74,11 +76,15 @@ def main() -> None:
         for t, e in engines.items():
             dec[t].append(decode_run(e, short, args.decode))
             pre[t].append(prefill_run(e, prompt))
-    print(f"model {Path(args.model).name}, chunk {args.chunk}, {args.runs} runs (median / best)")
-    print("| threads | decode tok/s | prefill tok/s |")
-    print("|---|---|---|")
+            dec_long[t].append(decode_run(e, prompt, args.decode))
+    load = os.getloadavg()[0]
+    print(f"model {Path(args.model).name}, chunk {args.chunk}, {args.runs} runs (median / best), "
+          f"load average {load:.1f} on {os.cpu_count()} CPUs")
+    print(f"| threads | decode tok/s | decode after {args.prefill} cached | prefill {args.prefill} tok/s |")
+    print("|---|---|---|---|")
     for t in threads:
         print(f"| {t} | {statistics.median(dec[t]):.1f} / {max(dec[t]):.1f} "
+              f"| {statistics.median(dec_long[t]):.1f} / {max(dec_long[t]):.1f} "
               f"| {statistics.median(pre[t]):.1f} / {max(pre[t]):.1f} |")
     if args.profile:
         for t, e in engines.items():

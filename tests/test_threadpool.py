@@ -171,3 +171,23 @@ def test_pinned_pool_in_subprocess():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert len(eval(out.stdout.strip())) == 1
+
+
+def test_forked_child_runs_on_its_own_thread():
+    """After fork() the child has no workers: its runs use the calling thread instead of waiting forever."""
+    pool = nat.Pool(2)
+    plan, a, x0, _ = chain_plan(pool, 6, 3, 64, seed=4)
+    a[:] = x0
+    plan.run(3, 0)
+    want = a.copy()
+    pid = os.fork()
+    if pid == 0:  # child
+        ok = False
+        try:
+            a[:] = x0
+            plan.run(3, 0)
+            ok = bool(np.array_equal(a, want))
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0

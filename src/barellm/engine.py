@@ -85,6 +85,35 @@ def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
     return None
 
 
+def _release_pages(views: list[np.ndarray]) -> None:
+    """Drops this process's mapping of the file pages under views (read-only mmap views of the model
+    file that were copied into repacked matrices): they would otherwise stay resident for nothing. The
+    kernel reads them back from the file if anything touches them again."""
+    try:
+        import ctypes
+        import mmap
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return
+    def file_mapped(v: Any) -> bool:  # a read-only view whose memory is an mmap (of the model file)
+        if v.flags.writeable:
+            return False
+        b = v
+        while b is not None and not isinstance(b, mmap.mmap):
+            b = b.obj if isinstance(b, memoryview) else getattr(b, "base", None)
+        return b is not None
+
+    page = mmap.PAGESIZE
+    for v in views:
+        if not file_mapped(v):  # anonymous memory would come back as zeros
+            continue
+        lo = -(-v.ctypes.data // page) * page
+        hi = (v.ctypes.data + v.nbytes) // page * page
+        if hi > lo:
+            libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
+
+
 def _default_threads() -> int:
     from barellm.model import default_threads
 
@@ -271,6 +300,7 @@ class NativeEngine:
                 data = aligned_zeros(nbytes, np.uint8)
                 nat.repack_into(type_id, LAYOUT_ROWS if layout == LAYOUT_ROWS else layout, rows, cols,
                                 np.ascontiguousarray(src), data)
+                _release_pages([self._raw_rows(n)[1] for n in group])  # (embedding lookups fault rows back in)
             parts.append((type_id, layout, rows, cols, data))
         self._matrices[names] = parts
         return parts

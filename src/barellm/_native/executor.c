@@ -86,6 +86,24 @@ static int take_back(bl_steal_slot *s, unsigned seq, int *c) {
     }
 }
 
+/* The chunks of an op's [0, n) for this thread: first its own range from the front, then the others'
+ * from the back. Call with *victim = -1 first; returns 0 when none is left. */
+static void steal_init(const bl_plan *p, int tid, int nth, unsigned seq, int n) {
+    int c0, c1;
+    bl_split(n, 1, tid, nth, &c0, &c1);
+    atomic_store_explicit(&p->steal[tid].w, PACK(seq, c0, c1), memory_order_release);
+}
+
+static int steal_next(const bl_plan *p, int tid, int nth, unsigned seq, int *victim, int *c) {
+    if (*victim < 0) {
+        if (take_front(&p->steal[tid], seq, c)) return 1;
+        *victim = 1;
+    }
+    for (; *victim < nth; ++*victim)
+        if (take_back(&p->steal[(tid + *victim) % nth], seq, c)) return 1;
+    return 0;
+}
+
 static void matmul_rows(const bl_op *op, int T, int lo, int hi) {
     for (int k = 0; k < op->n_parts; k++) {
         const bl_mm_part *pt = &op->parts[k];
@@ -116,15 +134,10 @@ static void op_matmul(const bl_plan *p, const bl_op *op, int tid, int nth, unsig
     const int A = op->row_align, want = (op->n_rows + 8 * nth - 1) / (8 * nth);
     const int CH = want > A ? (want + A - 1) / A * A : A;
     const int nch = (op->n_rows + CH - 1) / CH;
-    int c0, c1, c;
-    bl_split(nch, 1, tid, nth, &c0, &c1);
-    bl_steal_slot *own = &p->steal[tid];
-    atomic_store_explicit(&own->w, PACK(seq, c0, c1), memory_order_release);
-    while (take_front(own, seq, &c)) matmul_rows(op, T, c * CH, c + 1 < nch ? (c + 1) * CH : op->n_rows);
-    for (int v = 1; v < nth; v++) {
-        bl_steal_slot *other = &p->steal[(tid + v) % nth];
-        while (take_back(other, seq, &c)) matmul_rows(op, T, c * CH, c + 1 < nch ? (c + 1) * CH : op->n_rows);
-    }
+    int c, victim = -1;
+    steal_init(p, tid, nth, seq, nch);
+    while (steal_next(p, tid, nth, seq, &victim, &c))
+        matmul_rows(op, T, c * CH, c + 1 < nch ? (c + 1) * CH : op->n_rows);
 }
 
 static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth) {
@@ -148,13 +161,12 @@ static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth) {
     }
 }
 
-/* Work items are (kv head g, token t, head j of g's group), g-major; a thread takes a contiguous run
- * of them and hands consecutive items of one kv head and one slot to bl_attend in blocks. */
-static void op_attention(const bl_plan *p, const bl_op *op, int tid, int nth) {
+/* Work items are (kv head g, token t, head j of g's group), g-major. They are dealt in units of
+ * consecutive items (work stealing as for the matmuls: causal attention costs more for later tokens);
+ * within a unit, consecutive items of one kv head and one slot go to bl_attend together. */
+static void attend_items(const bl_plan *p, const bl_op *op, int u0, int u1) {
     const int grp = op->n_heads / op->n_kv_heads, per_g = p->T * grp, hd = op->head_dim;
     const size_t esz = op->kv_f16 ? 2 : 4, head = (size_t)op->n_ctx * hd * esz;
-    int u0, u1;
-    bl_split(op->n_kv_heads * per_g, 1, tid, nth, &u0, &u1);
     bl_attn_query qs[BL_ATT_MAXQ];
     int nq = 0, cur_g = -1, cur_slot = -1;
     for (int u = u0; u <= u1; u++) {
@@ -181,13 +193,29 @@ static void op_attention(const bl_plan *p, const bl_op *op, int tid, int nth) {
     }
 }
 
+static void op_attention(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    const int n = p->T * op->n_heads;
+    if (nth == 1) {
+        attend_items(p, op, 0, n);
+        return;
+    }
+    /* units: a token's heads of one kv head at least (decode: a few units to share), BL_ATT_MAXQ items
+     * at most (prefill: K and V tiles shared by up to that many queries) */
+    const int grp = op->n_heads / op->n_kv_heads, want = (n + 4 * nth - 1) / (4 * nth);
+    const int U = want < grp ? grp : want > BL_ATT_MAXQ ? BL_ATT_MAXQ : want;
+    const int nu = (n + U - 1) / U;
+    int c, victim = -1;
+    steal_init(p, tid, nth, seq, nu);
+    while (steal_next(p, tid, nth, seq, &victim, &c)) attend_items(p, op, c * U, c + 1 < nu ? (c + 1) * U : n);
+}
+
 static void exec_op(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
     switch (op->kind) {
     case BL_OP_EMBED: op_embed(p, op, tid, nth); break;
     case BL_OP_RMSNORM: op_rmsnorm(p, op, tid, nth); break;
     case BL_OP_MATMUL: op_matmul(p, op, tid, nth, seq); break;
     case BL_OP_ROPE_KV: op_rope_kv(p, op, tid, nth); break;
-    case BL_OP_ATTENTION: op_attention(p, op, tid, nth); break;
+    case BL_OP_ATTENTION: op_attention(p, op, tid, nth, seq); break;
     case BL_OP_SILU_MUL: op_silu_mul(p, op, tid, nth); break;
     case BL_OP_ADD: op_add(p, op, tid, nth); break;
     default: break;

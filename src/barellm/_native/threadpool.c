@@ -61,6 +61,7 @@ struct bl_pool {
     bl_task_fn fn;
     void *ctx;
     int n_active;          /* threads taking part in the current task */
+    pid_t pid;             /* the process the workers live in (a forked child has none of them) */
     uint64_t wait0;        /* cycles thread 0 spent waiting at barriers (diagnostics, adaptive mode) */
     /* each hot atomic on its own cache line */
     _Alignas(BL_CACHELINE) atomic_uint job;      /* bumped for each task; also the futex word */
@@ -133,6 +134,7 @@ bl_pool *bl_pool_create(int n, int pin) {
     memset(p, 0, sizeof *p);
     p->n = n;
     p->n_active = n;
+    p->pid = getpid();
     p->pin = pin;
     atomic_store(&p->spin_us, 300);
     for (int i = 0; i < BL_MAX_THREADS; i++) p->cpus[i] = -1;
@@ -168,6 +170,12 @@ fail:
 
 void bl_pool_destroy(bl_pool *p) {
     if (!p) return;
+    if (getpid() != p->pid) { /* a forked child: the workers are not ours to join */
+        bl_free_aligned(p->threads);
+        bl_free_aligned(p->workers);
+        bl_free_aligned(p);
+        return;
+    }
     atomic_store(&p->stop, 1);
     atomic_fetch_add(&p->job, 1);
     futex(&p->job, FUTEX_WAKE_PRIVATE, 0x7fffffff);
@@ -185,6 +193,7 @@ void bl_pool_run(bl_pool *p, bl_task_fn fn, void *ctx) { bl_pool_run_n(p, fn, ct
 
 void bl_pool_run_n(bl_pool *p, bl_task_fn fn, void *ctx, int n_active) {
     if (n_active < 1 || n_active > p->n) n_active = p->n;
+    if (getpid() != p->pid) n_active = 1; /* after fork(): the workers stayed in the parent */
     p->n_active = n_active;
     if (n_active == 1) { /* the workers are left idle */
         fn(ctx, 0, 1);
