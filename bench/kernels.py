@@ -1,6 +1,6 @@
-"""Single-thread speed of the matmul kernels on SmolLM2-135M's shapes.
+"""Single-thread speed of the matmul kernels on SmolLM2-135M's shapes (or Gemma 3 270M's: --model gemma3).
 
-    python bench/kernels.py [--quick] [--reps N] [--cpu-time] [--no-scalar]
+    python bench/kernels.py [--model smollm2|gemma3|all] [--quick] [--reps N] [--cpu-time] [--no-scalar]
 
 For each shape and T: GMAC/s (rows * cols * T multiply-adds per second) and GB/s (weight bytes read per
 second) of
@@ -31,17 +31,28 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from barellm import _native as nat  # noqa: E402
+from barellm import quant  # noqa: E402
 
-Q4_1, Q8_0 = 3, 8
+Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 3, 6, 8, 12, 14
 ROWS, I8 = 0, 1
-NAMES = {Q4_1: "q4_1", Q8_0: "q8_0"}
-SHAPES = [  # (what, rows, cols, type)
-    ("q/o", 576, 576, Q4_1),
-    ("k/v", 192, 576, Q4_1),
-    ("gate/up", 1536, 576, Q4_1),
-    ("down", 576, 1536, Q4_1),
-    ("output", 49152, 576, Q8_0),
-]
+NAMES = {Q4_1: "q4_1", Q5_0: "q5_0", Q8_0: "q8_0", Q4_K: "q4_k", Q6_K: "q6_k"}
+SHAPES = {  # model -> [(what, rows, cols, type)]
+    "smollm2": [
+        ("q/o", 576, 576, Q4_1),
+        ("k/v", 192, 576, Q4_1),
+        ("gate/up", 1536, 576, Q4_1),
+        ("down", 576, 1536, Q4_1),
+        ("output", 49152, 576, Q8_0),
+    ],
+    "gemma3": [  # Q4_K_M: ffn_down is Q4_K in half the layers, Q6_K in the others
+        ("q", 1024, 640, Q5_0),
+        ("k/v", 256, 640, Q5_0),
+        ("gate/up", 2048, 640, Q5_0),
+        ("o", 640, 1024, Q4_K),
+        ("down", 640, 2048, Q4_K),
+        ("down", 640, 2048, Q6_K),
+    ],
+}
 COLD_BYTES = 96 << 20
 
 _BLOCK = {
@@ -51,6 +62,15 @@ _BLOCK = {
 
 
 def make_weights(type_, rows, cols, rng):
+    if type_ in (Q5_0, Q4_K, Q6_K):  # random quants and scales, small finite f16 d (and dmin)
+        nu = rows * cols // (32 if type_ == Q5_0 else 256)
+        b = rng.integers(0, 256, (nu, quant.get(type_).block_bytes), dtype=np.uint8)
+        d = rng.uniform(-0.01, 0.01, (nu, 2)).astype("<f2").view(np.uint8)
+        if type_ == Q6_K:
+            b[:, 208:210] = d[:, :2]
+        else:
+            b[:, : 4 if type_ == Q4_K else 2] = d[:, : 4 if type_ == Q4_K else 2]
+        return b.reshape(-1)
     b = np.zeros(rows * cols // 32, dtype=_BLOCK[type_])
     b["d"] = rng.uniform(-0.05, 0.05, b.shape)
     if type_ == Q4_1:
@@ -61,6 +81,8 @@ def make_weights(type_, rows, cols, rng):
 
 
 def dequantize(raw, type_, rows, cols):
+    if type_ not in _BLOCK:
+        return quant.dequantize(raw, type_, (rows, cols))
     b = raw.view(_BLOCK[type_])
     d = b["d"].astype(np.float32)[:, None]
     if type_ == Q8_0:
@@ -100,6 +122,7 @@ def measure(fn, reps, budget):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=[*SHAPES, "all"], default="smollm2", help="whose matrix shapes")
     ap.add_argument("--quick", action="store_true", help="T = 1 and 64 only, shorter runs")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--budget", type=float, default=None, help="seconds per rep (default 0.05, quick 0.02)")
@@ -115,7 +138,8 @@ def main():
     hdr = f"{'shape':>24} {'T':>4} {'path':>13} {'GMAC/s':>8} {'GB/s':>7} {'us/call':>10}"
     print(hdr)
     print("-" * len(hdr))
-    for what, rows, cols, type_ in SHAPES:
+    shapes = [s for m in SHAPES if args.model in (m, "all") for s in SHAPES[m]]
+    for what, rows, cols, type_ in shapes:
         raw = make_weights(type_, rows, cols, rng)
         wrows = raw.tobytes()
         wi8 = nat.repack(type_, I8, rows, cols, wrows)

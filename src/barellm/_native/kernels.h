@@ -20,7 +20,8 @@
 enum bl_layout {
     BL_LAYOUT_ROWS = 0,
     BL_LAYOUT_INTERLEAVE8 = 1,   /* Q4_0, Q4_1, Q8_0: 8 rows interleaved per group, block by block
-                                    (see quant_internal.h); rows padded to a multiple of 8 */
+                                    (see quant_internal.h); Q5_0, Q4_K, Q6_K likewise (quant_kq.h);
+                                    rows padded to a multiple of 8 */
 };
 
 typedef struct bl_matrix {

@@ -24,12 +24,13 @@ static int check_matrix(bl_matrix *m, int type, int layout, int rows, int cols) 
         PyErr_Format(PyExc_ValueError, "matrix shape (%d, %d) must be positive", rows, cols);
         return -1;
     }
-    if (bl_row_bytes(type, BL_QK) == 0) {
+    if (bl_block_size(type) == 0) {
         PyErr_Format(PyExc_ValueError, "type %d is not supported by the matmul kernels", type);
         return -1;
     }
-    if (bl_is_quant(type) && cols % BL_QK) {
-        PyErr_Format(PyExc_ValueError, "cols = %d is not a multiple of the block size %d", cols, BL_QK);
+    if (cols % bl_block_size(type)) {
+        PyErr_Format(PyExc_ValueError, "cols = %d is not a multiple of the block size %d", cols,
+                     bl_block_size(type));
         return -1;
     }
     if (bl_matrix_bytes(type, layout, rows, cols) == 0) {

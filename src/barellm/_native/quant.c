@@ -6,7 +6,7 @@
 #include "quant_internal.h"
 
 static int layout_ok(int type, int layout) {
-    if (layout == BL_LAYOUT_ROWS) return bl_row_bytes(type, BL_QK) != 0;
+    if (layout == BL_LAYOUT_ROWS) return bl_block_size(type) != 0;
     if (layout == BL_LAYOUT_INTERLEAVE8) return bl_is_quant(type);
     return 0;
 }
@@ -26,7 +26,8 @@ void bl_quantize_act(const bl_matrix *w, const float *x, size_t x_stride, int T,
 
 void bl_matmul(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
     if (T <= 0 || r0 >= r1) return;
-    if (bl_isa() == BL_ISA_AVX2) bl_matmul_avx2(w, xq, T, out, ldo, r0, r1);
+    if (bl_is_kq(w->type)) bl_matmul_kq(w, xq, T, out, ldo, r0, r1);
+    else if (bl_isa() == BL_ISA_AVX2) bl_matmul_avx2(w, xq, T, out, ldo, r0, r1);
     else bl_matmul_scalar(w, xq, T, out, ldo, r0, r1);
 }
 
@@ -44,6 +45,7 @@ int bl_repack(int type, int layout, int rows, int cols, const void *src, void *d
         memcpy(dst, src, bytes);
         return 0;
     }
+    if (bl_is_kq(type)) return bl_repack_kq(type, rows, cols, src, dst);
     /* ROWS -> INTERLEAVE8 */
     const uint8_t *s = (const uint8_t *)src;
     uint8_t *d = (uint8_t *)dst;
@@ -68,6 +70,7 @@ int bl_repack(int type, int layout, int rows, int cols, const void *src, void *d
 int bl_dequantize_row(const bl_matrix *w, int r, float *out) {
     const int cols = w->cols;
     if (r < 0 || r >= w->rows || bl_matrix_bytes(w->type, w->layout, w->rows, cols) == 0) return -1;
+    if (bl_is_kq(w->type)) return bl_dequantize_row_kq(w, r, out);
     const uint8_t *base = (const uint8_t *)w->data;
     if (w->type == BL_F32) {
         memcpy(out, base + (size_t)r * cols * 4, (size_t)cols * 4);

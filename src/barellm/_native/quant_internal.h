@@ -31,6 +31,9 @@
  *   float:      p[l] for l in 0..7: p[l] = fma(w[k], x[k], p[l]) for k = l, l + 8, ... (zero-padded to a
  *               multiple of 8); out = ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7))
  * so the scalar and the AVX2 paths agree bit for bit, for any T and any row split.
+ *
+ * Q5_0, Q4_K and Q6_K (bl_is_kq) take the same activations; their layouts and float work are described in
+ * quant_kq.h and their kernels live in quant_kq*.c.
  */
 #ifndef BARELLM_QUANT_INTERNAL_H
 #define BARELLM_QUANT_INTERNAL_H
@@ -43,7 +46,25 @@
 
 static inline size_t bl_round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-static inline int bl_is_quant(int type) { return type == BL_Q4_0 || type == BL_Q4_1 || type == BL_Q8_0; }
+#define BL_QK_K 256 /* elements per super-block of the K-quants */
+
+/* the types of quant_kq*.c */
+static inline int bl_is_kq(int type) { return type == BL_Q5_0 || type == BL_Q4_K || type == BL_Q6_K; }
+
+/* quantized weights: 8-bit activation blocks (bl_act_q8) */
+static inline int bl_is_quant(int type) {
+    return type == BL_Q4_0 || type == BL_Q4_1 || type == BL_Q8_0 || bl_is_kq(type);
+}
+
+/* elements per block (cols must be a multiple of it); 0 if the type has no kernels */
+static inline int bl_block_size(int type) {
+    switch (type) {
+    case BL_F32: case BL_F16: return 1;
+    case BL_Q4_0: case BL_Q4_1: case BL_Q8_0: case BL_Q5_0: return BL_QK;
+    case BL_Q4_K: case BL_Q6_K: return BL_QK_K;
+    default: return 0;
+    }
+}
 
 /* bytes of one GGUF row of `cols` values; 0 if the type is not handled or cols does not fit its blocks */
 static inline size_t bl_row_bytes(int type, int cols) {
@@ -54,6 +75,9 @@ static inline size_t bl_row_bytes(int type, int cols) {
     case BL_Q4_0: return cols % BL_QK ? 0 : (size_t)(cols / BL_QK) * 18;
     case BL_Q4_1: return cols % BL_QK ? 0 : (size_t)(cols / BL_QK) * 20;
     case BL_Q8_0: return cols % BL_QK ? 0 : (size_t)(cols / BL_QK) * 34;
+    case BL_Q5_0: return cols % BL_QK ? 0 : (size_t)(cols / BL_QK) * 22;
+    case BL_Q4_K: return cols % BL_QK_K ? 0 : (size_t)(cols / BL_QK_K) * 144;
+    case BL_Q6_K: return cols % BL_QK_K ? 0 : (size_t)(cols / BL_QK_K) * 210;
     default: return 0;
     }
 }
@@ -120,5 +144,9 @@ void bl_quantize_act_scalar(const bl_matrix *w, const float *x, size_t x_stride,
 void bl_matmul_scalar(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1);
 void bl_quantize_act_avx2(const bl_matrix *w, const float *x, size_t x_stride, int T, void *out);
 void bl_matmul_avx2(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1);
+/* quant_kq.c: the bl_is_kq types (matmul dispatches to the ISA itself) */
+void bl_matmul_kq(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1);
+int bl_repack_kq(int type, int rows, int cols, const void *src, void *dst);
+int bl_dequantize_row_kq(const bl_matrix *w, int r, float *out);
 
 #endif

@@ -1,0 +1,380 @@
+/* AVX2/FMA kernels for Q5_0, Q4_K and Q6_K. They do the float work of quant_kq.h in exactly the scalar
+ * path's order (every float operation an explicit intrinsic, so no contraction can differ); the integer
+ * work is exact, so its order is free.
+ *
+ * All work is done on the interleaved layout (quant_kq.h): a 32-byte vector, once unpacked, holds 4
+ * consecutive values of each of 8 rows, so a broadcast of the 4 matching activation bytes and one maddubs
+ * give each 32-bit lane a partial dot of one row, and the 8 lanes end as the 8 rows' block sums with no
+ * horizontal reduction. GGUF rows are interleaved 8 at a time into a scratch group first (slower: the
+ * fast layout is the interleaved one). A tile is 8 rows x NT tokens (NT <= 4): each weight
+ * vector is loaded and unpacked once for NT tokens (prefill); NT = 1 is the decode kernel.
+ *
+ * 16-bit sums (maddubs lanes, each a sum of two products, add up in int16 before a madd widens them):
+ *   Q5_0  q < 32: |pair| <= 2 * 31 * 128 = 7936, 4 pairs a madd;
+ *   Q4_K  q < 16: |pair| <= 3840, the 8 vectors of a sub-block (30720) a madd, with the scale as the
+ *         madd's other operand (sc * dot in one step);
+ *   Q6_K  q < 64: |pair| <= 16128, 2 pairs a madd, again with the 16-value half's scale; the -32 offset
+ *         is taken off once per block as 32 * (sa * sum(qx[0:16]) + sb * sum(qx[16:32])).
+ */
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant_kq.h"
+
+#define AI static inline __attribute__((always_inline))
+#define MAXNT 4
+/* Software prefetch distance in the interleaved weights (0: none): without it their stream from memory
+ * runs well behind the compute (measured on Zen 3 at T = 1, weights from memory: 55-65% of a plain read's
+ * rate without, 80-95% at 8 KB ahead; 4-12 KB do about as well). */
+#ifndef PF_BYTES
+#define PF_BYTES 8192
+#endif
+
+AI __m256i bcast32(const int8_t *p) { return _mm256_set1_epi32(bl_rd32(p)); }
+
+AI __m256i lane_mask(int n) { /* lanes [0, n) all ones */
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+AI void store8(float *o, __m256 v, int n) {
+    if (n == 8) _mm256_storeu_ps(o, v);
+    else _mm256_maskstore_ps(o, lane_mask(n), v);
+}
+
+AI __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)); }
+
+AI __m256i load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
+
+/* pshufb indices filling each 32-bit lane's bytes 0-3 with bytes b0-b3 of that lane (-128: a zero byte) */
+AI __m256i pick(int b0, int b1, int b2, int b3) {
+    const __m256i base = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4,
+                                          4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+    const __m256i off = _mm256_set1_epi32((int)((uint32_t)(uint8_t)b0 | (uint32_t)(uint8_t)b1 << 8 |
+                                                (uint32_t)(uint8_t)b2 << 16 | (uint32_t)(uint8_t)b3 << 24));
+    /* 0x80 entries stay >= 0x80 after adding a base < 16: still "zero this byte" */
+    return _mm256_add_epi8(base, off);
+}
+
+/* The arguments of one tile: 8 rows (a group of nu units) x NT tokens. */
+typedef struct {
+    const uint8_t *g;   /* interleaved group */
+    int nu;             /* units per row */
+    const uint8_t *xa;  /* the first token's activation row */
+    size_t xs;          /* bytes from one token's row to the next */
+    const int32_t *xp;  /* Q6_K: per token (nb apart), per block: int16 pair (sum qx[0:16], sum qx[16:32]) */
+    float *o;           /* out for the first token and row of the tile */
+    size_t ldo;
+    int nvalid;         /* rows of the 8 to store */
+    const uint8_t *pf;  /* software prefetch: unit u fetches up to pf + (u + 1) * pfs; NULL: none */
+    size_t pfs;
+} tile_args;
+
+/* Prefetches the lines of [pf + *done, pf + the end of part i of n of unit u's span) and moves *done past them:
+ * spread over a unit's loop, a few lines at a time, each line once. */
+AI void prefetch_part(const tile_args *A, size_t *done, int u, int i, int n) {
+    if (!A->pf) return;
+    const size_t end = (size_t)u * A->pfs + (size_t)(i + 1) * A->pfs / (size_t)n;
+    for (; *done < end; *done += 64) _mm_prefetch((const char *)A->pf + *done, _MM_HINT_T0);
+}
+
+#define TOKENS(A, NT)                                                                                    \
+    const int8_t *xq[MAXNT];                                                                             \
+    const float *xd[MAXNT], *xs[MAXNT];                                                                  \
+    const int32_t *xsq[MAXNT];                                                                           \
+    __m256 acc[MAXNT];                                                                                   \
+    size_t pdone = 0;                                                                                    \
+    for (int t = 0; t < NT; t++) {                                                                       \
+        const bl_act_q8 a = bl_act_q8_view((A)->xa + (size_t)t * (A)->xs, nb * BL_QK);                    \
+        xq[t] = a.qs, xd[t] = a.d, xs[t] = a.s, xsq[t] = a.sq, acc[t] = _mm256_setzero_ps();             \
+    }                                                                                                    \
+    (void)xsq, (void)xs, (void)pdone
+
+#define STORE(A, NT)                                                                                     \
+    for (int t = 0; t < NT; t++) store8((A)->o + (size_t)t * (A)->ldo, acc[t], (A)->nvalid)
+
+/* ---- Q5_0 ---- */
+
+AI void tile_q5_0(const int NT, const tile_args *A) {
+    const int nb = A->nu;
+    const size_t U = 176; /* kq_fields8_of(BL_Q5_0): packed values 0, d 160 */
+    const __m256i m5 = _mm256_set1_epi8(31), m7 = _mm256_set1_epi8(7), m18 = _mm256_set1_epi8(0x18);
+    const __m256i ones = _mm256_set1_epi16(1);
+    TOKENS(A, NT);
+    for (int b = 0; b < nb; b++) {
+        prefetch_part(A, &pdone, b, 0, 1);
+        const uint8_t *q = A->g + (size_t)b * U;
+        /* vector j: values 4j + i in bits 0-4, 16 + 4j + i: low 3 bits in bits 5-7, top 2 bits in bits 2j, 2j + 1
+         * of X */
+        const __m256i X = load(q + 128);
+        __m256i i32[MAXNT];
+#pragma GCC unroll 2
+        for (int jp = 0; jp < 2; jp++) {
+            __m256i lo[2], hi[2];
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                const int j = 2 * jp + e;
+                const __m256i M = load(q + 32 * j);
+                const __m256i xh = j == 0 ? _mm256_slli_epi16(X, 3) : j == 1 ? _mm256_slli_epi16(X, 1)
+                                   : j == 2 ? _mm256_srli_epi16(X, 1) : _mm256_srli_epi16(X, 3);
+                lo[e] = _mm256_and_si256(M, m5);
+                hi[e] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(M, 5), m7), _mm256_and_si256(xh, m18));
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const int8_t *x = xq[t] + (size_t)b * 32 + 8 * jp;
+                const __m256i s = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[0], bcast32(x)),
+                                                                    _mm256_maddubs_epi16(hi[0], bcast32(x + 16))),
+                                                   _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], bcast32(x + 4)),
+                                                                    _mm256_maddubs_epi16(hi[1], bcast32(x + 20))));
+                const __m256i p = _mm256_madd_epi16(s, ones);
+                i32[t] = jp ? _mm256_add_epi32(i32[t], p) : p;
+            }
+        }
+        const __m256 dw = f16x8(q + 160);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const __m256i i = _mm256_sub_epi32(i32[t], _mm256_set1_epi32(16 * xsq[t][b]));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][b])), acc[t]);
+        }
+    }
+    STORE(A, NT);
+}
+
+/* ---- Q4_K ---- */
+
+/* The 6-bit scales (mins: m = 1) of a unit's 8 rows from its 3 interleaved scale vectors: byte k of each
+ * lane of *lo is sub-block k's, of *hi sub-block 4 + k's (see kq_q4k_scales). */
+AI void q4k_scales8(const uint8_t *s, const int m, __m256i *lo, __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(15), m6 = _mm256_set1_epi8(63), m30 = _mm256_set1_epi8(0x30);
+    const __m256i SA = load(s), SB = load(s + 32), SC = load(s + 64);
+    if (!m) {
+        *lo = _mm256_and_si256(SA, m6);
+        *hi = _mm256_or_si256(_mm256_and_si256(SC, m4), _mm256_and_si256(_mm256_srli_epi16(SA, 2), m30));
+    } else {
+        *lo = _mm256_and_si256(SB, m6);
+        *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(SC, 4), m4),
+                              _mm256_and_si256(_mm256_srli_epi16(SB, 2), m30));
+    }
+}
+
+AI void tile_q4_k(const int NT, const tile_args *A) {
+    const int nu = A->nu, nb = nu * 8;
+    const size_t U = 1152; /* kq_fields8_of(BL_Q4_K): qs 0, scales 1024, d 1120 (dmin 1136) */
+    const __m256i m4 = _mm256_set1_epi8(15);
+    TOKENS(A, NT);
+    /* acc: the scales chain */
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *gu = A->g + (size_t)u * U;
+        __m256i SL, SH;
+        q4k_scales8(gu + 1024, 0, &SL, &SH);
+        /* per sub-block j: sc as an int16 pair per lane, the madd partner of the int16 dot sums; kept in
+         * memory, not in registers, across the loop below */
+        __m256i scj[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) scj[j] = _mm256_shuffle_epi8(j < 4 ? SL : SH, pick(j & 3, -128, j & 3, -128));
+        __m256 pu[MAXNT];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+        for (int c = 0; c < 4; c++) {
+            prefetch_part(A, &pdone, u, c, 4);
+            const uint8_t *q = gu + 256 * c;
+#pragma GCC unroll 2
+            for (int hi = 0; hi < 2; hi++) {
+                const int j = 2 * c + hi, b = 8 * u + j;
+                __m256i s[MAXNT];
+#pragma GCC unroll 8
+                for (int jj = 0; jj < 8; jj++) {
+                    const __m256i v = load(q + 32 * jj);
+                    const __m256i n = hi ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+#pragma GCC unroll 4
+                    for (int t = 0; t < NT; t++) {
+                        const __m256i p = _mm256_maddubs_epi16(n, bcast32(xq[t] + (size_t)b * 32 + 4 * jj));
+                        s[t] = jj ? _mm256_add_epi16(s[t], p) : p;
+                    }
+                }
+                const __m256i sc = scj[j];
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++)
+                    pu[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], sc)), _mm256_set1_ps(xd[t][b]),
+                                            pu[t]);
+            }
+        }
+        const __m256 dw = f16x8(gu + 1120);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
+    }
+    /* accm: the mins chain, a pass of its own (fewer live registers; the group is in cache by now) */
+    __m256 accm[MAXNT];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) accm[t] = _mm256_setzero_ps();
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *gu = A->g + (size_t)u * U;
+        __m256i ML, MH;
+        q4k_scales8(gu + 1024, 1, &ML, &MH);
+        __m256 mf[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            mf[j] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(j < 4 ? ML : MH, pick(j & 3, -128, -128, -128)));
+        const __m256 dm = f16x8(gu + 1136);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m256 mu = _mm256_setzero_ps();
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) mu = _mm256_fmadd_ps(mf[j], _mm256_set1_ps(xs[t][8 * u + j]), mu);
+            accm[t] = _mm256_fmadd_ps(mu, dm, accm[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_sub_ps(acc[t], accm[t]);
+    STORE(A, NT);
+}
+
+/* ---- Q6_K ---- */
+
+AI void tile_q6_k(const int NT, const tile_args *A) {
+    const int nu = A->nu, nb = nu * 8;
+    const size_t U = 1680; /* kq_fields8_of(BL_Q6_K): packed values 0, scales 1536, d 1664 */
+    const __m256i m6 = _mm256_set1_epi8(63), m3 = _mm256_set1_epi8(3), mc = _mm256_set1_epi8(0x0c);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    TOKENS(A, NT);
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *gu = A->g + (size_t)u * U;
+        __m256 pu[MAXNT];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+        for (int k2 = 0; k2 < 4; k2++) {
+            /* scales 2 kb and 2 kb + 1 of blocks kb = 2 k2, 2 k2 + 1: bytes 0-3 of the lanes of SV */
+            const __m256i SV = load(gu + 1536 + 32 * k2);
+#pragma GCC unroll 2
+            for (int odd = 0; odd < 2; odd++) {
+                const int kb = 2 * k2 + odd, b = 8 * u + kb, o = 2 * odd;
+                prefetch_part(A, &pdone, u, kb, 8);
+                const __m256i sa = _mm256_srai_epi16(_mm256_shuffle_epi8(SV, pick(-128, o, -128, o)), 8);
+                const __m256i sb = _mm256_srai_epi16(_mm256_shuffle_epi8(SV, pick(-128, o + 1, -128, o + 1)), 8);
+                const uint8_t *q = gu + 192 * kb;
+                __m256i i32[MAXNT];
+#pragma GCC unroll 2
+                for (int a = 0; a < 2; a++) {
+                    /* values 4j + i, j = 4a .. 4a + 3, of the block: three vectors, the fourth spread over their
+                     * top bits */
+                    const __m256i V1 = load(q + 96 * a), V2 = load(q + 96 * a + 32), V3 = load(q + 96 * a + 64);
+                    const __m256i q0 = _mm256_and_si256(V1, m6), q1 = _mm256_and_si256(V2, m6);
+                    const __m256i q2 = _mm256_and_si256(V3, m6);
+                    const __m256i q3 = _mm256_or_si256(
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(V1, 6), m3),
+                                        _mm256_and_si256(_mm256_srli_epi16(V2, 4), mc)),
+                        _mm256_and_si256(_mm256_srli_epi16(V3, 2), m30));
+                    const __m256i sc = a ? sb : sa;
+#pragma GCC unroll 4
+                    for (int t = 0; t < NT; t++) {
+                        const int8_t *x = xq[t] + (size_t)b * 32 + 16 * a;
+                        const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, bcast32(x)),
+                                                            _mm256_maddubs_epi16(q1, bcast32(x + 4)));
+                        const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(q2, bcast32(x + 8)),
+                                                            _mm256_maddubs_epi16(q3, bcast32(x + 12)));
+                        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(s0, sc), _mm256_madd_epi16(s1, sc));
+                        i32[t] = a ? _mm256_add_epi32(i32[t], p) : p;
+                    }
+                }
+                const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(SV, pick(-128, o, -128, o + 1)), 8);
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
+                    const __m256i i = _mm256_sub_epi32(i32[t], _mm256_slli_epi32(corr, 5));
+                    pu[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[t]);
+                }
+            }
+        }
+        const __m256 dw = f16x8(gu + 1664);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
+    }
+    STORE(A, NT);
+}
+
+#define TILE_FN(name, tile, NT)                                                                          \
+    static void name(const tile_args *A) { tile(NT, A); }
+TILE_FN(q50_1, tile_q5_0, 1)
+TILE_FN(q50_2, tile_q5_0, 2)
+TILE_FN(q50_3, tile_q5_0, 3)
+TILE_FN(q50_4, tile_q5_0, 4)
+TILE_FN(q4k_1, tile_q4_k, 1)
+TILE_FN(q4k_2, tile_q4_k, 2)
+TILE_FN(q4k_3, tile_q4_k, 3)
+TILE_FN(q4k_4, tile_q4_k, 4)
+TILE_FN(q6k_1, tile_q6_k, 1)
+TILE_FN(q6k_2, tile_q6_k, 2)
+TILE_FN(q6k_3, tile_q6_k, 3)
+TILE_FN(q6k_4, tile_q6_k, 4)
+
+typedef void (*tile_fn)(const tile_args *);
+
+/* Q6_K's per-block half sums of the activations, packed as int16 pairs */
+static void half_sums(const void *xq, int T, size_t xb, int cols, int32_t *xp) {
+    const int nb = cols / BL_QK;
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (int t = 0; t < T; t++) {
+        const int8_t *q = (const int8_t *)xq + (size_t)t * xb;
+        for (int b = 0; b < nb; b++) {
+            /* lanes 0-3 sum qx[0:16], lanes 4-7 qx[16:32] */
+            __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, load((const uint8_t *)q + 32 * b)), ones16);
+            v = _mm256_add_epi32(v, _mm256_shuffle_epi32(v, 0x4e));
+            v = _mm256_add_epi32(v, _mm256_shuffle_epi32(v, 0xb1));
+            const int32_t a = _mm256_cvtsi256_si32(v), c = _mm256_extract_epi32(v, 4);
+            xp[(size_t)t * nb + b] = (int32_t)(((uint32_t)a & 0xffffu) | (uint32_t)c << 16);
+        }
+    }
+}
+
+void bl_matmul_kq_avx2(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
+    static const tile_fn q50[MAXNT] = {q50_1, q50_2, q50_3, q50_4}, q4k[MAXNT] = {q4k_1, q4k_2, q4k_3, q4k_4},
+                         q6k[MAXNT] = {q6k_1, q6k_2, q6k_3, q6k_4};
+    const int type = w->type, cols = w->cols, nb = cols / BL_QK;
+    const tile_fn *fns = type == BL_Q5_0 ? q50 : type == BL_Q4_K ? q4k : q6k;
+    const size_t gb = bl_i8_group_bytes(type, cols), rb = bl_row_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
+    const int rows_layout = w->layout == BL_LAYOUT_ROWS;
+    int32_t xp_stack[1024];
+    int32_t *xp = NULL;
+    uint8_t *scratch = NULL;
+    if (type == BL_Q6_K) {
+        const size_t n = (size_t)T * (size_t)nb;
+        xp = n <= 1024 ? xp_stack : malloc(n * sizeof *xp);
+    }
+    if (rows_layout) scratch = aligned_alloc(64, gb);
+    if ((type == BL_Q6_K && !xp) || (rows_layout && !scratch)) { /* out of memory: the same bits, slowly */
+        if (xp != xp_stack) free(xp);
+        free(scratch);
+        bl_matmul_kq_scalar(w, xq, T, out, ldo, r0, r1);
+        return;
+    }
+    if (xp) half_sums(xq, T, xb, cols, xp);
+    tile_args A = {NULL, cols / kq_unit(type), NULL, xb, NULL, NULL, ldo, 8, NULL, 0};
+    A.pfs = (gb + (size_t)A.nu - 1) / (size_t)A.nu;
+    const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
+    for (int r = r0; r < r1; r += 8) {
+        A.nvalid = r1 - r < 8 ? r1 - r : 8;
+        if (rows_layout) {
+            const uint8_t *p[8];
+            for (int l = 0; l < 8; l++) p[l] = l < A.nvalid ? (const uint8_t *)w->data + (size_t)(r + l) * rb : NULL;
+            kq_interleave_group(type, cols, p, scratch);
+            A.g = scratch;
+        } else {
+            A.g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
+        }
+        for (int t = 0; t < T; t += MAXNT) {
+            const int nt = T - t < MAXNT ? T - t : MAXNT;
+            A.xa = (const uint8_t *)xq + (size_t)t * xb;
+            A.xp = xp ? xp + (size_t)t * nb : NULL;
+            A.o = out + (size_t)t * ldo + r;
+            A.pf = PF_BYTES && !rows_layout && t == 0 && (size_t)(end - A.g) >= PF_BYTES + gb ? A.g + PF_BYTES : NULL;
+            fns[nt - 1](&A);
+        }
+    }
+    if (xp != xp_stack) free(xp);
+    free(scratch);
+}
