@@ -18,9 +18,10 @@ from __future__ import annotations
 import codecs
 import functools
 import heapq
+import json
 import operator
+import os
 import re
-import sys
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -90,10 +91,29 @@ def _to_byte_level(text: str) -> str:
 _WS = "\\t\\n\\x0b\\x0c\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
 
 
+# Letters, numbers and punctuation occur only in planes 0-3 (planes 4-13 are unassigned, 14 holds format
+# characters and marks, 15-16 private use), so the scan stops there: a quarter of the code points.
+_SCAN_END = 0x40000
+
+
 @functools.lru_cache(maxsize=1)
 def _unicode_classes() -> dict[str, str]:
-    """Character-class bodies for \\p{L}, \\p{N}, \\p{P} built from unicodedata (the stdlib re has no \\p)."""
-    cats = "".join([unicodedata.category(chr(cp))[0] for cp in range(sys.maxunicode + 1)])
+    """Character-class bodies for \\p{L}, \\p{N}, \\p{P} built from unicodedata (the stdlib re has no \\p).
+
+    Building them takes a few tenths of a second, so they are kept in the model cache, one file per
+    Unicode version, and later starts read them back.
+    """
+    from barellm.hub import home
+
+    cache = home() / f"unicode-classes-{unicodedata.unidata_version}.json"
+    try:
+        classes = json.loads(cache.read_text(encoding="utf-8"))
+        if isinstance(classes, dict) and set(classes) == {"L", "N", "P"} and all(
+                isinstance(v, str) for v in classes.values()):
+            return classes
+    except (OSError, ValueError):
+        pass
+    cats = "".join([unicodedata.category(chr(cp))[0] for cp in range(_SCAN_END)])
 
     def body(letter: str) -> str:
         parts = []
@@ -102,7 +122,15 @@ def _unicode_classes() -> dict[str, str]:
             parts.append(re.escape(chr(lo)) if lo == hi else f"{re.escape(chr(lo))}-{re.escape(chr(hi))}")
         return "".join(parts)
 
-    return {"L": body("L"), "N": body("N"), "P": body("P")}
+    classes = {"L": body("L"), "N": body("N"), "P": body("P")}
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(classes), encoding="utf-8")
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a read-only cache only costs the rebuild next time
+    return classes
 
 
 def _translate_regex(pattern: str) -> str:
