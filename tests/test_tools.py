@@ -474,3 +474,15 @@ def test_reference_against_golden_logits_teacher_forced(smollm_ref):
     cases = load_data("golden_logits.json")["models"][SMOLLM]["results"]
     r = kld.compare_golden(cases, smollm_ref.logits)
     assert r.stats.top1 == 100.0 and r.stats.mean < 1e-5
+
+
+@pytest.mark.model
+def test_gemma_native_ops_match_the_reference_op_by_op(gemma_gguf):
+    # Gemma's plan fuses the QK norm into rope and adds the post norms' residual in their own ops; the
+    # reference tracer must name and split them the same way, or debug reports drift that is not there.
+    model = barellm.load(str(gemma_gguf), engine="native", context=64)
+    native = debug.NativeOps(model.engine)
+    reference = _ref_ops(model)
+    assert native.op_names() == reference.op_names()
+    report = debug.run_debug(native, reference, model.tokenize("The capital of France is"))
+    assert report.first_drift is None and not report.missing and not report.unmatched

@@ -57,16 +57,18 @@ class ReferenceOps:
         token_embd                    [T, dim]
         blk.i.attn_norm               [T, dim]
         blk.i.qkv                     [T, q_dim + 2 kv_dim]   q | k | v
-        blk.i.qk_norm (gemma)         [T, q_dim + 2 kv_dim]   q, k normed per head; v as is
-        blk.i.rope                    [T, q_dim + 2 kv_dim]   q, k rotated; v as is (k and v go to the cache)
+        blk.i.rope                    [T, q_dim + 2 kv_dim]   q, k rotated (gemma: normed per head first);
+                                                              v as is (k and v go to the cache)
         blk.i.attn                    [T, q_dim]              attention output, before its projection
-        blk.i.attn_post_norm (gemma)  [T, dim]                the normed projection
         blk.i.attn_out                [T, dim]                the residual stream after attention
+                                                              (gemma: the projection alone)
+        blk.i.post_attn_norm (gemma)  [T, dim]                the residual stream after attention
         blk.i.ffn_norm                [T, dim]
         blk.i.ffn_gate_up             [T, 2 ffn_dim]          gate | up
         blk.i.ffn_act                 [T, ffn_dim]            act(gate) * up
-        blk.i.ffn_post_norm (gemma)   [T, dim]                the normed down projection
         blk.i.ffn_down                [T, dim]                the residual stream after the feed-forward
+                                                              (gemma: the down projection alone)
+        blk.i.post_ffn_norm (gemma)   [T, dim]                the residual stream after the feed-forward
         output_norm                   [T, dim]
         output                        [T, n_vocab]            logits of every position
     """
@@ -80,10 +82,10 @@ class ReferenceOps:
         names = ["token_embd"]
         for i in range(cfg.n_layers):
             b = f"blk.{i}."
-            names += [b + "attn_norm", b + "qkv"] + ([b + "qk_norm"] if cfg.qk_norm else [])
-            names += [b + "rope", b + "attn"] + ([b + "attn_post_norm"] if cfg.post_norms else [])
-            names += [b + "attn_out", b + "ffn_norm", b + "ffn_gate_up", b + "ffn_act"]
-            names += ([b + "ffn_post_norm"] if cfg.post_norms else []) + [b + "ffn_down"]
+            names += [b + "attn_norm", b + "qkv", b + "rope", b + "attn", b + "attn_out"]
+            names += [b + "post_attn_norm"] if cfg.post_norms else []
+            names += [b + "ffn_norm", b + "ffn_gate_up", b + "ffn_act", b + "ffn_down"]
+            names += [b + "post_ffn_norm"] if cfg.post_norms else []
         return names + ["output_norm", "output"]
 
     def forward_ops(self, tokens: Sequence[int], start: int = 0, hook: Hook | None = None) -> np.ndarray:
@@ -129,8 +131,8 @@ class ReferenceOps:
             b = f"blk.{i}."
             xn = op(b + "attn_norm", rmsnorm(x, L.attn_norm, eps))
             q, k, v = split(op(b + "qkv", join(xn @ L.wq, xn @ L.wk, xn @ L.wv)))
-            if L.q_norm is not None and L.k_norm is not None:
-                q, k, v = split(op(b + "qk_norm", join(rmsnorm(q, L.q_norm, eps), rmsnorm(k, L.k_norm, eps), v)))
+            if L.q_norm is not None and L.k_norm is not None:   # inside the engine's rope op
+                q, k = rmsnorm(q, L.q_norm, eps), rmsnorm(k, L.k_norm, eps)
             cos, sin = (table[start:end] for table in e.rope[i])
             q, k, v = split(op(b + "rope", join(rope(q, cos, sin, cfg.rope_style), rope(k, cos, sin, cfg.rope_style),
                                                 v)))
@@ -138,17 +140,20 @@ class ReferenceOps:
             v_cache[i, start:end] = v
             att = op(b + "attn", attention(q, k_cache[i, :end], v_cache[i, :end], start, cfg.scale,
                                            cfg.layer_window(i)))
-            att = att @ L.wo
-            if L.post_attn_norm is not None:
-                att = op(b + "attn_post_norm", rmsnorm(att, L.post_attn_norm, eps))
-            x = op(b + "attn_out", x + att)
+            if L.post_attn_norm is not None:   # the engine's plan: projection, then norm and residual add
+                att = op(b + "attn_out", att @ L.wo)
+                x = op(b + "post_attn_norm", x + rmsnorm(att, L.post_attn_norm, eps))
+            else:
+                x = op(b + "attn_out", x + att @ L.wo)
             xn = op(b + "ffn_norm", rmsnorm(x, L.ffn_norm, eps))
             gu = op(b + "ffn_gate_up", np.concatenate([xn @ L.w_gate, xn @ L.w_up], axis=1))
             f = cfg.ffn_dim
-            ffn = op(b + "ffn_act", e.act(gu[:, :f]) * gu[:, f:]) @ L.w_down
+            act = op(b + "ffn_act", e.act(gu[:, :f]) * gu[:, f:])
             if L.post_ffn_norm is not None:
-                ffn = op(b + "ffn_post_norm", rmsnorm(ffn, L.post_ffn_norm, eps))
-            x = op(b + "ffn_down", x + ffn)
+                ffn = op(b + "ffn_down", act @ L.w_down)
+                x = op(b + "post_ffn_norm", x + rmsnorm(ffn, L.post_ffn_norm, eps))
+            else:
+                x = op(b + "ffn_down", x + act @ L.w_down)
         xn = op("output_norm", rmsnorm(x, e.output_norm, eps))
         return op("output", xn @ e.output.T)
 
