@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from barellm import quant
-from barellm.errors import BarellmError, FormatError, ModelNotFound
+from barellm.errors import BarellmError, FormatError
+from barellm.formats.mapped import MappedFile
 from barellm.progress import Progress
 
 __all__ = [
@@ -367,12 +368,6 @@ class TensorInfo:
         return tuple(reversed(self.shape))
 
 
-class TensorNotFound(FormatError, KeyError):
-    """A tensor name the file does not have (also a KeyError, as for any mapping)."""
-
-    __str__ = Exception.__str__
-
-
 class _Cursor:
     """Reads the header body, refusing to go past its end."""
 
@@ -499,7 +494,7 @@ class _Cursor:
         return values, types
 
 
-class BLMFile:
+class BLMFile(MappedFile):
     """An open .blm file: metadata, provenance, the tensor table, and zero-copy views of tensor data.
 
     Same interface as GGUFFile (.metadata, .tensors, .raw(), .dequantize()), plus each tensor's .layout
@@ -523,34 +518,10 @@ class BLMFile:
     data_size: int
     file_size: int
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._name = str(path)
-        self._mmap: mmap.mmap | None = None
-        self._data: np.ndarray | None = None
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise ModelNotFound(f"{self._name}: no such file") from None
-        except OSError as e:
-            raise FormatError(f"{self._name}: cannot open: {e.strerror}") from None
-        try:
-            self.file_size = os.fstat(fd).st_size
-            if self.file_size < PREAMBLE_BYTES:
-                raise FormatError(f"{self._name}: preamble at offset 0: the file has {self.file_size} bytes, "
-                                  f"fewer than the {PREAMBLE_BYTES} of a .blm preamble")
-            try:
-                self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError) as e:
-                raise FormatError(f"{self._name}: cannot map the file: {e}") from None
-        finally:
-            os.close(fd)
-        try:
-            self._parse(self._mmap)
-            self._data = np.frombuffer(self._mmap, dtype=np.uint8)
-        except BaseException:
-            self.close()
-            raise
+    def _check_size(self, size: int) -> None:
+        if size < PREAMBLE_BYTES:
+            raise FormatError(f"{self._name}: preamble at offset 0: the file has {size} bytes, "
+                              f"fewer than the {PREAMBLE_BYTES} of a .blm preamble")
 
     @property
     def version(self) -> str:
@@ -657,18 +628,9 @@ class BLMFile:
 
     # --- access ------------------------------------------------------------------------------------------
 
-    def _info(self, name: str) -> TensorInfo:
-        info = self.tensors.get(name)
-        if info is None:
-            raise TensorNotFound(f"{self._name}: no tensor named {name!r}")
-        return info
-
     def stored(self, name: str) -> np.ndarray:
         """The tensor's bytes as stored, in layout `.layout`: a read-only uint8 view of the mapping (no copy)."""
-        info = self._info(name)
-        if self._data is None:
-            raise ValueError(f"{self._name}: the file is closed")
-        return self._data[info.offset:info.offset + info.nbytes]
+        return self._bytes(name)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes in GGUF's row layout, as GGUFFile.raw gives them: a read-only view (no copy).
@@ -697,22 +659,6 @@ class BLMFile:
             return quant.dequantize(self.rows(name), info.type, info.shape)
         except FormatError as e:
             raise FormatError(f"{self._name}: tensor {name!r}: {e}") from None
-
-    def close(self) -> None:
-        """Release the mapping (deferred while views are still alive)."""
-        self._data = None
-        if self._mmap is not None:
-            try:
-                self._mmap.close()
-            except BufferError:
-                pass  # views are alive; the mapping goes when they do
-            self._mmap = None
-
-    def __enter__(self) -> BLMFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._data is None else f"{len(self.tensors)} tensors"

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
-import stat
 import struct
 from collections import Counter
 from dataclasses import dataclass
@@ -35,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from barellm import quant
-from barellm.errors import FormatError, ModelNotFound
+from barellm.errors import FormatError
+from barellm.formats.mapped import MappedFile, TensorNotFound
 
 __all__ = ["GGUFFile", "TensorInfo", "TensorNotFound", "ValueType"]
 
@@ -118,12 +117,6 @@ _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # empty name, n_dims = 0, type, offset
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
-
-
-class TensorNotFound(FormatError, KeyError):
-    """A tensor name the file does not have (also a KeyError, as for any mapping)."""
-
-    __str__ = Exception.__str__
 
 
 @dataclass(frozen=True)
@@ -285,7 +278,7 @@ class _Parser:
         return out
 
 
-class GGUFFile:
+class GGUFFile(MappedFile):
     """An open GGUF file: its metadata, its tensor table, and zero-copy views of tensor data.
 
     `metadata` holds plain Python values (int, float, bool, str; arrays as lists, nested arrays as nested
@@ -305,36 +298,9 @@ class GGUFFile:
     data_offset: int
     file_size: int
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._name = str(path)
-        self._mmap: mmap.mmap | None = None
-        self._data: np.ndarray | None = None
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise ModelNotFound(f"{self._name}: no such file") from None
-        except OSError as e:
-            raise FormatError(f"{self._name}: cannot open: {e.strerror}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise FormatError(f"{self._name}: cannot read: not a regular file")
-            self.file_size = st.st_size
-            if self.file_size == 0:
-                raise FormatError(f"{self._name}: magic at offset 0: the file is empty, not a GGUF file")
-            try:
-                self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError) as e:
-                raise FormatError(f"{self._name}: cannot map the file: {e}") from None
-        finally:
-            os.close(fd)
-        try:
-            self._parse(self._mmap)
-            self._data = np.frombuffer(self._mmap, dtype=np.uint8)
-        except BaseException:
-            self.close()
-            raise
+    def _check_size(self, size: int) -> None:
+        if size == 0:
+            raise FormatError(f"{self._name}: magic at offset 0: the file is empty, not a GGUF file")
 
     # --- parsing ---------------------------------------------------------------------------------------
 
@@ -444,18 +410,9 @@ class GGUFFile:
 
     # --- access ----------------------------------------------------------------------------------------
 
-    def _info(self, name: str) -> TensorInfo:
-        info = self.tensors.get(name)
-        if info is None:
-            raise TensorNotFound(f"{self._name}: no tensor named {name!r}")
-        return info
-
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes: a read-only uint8 view into the mapped file (no copy)."""
-        info = self._info(name)
-        if self._data is None:
-            raise ValueError(f"{self._name}: the file is closed")
-        return self._data[info.offset : info.offset + info.nbytes]
+        return self._bytes(name)
 
     def dequantize(self, name: str) -> np.ndarray:
         """The tensor decoded to a new float32 array of shape `TensorInfo.shape`."""
@@ -464,22 +421,6 @@ class GGUFFile:
             return quant.dequantize(self.raw(name), info.type, info.shape)
         except FormatError as e:
             raise FormatError(f"{self._name}: tensor {name!r}: {e}") from None
-
-    def close(self) -> None:
-        """Release the mapping (deferred while `raw()` views are still alive)."""
-        self._data = None
-        if self._mmap is not None:
-            try:
-                self._mmap.close()
-            except BufferError:
-                pass  # views are alive; the mapping goes when they do
-            self._mmap = None
-
-    def __enter__(self) -> GGUFFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._data is None else f"{len(self.tensors)} tensors"

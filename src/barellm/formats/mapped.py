@@ -1,0 +1,92 @@
+"""What every model file reader shares: the file mapped read-only, tensors looked up by name and handed out
+as zero-copy byte views, and a close that waits for those views to go. Subclasses parse their format."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from barellm.errors import FormatError, ModelNotFound
+
+Self = TypeVar("Self", bound="MappedFile")
+
+
+class TensorNotFound(FormatError, KeyError):
+    """A tensor name the file does not have (also a KeyError, as for any mapping)."""
+
+    __str__ = Exception.__str__
+
+
+class MappedFile:
+    tensors: dict[str, Any]
+    file_size: int
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._name = str(path)
+        self._mmap: mmap.mmap | None = None
+        self._data: np.ndarray | None = None
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ModelNotFound(f"{self._name}: no such file") from None
+        except OSError as e:
+            raise FormatError(f"{self._name}: cannot open: {e.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise FormatError(f"{self._name}: cannot read: not a regular file")
+            self.file_size = st.st_size
+            self._check_size(self.file_size)
+            try:
+                self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as e:
+                raise FormatError(f"{self._name}: cannot map the file: {e}") from None
+        finally:
+            os.close(fd)
+        try:
+            self._parse(self._mmap)
+            self._data = np.frombuffer(self._mmap, dtype=np.uint8)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_size(self, size: int) -> None:
+        """Refuses a file too small to hold the format's fixed header, before it is mapped."""
+
+    def _parse(self, buf: mmap.mmap) -> None:
+        raise NotImplementedError
+
+    def _info(self, name: str) -> Any:
+        info = self.tensors.get(name)
+        if info is None:
+            raise TensorNotFound(f"{self._name}: no tensor named {name!r}")
+        return info
+
+    def _bytes(self, name: str) -> np.ndarray:
+        """The bytes a tensor occupies in the file: a read-only uint8 view of the mapping (no copy)."""
+        info = self._info(name)
+        if self._data is None:
+            raise ValueError(f"{self._name}: the file is closed")
+        return self._data[info.offset:info.offset + info.nbytes]
+
+    def close(self) -> None:
+        """Release the mapping (deferred while tensor views are still alive)."""
+        self._data = None
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                pass  # views are alive; the mapping goes when they do
+            self._mmap = None
+
+    def __enter__(self: Self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
