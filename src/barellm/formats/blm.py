@@ -652,14 +652,6 @@ class BLMFile(MappedFile):
             return data
         return LAYOUTS[info.layout].to_rows(data, info.type, info.shape)
 
-    def dequantize(self, name: str) -> np.ndarray:
-        """The tensor decoded to a new float32 array of shape `TensorInfo.shape` (any layout is undone first)."""
-        info = self._info(name)
-        try:
-            return quant.dequantize(self.rows(name), info.type, info.shape)
-        except FormatError as e:
-            raise FormatError(f"{self._name}: tensor {name!r}: {e}") from None
-
     def __repr__(self) -> str:
         state = "closed" if self._data is None else f"{len(self.tensors)} tensors"
         return f"<BLMFile {self._name!r} v{getattr(self, 'major', '?')}.{getattr(self, 'minor', '?')} {state}>"

@@ -414,14 +414,6 @@ class GGUFFile(MappedFile):
         """The tensor's bytes: a read-only uint8 view into the mapped file (no copy)."""
         return self._bytes(name)
 
-    def dequantize(self, name: str) -> np.ndarray:
-        """The tensor decoded to a new float32 array of shape `TensorInfo.shape`."""
-        info = self._info(name)
-        try:
-            return quant.dequantize(self.raw(name), info.type, info.shape)
-        except FormatError as e:
-            raise FormatError(f"{self._name}: tensor {name!r}: {e}") from None
-
     def __repr__(self) -> str:
         state = "closed" if self._data is None else f"{len(self.tensors)} tensors"
         return f"<GGUFFile {self._name!r} v{getattr(self, 'version', '?')} {state}>"

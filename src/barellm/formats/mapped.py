@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from barellm import quant
 from barellm.errors import FormatError, ModelNotFound
 
 Self = TypeVar("Self", bound="MappedFile")
@@ -74,6 +75,18 @@ class MappedFile:
         if self._data is None:
             raise ValueError(f"{self._name}: the file is closed")
         return self._data[info.offset:info.offset + info.nbytes]
+
+    def rows(self, name: str) -> np.ndarray:
+        """The tensor's bytes in GGUF's row layout (formats that store other layouts convert back)."""
+        return self._bytes(name)
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """The tensor decoded to a new float32 array of shape `TensorInfo.shape`."""
+        info = self._info(name)
+        try:
+            return quant.dequantize(self.rows(name), info.type, info.shape)
+        except FormatError as e:
+            raise FormatError(f"{self._name}: tensor {name!r}: {e}") from None
 
     def close(self) -> None:
         """Release the mapping (deferred while tensor views are still alive)."""
