@@ -536,32 +536,28 @@ static PyObject *py_softmax(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_silu_mul(PyObject *self, PyObject *args) {
-    (void)self;
+/* out[n] = act(gate[n]) * up[n], for each gated activation kernel */
+static PyObject *gated_act(PyObject *args, void (*act_mul)(const float *, const float *, float *, int)) {
     PyObject *go, *uo, *oo;
     Py_ssize_t n;
     if (!PyArg_ParseTuple(args, "OOOn", &go, &uo, &oo, &n)) return NULL;
     views vs = {.n = 0};
     float *g = vbuf(&vs, go, 0, n, 4, "gate"), *u = g ? vbuf(&vs, uo, 0, n, 4, "up") : NULL;
     float *o = u ? vbuf(&vs, oo, 1, n, 4, "out") : NULL;
-    if (o) bl_silu_mul(g, u, o, (int)n);
+    if (o) act_mul(g, u, o, (int)n);
     views_release(&vs);
     if (!o) return NULL;
     Py_RETURN_NONE;
 }
 
+static PyObject *py_silu_mul(PyObject *self, PyObject *args) {
+    (void)self;
+    return gated_act(args, bl_silu_mul);
+}
+
 static PyObject *py_gelu_mul(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *go, *uo, *oo;
-    Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "OOOn", &go, &uo, &oo, &n)) return NULL;
-    views vs = {.n = 0};
-    float *g = vbuf(&vs, go, 0, n, 4, "gate"), *u = g ? vbuf(&vs, uo, 0, n, 4, "up") : NULL;
-    float *o = u ? vbuf(&vs, oo, 1, n, 4, "out") : NULL;
-    if (o) bl_gelu_mul(g, u, o, (int)n);
-    views_release(&vs);
-    if (!o) return NULL;
-    Py_RETURN_NONE;
+    return gated_act(args, bl_gelu_mul);
 }
 
 static PyObject *py_add(PyObject *self, PyObject *args) {
