@@ -4,9 +4,11 @@
 
 For each shape and T: GMAC/s (rows * cols * T multiply-adds per second) and GB/s (weight bytes read per
 second) of
-  avx2 i8       the AVX2 kernel on the interleaved layout (what the engine uses),
+  avx2 i8       the AVX2 kernel on the interleaved layout with 8-bit activations,
   avx2 i8 cold  the same streaming its weights from memory (it cycles through > 96 MB of copies, the size
                 of the model, as a real decode does; T = 1 only),
+  avx2 i8x2 (cold)  the same with Q8X2 activations (two int8 planes; the engine's default where a type has
+                them: Q4_1, Q8_0),
   avx2 rows     the AVX2 kernel on GGUF-ordered rows,
   scalar        the portable C path,
   numpy f32     NumPy's matmul on the dequantized f32 weights (GB/s counts its 4-byte weights).
@@ -91,9 +93,9 @@ def dequantize(raw, type_, rows, cols):
     return (q * d + b["m"].astype(np.float32)[:, None]).reshape(rows, cols)
 
 
-def kernel_run(iters, *, isa, type_, layout, rows, cols, ws, x, cpu):
+def kernel_run(iters, *, isa, type_, layout, rows, cols, ws, x, cpu, act=0):
     nat.set_isa(isa)
-    return nat.bench_matmul(type_, layout, rows, cols, ws, x, iters, cpu)
+    return nat.bench_matmul(type_, layout, rows, cols, ws, x, iters, cpu, act)
 
 
 def numpy_run(iters, x, wt, cpu):
@@ -104,10 +106,10 @@ def numpy_run(iters, x, wt, cpu):
     return (clock() - t0) / iters
 
 
-def quant_run(iters, type_, cols, x):
+def quant_run(iters, type_, cols, x, act=0):
     t0 = time.perf_counter()
     for _ in range(iters):
-        nat.quantize_act(type_, I8, cols, x)
+        nat.quantize_act(type_, I8, cols, x, act)
     return (time.perf_counter() - t0) / iters / x.shape[0]
 
 
@@ -153,10 +155,17 @@ def main():
             if has_avx2:
                 fn = partial(run, isa="avx2", layout=I8, ws=[wi8])
                 results.append(("avx2 i8", nbytes, measure(fn, args.reps, budget)))
+                x2 = nat.act_supported(type_, 1)
+                if x2:
+                    fn = partial(run, isa="avx2", layout=I8, ws=[wi8], act=1)
+                    results.append(("avx2 i8x2", nbytes, measure(fn, args.reps, budget)))
                 if T == 1:
                     cold = [bytes(wi8) for _ in range(COLD_BYTES // nbytes + 2)]
                     fn = partial(run, isa="avx2", layout=I8, ws=cold)
                     results.append(("avx2 i8 cold", nbytes, measure(fn, args.reps, budget)))
+                    if x2:
+                        fn = partial(run, isa="avx2", layout=I8, ws=cold, act=1)
+                        results.append(("avx2 i8x2 cold", nbytes, measure(fn, args.reps, budget)))
                     del cold
                 fn = partial(run, isa="avx2", layout=ROWS, ws=[wrows])
                 results.append(("avx2 rows", nbytes, measure(fn, args.reps, budget)))
@@ -172,6 +181,9 @@ def main():
         xq = rng.standard_normal((64, cols)).astype(np.float32)
         sec = measure(partial(quant_run, type_=type_, cols=cols, x=xq), args.reps, budget)
         print(f"{label:>24} {'':>4} {'quantize x':>13} {'':>8} {'':>7} {sec * 1e6:10.2f}")
+        if nat.act_supported(type_, 1):
+            sec = measure(partial(quant_run, type_=type_, cols=cols, x=xq, act=1), args.reps, budget)
+            print(f"{label:>24} {'':>4} {'quantize x2':>13} {'':>8} {'':>7} {sec * 1e6:10.2f}")
 
 
 if __name__ == "__main__":

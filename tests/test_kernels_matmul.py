@@ -1,7 +1,8 @@
 """The quantized matmul kernels (quant*.c) against NumPy, on every type x layout x ISA path.
 
 What is checked:
-- activation quantization: byte-exact against a NumPy model of it (d = amax/127, q = round-half-even(x/d));
+- activation quantization: byte-exact against a NumPy model of it, for both activation types (Q8: d = amax/127,
+  q = round-half-even(x/d); Q8X2: d = amax/32258, q split into 254 * hi + lo);
 - matmul: against the exact product of the dequantized weights and the quantized activations, within a
   float32 rounding bound; against the float activations within the activation quantization bound;
 - invariance: the result for one (t, r) is bit-identical for any T, any row split, and both ISA paths;
@@ -18,11 +19,14 @@ from barellm import _native as nat
 
 F32, F16, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 8
 ROWS, I8 = 0, 1
+A8, A8X2 = 0, 1  # activation types (kernels.h enum bl_act)
+Q8X2_MAX = 254 * 127
 QK = 32
 EPS = 2.0**-23  # float32 machine epsilon (twice the unit roundoff)
 
 QUANT = (Q4_0, Q4_1, Q8_0)
-CASES = [(t, ROWS) for t in (F32, F16, *QUANT)] + [(t, I8) for t in QUANT]
+CASES = ([(t, ROWS, A8) for t in (F32, F16)] + [(t, ROWS, a) for t in QUANT for a in (A8, A8X2)]
+         + [(t, I8, a) for t in QUANT for a in (A8, A8X2)])
 ISAS = ["scalar"] + (["avx2"] if nat.cpu_info()["avx2_fma"] else [])
 
 _BLOCK = {
@@ -89,17 +93,46 @@ def quantize_act_ref(x):
     return q, d
 
 
-def act_bytes_ref(x, row_bytes):
-    """The activation buffer quantize_act must produce, byte for byte (see quant_internal.h)."""
+def quantize_act_x2_ref(x):
+    """The Q8X2 activation quantization in float32 NumPy: (hi, lo int8 [T, nb, 32], q int32, d f32 [T, nb])."""
+    xb = x.astype(np.float32).reshape(x.shape[0], -1, QK)
+    d = np.abs(xb).max(axis=-1) / np.float32(Q8X2_MAX)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.clip(np.rint(xb * inv[..., None]), -Q8X2_MAX, Q8X2_MAX).astype(np.int32)
+    hi = np.rint(q.astype(np.float32) / np.float32(254)).astype(np.int32)
+    lo = q - 254 * hi
+    assert np.abs(hi).max() <= 127 and np.abs(lo).max() <= 127
+    return hi.astype(np.int8), lo.astype(np.int8), q, d
+
+
+def act_values_ref(x, act):
+    """The activation values the kernels multiply: (q as integers [T, nb, 32], d [T, nb])."""
+    if act == A8X2:
+        _, _, q, d = quantize_act_x2_ref(x)
+        return q, d
     q, d = quantize_act_ref(x)
+    return q.astype(np.int32), d
+
+
+def act_bytes_ref(x, row_bytes, act=A8):
+    """The activation buffer quantize_act must produce, byte for byte (see quant_internal.h)."""
+    if act == A8X2:
+        hi, lo, q, d = quantize_act_x2_ref(x)
+        planes = [hi, lo]
+    else:
+        q, d = quantize_act_ref(x)
+        planes = [q]
     T, nb = d.shape
     sq = q.astype(np.int32).sum(axis=-1)
     s = d * sq.astype(np.float32)
     out = np.zeros((T, row_bytes), np.uint8)
-    out[:, : nb * 32] = q.reshape(T, -1).view(np.uint8)
-    out[:, nb * 32 : nb * 36] = d.astype("<f4").view(np.uint8)
-    out[:, nb * 36 : nb * 40] = s.astype("<f4").view(np.uint8)
-    out[:, nb * 40 : nb * 44] = sq.astype("<i4").view(np.uint8)
+    o = 0
+    for plane in planes:
+        out[:, o : o + nb * 32] = plane.reshape(T, -1).view(np.uint8)
+        o += nb * 32
+    out[:, o : o + nb * 4] = d.astype("<f4").view(np.uint8)
+    out[:, o + nb * 4 : o + nb * 8] = s.astype("<f4").view(np.uint8)
+    out[:, o + nb * 8 : o + nb * 12] = sq.astype("<i4").view(np.uint8)
     return out
 
 
@@ -120,10 +153,12 @@ def test_quantize_act_exact(isa, cols):
     x = rng.standard_normal((5, cols)).astype(np.float32) * rng.uniform(0.01, 100, (5, 1)).astype(np.float32)
     x[1, :32] = 0  # an all-zero block: d = 0, q = 0
     x[2, 5] = 0.5 * np.abs(x[2, :32]).max() / 127 * 255  # ties and near-ties exercise the rounding
+    x[3, 7] = np.abs(x[3, :32]).max() / Q8X2_MAX * 254.5  # near a tie of hi = round(q / 254)
     for t in QUANT:
-        rb = nat.act_row_bytes(t, ROWS, cols)
-        got = np.frombuffer(nat.quantize_act(t, ROWS, cols, x), np.uint8).reshape(5, rb)
-        np.testing.assert_array_equal(got, act_bytes_ref(x, rb))
+        for act in (A8, A8X2):
+            rb = nat.act_row_bytes(t, ROWS, cols, act)
+            got = np.frombuffer(nat.quantize_act(t, ROWS, cols, x, act), np.uint8).reshape(5, rb)
+            np.testing.assert_array_equal(got, act_bytes_ref(x, rb, act))
     got = np.frombuffer(nat.quantize_act(F32, ROWS, cols, x), np.uint8).reshape(5, -1)
     np.testing.assert_array_equal(got[:, : cols * 4], x.view(np.uint8))
 
@@ -131,19 +166,19 @@ def test_quantize_act_exact(isa, cols):
 # ---- correctness against NumPy ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("type_,layout", CASES)
+@pytest.mark.parametrize("type_,layout,act", CASES)
 @pytest.mark.parametrize("rows,cols", [(1, 32), (7, 64), (8, 96), (13, 576), (40, 1536), (29, 160)])
-def test_matmul_vs_numpy(isa, type_, layout, rows, cols):
+def test_matmul_vs_numpy(isa, type_, layout, act, rows, cols):
     rng = np.random.default_rng(rows * 1000 + cols + type_)
     T = 3
     raw = make_weights(type_, rows, cols, rng)
     W = dequantize(raw, type_, rows, cols)
     x = rng.standard_normal((T, cols)).astype(np.float32)
-    got = matmul(type_, layout, rows, cols, weights_for(type_, layout, rows, cols, raw), x)
+    got = matmul(type_, layout, rows, cols, weights_for(type_, layout, rows, cols, raw), x, act=act)
     assert got.shape == (T, rows) and got.dtype == np.float32
 
     if type_ in QUANT:
-        q, d = quantize_act_ref(x)
+        q, d = act_values_ref(x, act)
         xhat = (q.astype(np.float64) * d[..., None].astype(np.float64)).reshape(T, cols)
         # vs dequantized W x quantized x: the block integer dots are exact; the float work is one rounded
         # scale product and one rounded FMA per block (Q4_1: also its min chain and the final add), each off
@@ -152,9 +187,15 @@ def test_matmul_vs_numpy(isa, type_, layout, rows, cols):
         ref, S = xhat @ W.T, np.abs(xhat) @ np.abs(W).T
         np.testing.assert_array_less(np.abs(got - ref), (nb + 3) * EPS * S + 1e-30)
         # vs the float activations: |x - xhat| <= d/2 per element adds sum_b d_b / 2 * sum_i |W[r, i]|
-        half_d = np.repeat(d.astype(np.float64) / 2, QK, axis=1)
+        # (Q8X2's d is 254x smaller than Q8's, so is this term; the product x * (1 / d) is rounded before
+        # round-half-even, which can move q by one more unit at the far end of a block: allow d, not d/2)
+        half_d = np.repeat(d.astype(np.float64) / (1 if act == A8X2 else 2), QK, axis=1)
         bound = (nb + 3) * EPS * S + half_d @ np.abs(W).T
         np.testing.assert_array_less(np.abs(got - x.astype(np.float64) @ W.T), bound + 1e-30)
+        if act == A8X2:  # and it is ~250x closer to the float product than Q8's
+            q8 = matmul(type_, layout, rows, cols, weights_for(type_, layout, rows, cols, raw), x)
+            exact = x.astype(np.float64) @ W.T
+            assert np.abs(got - exact).max() * 50 < np.abs(q8 - exact).max()
     else:
         # FMA chains of cols / 8 per lane, then 3 adds: each step off by at most 2^-24 of |W| @ |x|
         ref, S = x.astype(np.float64) @ W.T, np.abs(x.astype(np.float64)) @ np.abs(W).T
@@ -176,41 +217,42 @@ def test_float_any_cols(isa, cols):
 # ---- invariance ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("type_,layout", CASES)
+@pytest.mark.parametrize("type_,layout,act", CASES)
 @pytest.mark.parametrize("rows,cols", [(1, 32), (19, 64), (24, 576), (37, 96), (17, 1536)])
-def test_invariance_T_and_splits(isa, type_, layout, rows, cols):
+def test_invariance_T_and_splits(isa, type_, layout, act, rows, cols):
     """One (t, r) gives the same bits whatever T, the row range and the other rows/vectors are."""
     rng = np.random.default_rng(rows + cols + 31 * type_ + layout)
     raw = make_weights(type_, rows, cols, rng)
     w = weights_for(type_, layout, rows, cols, raw)
     T = 13
     x = rng.standard_normal((T, cols)).astype(np.float32)
-    full = matmul(type_, layout, rows, cols, w, x)
-    singles = np.concatenate([matmul(type_, layout, rows, cols, w, x[t : t + 1]) for t in range(T)])
+    full = matmul(type_, layout, rows, cols, w, x, act=act)
+    singles = np.concatenate([matmul(type_, layout, rows, cols, w, x[t : t + 1], act=act) for t in range(T)])
     assert np.array_equal(full, singles)
     for k in list(range(2, 10)) + [12]:
-        assert np.array_equal(matmul(type_, layout, rows, cols, w, x[:k]), full[:k]), k
-        assert np.array_equal(matmul(type_, layout, rows, cols, w, x[T - k :]), full[T - k :]), k
+        assert np.array_equal(matmul(type_, layout, rows, cols, w, x[:k], act=act), full[:k]), k
+        assert np.array_equal(matmul(type_, layout, rows, cols, w, x[T - k :], act=act), full[T - k :]), k
     # row splits on the alignment grid, as threads would take them
     align = nat.row_align(type_, layout)
-    xq = nat.quantize_act(type_, layout, cols, x)
-    xq1 = nat.quantize_act(type_, layout, cols, x[:1])  # T = 1 takes other tiles (decode kernels)
+    xq = nat.quantize_act(type_, layout, cols, x, act)
+    xq1 = nat.quantize_act(type_, layout, cols, x[:1], act)  # T = 1 takes other tiles (decode kernels)
     for _ in range(6):
         cuts = sorted(set(int(c) for c in rng.integers(0, rows // align + 1, 3) * align) | {0, rows})
         out, out1 = np.zeros_like(full), np.zeros_like(full[:1])
         for r0, r1 in zip(cuts[:-1], cuts[1:], strict=True):
-            part = np.asarray(nat.matmul_q(type_, layout, rows, cols, w, xq, T, r0=r0, r1=r1))
+            part = np.asarray(nat.matmul_q(type_, layout, rows, cols, w, xq, T, r0=r0, r1=r1, act=act))
             assert not part[:, :r0].any() and not part[:, r1:].any()
             out[:, r0:r1] = part[:, r0:r1]
-            out1[:, r0:r1] = np.asarray(nat.matmul_q(type_, layout, rows, cols, w, xq1, 1, r0=r0, r1=r1))[:, r0:r1]
+            out1[:, r0:r1] = np.asarray(nat.matmul_q(type_, layout, rows, cols, w, xq1, 1, r0=r0, r1=r1,
+                                                     act=act))[:, r0:r1]
         assert np.array_equal(out, full), cuts
         assert np.array_equal(out1, full[:1]), cuts
 
 
 @pytest.mark.skipif(len(ISAS) < 2, reason="needs AVX2+FMA")
-@pytest.mark.parametrize("type_,layout", CASES)
+@pytest.mark.parametrize("type_,layout,act", CASES)
 @pytest.mark.parametrize("T", [1, 4, 7, 33])
-def test_isa_paths_agree_bitwise(type_, layout, T):
+def test_isa_paths_agree_bitwise(type_, layout, act, T):
     rows, cols = 45, 576
     rng = np.random.default_rng(T + type_)
     raw = make_weights(type_, rows, cols, rng)
@@ -220,7 +262,8 @@ def test_isa_paths_agree_bitwise(type_, layout, T):
     try:
         for name in ISAS:
             nat.set_isa(name)
-            res[name] = (bytes(nat.quantize_act(type_, layout, cols, x)), matmul(type_, layout, rows, cols, w, x))
+            res[name] = (bytes(nat.quantize_act(type_, layout, cols, x, act)),
+                         matmul(type_, layout, rows, cols, w, x, act=act))
     finally:
         nat.set_isa("avx2")
     assert res["scalar"][0] == res["avx2"][0]
@@ -250,6 +293,9 @@ def test_sizes():
     assert nat.matrix_bytes(Q4_1, I8, 576, 576) == 576 * 18 * 20  # 8 * row bytes is a multiple of 64 here
     assert nat.row_align(Q4_1, I8) == 8 and nat.row_align(Q4_1, ROWS) == 1
     assert nat.act_row_bytes(Q8_0, ROWS, 576) % 64 == 0
+    assert nat.act_row_bytes(Q4_1, I8, 576, A8X2) == 1408  # 18 blocks x (64 + 12) bytes, to 64
+    assert nat.act_supported(Q4_1, A8X2) and nat.act_supported(Q8_0, A8X2) and nat.act_supported(F32, A8)
+    assert not nat.act_supported(F32, A8X2) and not nat.act_supported(12, A8X2) and not nat.act_supported(Q4_1, 2)
 
 
 # ---- errors -------------------------------------------------------------------------------------------
@@ -279,3 +325,9 @@ def test_errors():
         nat.matmul_q(Q4_1, ROWS, 8, 64, w, b"\0" * 10, 1)
     with pytest.raises(ValueError):
         nat.dequantize_row(Q4_1, ROWS, 8, 64, w, 8)
+    with pytest.raises(ValueError, match="activation type"):
+        nat.matmul(F32, ROWS, 8, 64, b"\0" * 8 * 64 * 4, x, act=A8X2)
+    with pytest.raises(ValueError, match="activation type"):
+        nat.quantize_act(Q4_1, ROWS, 64, x, 7)
+    with pytest.raises(ValueError, match="xq"):  # Q8 activations handed to a Q8X2 matmul
+        nat.matmul_q(Q4_1, ROWS, 8, 64, w, nat.quantize_act(Q4_1, ROWS, 64, x), 2, act=A8X2)

@@ -6,7 +6,9 @@
  * A matmul computes, for the rows r in [r0, r1) and the T input vectors t in [0, T):
  *     out[t * ldo + r] = sum_k W[r, k] * x[t, k]
  * where x was first converted by bl_quantize_act() into the activation type W's kernel takes
- * (8-bit blocks for quantized weights, f32 for float weights).
+ * (blocks of 8-bit integers for quantized weights, f32 for float weights). w->act picks the precision of
+ * the integer blocks: BL_ACT_Q8, one int8 per value, or BL_ACT_Q8X2, two int8 planes that together hold a
+ * 16-bit value (~256x finer; twice the integer multiplies), for the types where bl_act_supported() says so.
  *
  * Invariance (what makes greedy output independent of threads and batching): the value computed for
  * one (t, r) depends only on row r of W and vector t of x: not on T, r0, r1, nor on the other rows
@@ -24,12 +26,22 @@ enum bl_layout {
                                     rows padded to a multiple of 8 */
 };
 
+/* Activation types of the quantized kernels (layouts in quant_internal.h). */
+enum bl_act {
+    BL_ACT_Q8 = 0,     /* blocks of 32: int8 q, scale amax / 127 */
+    BL_ACT_Q8X2 = 1,   /* blocks of 32: q = 254 * hi + lo (hi, lo int8), scale amax / 32258 */
+};
+
 typedef struct bl_matrix {
     int type;          /* enum bl_type */
     int layout;        /* enum bl_layout */
     int rows, cols;
     const void *data;  /* 64-byte aligned where possible */
+    int act;           /* enum bl_act (float weights take f32 activations and need BL_ACT_Q8 here) */
 } bl_matrix;
+
+/* Whether the kernels for `type` take activations of type `act`. */
+BL_API int bl_act_supported(int type, int act);
 
 /* Row ranges handed to bl_matmul must start at a multiple of this (the layout's row group). */
 BL_API int bl_matmul_row_align(const bl_matrix *w);

@@ -163,10 +163,15 @@ static int d_ptr(PlanObject *self, PyObject *d, const char *key, int writable, v
     return *out ? 0 : -1;
 }
 
-/* (type, layout, rows, cols, buffer) */
+/* (type, layout, rows, cols, buffer[, act]) */
 static int parse_matrix(PlanObject *self, PyObject *spec, bl_matrix *m) {
     PyObject *buf;
-    if (!PyArg_ParseTuple(spec, "iiiiO", &m->type, &m->layout, &m->rows, &m->cols, &buf)) return -1;
+    m->act = BL_ACT_Q8;
+    if (!PyArg_ParseTuple(spec, "iiiiO|i", &m->type, &m->layout, &m->rows, &m->cols, &buf, &m->act)) return -1;
+    if (!bl_act_supported(m->type, m->act)) {
+        PyErr_Format(PyExc_ValueError, "activation type %d is not supported for type %d", m->act, m->type);
+        return -1;
+    }
     if (buf == Py_None) {
         m->data = NULL;
         return 0;

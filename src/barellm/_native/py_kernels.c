@@ -14,12 +14,13 @@
 
 /* ---- argument checking ---- */
 
-static int check_matrix(bl_matrix *m, int type, int layout, int rows, int cols) {
+static int check_matrix(bl_matrix *m, int type, int layout, int rows, int cols, int act) {
     m->type = type;
     m->layout = layout;
     m->rows = rows;
     m->cols = cols;
     m->data = NULL;
+    m->act = act;
     if (rows <= 0 || cols <= 0) {
         PyErr_Format(PyExc_ValueError, "matrix shape (%d, %d) must be positive", rows, cols);
         return -1;
@@ -35,6 +36,10 @@ static int check_matrix(bl_matrix *m, int type, int layout, int rows, int cols) 
     }
     if (bl_matrix_bytes(type, layout, rows, cols) == 0) {
         PyErr_Format(PyExc_ValueError, "layout %d is not supported for type %d", layout, type);
+        return -1;
+    }
+    if (!bl_act_supported(type, act)) {
+        PyErr_Format(PyExc_ValueError, "activation type %d is not supported for type %d", act, type);
         return -1;
     }
     return 0;
@@ -110,17 +115,24 @@ static PyObject *py_matrix_bytes(PyObject *self, PyObject *args) {
     int type, layout, rows, cols;
     bl_matrix m;
     if (!PyArg_ParseTuple(args, "iiii", &type, &layout, &rows, &cols)) return NULL;
-    if (check_matrix(&m, type, layout, rows, cols) < 0) return NULL;
+    if (check_matrix(&m, type, layout, rows, cols, BL_ACT_Q8) < 0) return NULL;
     return PyLong_FromSize_t(bl_matrix_bytes(type, layout, rows, cols));
 }
 
 static PyObject *py_act_row_bytes(PyObject *self, PyObject *args) {
     (void)self;
-    int type, layout, cols;
+    int type, layout, cols, act = BL_ACT_Q8;
     bl_matrix m;
-    if (!PyArg_ParseTuple(args, "iii", &type, &layout, &cols)) return NULL;
-    if (check_matrix(&m, type, layout, 8, cols) < 0) return NULL;
+    if (!PyArg_ParseTuple(args, "iii|i", &type, &layout, &cols, &act)) return NULL;
+    if (check_matrix(&m, type, layout, 8, cols, act) < 0) return NULL;
     return PyLong_FromSize_t(bl_act_row_bytes(&m, cols));
+}
+
+static PyObject *py_act_supported(PyObject *self, PyObject *args) {
+    (void)self;
+    int type, act;
+    if (!PyArg_ParseTuple(args, "ii", &type, &act)) return NULL;
+    return PyBool_FromLong(bl_act_supported(type, act));
 }
 
 static PyObject *py_row_align(PyObject *self, PyObject *args) {
@@ -128,7 +140,7 @@ static PyObject *py_row_align(PyObject *self, PyObject *args) {
     int type, layout;
     bl_matrix m;
     if (!PyArg_ParseTuple(args, "ii", &type, &layout)) return NULL;
-    if (check_matrix(&m, type, layout, 8, 256) < 0) return NULL;
+    if (check_matrix(&m, type, layout, 8, 256, BL_ACT_Q8) < 0) return NULL;
     return PyLong_FromLong(bl_matmul_row_align(&m));
 }
 
@@ -139,7 +151,7 @@ static PyObject *py_repack(PyObject *self, PyObject *args) {
     bl_matrix m;
     Py_buffer wv;
     if (!PyArg_ParseTuple(args, "iiiiO", &type, &layout, &rows, &cols, &wobj)) return NULL;
-    if (check_matrix(&m, type, BL_LAYOUT_ROWS, rows, cols) < 0 || get_weights(wobj, &m, &wv) < 0) return NULL;
+    if (check_matrix(&m, type, BL_LAYOUT_ROWS, rows, cols, BL_ACT_Q8) < 0 || get_weights(wobj, &m, &wv) < 0) return NULL;
     size_t n = bl_matrix_bytes(type, layout, rows, cols);
     if (n == 0) {
         PyBuffer_Release(&wv);
@@ -165,12 +177,12 @@ static PyObject *py_repack(PyObject *self, PyObject *args) {
 
 static PyObject *py_quantize_act(PyObject *self, PyObject *args) {
     (void)self;
-    int type, layout, cols, T;
+    int type, layout, cols, T, act = BL_ACT_Q8;
     PyObject *xobj;
     bl_matrix m;
     Py_buffer xv;
-    if (!PyArg_ParseTuple(args, "iiiO", &type, &layout, &cols, &xobj)) return NULL;
-    if (check_matrix(&m, type, layout, 8, cols) < 0 || get_f32(xobj, cols, &xv, &T) < 0) return NULL;
+    if (!PyArg_ParseTuple(args, "iiiO|i", &type, &layout, &cols, &xobj, &act)) return NULL;
+    if (check_matrix(&m, type, layout, 8, cols, act) < 0 || get_f32(xobj, cols, &xv, &T) < 0) return NULL;
     size_t rb = bl_act_row_bytes(&m, cols);
     PyObject *ba = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(rb * T));
     if (!ba) {
@@ -188,15 +200,15 @@ static PyObject *py_quantize_act(PyObject *self, PyObject *args) {
 
 static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"type", "layout", "rows", "cols", "w", "x", "r0", "r1", NULL};
-    int type, layout, rows, cols, r0 = 0, r1 = -1, T;
+    static char *kwlist[] = {"type", "layout", "rows", "cols", "w", "x", "r0", "r1", "act", NULL};
+    int type, layout, rows, cols, r0 = 0, r1 = -1, T, act = BL_ACT_Q8;
     PyObject *wobj, *xobj;
     bl_matrix m;
     Py_buffer wv, xv;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiOO|ii", kwlist, &type, &layout, &rows, &cols, &wobj, &xobj,
-                                     &r0, &r1))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiOO|iii", kwlist, &type, &layout, &rows, &cols, &wobj, &xobj,
+                                     &r0, &r1, &act))
         return NULL;
-    if (check_matrix(&m, type, layout, rows, cols) < 0 || check_range(&m, &r0, &r1) < 0) return NULL;
+    if (check_matrix(&m, type, layout, rows, cols, act) < 0 || check_range(&m, &r0, &r1) < 0) return NULL;
     if (get_weights(wobj, &m, &wv) < 0) return NULL;
     if (get_f32(xobj, cols, &xv, &T) < 0) {
         PyBuffer_Release(&wv);
@@ -224,15 +236,15 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw) {
 /* matmul_q(type, layout, rows, cols, w, xq, T, r0=0, r1=rows): from activations made by quantize_act */
 static PyObject *py_matmul_q(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"type", "layout", "rows", "cols", "w", "xq", "T", "r0", "r1", NULL};
-    int type, layout, rows, cols, T, r0 = 0, r1 = -1;
+    static char *kwlist[] = {"type", "layout", "rows", "cols", "w", "xq", "T", "r0", "r1", "act", NULL};
+    int type, layout, rows, cols, T, r0 = 0, r1 = -1, act = BL_ACT_Q8;
     PyObject *wobj, *xobj;
     bl_matrix m;
     Py_buffer wv, xv;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiOOi|ii", kwlist, &type, &layout, &rows, &cols, &wobj, &xobj,
-                                     &T, &r0, &r1))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiOOi|iii", kwlist, &type, &layout, &rows, &cols, &wobj, &xobj,
+                                     &T, &r0, &r1, &act))
         return NULL;
-    if (check_matrix(&m, type, layout, rows, cols) < 0 || check_range(&m, &r0, &r1) < 0) return NULL;
+    if (check_matrix(&m, type, layout, rows, cols, act) < 0 || check_range(&m, &r0, &r1) < 0) return NULL;
     if (T <= 0) return PyErr_Format(PyExc_ValueError, "T = %d must be positive", T);
     if (get_weights(wobj, &m, &wv) < 0) return NULL;
     if (PyObject_GetBuffer(xobj, &xv, PyBUF_SIMPLE) < 0) {
@@ -263,7 +275,7 @@ static PyObject *py_dequantize_row(PyObject *self, PyObject *args) {
     bl_matrix m;
     Py_buffer wv;
     if (!PyArg_ParseTuple(args, "iiiiOi", &type, &layout, &rows, &cols, &wobj, &r)) return NULL;
-    if (check_matrix(&m, type, layout, rows, cols) < 0) return NULL;
+    if (check_matrix(&m, type, layout, rows, cols, BL_ACT_Q8) < 0) return NULL;
     if (r < 0 || r >= rows) return PyErr_Format(PyExc_ValueError, "row %d not within [0, %d)", r, rows);
     if (get_weights(wobj, &m, &wv) < 0) return NULL;
     float *out;
@@ -285,12 +297,13 @@ static double now_s(int cpu) {
  * CPU time instead of wall time (steadier on a shared machine). */
 static PyObject *py_bench_matmul(PyObject *self, PyObject *args) {
     (void)self;
-    int type, layout, rows, cols, iters, T, cpu = 0;
+    int type, layout, rows, cols, iters, T, cpu = 0, act = BL_ACT_Q8;
     PyObject *wseq, *xobj;
     bl_matrix m;
     Py_buffer xv;
-    if (!PyArg_ParseTuple(args, "iiiiOOi|p", &type, &layout, &rows, &cols, &wseq, &xobj, &iters, &cpu)) return NULL;
-    if (check_matrix(&m, type, layout, rows, cols) < 0) return NULL;
+    if (!PyArg_ParseTuple(args, "iiiiOOi|pi", &type, &layout, &rows, &cols, &wseq, &xobj, &iters, &cpu, &act))
+        return NULL;
+    if (check_matrix(&m, type, layout, rows, cols, act) < 0) return NULL;
     if (iters <= 0) return PyErr_Format(PyExc_ValueError, "iters must be positive");
     PyObject *fast = PySequence_Fast(wseq, "ws must be a sequence of weight buffers");
     if (!fast) return NULL;
@@ -339,23 +352,26 @@ PyMethodDef bl_kernel_methods[] = {
     {"matrix_bytes", py_matrix_bytes, METH_VARARGS,
      "matrix_bytes(type, layout, rows, cols) -> bytes of W[rows, cols] stored in that type and layout."},
     {"act_row_bytes", py_act_row_bytes, METH_VARARGS,
-     "act_row_bytes(type, layout, cols) -> bytes of one activation vector converted for such weights."},
+     "act_row_bytes(type, layout, cols, act=0) -> bytes of one activation vector converted for such weights\n"
+     "(act: 0 = 8-bit blocks, 1 = two 8-bit planes, for Q4_0 / Q4_1 / Q8_0)."},
+    {"act_supported", py_act_supported, METH_VARARGS,
+     "act_supported(type, act) -> whether the kernels for `type` take activations of type `act`."},
     {"row_align", py_row_align, METH_VARARGS,
      "row_align(type, layout) -> row ranges of a matmul must start at a multiple of this."},
     {"repack", py_repack, METH_VARARGS,
      "repack(type, layout, rows, cols, w_rows) -> bytearray: GGUF-ordered rows w_rows in `layout`."},
     {"quantize_act", py_quantize_act, METH_VARARGS,
-     "quantize_act(type, layout, cols, x_f32[T, cols]) -> bytearray of T activation vectors."},
+     "quantize_act(type, layout, cols, x_f32[T, cols], act=0) -> bytearray of T activation vectors."},
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
-     "matmul(type, layout, rows, cols, w, x_f32[T, cols], r0=0, r1=rows) -> f32 memoryview [T, rows]\n"
+     "matmul(type, layout, rows, cols, w, x_f32[T, cols], r0=0, r1=rows, act=0) -> f32 memoryview [T, rows]\n"
      "(out[t, r] = sum_k W[r, k] x[t, k] for r in [r0, r1), zero elsewhere)."},
     {"matmul_q", (PyCFunction)(void (*)(void))py_matmul_q, METH_VARARGS | METH_KEYWORDS,
-     "matmul_q(type, layout, rows, cols, w, xq, T, r0=0, r1=rows) -> f32 memoryview [T, rows], xq from "
+     "matmul_q(type, layout, rows, cols, w, xq, T, r0=0, r1=rows, act=0) -> f32 memoryview [T, rows], xq from "
      "quantize_act."},
     {"dequantize_row", py_dequantize_row, METH_VARARGS,
      "dequantize_row(type, layout, rows, cols, w, r) -> f32 memoryview [cols]: row r of W."},
     {"bench_matmul", py_bench_matmul, METH_VARARGS,
-     "bench_matmul(type, layout, rows, cols, ws, x_f32[T, cols], iters, cpu=False) -> seconds per matmul call\n"
+     "bench_matmul(type, layout, rows, cols, ws, x_f32[T, cols], iters, cpu=False, act=0) -> seconds per call\n"
      "(cpu=True: this thread's CPU time rather than wall time)."},
     {NULL, NULL, 0, NULL},
 };

@@ -13,8 +13,14 @@ static int layout_ok(int type, int layout) {
 
 int bl_matmul_row_align(const bl_matrix *w) { return w->layout == BL_LAYOUT_INTERLEAVE8 ? 8 : 1; }
 
+int bl_act_supported(int type, int act) {
+    if (act == BL_ACT_Q8) return bl_block_size(type) != 0;
+    if (act == BL_ACT_Q8X2) return type == BL_Q4_0 || type == BL_Q4_1 || type == BL_Q8_0;
+    return 0;
+}
+
 size_t bl_act_row_bytes(const bl_matrix *w, int cols) {
-    if (bl_is_quant(w->type)) return bl_act_q8_bytes(cols);
+    if (bl_is_quant(w->type)) return w->act == BL_ACT_Q8X2 ? bl_act_q8x2_bytes(cols) : bl_act_q8_bytes(cols);
     return bl_round_up((size_t)cols * 4, 64);
 }
 

@@ -82,12 +82,60 @@ static void quantize_row_q8(const float *x, int cols, uint8_t *row) {
     }
 }
 
+/* int32 lanes of 4 vectors -> 32 int8 in element order (values already in int8 range) */
+AI __m256i pack_i8(__m256i i0, __m256i i1, __m256i i2, __m256i i3) {
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+AI int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static void quantize_row_q8x2(const float *x, int cols, uint8_t *row) {
+    const int nb = cols / BL_QK;
+    const __m256 sign = _mm256_set1_ps(-0.0f), c254 = _mm256_set1_ps(254.0f);
+    const __m256i qmax = _mm256_set1_epi32(BL_Q8X2_MAX), qmin = _mm256_set1_epi32(-BL_Q8X2_MAX);
+    const __m256i k254 = _mm256_set1_epi32(254);
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + b * BL_QK;
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
+        __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+        const float amax = _mm_cvtss_f32(m);
+        const float d = amax / (float)BL_Q8X2_MAX, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4], h[4], l[4], sum = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            q[k] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid)), qmin), qmax);
+            h[k] = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_cvtepi32_ps(q[k]), c254));
+            l[k] = _mm256_sub_epi32(q[k], _mm256_mullo_epi32(h[k], k254));
+            sum = _mm256_add_epi32(sum, q[k]);
+        }
+        _mm256_storeu_si256((__m256i *)(row + (size_t)b * 32), pack_i8(h[0], h[1], h[2], h[3]));
+        _mm256_storeu_si256((__m256i *)(row + (size_t)(nb + b) * 32), pack_i8(l[0], l[1], l[2], l[3]));
+        const int32_t isum = hsum_epi32(sum);
+        const float sf = d * (float)isum;
+        memcpy(row + (size_t)nb * 64 + (size_t)b * 4, &d, 4);
+        memcpy(row + (size_t)nb * 68 + (size_t)b * 4, &sf, 4);
+        memcpy(row + (size_t)nb * 72 + (size_t)b * 4, &isum, 4);
+    }
+}
+
 void bl_quantize_act_avx2(const bl_matrix *w, const float *x, size_t x_stride, int T, void *out) {
     const int cols = w->cols;
     const size_t ob = bl_act_row_bytes(w, cols);
     for (int t = 0; t < T; t++) {
         uint8_t *o = (uint8_t *)out + (size_t)t * ob;
-        if (bl_is_quant(w->type)) quantize_row_q8(x + (size_t)t * x_stride, cols, o);
+        if (bl_is_quant(w->type) && w->act == BL_ACT_Q8X2) quantize_row_q8x2(x + (size_t)t * x_stride, cols, o);
+        else if (bl_is_quant(w->type)) quantize_row_q8(x + (size_t)t * x_stride, cols, o);
         else memcpy(o, x + (size_t)t * x_stride, (size_t)cols * 4);
     }
 }
@@ -206,6 +254,107 @@ AI void tile_q8_i8(const int NT, const uint8_t *g, const int nb, const uint8_t *
     FOR_T(Q8_STORE);
 }
 
+/* The same tiles for BL_ACT_Q8X2 activations: each weight vector meets the hi and the lo plane of every
+ * token; the hi and lo int16 sums stay apart through a block (each bounded as above) and meet in int32 as
+ * 254 * hi + lo. Twice the accumulators per token, so at most 4 tokens per tile. */
+#define ACT2_PTRS(t)                                                                                     \
+    const int8_t *xh##t = (const int8_t *)(xa + (t) * xs);                                               \
+    const int8_t *xl##t = xh##t + (size_t)nb * 32;                                                       \
+    const float *xd##t = (const float *)(const void *)(xa + (t) * xs + (size_t)nb * 64);                 \
+    const float *xs##t = xd##t + nb;                                                                     \
+    const int32_t *xsq##t = (const int32_t *)(const void *)(xd##t + 2 * nb);                             \
+    (void)xh##t; (void)xl##t; (void)xd##t; (void)xs##t; (void)xsq##t;                                    \
+    __m256 acc##t = _mm256_setzero_ps(), accm##t = _mm256_setzero_ps();                                  \
+    __m256i sh##t, sl##t;                                                                                \
+    (void)sl##t;                                                                                         \
+    (void)accm##t
+
+#define FOR_T4(X)                                                                                        \
+    do {                                                                                                 \
+        X(0);                                                                                            \
+        if (NT > 1) { X(1); }                                                                            \
+        if (NT > 2) { X(2); }                                                                            \
+        if (NT > 3) { X(3); }                                                                            \
+    } while (0)
+
+AI void tile_q4_x2(const int type, const int NT, const uint8_t *g, const int nb, const uint8_t *xa,
+                   const size_t xs, float *o, const size_t ldo, const int nvalid, const uint8_t *pf,
+                   const size_t pfs) {
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), k254 = _mm256_set1_epi16(254);
+    const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
+    ACT2_PTRS(0);
+    ACT2_PTRS(1);
+    ACT2_PTRS(2);
+    ACT2_PTRS(3);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *q = g + (size_t)b * 128;
+        const size_t xo = (size_t)b * 32;
+        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3);
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+#define Q4X2_DOT(t)                                                                                      \
+    const __m256i ph##t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast32(xh##t + xo + 4 * j)),        \
+                                           _mm256_maddubs_epi16(hi, bcast32(xh##t + xo + 16 + 4 * j)));  \
+    const __m256i pl##t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast32(xl##t + xo + 4 * j)),        \
+                                           _mm256_maddubs_epi16(hi, bcast32(xl##t + xo + 16 + 4 * j)));  \
+    sh##t = j ? _mm256_add_epi16(sh##t, ph##t) : ph##t;                                                  \
+    sl##t = j ? _mm256_add_epi16(sl##t, pl##t) : pl##t;                                                  \
+    PIN(sh##t);                                                                                          \
+    PIN(sl##t)
+            FOR_T4(Q4X2_DOT);
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp + (size_t)b * 16)));
+#define Q4X2_SCALE(t)                                                                                    \
+    __m256i i##t = _mm256_add_epi32(_mm256_madd_epi16(sh##t, k254), _mm256_madd_epi16(sl##t, ones));     \
+    if (type == BL_Q4_0) i##t = _mm256_sub_epi32(i##t, _mm256_set1_epi32(8 * xsq##t[b]));                \
+    acc##t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i##t), _mm256_mul_ps(dw, _mm256_set1_ps(xd##t[b])), acc##t)
+        FOR_T4(Q4X2_SCALE);
+        if (type == BL_Q4_1 && NT <= 2) {
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mp + (size_t)b * 16)));
+            FOR_T4(Q4_MIN);
+        }
+    }
+    if (type == BL_Q4_1 && NT > 2) {
+        for (int b = 0; b < nb; b++) {
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mp + (size_t)b * 16)));
+            FOR_T4(Q4_MIN);
+        }
+    }
+    FOR_T4(Q4_STORE);
+}
+
+AI void tile_q8_x2(const int NT, const uint8_t *g, const int nb, const uint8_t *xa, const size_t xs, float *o,
+                   const size_t ldo, const int nvalid, const uint8_t *pf, const size_t pfs) {
+    const __m256i ones = _mm256_set1_epi16(1), k254 = _mm256_set1_epi16(254);
+    const uint8_t *dp = g + (size_t)nb * 256;
+    ACT2_PTRS(0);
+    ACT2_PTRS(1);
+    ACT2_PTRS(2);
+    ACT2_PTRS(3);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *q = g + (size_t)b * 256;
+        const size_t xo = (size_t)b * 32;
+        if (pf) prefetch_lines(pf + (size_t)b * pfs, 5);
+        for (int j = 0; j < 8; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+            const __m256i av = _mm256_abs_epi8(v);
+#define Q8X2_DOT(t)                                                                                      \
+    const __m256i p##t = _mm256_add_epi32(                                                               \
+        _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(bcast32(xh##t + xo + 4 * j), v)), k254), \
+        _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(bcast32(xl##t + xo + 4 * j), v)), ones)); \
+    sh##t = j ? _mm256_add_epi32(sh##t, p##t) : p##t;                                                    \
+    PIN(sh##t)
+            FOR_T4(Q8X2_DOT);
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp + (size_t)b * 16)));
+#define Q8X2_SCALE(t)                                                                                    \
+    acc##t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sh##t), _mm256_mul_ps(dw, _mm256_set1_ps(xd##t[b])), acc##t)
+        FOR_T4(Q8X2_SCALE);
+    }
+    FOR_T4(Q8_STORE);
+}
+
 #define TILE_FN(name, call)                                                                              \
     static void name(const uint8_t *g, int nb, const uint8_t *xa, size_t xs, float *o, size_t ldo,       \
                      int nvalid, const uint8_t *pf, size_t pfs) {                                        \
@@ -231,6 +380,18 @@ TILE_FN(q80_1, tile_q8_i8(1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80_2, tile_q8_i8(2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80_3, tile_q8_i8(3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80_4, tile_q8_i8(4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40x2_1, tile_q4_x2(BL_Q4_0, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40x2_2, tile_q4_x2(BL_Q4_0, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40x2_3, tile_q4_x2(BL_Q4_0, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40x2_4, tile_q4_x2(BL_Q4_0, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41x2_1, tile_q4_x2(BL_Q4_1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41x2_2, tile_q4_x2(BL_Q4_1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41x2_3, tile_q4_x2(BL_Q4_1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41x2_4, tile_q4_x2(BL_Q4_1, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q80x2_1, tile_q8_x2(1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q80x2_2, tile_q8_x2(2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q80x2_3, tile_q8_x2(3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q80x2_4, tile_q8_x2(4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 
 /* Decode (one token) over 16 rows: two groups share each activation broadcast. Same float work per
  * output as tile_q4_i8. */
@@ -293,6 +454,74 @@ static void q41_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float
     tile_q4_i8_g2(BL_Q4_1, g, gb, nb, xa, o, n2, pf, pfs);
 }
 
+/* tile_q4_i8_g2 for BL_ACT_Q8X2 activations */
+AI void tile_q4_x2_g2(const int type, const uint8_t *g, const size_t gb, const int nb, const uint8_t *xa,
+                      float *o, const int nvalid2, const uint8_t *pf, const size_t pfs) {
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), k254 = _mm256_set1_epi16(254);
+    const uint8_t *g2 = g + gb;
+    const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
+    const uint8_t *dp2 = g2 + (size_t)nb * 128, *mp2 = dp2 + (size_t)nb * 16;
+    const int8_t *xh = (const int8_t *)xa, *xl = xh + (size_t)nb * 32;
+    const float *xd = (const float *)(const void *)(xa + (size_t)nb * 64), *xsm = xd + nb;
+    const int32_t *xsq = (const int32_t *)(const void *)(xd + 2 * nb);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps(), accm2 = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *q = g + (size_t)b * 128, *q2 = g2 + (size_t)b * 128;
+        const int8_t *h = xh + (size_t)b * 32, *l = xl + (size_t)b * 32;
+        if (pf) prefetch_lines(pf + (size_t)b * 2 * pfs, 6);
+        __m256i sh, sl, sh2, sl2;
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+            const __m256i v2 = _mm256_loadu_si256((const __m256i *)(q2 + 32 * j));
+            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            const __m256i lo2 = _mm256_and_si256(v2, m4), hi2 = _mm256_and_si256(_mm256_srli_epi16(v2, 4), m4);
+            const __m256i hl = bcast32(h + 4 * j), hh = bcast32(h + 16 + 4 * j);
+            const __m256i ll = bcast32(l + 4 * j), lh = bcast32(l + 16 + 4 * j);
+            const __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, hl), _mm256_maddubs_epi16(hi, hh));
+            const __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ll), _mm256_maddubs_epi16(hi, lh));
+            const __m256i ph2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo2, hl), _mm256_maddubs_epi16(hi2, hh));
+            const __m256i pl2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo2, ll), _mm256_maddubs_epi16(hi2, lh));
+            sh = j ? _mm256_add_epi16(sh, ph) : ph;
+            sl = j ? _mm256_add_epi16(sl, pl) : pl;
+            sh2 = j ? _mm256_add_epi16(sh2, ph2) : ph2;
+            sl2 = j ? _mm256_add_epi16(sl2, pl2) : pl2;
+            PIN(sh);
+            PIN(sl);
+            PIN(sh2);
+            PIN(sl2);
+        }
+        __m256i i = _mm256_add_epi32(_mm256_madd_epi16(sh, k254), _mm256_madd_epi16(sl, ones));
+        __m256i i2 = _mm256_add_epi32(_mm256_madd_epi16(sh2, k254), _mm256_madd_epi16(sl2, ones));
+        if (type == BL_Q4_0) {
+            const __m256i off = _mm256_set1_epi32(8 * xsq[b]);
+            i = _mm256_sub_epi32(i, off);
+            i2 = _mm256_sub_epi32(i2, off);
+        }
+        const __m256 dx = _mm256_set1_ps(xd[b]);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp + (size_t)b * 16)));
+        const __m256 dw2 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp2 + (size_t)b * 16)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, dx), acc);
+        acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i2), _mm256_mul_ps(dw2, dx), acc2);
+        if (type == BL_Q4_1) {
+            const __m256 sx = _mm256_set1_ps(xsm[b]);
+            accm = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mp + (size_t)b * 16))), sx, accm);
+            accm2 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mp2 + (size_t)b * 16))), sx, accm2);
+        }
+    }
+    store8(o, type == BL_Q4_1 ? _mm256_add_ps(acc, accm) : acc, 8);
+    store8(o + 8, type == BL_Q4_1 ? _mm256_add_ps(acc2, accm2) : acc2, nvalid2);
+}
+
+static void q40x2_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
+                     size_t pfs) {
+    tile_q4_x2_g2(BL_Q4_0, g, gb, nb, xa, o, n2, pf, pfs);
+}
+static void q41x2_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
+                     size_t pfs) {
+    tile_q4_x2_g2(BL_Q4_1, g, gb, nb, xa, o, n2, pf, pfs);
+}
+
 typedef void (*tile_fn)(const uint8_t *, int, const uint8_t *, size_t, float *, size_t, int, const uint8_t *,
                         size_t);
 
@@ -300,9 +529,15 @@ static void matmul_i8(const bl_matrix *w, const void *xq, int T, float *out, siz
     static const tile_fn q40[8] = {q40_1, q40_2, q40_3, q40_4, q40_5, q40_6, q40_7, q40_8},
                          q41[8] = {q41_1, q41_2, q41_3, q41_4, q41_5, q41_6, q41_7, q41_8},
                          q80[4] = {q80_1, q80_2, q80_3, q80_4};
-    const tile_fn *fns = w->type == BL_Q4_0 ? q40 : w->type == BL_Q4_1 ? q41 : q80;
-    /* tokens per tile: 8 for Q4 (~7% faster than 4 here), 4 for Q8_0 (its int32 sums need more registers) */
-    const int ntmax = w->type == BL_Q8_0 ? 4 : 8;
+    static const tile_fn q40x2[4] = {q40x2_1, q40x2_2, q40x2_3, q40x2_4},
+                         q41x2[4] = {q41x2_1, q41x2_2, q41x2_3, q41x2_4},
+                         q80x2[4] = {q80x2_1, q80x2_2, q80x2_3, q80x2_4};
+    const int x2 = w->act == BL_ACT_Q8X2;
+    const tile_fn *fns = w->type == BL_Q4_0 ? (x2 ? q40x2 : q40) : w->type == BL_Q4_1 ? (x2 ? q41x2 : q41)
+                                                                                      : (x2 ? q80x2 : q80);
+    /* tokens per tile: 8 for Q4 (~7% faster than 4 here), 4 for Q8_0 (its int32 sums need more registers),
+     * 3 with Q8X2 activations (two sums per token: 3 was ~30% faster than 4, which spills, and level with 2) */
+    const int ntmax = x2 ? 3 : w->type == BL_Q8_0 ? 4 : 8;
     const int nb = w->cols / BL_QK;
     const size_t gb = bl_i8_group_bytes(w->type, w->cols), xb = bl_act_row_bytes(w, w->cols);
     /* prefetch BL_PF_BYTES ahead, spread over the blocks of a tile (each block prefetches its share pfs of a
@@ -312,7 +547,7 @@ static void matmul_i8(const bl_matrix *w, const void *xq, int T, float *out, siz
     int r = r0;
     if (T == 1 && w->type != BL_Q8_0) { /* decode: 16 rows per tile (~25% faster from cache) */
         void (*g2fn)(const uint8_t *, size_t, int, const uint8_t *, float *, int, const uint8_t *, size_t) =
-            w->type == BL_Q4_0 ? q40_g2 : q41_g2;
+            w->type == BL_Q4_0 ? (x2 ? q40x2_g2 : q40_g2) : (x2 ? q41x2_g2 : q41_g2);
         for (; r + 8 < r1; r += 16) {
             const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
             const uint8_t *pf = g + gb + BL_PF_BYTES < end ? g + gb + BL_PF_BYTES : NULL;
@@ -348,23 +583,28 @@ AI __m256 f16x8(const uint8_t *const *p, size_t off) {
                                           (short)bl_rd16(p[6] + off), (short)bl_rd16(p[7] + off)));
 }
 
-AI void rows8_quant(const int type, const uint8_t *const *p, const int nb, const bl_act_q8 a, float *o,
-                    const int nvalid) {
+AI void rows8_quant(const int type, const int x2, const uint8_t *const *p, const int nb, const bl_act_q8 a,
+                    float *o, const int nvalid) {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i khi = x2 ? _mm256_set1_epi16(254) : ones; /* the weight of the (hi) plane */
     const size_t bb = type == BL_Q8_0 ? 34 : type == BL_Q4_1 ? 20 : 18, hdr = type == BL_Q4_1 ? 4 : 2;
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const __m256i x = _mm256_loadu_si256((const __m256i *)(a.qs + b * 32));
+        const __m256i xl = x2 ? _mm256_loadu_si256((const __m256i *)(a.lo + b * 32)) : x;
         const size_t off = (size_t)b * bb;
         __m256i s[8];
         for (int l = 0; l < 8; l++) {
             if (type == BL_Q8_0) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(p[l] + off + hdr));
-                s[l] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(x, v)), ones);
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(p[l] + off + hdr)), av = _mm256_abs_epi8(v);
+                s[l] = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v)), khi);
+                if (x2)
+                    s[l] = _mm256_add_epi32(s[l], _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(xl, v)), ones));
             } else {
                 const __m128i v = _mm_loadu_si128((const __m128i *)(p[l] + off + hdr));
                 const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4);
-                s[l] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), ones);
+                s[l] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), khi);
+                if (x2) s[l] = _mm256_add_epi32(s[l], _mm256_madd_epi16(_mm256_maddubs_epi16(q, xl), ones));
             }
         }
         __m256i i32 = hsum8_epi32(s);
@@ -376,13 +616,22 @@ AI void rows8_quant(const int type, const uint8_t *const *p, const int nb, const
     store8(o, type == BL_Q4_1 ? _mm256_add_ps(acc, accm) : acc, nvalid);
 }
 
-static void rows8_q40(const uint8_t *const *p, int nb, bl_act_q8 a, float *o, int n) { rows8_quant(BL_Q4_0, p, nb, a, o, n); }
-static void rows8_q41(const uint8_t *const *p, int nb, bl_act_q8 a, float *o, int n) { rows8_quant(BL_Q4_1, p, nb, a, o, n); }
-static void rows8_q80(const uint8_t *const *p, int nb, bl_act_q8 a, float *o, int n) { rows8_quant(BL_Q8_0, p, nb, a, o, n); }
+#define ROWS8_FN(name, type, x2)                                                                         \
+    static void name(const uint8_t *const *p, int nb, bl_act_q8 a, float *o, int n) {                    \
+        rows8_quant(type, x2, p, nb, a, o, n);                                                           \
+    }
+ROWS8_FN(rows8_q40, BL_Q4_0, 0)
+ROWS8_FN(rows8_q41, BL_Q4_1, 0)
+ROWS8_FN(rows8_q80, BL_Q8_0, 0)
+ROWS8_FN(rows8_q40x2, BL_Q4_0, 1)
+ROWS8_FN(rows8_q41x2, BL_Q4_1, 1)
+ROWS8_FN(rows8_q80x2, BL_Q8_0, 1)
 
 static void matmul_rows_quant(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
+    const int x2 = w->act == BL_ACT_Q8X2;
     void (*fn)(const uint8_t *const *, int, bl_act_q8, float *, int) =
-        w->type == BL_Q4_0 ? rows8_q40 : w->type == BL_Q4_1 ? rows8_q41 : rows8_q80;
+        w->type == BL_Q4_0 ? (x2 ? rows8_q40x2 : rows8_q40) : w->type == BL_Q4_1 ? (x2 ? rows8_q41x2 : rows8_q41)
+                                                                                  : (x2 ? rows8_q80x2 : rows8_q80);
     const int nb = w->cols / BL_QK;
     const size_t rb = bl_row_bytes(w->type, w->cols), xb = bl_act_row_bytes(w, w->cols);
     for (int r = r0; r < r1; r += 8) {
@@ -390,7 +639,7 @@ static void matmul_rows_quant(const bl_matrix *w, const void *xq, int T, float *
         const uint8_t *p[8];
         for (int l = 0; l < 8; l++) p[l] = (const uint8_t *)w->data + (size_t)(r + (l < n ? l : 0)) * rb;
         for (int t = 0; t < T; t++)
-            fn(p, nb, bl_act_q8_view((const uint8_t *)xq + (size_t)t * xb, w->cols), out + (size_t)t * ldo + r, n);
+            fn(p, nb, bl_act_view((const uint8_t *)xq + (size_t)t * xb, w->cols, w->act), out + (size_t)t * ldo + r, n);
     }
 }
 

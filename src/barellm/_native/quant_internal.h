@@ -22,6 +22,15 @@
  *   d   f32  [nb]        the block scales d
  *   s   f32  [nb]        d * (float)sum(q)                 (Q4_1's min term)
  *   sq  i32  [nb]        sum(q)                            (Q4_0's -8 offset)
+ * Activations of type BL_ACT_Q8X2 (Q4_0, Q4_1, Q8_0; bl_act_q8x2_bytes(cols) bytes, 64-aligned):
+ *   hi  int8 [nb * 32]   with q = clamp(round_half_even(x * id), +-32258), d = amax / 32258, id = d ? 1 / d : 0:
+ *   lo  int8 [nb * 32]   hi = round_half_even(q / 254) (in float: exact), lo = q - 254 * hi, so |hi|, |lo| <= 127
+ *   d   f32  [nb]        the block scales d
+ *   s   f32  [nb]        d * (float)sum(q)
+ *   sq  i32  [nb]        sum(q)
+ *   The kernels form dot(w, q) = 254 * dot(w, hi) + dot(w, lo) with the same int8 instructions as for Q8,
+ *   so a value keeps ~15 bits instead of ~8; every integer stays exact and the float work is unchanged
+ *   (isum_b below is dot(q_w, q); for Q4 |isum_b| < 2^24, so even its conversion to float is exact).
  * Activations for float weights: the f32 vector itself (padded to 64 bytes).
  *
  * The float work for one output (t, r) is, in this order, in every kernel of every ISA:
@@ -92,19 +101,32 @@ static inline size_t bl_act_q8_bytes(int cols) {
     return bl_round_up(nb * (BL_QK + 12), 64);
 }
 
+static inline size_t bl_act_q8x2_bytes(int cols) {
+    size_t nb = (size_t)cols / BL_QK;
+    return bl_round_up(nb * (2 * BL_QK + 12), 64);
+}
+
+/* the largest |q| of a BL_ACT_Q8X2 block: 254 * 127 */
+#define BL_Q8X2_MAX 32258
+
+/* A view of one activation vector of either integer type. */
 typedef struct bl_act_q8 {
-    const int8_t *qs;
+    const int8_t *qs;   /* BL_ACT_Q8: q; BL_ACT_Q8X2: hi */
+    const int8_t *lo;   /* BL_ACT_Q8X2: lo; NULL for BL_ACT_Q8 */
     const float *d, *s;
     const int32_t *sq;
 } bl_act_q8;
 
-static inline bl_act_q8 bl_act_q8_view(const void *row, int cols) {
-    size_t nb = (size_t)cols / BL_QK;
+static inline bl_act_q8 bl_act_view(const void *row, int cols, int act) {
+    size_t nb = (size_t)cols / BL_QK, q = act == BL_ACT_Q8X2 ? 64 : 32;
     const uint8_t *p = (const uint8_t *)row;
-    bl_act_q8 a = {(const int8_t *)p, (const float *)(p + nb * 32), (const float *)(p + nb * 36),
-                   (const int32_t *)(p + nb * 40)};
+    bl_act_q8 a = {(const int8_t *)p, act == BL_ACT_Q8X2 ? (const int8_t *)(p + nb * 32) : NULL,
+                   (const float *)(p + nb * q), (const float *)(p + nb * (q + 4)),
+                   (const int32_t *)(p + nb * (q + 8))};
     return a;
 }
+
+static inline bl_act_q8 bl_act_q8_view(const void *row, int cols) { return bl_act_view(row, cols, BL_ACT_Q8); }
 
 static inline uint16_t bl_rd16(const void *p) {
     uint16_t v;

@@ -34,12 +34,41 @@ static void quantize_row_q8(const float *x, int cols, void *row) {
     }
 }
 
+static void quantize_row_q8x2(const float *x, int cols, void *row) {
+    const int nb = cols / BL_QK;
+    uint8_t *p = (uint8_t *)row;
+    int8_t *hi = (int8_t *)p, *lo = hi + (size_t)nb * 32;
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + b * BL_QK;
+        float amax = 0.0f;
+        for (int i = 0; i < BL_QK; i++) {
+            const float a = fabsf(xb[i]);
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / (float)BL_Q8X2_MAX, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < BL_QK; i++) {
+            long q = lrintf(xb[i] * id);
+            q = q > BL_Q8X2_MAX ? BL_Q8X2_MAX : q < -BL_Q8X2_MAX ? -BL_Q8X2_MAX : q;
+            const long h = lrintf((float)q / 254.0f); /* q / 254 is exact to the half, so this rounds q / 254 */
+            hi[b * BL_QK + i] = (int8_t)h;
+            lo[b * BL_QK + i] = (int8_t)(q - 254 * h);
+            sum += (int32_t)q;
+        }
+        const float s = d * (float)sum;
+        memcpy(p + (size_t)nb * 64 + (size_t)b * 4, &d, 4);
+        memcpy(p + (size_t)nb * 68 + (size_t)b * 4, &s, 4);
+        memcpy(p + (size_t)nb * 72 + (size_t)b * 4, &sum, 4);
+    }
+}
+
 void bl_quantize_act_scalar(const bl_matrix *w, const float *x, size_t x_stride, int T, void *out) {
     const int cols = w->cols;
     const size_t ob = bl_act_row_bytes(w, cols);
     for (int t = 0; t < T; t++) {
         uint8_t *o = (uint8_t *)out + (size_t)t * ob;
-        if (bl_is_quant(w->type)) quantize_row_q8(x + (size_t)t * x_stride, cols, o);
+        if (bl_is_quant(w->type) && w->act == BL_ACT_Q8X2) quantize_row_q8x2(x + (size_t)t * x_stride, cols, o);
+        else if (bl_is_quant(w->type)) quantize_row_q8(x + (size_t)t * x_stride, cols, o);
         else memcpy(o, x + (size_t)t * x_stride, (size_t)cols * 4);
     }
 }
@@ -75,12 +104,14 @@ static void load_block(const bl_matrix *w, int r, int b, wblock *o) {
 
 static float dot_quant(const bl_matrix *w, int r, const void *xrow) {
     const int type = w->type, nb = w->cols / BL_QK;
-    const bl_act_q8 a = bl_act_q8_view(xrow, w->cols);
+    const bl_act_q8 a = bl_act_view(xrow, w->cols, w->act);
     float acc = 0.0f, accm = 0.0f;
     for (int b = 0; b < nb; b++) {
         wblock wb;
         load_block(w, r, b, &wb);
-        const int8_t *qx = a.qs + b * BL_QK;
+        int32_t qx[32]; /* the block's activation integers (Q8X2: 254 * hi + lo) */
+        for (int i = 0; i < 32; i++)
+            qx[i] = a.lo ? 254 * a.qs[b * BL_QK + i] + a.lo[b * BL_QK + i] : a.qs[b * BL_QK + i];
         int32_t isum = 0;
         if (type == BL_Q8_0) {
             for (int i = 0; i < 32; i++) isum += (int32_t)(int8_t)wb.q[i] * qx[i];
