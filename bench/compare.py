@@ -41,11 +41,13 @@ class Backend:
 
 
 class Barellm(Backend):
-    def __init__(self, path: Path, threads: int, n_ctx: int, engine: str = "native") -> None:
+    def __init__(self, path: Path, threads: int, n_ctx: int, engine: str = "native", activations: str = "q8x2") -> None:
         import barellm
 
         self.name = "barellm" if engine == "native" else f"barellm-{engine}"
-        self.model = barellm.load(str(path), threads=threads, context=n_ctx, engine=engine)
+        if activations != "q8x2":
+            self.name += f"-{activations}"
+        self.model = barellm.load(str(path), threads=threads, context=n_ctx, engine=engine, activations=activations)
         self.engine = self.model.engine
 
     def prefill(self, tokens: list[int]) -> float:
@@ -122,6 +124,7 @@ class Transformers(Backend):
 
 MAKERS: dict[str, tuple[Callable[..., Backend], str]] = {
     "barellm": (lambda p, t, c: Barellm(p, t, c), "the native engine; build it with make build"),
+    "barellm-q8": (lambda p, t, c: Barellm(p, t, c, activations="q8"), "the native engine, 8-bit activations"),
     "barellm-reference": (lambda p, t, c: Barellm(p, t, c, "reference"), "pip install -e ."),
     "llama.cpp": (lambda p, t, c: LlamaCpp(p, t, c), "pip install llama-cpp-python (compiles llama.cpp, ~13 min)"),
     "llama.cpp-fa": (lambda p, t, c: LlamaCpp(p, t, c, True), "pip install llama-cpp-python"),

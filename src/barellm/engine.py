@@ -36,6 +36,10 @@ from barellm.plan import Op, buffer_widths, llama_plan
 KIND_IDS = {"embed": 1, "rmsnorm": 2, "matmul": 3, "rope_kv": 4, "attention": 5, "silu_mul": 6, "add": 7}
 F32, F16 = 0, 1
 LAYOUT_ROWS, LAYOUT_INTERLEAVE8 = 0, 1
+ACT_Q8, ACT_Q8X2 = 0, 1
+# The activation precisions of the quantized matmuls (kernels.h): "q8x2" keeps ~15 bits per value (two int8
+# planes, twice the integer multiplies), "q8" ~8 bits (the int8 blocks llama.cpp also uses).
+ACTIVATIONS = {"q8": ACT_Q8, "q8x2": ACT_Q8X2}
 KV_TILE = nat.KV_TILE
 FLOAT_ALIGN = 16  # buffer rows start on cache lines: strides are multiples of 16 floats
 
@@ -70,6 +74,20 @@ def _matrix_bytes(type_id: int, layout: int, rows: int, cols: int) -> int:
         return nat.matrix_bytes(type_id, layout, rows, cols)
     except ValueError:  # a type or layout the kernels do not have
         return 0
+
+
+def matrix_act(type_id: int, activations: str) -> int:
+    """The activation type a matrix's kernel takes (the precision choice, in one place).
+
+    "q8x2" wherever the kernels have it (Q4_0, Q4_1, Q8_0), else 8-bit blocks. Why it is the default: with
+    8-bit activations SmolLM2's teacher-forced logits differ from the float reference by a mean top-10 KL
+    of 0.0034 (top-1 195/199); with q8x2 by under 1e-5 (199/199). With the output matrix left at 8 bits
+    the KL is 0.0002 but a top-2 margin of 0.005 flips (198/199), so it takes q8x2 too. Decoding reads each
+    weight once, so the extra multiplies mostly hide behind the memory reads; prefill pays for them
+    (docs/engine.md, docs/benchmarks.md).
+    """
+    act = ACTIVATIONS[activations]
+    return act if act == ACT_Q8 or nat.act_supported(type_id, act) else ACT_Q8
 
 
 def matmul_supported(type_id: int, rows: int, cols: int) -> bool:
@@ -151,7 +169,7 @@ class NativeEngine:
 
     def __init__(self, cfg: ModelConfig, source: Any, n_ctx: int | None = None, threads: int | None = None,
                  n_slots: int = 1, chunk: int = 64, pin: bool = False, kv_type: str = "f16",
-                 adaptive_threads: bool = True) -> None:
+                 adaptive_threads: bool = True, activations: str = "q8x2") -> None:
         from barellm.arch.llama import check_tensors
 
         check_tensors(cfg, source.tensors)
@@ -171,6 +189,9 @@ class NativeEngine:
         if kv_type not in ("f16", "f32"):
             raise InvalidRequest(f"kv_type must be 'f16' or 'f32', got {kv_type!r}")
         self.kv_type = kv_type
+        if activations not in ACTIVATIONS:
+            raise InvalidRequest(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+        self.activations = activations
         self._source = source
         self._pool = nat.Pool(self.threads, bool(pin))
         self.ops: list[Op] = llama_plan(cfg)
@@ -188,7 +209,7 @@ class NativeEngine:
         cfg, T = self.cfg, self.chunk
         self._widths = buffer_widths(cfg)
         self._bufs = {name: aligned_zeros((T, _round_up(w, FLOAT_ALIGN))) for name, w in self._widths.items()}
-        self._qbufs: dict[tuple[str, int, int], np.ndarray] = {}
+        self._qbufs: dict[tuple[str, int, int, int], np.ndarray] = {}
         self.n_ctx_pad = _round_up(self.n_ctx, KV_TILE)
         hd, nkv, L = cfg.head_dim, cfg.n_kv_heads, cfg.n_layers
         # K: [slot][layer][kv head][n_ctx / tile][head_dim][tile]; V: [slot][layer][kv head][n_ctx][head_dim]
@@ -224,10 +245,10 @@ class NativeEngine:
 
     def _qbuf(self, src: str, mat: tuple) -> np.ndarray:
         """Quantized-activation buffer for rows of `src` converted for matrices like `mat`."""
-        type_id, layout, _, cols, _ = mat
-        key = (src, type_id, layout)
+        type_id, layout, _, cols, _, act = mat
+        key = (src, type_id, layout, act)
         if key not in self._qbufs:
-            rb = nat.act_row_bytes(type_id, layout, cols)
+            rb = nat.act_row_bytes(type_id, layout, cols, act)
             self._qbufs[key] = aligned_zeros((self.chunk, rb), np.uint8)
         return self._qbufs[key]
 
@@ -345,16 +366,16 @@ class NativeEngine:
             else:
                 d.update(out=self._spec(op.out), out_stride=self._stride(op.out))
         elif op.kind == "matmul":
-            parts = self._matrix(op.weights)
+            parts = [(*p, matrix_act(p[0], self.activations)) for p in self._matrix(op.weights)]
             qjobs, qmap, pspecs = [], {}, []
             col = 0
             acc = op.params.get("accumulate", False)
             for p in parts:
-                key = (p[0], p[1])
+                key = (p[0], p[1], p[5])
                 if key not in qmap:
                     qb = self._qbuf(op.x, p)
                     qmap[key] = qb
-                    qjobs.append({"w": (p[0], p[1], p[2], p[3], None), "x": self._spec(op.x),
+                    qjobs.append({"w": (p[0], p[1], p[2], p[3], None, p[5]), "x": self._spec(op.x),
                                   "x_stride": self._stride(op.x), "dst": qb, "dst_stride": qb.shape[1]})
                 target = "proj" if acc else op.out
                 ps = {"w": p, "xq": qmap[key], "out": self._spec(target, col), "ldo": self._stride(target)}
