@@ -145,3 +145,21 @@ def test_bad_load_arguments(tiny_path):
         barellm.load(str(tiny_path), threads=0)
     with pytest.raises(barellm.ModelNotFound):
         barellm.load("/no/such/model.gguf")
+    with pytest.raises(InvalidRequest, match="activations"):
+        barellm.load(str(tiny_path), activations="q4")
+
+
+def test_activation_precision_choice(tiny_path):
+    """q8x2 (the default) is closer to the float32 reference than q8; both are deterministic."""
+    pytest.importorskip("barellm.engine", reason="native engine not built")
+    ids = list(range(1, 40))
+    ref = barellm.load(str(tiny_path), engine="reference", context=128).logits(ids)
+    err = {}
+    for acts in ("q8x2", "q8"):
+        m = barellm.load(str(tiny_path), engine="native", context=128, activations=acts)
+        assert m.engine.activations == acts
+        got = m.logits(ids)
+        assert np.array_equal(got, m.logits(ids))
+        err[acts] = np.abs(got - ref).max()
+    assert barellm.load(str(tiny_path), engine="native", context=128).engine.activations == "q8x2"
+    assert err["q8x2"] * 10 < err["q8"], err

@@ -24,6 +24,12 @@ COMMAND_MODULES = [
 ]
 
 
+def add_activations_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--activations", choices=["q8x2", "q8"], default="q8x2",
+                   help="native engine: activation precision of the quantized matmuls; q8x2 (default): ~15 bits, "
+                        "logits closest to the float reference; q8: 8-bit blocks, faster prefill")
+
+
 def add_model_args(p: argparse.ArgumentParser, *, engine: bool = True) -> None:
     """The options every command that loads a model shares."""
     p.add_argument("-t", "--threads", type=int, default=None, help="worker threads (default: physical cores)")
@@ -33,6 +39,7 @@ def add_model_args(p: argparse.ArgumentParser, *, engine: bool = True) -> None:
         p.add_argument("--engine", choices=["auto", "native", "reference"], default="auto",
                        help="native: the C core; reference: the NumPy float32 forward (slow, exact); "
                             "auto (default): native where it runs the model, else reference")
+        add_activations_arg(p)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

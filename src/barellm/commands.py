@@ -46,7 +46,8 @@ def _load(args: argparse.Namespace, model: str | None, **kw: object):
     import barellm
 
     return barellm.load(model, threads=args.threads, context=args.context,
-                        engine=getattr(args, "engine", "auto"), **kw)
+                        engine=getattr(args, "engine", "auto"), activations=getattr(args, "activations", "q8x2"),
+                        **kw)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -73,7 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from barellm.serve.app import create_app, run
 
     model = barellm.load(args.model, threads=args.threads, context=args.context, engine=args.engine,
-                         chat_template=args.template, slots=args.slots)
+                         chat_template=args.template, slots=args.slots, activations=args.activations)
     app = create_app(model, model_id=served_id(args.model, model.path), aliases=args.alias,
                      max_queue=args.queue, timeout=args.timeout or None, prefill_chunk=args.prefill_chunk)
     print(f"barellm: serving {app.state.server.model_id} ({model!r}, {args.slots} slots) "

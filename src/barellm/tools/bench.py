@@ -187,7 +187,7 @@ def make_row(base: dict[str, Any], test: str, n: int, tps: list[float], ttft: li
 def run_bench(model_name: str | None, prompts: Sequence[int], gens: Sequence[int], threads: Sequence[int],
               reps: int, engine: str = "native", depths: Sequence[int] = (0,), roofline: bool = False,
               bandwidth: float | None = None, seed: int = 1234,
-              on_row: Callable[[BenchRow], None] | None = None) -> list[BenchRow]:
+              on_row: Callable[[BenchRow], None] | None = None, activations: str = "q8x2") -> list[BenchRow]:
     """Every (threads, test) combination; rows come in the order they were measured."""
     import barellm
 
@@ -200,10 +200,11 @@ def run_bench(model_name: str | None, prompts: Sequence[int], gens: Sequence[int
 
     need = max([*prompts, *(d + g for d in depths for g in gens), DECODE_PROMPT + max(gens, default=0)], default=16)
     for nt in threads:
-        model = barellm.load(model_name, threads=nt, engine=engine, context=max(16, need))
+        model = barellm.load(model_name, threads=nt, engine=engine, context=max(16, need), activations=activations)
         rng = np.random.default_rng(seed)   # the same tokens for every thread count
         size, params = model_size(model.source)
-        base = {"model": model.path.name, "engine": engine, "threads": nt, "size_bytes": size, "n_params": params}
+        name = engine if engine != "native" or activations == "q8x2" else f"{engine}-{activations}"
+        base = {"model": model.path.name, "engine": name, "threads": nt, "size_bytes": size, "n_params": params}
         per_token = weight_bytes_per_token(model.source)
         vocab = model.config.n_vocab
         for p in prompts:
@@ -302,6 +303,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-r", "--repetitions", type=int, default=5, metavar="R", help="timed runs per test (default 5)")
     p.add_argument("--engine", choices=["native", "reference"], default="native",
                    help="native: the C core (default); reference: the NumPy float32 forward")
+    from barellm.cli import add_activations_arg
+
+    add_activations_arg(p)
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="draw tokens/s against threads (needs matplotlib)")
     p.add_argument("--roofline", action="store_true",
@@ -334,7 +338,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"  {row.threads} threads {row.test}: {row.tps} t/s", file=sys.stderr)
 
     rows = run_bench(args.model, prompts, gens, threads, args.repetitions, args.engine, depths, args.roofline,
-                     args.bandwidth, on_row=show)
+                     args.bandwidth, on_row=show, activations=args.activations)
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=1))
     else:

@@ -277,7 +277,8 @@ def cmd_kld(args: argparse.Namespace) -> int:
         golden = Path(args.golden)
         if not golden.is_file():
             raise InvalidRequest(f"{golden}: no such file")
-        model = barellm.load(args.words[0] if args.words else None, threads=args.threads, engine=args.engine)
+        model = barellm.load(args.words[0] if args.words else None, threads=args.threads, engine=args.engine,
+                             activations=args.activations)
         cases = golden_cases(golden, model.path.name)
         r = compare_golden(cases, lambda ids: model.logits(ids))
         if args.json:
@@ -308,7 +309,8 @@ def cmd_kld(args: argparse.Namespace) -> int:
         raise InvalidRequest(f"--save {args.save}: no such directory")
     text = read_text(path)
     n_ctx = args.ctx_size if saved is None else int(saved.tokens.shape[1])
-    model = barellm.load(name, threads=args.threads, context=n_ctx, engine=args.engine)
+    model = barellm.load(name, threads=args.threads, context=n_ctx, engine=args.engine,
+                         activations=args.activations)
     first, end = scored_rows(n_ctx, args.full_window)
 
     if saved is not None:

@@ -166,6 +166,9 @@ def add_engine_args(p: argparse.ArgumentParser, default_ctx: int = 512) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="worker threads (default: physical cores)")
     p.add_argument("--engine", choices=["native", "reference"], default="native",
                    help="native: the C core (default); reference: the NumPy float32 forward (slow, exact)")
+    from barellm.cli import add_activations_arg
+
+    add_activations_arg(p)
     p.add_argument("--chunks", type=int, default=None, metavar="N", help="score only the first N windows")
 
 
@@ -217,7 +220,8 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     name, path = model_and_file(args.words, "TEXTFILE")
     check_window(args.ctx_size, args.chunks)
     text = read_text(path)
-    model = barellm.load(name, threads=args.threads, context=args.ctx_size, engine=args.engine)
+    model = barellm.load(name, threads=args.threads, context=args.ctx_size, engine=args.engine,
+                         activations=args.activations)
     r = perplexity(model, text, args.ctx_size, n_chunks=args.chunks, full_window=args.full_window,
                    progress=not args.quiet)
     if args.json:
