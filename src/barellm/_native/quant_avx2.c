@@ -522,6 +522,58 @@ static void q41x2_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, flo
     tile_q4_x2_g2(BL_Q4_1, g, gb, nb, xa, o, n2, pf, pfs);
 }
 
+/* Q8_0 decode over 16 rows: two groups share each activation broadcast, and the two groups' weights are
+ * two independent streams (more reads in flight than one 8-row tile's). x2: Q8X2 activations. Same float
+ * work per output as tile_q8_i8 / tile_q8_x2. */
+AI void tile_q8_g2(const int x2, const uint8_t *g, const size_t gb, const int nb, const uint8_t *xa, float *o,
+                   const int nvalid2, const uint8_t *pf, const size_t pfs) {
+    const __m256i ones = _mm256_set1_epi16(1), khi = x2 ? _mm256_set1_epi16(254) : ones;
+    const uint8_t *g2 = g + gb;
+    const uint8_t *dp = g + (size_t)nb * 256, *dp2 = g2 + (size_t)nb * 256;
+    const int8_t *xh = (const int8_t *)xa, *xl = xh + (size_t)nb * 32;
+    const float *xd = (const float *)(const void *)(xa + (size_t)nb * (x2 ? 64 : 32));
+    __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *q = g + (size_t)b * 256, *q2 = g2 + (size_t)b * 256;
+        const size_t xo = (size_t)b * 32;
+        if (pf) prefetch_lines(pf + (size_t)b * 2 * pfs, 9);
+        __m256i s, s2;
+        for (int j = 0; j < 8; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+            const __m256i v2 = _mm256_loadu_si256((const __m256i *)(q2 + 32 * j));
+            const __m256i av = _mm256_abs_epi8(v), av2 = _mm256_abs_epi8(v2);
+            const __m256i xv = bcast32(xh + xo + 4 * j);
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(xv, v)), khi);
+            __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(av2, _mm256_sign_epi8(xv, v2)), khi);
+            if (x2) {
+                const __m256i xlv = bcast32(xl + xo + 4 * j);
+                p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(xlv, v)), ones));
+                p2 = _mm256_add_epi32(p2, _mm256_madd_epi16(_mm256_maddubs_epi16(av2, _mm256_sign_epi8(xlv, v2)), ones));
+            }
+            s = j ? _mm256_add_epi32(s, p) : p;
+            s2 = j ? _mm256_add_epi32(s2, p2) : p2;
+            PIN(s);
+            PIN(s2);
+        }
+        const __m256 dx = _mm256_set1_ps(xd[b]);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp + (size_t)b * 16)));
+        const __m256 dw2 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp2 + (size_t)b * 16)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc);
+        acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(dw2, dx), acc2);
+    }
+    store8(o, acc, 8);
+    store8(o + 8, acc2, nvalid2);
+}
+
+static void q80_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
+                   size_t pfs) {
+    tile_q8_g2(0, g, gb, nb, xa, o, n2, pf, pfs);
+}
+static void q80x2_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
+                     size_t pfs) {
+    tile_q8_g2(1, g, gb, nb, xa, o, n2, pf, pfs);
+}
+
 typedef void (*tile_fn)(const uint8_t *, int, const uint8_t *, size_t, float *, size_t, int, const uint8_t *,
                         size_t);
 
@@ -545,9 +597,10 @@ static void matmul_i8(const bl_matrix *w, const void *xq, int T, float *out, siz
     const size_t pfs = (gb + (size_t)nb - 1) / (size_t)nb;
     const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
     int r = r0;
-    if (T == 1 && w->type != BL_Q8_0) { /* decode: 16 rows per tile (~25% faster from cache) */
+    if (T == 1) { /* decode: 16 rows per tile (Q4: ~25% faster from cache) */
         void (*g2fn)(const uint8_t *, size_t, int, const uint8_t *, float *, int, const uint8_t *, size_t) =
-            w->type == BL_Q4_0 ? (x2 ? q40x2_g2 : q40_g2) : (x2 ? q41x2_g2 : q41_g2);
+            w->type == BL_Q4_0 ? (x2 ? q40x2_g2 : q40_g2) : w->type == BL_Q4_1 ? (x2 ? q41x2_g2 : q41_g2)
+                                                                              : (x2 ? q80x2_g2 : q80_g2);
         for (; r + 8 < r1; r += 16) {
             const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
             const uint8_t *pf = g + gb + BL_PF_BYTES < end ? g + gb + BL_PF_BYTES : NULL;
