@@ -95,6 +95,26 @@ def server(smollm_gguf: Path) -> Iterator[Server]:
         yield Server(url, app, model)
 
 
+@pytest.mark.model
+def test_model_calls_refused_while_served_and_fresh_after(smollm_gguf: Path) -> None:
+    """The server owns every slot of the engine: the Model's own calls are refused while it serves, and
+    afterwards they do not trust a slot-0 cache the server has overwritten."""
+    import barellm
+    from barellm.errors import InvalidRequest
+    from barellm.serve.app import create_app
+
+    model = barellm.load(smollm_gguf, engine=ENGINE, slots=1, context=CONTEXT)
+    before = model.generate("The capital of France is", max_tokens=8, temperature=0)
+    app = create_app(model, model_id=MODEL_ID)
+    with serving(app) as url:
+        with pytest.raises(InvalidRequest, match="being served"):
+            model.generate("The capital of France is", max_tokens=8, temperature=0)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+        client.completions.create(model=MODEL_ID, prompt="Something else entirely, written into slot 0",
+                                  max_tokens=4, temperature=0)
+    assert model.generate("The capital of France is", max_tokens=8, temperature=0) == before
+
+
 def _chat(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 

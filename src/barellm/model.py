@@ -93,6 +93,7 @@ class Model:
         self.activations = activations
         self.engine_name, self.engine = self._make_engine(engine)
         self._cached: list[int] = []   # the tokens whose KV entries the engine holds, in order
+        self._served = False           # a server's scheduler owns the engine (see serving())
 
     def _make_engine(self, engine: str) -> tuple[str, Any]:
         if engine in ("auto", "native"):
@@ -137,7 +138,7 @@ class Model:
             raise InvalidRequest("logits needs at least one token")
         if len(ids) > self.n_ctx:
             raise InvalidRequest(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
-        out = self.engine.forward(ids, 0, all_logits=True)
+        out = self._engine().forward(ids, 0, all_logits=True)
         self._cached = list(ids)
         return np.array(out, copy=True)
 
@@ -150,11 +151,23 @@ class Model:
             reuse += 1
         reuse = min(reuse, len(ids) - 1)   # always feed at least one token to get its logits
         self._cached = self._cached[:reuse]
-        logits = self.engine.forward(ids[reuse:], reuse)[-1]
+        logits = self._engine().forward(ids[reuse:], reuse)[-1]
         self._cached = list(ids)
         return logits, reuse
 
     # --- generation -----------------------------------------------------------------------------
+
+    def _engine(self) -> Any:
+        if self._served:
+            raise InvalidRequest("this Model is being served: the server's scheduler owns its engine (every slot, "
+                                 "slot 0 included); load a second Model for direct calls")
+        return self.engine
+
+    def serving(self, served: bool) -> None:
+        """A server takes the engine (True) or gives it back (False). Meanwhile this Model's own calls are
+        refused; either way the slot-0 cache the Model kept track of is forgotten (the server writes there)."""
+        self._served = bool(served)
+        self._cached = []
 
     def _params(self, kw: dict[str, Any]) -> tuple[SamplingParams, int, list[str]]:
         max_tokens = kw.pop("max_tokens", 128)
@@ -207,7 +220,7 @@ class Model:
                 if len(history) >= self.n_ctx:
                     c.finish_reason = "length"
                     return
-                logits = self.engine.forward([tok], len(history) - 1)[-1]
+                logits = self._engine().forward([tok], len(history) - 1)[-1]
                 self._cached.append(tok)
             c.finish_reason = "length"
         finally:

@@ -465,11 +465,16 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
 
     @asynccontextmanager
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
+        hand_over = getattr(model, "serving", None)  # a Model's own calls would race the scheduler for slot 0
+        if hand_over is not None:
+            hand_over(True)
         state.scheduler.start()
         try:
             yield
         finally:
             await _run_sync(state.scheduler.stop)
+            if hand_over is not None:
+                hand_over(False)
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
