@@ -238,6 +238,22 @@ def spm_metadata(**over: Any) -> dict[str, Any]:
     return md
 
 
+@pytest.mark.parametrize("extra", [["x\u2581y"], ["x\u2581y", "q\u0000\u2581"]],
+                         ids=["plain", "a token holding NUL"])
+def test_spm_word_cuts_skip_spaces_that_tokens_hold_inside(extra):
+    """Words are merged one at a time, cut before each U+2581, except where some token holds "<c>U+2581":
+    "c▁" is in the test vocabulary and "x▁y" is added; the second case adds NUL as such a character, which
+    the fast scan of the vocabulary uses as its separator, so that case takes the plain loop."""
+    md = spm_metadata()
+    md["tokenizer.ggml.tokens"] = [*md["tokenizer.ggml.tokens"], *extra]
+    md["tokenizer.ggml.scores"] = [*md["tokenizer.ggml.scores"], *[-5.0] * len(extra)]
+    md["tokenizer.ggml.token_type"] = [*md["tokenizer.ggml.token_type"], *[1] * len(extra)]
+    cut = Tokenizer.from_metadata(md)._spm_cut
+    assert cut.search("c\u2581") is None and cut.search("x\u2581") is None
+    assert cut.search("a\u2581").start() == 1 and cut.search("y\u2581").start() == 1
+    assert (cut.search("\u0000\u2581") is None) == (len(extra) == 2)
+
+
 def pieces(tok: Tokenizer, text: str, **kw: Any) -> list[str]:
     return [tok.token_text(i) for i in tok.encode(text, **kw)]
 

@@ -263,9 +263,10 @@ def _array(md: Mapping[str, Any], name: str, item: type | tuple[type, ...], n: i
     if n is not None and len(v) != n:
         raise FormatError(f"{full}: {len(v)} entries for {n} tokens")
     items = item if isinstance(item, tuple) else (item,)
-    for i, x in enumerate(v):
-        if not isinstance(x, items) or (isinstance(x, bool) and bool not in items):
-            raise FormatError(f"{full}[{i}]: expected {_kind_name(item)}, got {type(x).__name__}")
+    if not set(map(type, v)) <= set(items):  # (exact types: the common case, checked without a Python loop)
+        for i, x in enumerate(v):
+            if not isinstance(x, items) or (isinstance(x, bool) and bool not in items):
+                raise FormatError(f"{full}[{i}]: expected {_kind_name(item)}, got {type(x).__name__}")
     return list(v)
 
 
@@ -369,17 +370,19 @@ class Tokenizer:
         self._tokens = tokens
         types = _array(md, "token_type", int, n)
         self._types = types if types is not None else [TokenType.NORMAL] * n
-        for i, t in enumerate(self._types):
-            if not 0 <= t <= 6:
-                raise FormatError(f"tokenizer.ggml.token_type[{i}]: unknown token type {t}")
+        if min(self._types) < 0 or max(self._types) > 6:
+            for i, t in enumerate(self._types):
+                if not 0 <= t <= 6:
+                    raise FormatError(f"tokenizer.ggml.token_type[{i}]: unknown token type {t}")
 
-        self._token_to_id: dict[str, int] = {}
-        for i, t in enumerate(tokens):
-            if t == "":
-                continue  # an empty entry can never be produced by encoding; it only decodes to nothing
-            prev = self._token_to_id.setdefault(t, i)
-            if prev != i:
-                raise FormatError(f"tokenizer.ggml.tokens[{i}]: {t!r} duplicates token {prev}")
+        # the first id of each text (built back to front so that it wins); an empty entry can never be produced
+        # by encoding, it only decodes to nothing
+        self._token_to_id: dict[str, int] = dict(zip(reversed(tokens), range(n - 1, -1, -1), strict=True))
+        self._token_to_id.pop("", None)
+        if len(self._token_to_id) != n - tokens.count(""):  # a duplicate: name the first one
+            for i, t in enumerate(tokens):
+                if t and self._token_to_id[t] != i:
+                    raise FormatError(f"tokenizer.ggml.tokens[{i}]: {t!r} duplicates token {self._token_to_id[t]}")
 
         def special(name: str) -> int | None:
             v = _key(md, f"{name}_token_id", int)
@@ -416,8 +419,8 @@ class Tokenizer:
 
         # Special-token matching. llama.cpp tries the longest texts (in bytes) first; ties by id, for a
         # deterministic order.
-        specials = [i for i, t in enumerate(self._types)
-                    if t in (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN) and tokens[i]]
+        special_types = frozenset((TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN))
+        specials = [i for i, t in enumerate(self._types) if t in special_types and tokens[i]]
         specials.sort(key=lambda i: (-len(tokens[i].encode("utf-8")), i))
         self._special_rank = {tid: r for r, tid in enumerate(specials)}
         self._trie_all = _Trie()
@@ -468,7 +471,7 @@ class Tokenizer:
 
     def _init_spm(self, md: Mapping[str, Any]) -> None:
         scores = _array(md, "scores", (float, int), self.vocab_size)
-        self._scores = [float(s) for s in scores] if scores is not None else [0.0] * self.vocab_size
+        self._scores = list(map(float, scores)) if scores is not None else [0.0] * self.vocab_size
         vocab = self._token_to_id
         self._byte_ids: list[int | None] = []
         for b in range(256):
@@ -476,19 +479,24 @@ class Tokenizer:
             if tid is None and b < 128:
                 tid = vocab.get(chr(b))
             self._byte_ids.append(tid)
-        for i, t in enumerate(self._types):
-            if t == TokenType.BYTE and not _BYTE_PIECE.fullmatch(self._tokens[i]):
+        byte = TokenType.BYTE
+        for i in (i for i, t in enumerate(self._types) if t == byte):
+            if not _BYTE_PIECE.fullmatch(self._tokens[i]):
                 raise FormatError(f"tokenizer.ggml.tokens[{i}]: byte token {self._tokens[i]!r} is not <0xNN>")
         # A merge can only join two symbols if the joined text is a token, so a boundary between two
         # characters that no token contains side by side is never crossed. Words start at U+2581; those
         # boundaries are safe unless some token has "<c>▁" inside it. Cutting the text there lets each word
         # be merged (and cached) on its own with exactly the result of merging the whole text.
-        glue: set[str] = set()
-        for t in self._tokens:
-            k = t.find(_SPACE, 1)
-            while k > 0:
-                glue.add(t[k - 1])
-                k = t.find(_SPACE, k + 1)
+        joined = "\0".join(self._tokens)
+        if joined.count("\0") == len(self._tokens) - 1:  # no token holds the separator: one regex pass
+            glue = set(re.findall(f"([^\0])(?={_SPACE})", joined))
+        else:
+            glue = set()
+            for t in self._tokens:
+                k = t.find(_SPACE, 1)
+                while k > 0:
+                    glue.add(t[k - 1])
+                    k = t.find(_SPACE, k + 1)
         look = "".join(sorted(glue))
         self._spm_cut = re.compile(f"(?<![{re.escape(look)}])(?={_SPACE})" if look else f"(?={_SPACE})")
 
