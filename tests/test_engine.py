@@ -336,3 +336,17 @@ def test_gemma_ops_exact_and_invariant(gemma):
     assert np.array_equal(one.forward(ids, 0, all_logits=True), got)
     singles = np.concatenate([one.forward([t], i) for i, t in enumerate(ids)])
     assert np.array_equal(singles, got)
+
+
+@pytest.mark.parametrize("type_id,rows", [(8, 8195), (3, 12290), (12, 8200)])
+def test_parallel_repack_equals_one_call(engines, type_id, rows):
+    """Big matrices are repacked in row ranges on several threads; the bytes are those of one bl_repack."""
+    from barellm.engine import LAYOUT_INTERLEAVE8, aligned_zeros
+
+    e = engines(2, 16)
+    cols = 256
+    src = np.random.default_rng(rows).integers(0, 256, nat.matrix_bytes(type_id, 0, rows, cols), dtype=np.uint8)
+    want = np.frombuffer(nat.repack(type_id, LAYOUT_INTERLEAVE8, rows, cols, src.tobytes()), np.uint8)
+    got = aligned_zeros(nat.matrix_bytes(type_id, LAYOUT_INTERLEAVE8, rows, cols), np.uint8)
+    e._repack(type_id, LAYOUT_INTERLEAVE8, rows, cols, src, got)
+    assert np.array_equal(got, want)
