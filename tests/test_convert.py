@@ -429,11 +429,20 @@ def test_native_engine_reads_the_blm_as_it_reads_the_gguf(tiny_gguf, tmp_path):
         return engine.NativeEngine(cfg, src, n_ctx=64, threads=1).forward(IDS, 0, all_logits=True)
 
     with GGUFFile(tiny_gguf) as g, BLMFile(out) as f:
-        assert np.array_equal(native(f), native(g))
-    # a repacked file is refused clearly by a reader of rows, never misread
+        ref = native(g)
+        assert np.array_equal(native(f), ref)
+    # a file that stores the matrices repacked already gives the same bits, read in place (no repacking)
     with BLMFile(convert(tiny_gguf, tmp_path / "k.blm", layout="kernels")) as f:
+        assert f.tensors["blk.0.attn_output.weight"].layout == LAYOUT_INTERLEAVE8
+        cfg = config_from_metadata(f.metadata, f.tensors["token_embd.weight"].shape[0], False)
+        e = engine.NativeEngine(cfg, f, n_ctx=64, threads=1)
+        assert np.array_equal(e.forward(IDS, 0, all_logits=True), ref)
+        data = e._matrix(("blk.0.attn_output.weight",))[0][4]
+        assert np.shares_memory(data, f.stored("blk.0.attn_output.weight"))
+        del e, data
+        # and a reader of rows is refused clearly, never handed repacked bytes as rows
         with pytest.raises(FormatError, match="stored in layout interleave8"):
-            native(f)
+            f.raw("blk.0.attn_output.weight")
 
 
 # --- the model cache -------------------------------------------------------------------------------------

@@ -255,8 +255,33 @@ class NativeEngine:
     # --- weights ------------------------------------------------------------------------------
 
     def _raw_rows(self, name: str) -> tuple[int, np.ndarray]:
+        """A tensor's bytes in GGUF's row layout: a view of the file, or a converted copy when the file stores
+        it repacked (a .blm written with --layout kernels)."""
         info = self._source.tensors[name]
+        if getattr(info, "layout", LAYOUT_ROWS) != LAYOUT_ROWS:
+            return int(info.type), np.asarray(self._source.rows(name)).view(np.uint8)
         return int(info.type), np.asarray(self._source.raw(name)).view(np.uint8)
+
+    def _stored_as(self, group: tuple[str, ...], type_id: int, layout: int, nbytes: int) -> np.ndarray | None:
+        """The group's bytes straight from the file when it stores them in `layout` already (a .blm written
+        with --layout kernels): a view of the mapping for one tensor (no copy, no repacking), one copy for a
+        fused group; None when the file stores them otherwise."""
+        if layout == LAYOUT_ROWS or not hasattr(self._source, "stored"):
+            return None
+        infos = [self._source.tensors[n] for n in group]
+        if any(getattr(i, "layout", LAYOUT_ROWS) != layout for i in infos):
+            return None
+        align = nat.row_align(type_id, layout)
+        if any(int(i.shape[0]) % align for i in infos[:-1]):  # fused parts must end on whole row groups
+            return None
+        views = [np.asarray(self._source.stored(n)).view(np.uint8).reshape(-1) for n in group]
+        if sum(v.size for v in views) != nbytes:
+            return None
+        if len(views) == 1:
+            return views[0]
+        data = aligned_zeros(nbytes, np.uint8)
+        np.concatenate(views, out=data)
+        return data
 
     def _dequant(self, name: str) -> np.ndarray:
         """float32 copy of a tensor (debug path and unsupported types)."""
@@ -308,6 +333,11 @@ class NativeEngine:
             type_id = int(self._source.tensors[group[0]].type)
             rows = sum(int(self._source.tensors[n].shape[0]) for n in group)
             if matmul_supported(type_id, rows, cols):
+                layout = matrix_layout(type_id, rows, cols)
+                stored = self._stored_as(group, type_id, layout, nat.matrix_bytes(type_id, layout, rows, cols))
+                if stored is not None:
+                    parts.append((type_id, layout, rows, cols, stored))
+                    continue
                 raw = [self._raw_rows(n)[1] for n in group]
                 src = raw[0] if len(raw) == 1 else np.concatenate(raw)
             else:  # a type the kernels lack: exact float32 rows
