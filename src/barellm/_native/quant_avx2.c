@@ -394,75 +394,16 @@ TILE_FN(q80x2_3, tile_q8_x2(3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80x2_4, tile_q8_x2(4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 
 /* Decode (one token) over 16 rows: two groups share each activation broadcast. Same float work per
- * output as tile_q4_i8. */
-AI void tile_q4_i8_g2(const int type, const uint8_t *g, const size_t gb, const int nb, const uint8_t *xa,
-                      float *o, const int nvalid2, const uint8_t *pf, const size_t pfs) {
+ * output as tile_q4_i8 (x2: tile_q4_x2). */
+AI void tile_q4_g2(const int type, const int x2, const uint8_t *g, const size_t gb, const int nb,
+                   const uint8_t *xa, float *o, const int nvalid2, const uint8_t *pf, const size_t pfs) {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    const uint8_t *g2 = g + gb;
-    const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
-    const uint8_t *dp2 = g2 + (size_t)nb * 128, *mp2 = dp2 + (size_t)nb * 16;
-    const int8_t *xq = (const int8_t *)xa;
-    const float *xd = (const float *)(const void *)(xa + (size_t)nb * 32), *xsm = xd + nb;
-    const int32_t *xsq = (const int32_t *)(const void *)(xd + 2 * nb);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    __m256 acc2 = _mm256_setzero_ps(), accm2 = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *q = g + (size_t)b * 128, *q2 = g2 + (size_t)b * 128;
-        const int8_t *x = xq + (size_t)b * 32;
-        if (pf) prefetch_lines(pf + (size_t)b * 2 * pfs, 6);
-        __m256i s, s2;
-        for (int j = 0; j < 4; j++) {
-            const __m256i xl = bcast32(x + 4 * j), xh = bcast32(x + 16 + 4 * j);
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
-            const __m256i v2 = _mm256_loadu_si256((const __m256i *)(q2 + 32 * j));
-            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, m4), xl),
-                                               _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), xh));
-            const __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v2, m4), xl),
-                                                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v2, 4), m4), xh));
-            s = j ? _mm256_add_epi16(s, p) : p;
-            s2 = j ? _mm256_add_epi16(s2, p2) : p2;
-            PIN(s);
-            PIN(s2);
-        }
-        __m256i i = _mm256_madd_epi16(s, ones), i2 = _mm256_madd_epi16(s2, ones);
-        if (type == BL_Q4_0) {
-            const __m256i off = _mm256_set1_epi32(8 * xsq[b]);
-            i = _mm256_sub_epi32(i, off);
-            i2 = _mm256_sub_epi32(i2, off);
-        }
-        const __m256 dx = _mm256_set1_ps(xd[b]);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp + (size_t)b * 16)));
-        const __m256 dw2 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp2 + (size_t)b * 16)));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, dx), acc);
-        acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i2), _mm256_mul_ps(dw2, dx), acc2);
-        if (type == BL_Q4_1) {
-            const __m256 sx = _mm256_set1_ps(xsm[b]);
-            accm = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mp + (size_t)b * 16))), sx, accm);
-            accm2 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mp2 + (size_t)b * 16))), sx, accm2);
-        }
-    }
-    store8(o, type == BL_Q4_1 ? _mm256_add_ps(acc, accm) : acc, 8);
-    store8(o + 8, type == BL_Q4_1 ? _mm256_add_ps(acc2, accm2) : acc2, nvalid2);
-}
-
-static void q40_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
-                   size_t pfs) {
-    tile_q4_i8_g2(BL_Q4_0, g, gb, nb, xa, o, n2, pf, pfs);
-}
-static void q41_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
-                   size_t pfs) {
-    tile_q4_i8_g2(BL_Q4_1, g, gb, nb, xa, o, n2, pf, pfs);
-}
-
-/* tile_q4_i8_g2 for BL_ACT_Q8X2 activations */
-AI void tile_q4_x2_g2(const int type, const uint8_t *g, const size_t gb, const int nb, const uint8_t *xa,
-                      float *o, const int nvalid2, const uint8_t *pf, const size_t pfs) {
-    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), k254 = _mm256_set1_epi16(254);
+    const __m256i khi = x2 ? _mm256_set1_epi16(254) : ones; /* the weight of the (hi) plane */
     const uint8_t *g2 = g + gb;
     const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
     const uint8_t *dp2 = g2 + (size_t)nb * 128, *mp2 = dp2 + (size_t)nb * 16;
     const int8_t *xh = (const int8_t *)xa, *xl = xh + (size_t)nb * 32;
-    const float *xd = (const float *)(const void *)(xa + (size_t)nb * 64), *xsm = xd + nb;
+    const float *xd = (const float *)(const void *)(xa + (size_t)nb * (x2 ? 64 : 32)), *xsm = xd + nb;
     const int32_t *xsq = (const int32_t *)(const void *)(xd + 2 * nb);
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     __m256 acc2 = _mm256_setzero_ps(), accm2 = _mm256_setzero_ps();
@@ -477,22 +418,27 @@ AI void tile_q4_x2_g2(const int type, const uint8_t *g, const size_t gb, const i
             const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             const __m256i lo2 = _mm256_and_si256(v2, m4), hi2 = _mm256_and_si256(_mm256_srli_epi16(v2, 4), m4);
             const __m256i hl = bcast32(h + 4 * j), hh = bcast32(h + 16 + 4 * j);
-            const __m256i ll = bcast32(l + 4 * j), lh = bcast32(l + 16 + 4 * j);
             const __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, hl), _mm256_maddubs_epi16(hi, hh));
-            const __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ll), _mm256_maddubs_epi16(hi, lh));
             const __m256i ph2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo2, hl), _mm256_maddubs_epi16(hi2, hh));
-            const __m256i pl2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo2, ll), _mm256_maddubs_epi16(hi2, lh));
             sh = j ? _mm256_add_epi16(sh, ph) : ph;
-            sl = j ? _mm256_add_epi16(sl, pl) : pl;
             sh2 = j ? _mm256_add_epi16(sh2, ph2) : ph2;
-            sl2 = j ? _mm256_add_epi16(sl2, pl2) : pl2;
             PIN(sh);
-            PIN(sl);
             PIN(sh2);
-            PIN(sl2);
+            if (x2) {
+                const __m256i ll = bcast32(l + 4 * j), lh = bcast32(l + 16 + 4 * j);
+                const __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ll), _mm256_maddubs_epi16(hi, lh));
+                const __m256i pl2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo2, ll), _mm256_maddubs_epi16(hi2, lh));
+                sl = j ? _mm256_add_epi16(sl, pl) : pl;
+                sl2 = j ? _mm256_add_epi16(sl2, pl2) : pl2;
+                PIN(sl);
+                PIN(sl2);
+            }
         }
-        __m256i i = _mm256_add_epi32(_mm256_madd_epi16(sh, k254), _mm256_madd_epi16(sl, ones));
-        __m256i i2 = _mm256_add_epi32(_mm256_madd_epi16(sh2, k254), _mm256_madd_epi16(sl2, ones));
+        __m256i i = _mm256_madd_epi16(sh, khi), i2 = _mm256_madd_epi16(sh2, khi);
+        if (x2) {
+            i = _mm256_add_epi32(i, _mm256_madd_epi16(sl, ones));
+            i2 = _mm256_add_epi32(i2, _mm256_madd_epi16(sl2, ones));
+        }
         if (type == BL_Q4_0) {
             const __m256i off = _mm256_set1_epi32(8 * xsq[b]);
             i = _mm256_sub_epi32(i, off);
@@ -513,14 +459,15 @@ AI void tile_q4_x2_g2(const int type, const uint8_t *g, const size_t gb, const i
     store8(o + 8, type == BL_Q4_1 ? _mm256_add_ps(acc2, accm2) : acc2, nvalid2);
 }
 
-static void q40x2_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
-                     size_t pfs) {
-    tile_q4_x2_g2(BL_Q4_0, g, gb, nb, xa, o, n2, pf, pfs);
-}
-static void q41x2_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
-                     size_t pfs) {
-    tile_q4_x2_g2(BL_Q4_1, g, gb, nb, xa, o, n2, pf, pfs);
-}
+#define G2_FN(name, call)                                                                                \
+    static void name(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2,           \
+                     const uint8_t *pf, size_t pfs) {                                                    \
+        call;                                                                                            \
+    }
+G2_FN(q40_g2, tile_q4_g2(BL_Q4_0, 0, g, gb, nb, xa, o, n2, pf, pfs))
+G2_FN(q41_g2, tile_q4_g2(BL_Q4_1, 0, g, gb, nb, xa, o, n2, pf, pfs))
+G2_FN(q40x2_g2, tile_q4_g2(BL_Q4_0, 1, g, gb, nb, xa, o, n2, pf, pfs))
+G2_FN(q41x2_g2, tile_q4_g2(BL_Q4_1, 1, g, gb, nb, xa, o, n2, pf, pfs))
 
 /* Q8_0 decode over 16 rows: two groups share each activation broadcast, and the two groups' weights are
  * two independent streams (more reads in flight than one 8-row tile's). x2: Q8X2 activations. Same float
@@ -565,14 +512,8 @@ AI void tile_q8_g2(const int x2, const uint8_t *g, const size_t gb, const int nb
     store8(o + 8, acc2, nvalid2);
 }
 
-static void q80_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
-                   size_t pfs) {
-    tile_q8_g2(0, g, gb, nb, xa, o, n2, pf, pfs);
-}
-static void q80x2_g2(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2, const uint8_t *pf,
-                     size_t pfs) {
-    tile_q8_g2(1, g, gb, nb, xa, o, n2, pf, pfs);
-}
+G2_FN(q80_g2, tile_q8_g2(0, g, gb, nb, xa, o, n2, pf, pfs))
+G2_FN(q80x2_g2, tile_q8_g2(1, g, gb, nb, xa, o, n2, pf, pfs))
 
 typedef void (*tile_fn)(const uint8_t *, int, const uint8_t *, size_t, float *, size_t, int, const uint8_t *,
                         size_t);
