@@ -160,29 +160,37 @@ void bl_quantize_act_avx2(const bl_matrix *w, const float *x, size_t x_stride, i
  * at once (which spills); the out-of-order core overlaps the chains anyway */
 #define PIN(v) __asm__("" : "+x"(v))
 
+/* x2: BL_ACT_Q8X2 activations. Each weight vector then meets the hi and the lo plane of every token; the
+ * hi and lo sums stay apart through a block (each bounded as above) and meet in int32 as 254 * hi + lo.
+ * Twice the accumulators per token, so tiles hold fewer tokens (matmul_i8). */
 #define ACT_PTRS(t)                                                                                      \
     const int8_t *xq##t = (const int8_t *)(xa + (t) * xs);                                               \
-    const float *xd##t = (const float *)(const void *)(xa + (t) * xs + (size_t)nb * 32);                 \
+    const int8_t *xl##t = xq##t + (size_t)nb * 32;                                                       \
+    const float *xd##t = (const float *)(const void *)(xa + (t) * xs + (size_t)nb * (x2 ? 64 : 32));     \
     const float *xs##t = xd##t + nb;                                                                     \
     const int32_t *xsq##t = (const int32_t *)(const void *)(xd##t + 2 * nb);                             \
-    (void)xq##t; (void)xd##t; (void)xs##t; (void)xsq##t;                                                 \
+    (void)xq##t; (void)xl##t; (void)xd##t; (void)xs##t; (void)xsq##t;                                    \
     __m256 acc##t = _mm256_setzero_ps(), accm##t = _mm256_setzero_ps();                                  \
-    __m256i s##t;                                                                                        \
-    (void)accm##t
+    __m256i s##t, sl##t;                                                                                 \
+    (void)accm##t; (void)sl##t
 
-AI void tile_q4_i8(const int type, const int NT, const uint8_t *g, const int nb, const uint8_t *xa,
-                   const size_t xs, float *o, const size_t ldo, const int nvalid, const uint8_t *pf,
-                   const size_t pfs) {
+#define ACT_PTRS_ALL                                                                                     \
+    ACT_PTRS(0);                                                                                         \
+    ACT_PTRS(1);                                                                                         \
+    ACT_PTRS(2);                                                                                         \
+    ACT_PTRS(3);                                                                                         \
+    ACT_PTRS(4);                                                                                         \
+    ACT_PTRS(5);                                                                                         \
+    ACT_PTRS(6);                                                                                         \
+    ACT_PTRS(7)
+
+AI void tile_q4(const int type, const int x2, const int NT, const uint8_t *g, const int nb, const uint8_t *xa,
+                const size_t xs, float *o, const size_t ldo, const int nvalid, const uint8_t *pf,
+                const size_t pfs) {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i khi = x2 ? _mm256_set1_epi16(254) : ones; /* the weight of the (hi) plane */
     const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
-    ACT_PTRS(0);
-    ACT_PTRS(1);
-    ACT_PTRS(2);
-    ACT_PTRS(3);
-    ACT_PTRS(4);
-    ACT_PTRS(5);
-    ACT_PTRS(6);
-    ACT_PTRS(7);
+    ACT_PTRS_ALL;
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 128;
         const size_t xo = (size_t)b * 32;
@@ -194,12 +202,19 @@ AI void tile_q4_i8(const int type, const int NT, const uint8_t *g, const int nb,
     const __m256i p##t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast32(xq##t + xo + 4 * j)),         \
                                           _mm256_maddubs_epi16(hi, bcast32(xq##t + xo + 16 + 4 * j)));   \
     s##t = j ? _mm256_add_epi16(s##t, p##t) : p##t;                                                      \
-    PIN(s##t)
+    PIN(s##t);                                                                                           \
+    if (x2) {                                                                                            \
+        const __m256i pl##t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast32(xl##t + xo + 4 * j)),    \
+                                               _mm256_maddubs_epi16(hi, bcast32(xl##t + xo + 16 + 4 * j))); \
+        sl##t = j ? _mm256_add_epi16(sl##t, pl##t) : pl##t;                                              \
+        PIN(sl##t);                                                                                      \
+    }
             FOR_T(Q4_DOT);
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp + (size_t)b * 16)));
 #define Q4_SCALE(t)                                                                                      \
-    __m256i i##t = _mm256_madd_epi16(s##t, ones);                                                        \
+    __m256i i##t = _mm256_madd_epi16(s##t, khi);                                                         \
+    if (x2) i##t = _mm256_add_epi32(i##t, _mm256_madd_epi16(sl##t, ones));                               \
     if (type == BL_Q4_0) i##t = _mm256_sub_epi32(i##t, _mm256_set1_epi32(8 * xsq##t[b]));                \
     acc##t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i##t), _mm256_mul_ps(dw, _mm256_set1_ps(xd##t[b])), acc##t)
         FOR_T(Q4_SCALE);
@@ -219,18 +234,11 @@ AI void tile_q4_i8(const int type, const int NT, const uint8_t *g, const int nb,
     FOR_T(Q4_STORE);
 }
 
-AI void tile_q8_i8(const int NT, const uint8_t *g, const int nb, const uint8_t *xa, const size_t xs, float *o,
-                   const size_t ldo, const int nvalid, const uint8_t *pf, const size_t pfs) {
-    const __m256i ones = _mm256_set1_epi16(1);
+AI void tile_q8(const int x2, const int NT, const uint8_t *g, const int nb, const uint8_t *xa, const size_t xs,
+                float *o, const size_t ldo, const int nvalid, const uint8_t *pf, const size_t pfs) {
+    const __m256i ones = _mm256_set1_epi16(1), khi = x2 ? _mm256_set1_epi16(254) : ones;
     const uint8_t *dp = g + (size_t)nb * 256;
-    ACT_PTRS(0);
-    ACT_PTRS(1);
-    ACT_PTRS(2);
-    ACT_PTRS(3);
-    ACT_PTRS(4);
-    ACT_PTRS(5);
-    ACT_PTRS(6);
-    ACT_PTRS(7);
+    ACT_PTRS_ALL;
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 256;
         const size_t xo = (size_t)b * 32;
@@ -239,8 +247,11 @@ AI void tile_q8_i8(const int NT, const uint8_t *g, const int nb, const uint8_t *
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
             const __m256i av = _mm256_abs_epi8(v);
 #define Q8_DOT(t)                                                                                        \
-    const __m256i p##t = _mm256_madd_epi16(                                                              \
-        _mm256_maddubs_epi16(av, _mm256_sign_epi8(bcast32(xq##t + xo + 4 * j), v)), ones);              \
+    __m256i p##t = _mm256_madd_epi16(                                                                    \
+        _mm256_maddubs_epi16(av, _mm256_sign_epi8(bcast32(xq##t + xo + 4 * j), v)), khi);               \
+    if (x2)                                                                                              \
+        p##t = _mm256_add_epi32(p##t, _mm256_madd_epi16(                                                 \
+            _mm256_maddubs_epi16(av, _mm256_sign_epi8(bcast32(xl##t + xo + 4 * j), v)), ones));          \
     s##t = j ? _mm256_add_epi32(s##t, p##t) : p##t;                                                      \
     PIN(s##t)
             FOR_T(Q8_DOT);
@@ -254,147 +265,46 @@ AI void tile_q8_i8(const int NT, const uint8_t *g, const int nb, const uint8_t *
     FOR_T(Q8_STORE);
 }
 
-/* The same tiles for BL_ACT_Q8X2 activations: each weight vector meets the hi and the lo plane of every
- * token; the hi and lo int16 sums stay apart through a block (each bounded as above) and meet in int32 as
- * 254 * hi + lo. Twice the accumulators per token, so at most 4 tokens per tile. */
-#define ACT2_PTRS(t)                                                                                     \
-    const int8_t *xh##t = (const int8_t *)(xa + (t) * xs);                                               \
-    const int8_t *xl##t = xh##t + (size_t)nb * 32;                                                       \
-    const float *xd##t = (const float *)(const void *)(xa + (t) * xs + (size_t)nb * 64);                 \
-    const float *xs##t = xd##t + nb;                                                                     \
-    const int32_t *xsq##t = (const int32_t *)(const void *)(xd##t + 2 * nb);                             \
-    (void)xh##t; (void)xl##t; (void)xd##t; (void)xs##t; (void)xsq##t;                                    \
-    __m256 acc##t = _mm256_setzero_ps(), accm##t = _mm256_setzero_ps();                                  \
-    __m256i sh##t, sl##t;                                                                                \
-    (void)sl##t;                                                                                         \
-    (void)accm##t
-
-#define FOR_T4(X)                                                                                        \
-    do {                                                                                                 \
-        X(0);                                                                                            \
-        if (NT > 1) { X(1); }                                                                            \
-        if (NT > 2) { X(2); }                                                                            \
-        if (NT > 3) { X(3); }                                                                            \
-    } while (0)
-
-AI void tile_q4_x2(const int type, const int NT, const uint8_t *g, const int nb, const uint8_t *xa,
-                   const size_t xs, float *o, const size_t ldo, const int nvalid, const uint8_t *pf,
-                   const size_t pfs) {
-    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), k254 = _mm256_set1_epi16(254);
-    const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
-    ACT2_PTRS(0);
-    ACT2_PTRS(1);
-    ACT2_PTRS(2);
-    ACT2_PTRS(3);
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *q = g + (size_t)b * 128;
-        const size_t xo = (size_t)b * 32;
-        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3);
-        for (int j = 0; j < 4; j++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
-            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-#define Q4X2_DOT(t)                                                                                      \
-    const __m256i ph##t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast32(xh##t + xo + 4 * j)),        \
-                                           _mm256_maddubs_epi16(hi, bcast32(xh##t + xo + 16 + 4 * j)));  \
-    const __m256i pl##t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast32(xl##t + xo + 4 * j)),        \
-                                           _mm256_maddubs_epi16(hi, bcast32(xl##t + xo + 16 + 4 * j)));  \
-    sh##t = j ? _mm256_add_epi16(sh##t, ph##t) : ph##t;                                                  \
-    sl##t = j ? _mm256_add_epi16(sl##t, pl##t) : pl##t;                                                  \
-    PIN(sh##t);                                                                                          \
-    PIN(sl##t)
-            FOR_T4(Q4X2_DOT);
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp + (size_t)b * 16)));
-#define Q4X2_SCALE(t)                                                                                    \
-    __m256i i##t = _mm256_add_epi32(_mm256_madd_epi16(sh##t, k254), _mm256_madd_epi16(sl##t, ones));     \
-    if (type == BL_Q4_0) i##t = _mm256_sub_epi32(i##t, _mm256_set1_epi32(8 * xsq##t[b]));                \
-    acc##t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i##t), _mm256_mul_ps(dw, _mm256_set1_ps(xd##t[b])), acc##t)
-        FOR_T4(Q4X2_SCALE);
-        if (type == BL_Q4_1 && NT <= 2) {
-            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mp + (size_t)b * 16)));
-            FOR_T4(Q4_MIN);
-        }
-    }
-    if (type == BL_Q4_1 && NT > 2) {
-        for (int b = 0; b < nb; b++) {
-            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mp + (size_t)b * 16)));
-            FOR_T4(Q4_MIN);
-        }
-    }
-    FOR_T4(Q4_STORE);
-}
-
-AI void tile_q8_x2(const int NT, const uint8_t *g, const int nb, const uint8_t *xa, const size_t xs, float *o,
-                   const size_t ldo, const int nvalid, const uint8_t *pf, const size_t pfs) {
-    const __m256i ones = _mm256_set1_epi16(1), k254 = _mm256_set1_epi16(254);
-    const uint8_t *dp = g + (size_t)nb * 256;
-    ACT2_PTRS(0);
-    ACT2_PTRS(1);
-    ACT2_PTRS(2);
-    ACT2_PTRS(3);
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *q = g + (size_t)b * 256;
-        const size_t xo = (size_t)b * 32;
-        if (pf) prefetch_lines(pf + (size_t)b * pfs, 5);
-        for (int j = 0; j < 8; j++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
-            const __m256i av = _mm256_abs_epi8(v);
-#define Q8X2_DOT(t)                                                                                      \
-    const __m256i p##t = _mm256_add_epi32(                                                               \
-        _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(bcast32(xh##t + xo + 4 * j), v)), k254), \
-        _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(bcast32(xl##t + xo + 4 * j), v)), ones)); \
-    sh##t = j ? _mm256_add_epi32(sh##t, p##t) : p##t;                                                    \
-    PIN(sh##t)
-            FOR_T4(Q8X2_DOT);
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp + (size_t)b * 16)));
-#define Q8X2_SCALE(t)                                                                                    \
-    acc##t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sh##t), _mm256_mul_ps(dw, _mm256_set1_ps(xd##t[b])), acc##t)
-        FOR_T4(Q8X2_SCALE);
-    }
-    FOR_T4(Q8_STORE);
-}
-
 #define TILE_FN(name, call)                                                                              \
     static void name(const uint8_t *g, int nb, const uint8_t *xa, size_t xs, float *o, size_t ldo,       \
                      int nvalid, const uint8_t *pf, size_t pfs) {                                        \
         call;                                                                                            \
     }
-TILE_FN(q40_1, tile_q4_i8(BL_Q4_0, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_2, tile_q4_i8(BL_Q4_0, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_3, tile_q4_i8(BL_Q4_0, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_4, tile_q4_i8(BL_Q4_0, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_5, tile_q4_i8(BL_Q4_0, 5, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_6, tile_q4_i8(BL_Q4_0, 6, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_7, tile_q4_i8(BL_Q4_0, 7, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_8, tile_q4_i8(BL_Q4_0, 8, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_1, tile_q4_i8(BL_Q4_1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_2, tile_q4_i8(BL_Q4_1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_3, tile_q4_i8(BL_Q4_1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_4, tile_q4_i8(BL_Q4_1, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_5, tile_q4_i8(BL_Q4_1, 5, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_6, tile_q4_i8(BL_Q4_1, 6, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_7, tile_q4_i8(BL_Q4_1, 7, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_8, tile_q4_i8(BL_Q4_1, 8, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80_1, tile_q8_i8(1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80_2, tile_q8_i8(2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80_3, tile_q8_i8(3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80_4, tile_q8_i8(4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40x2_1, tile_q4_x2(BL_Q4_0, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40x2_2, tile_q4_x2(BL_Q4_0, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40x2_3, tile_q4_x2(BL_Q4_0, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40x2_4, tile_q4_x2(BL_Q4_0, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41x2_1, tile_q4_x2(BL_Q4_1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41x2_2, tile_q4_x2(BL_Q4_1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41x2_3, tile_q4_x2(BL_Q4_1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41x2_4, tile_q4_x2(BL_Q4_1, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80x2_1, tile_q8_x2(1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80x2_2, tile_q8_x2(2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80x2_3, tile_q8_x2(3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80x2_4, tile_q8_x2(4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40_1, tile_q4(BL_Q4_0, 0, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40_2, tile_q4(BL_Q4_0, 0, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40_3, tile_q4(BL_Q4_0, 0, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40_4, tile_q4(BL_Q4_0, 0, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40_5, tile_q4(BL_Q4_0, 0, 5, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40_6, tile_q4(BL_Q4_0, 0, 6, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40_7, tile_q4(BL_Q4_0, 0, 7, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40_8, tile_q4(BL_Q4_0, 0, 8, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41_1, tile_q4(BL_Q4_1, 0, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41_2, tile_q4(BL_Q4_1, 0, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41_3, tile_q4(BL_Q4_1, 0, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41_4, tile_q4(BL_Q4_1, 0, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41_5, tile_q4(BL_Q4_1, 0, 5, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41_6, tile_q4(BL_Q4_1, 0, 6, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41_7, tile_q4(BL_Q4_1, 0, 7, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41_8, tile_q4(BL_Q4_1, 0, 8, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q80_1, tile_q8(0, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q80_2, tile_q8(0, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q80_3, tile_q8(0, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q80_4, tile_q8(0, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40x2_1, tile_q4(BL_Q4_0, 1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40x2_2, tile_q4(BL_Q4_0, 1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40x2_3, tile_q4(BL_Q4_0, 1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q40x2_4, tile_q4(BL_Q4_0, 1, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41x2_1, tile_q4(BL_Q4_1, 1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41x2_2, tile_q4(BL_Q4_1, 1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41x2_3, tile_q4(BL_Q4_1, 1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q41x2_4, tile_q4(BL_Q4_1, 1, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q80x2_1, tile_q8(1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q80x2_2, tile_q8(1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q80x2_3, tile_q8(1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+TILE_FN(q80x2_4, tile_q8(1, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 
 /* Decode (one token) over 16 rows: two groups share each activation broadcast. Same float work per
- * output as tile_q4_i8 (x2: tile_q4_x2). */
+ * output as tile_q4. */
 AI void tile_q4_g2(const int type, const int x2, const uint8_t *g, const size_t gb, const int nb,
                    const uint8_t *xa, float *o, const int nvalid2, const uint8_t *pf, const size_t pfs) {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
@@ -471,7 +381,7 @@ G2_FN(q41x2_g2, tile_q4_g2(BL_Q4_1, 1, g, gb, nb, xa, o, n2, pf, pfs))
 
 /* Q8_0 decode over 16 rows: two groups share each activation broadcast, and the two groups' weights are
  * two independent streams (more reads in flight than one 8-row tile's). x2: Q8X2 activations. Same float
- * work per output as tile_q8_i8 / tile_q8_x2. */
+ * work per output as tile_q8. */
 AI void tile_q8_g2(const int x2, const uint8_t *g, const size_t gb, const int nb, const uint8_t *xa, float *o,
                    const int nvalid2, const uint8_t *pf, const size_t pfs) {
     const __m256i ones = _mm256_set1_epi16(1), khi = x2 ? _mm256_set1_epi16(254) : ones;
