@@ -8,17 +8,22 @@
 
 /* ---- activations ---- */
 
+static float block_amax(const float *xb) {
+    float amax = 0.0f;
+    for (int i = 0; i < BL_QK; i++) {
+        const float a = fabsf(xb[i]);
+        amax = a > amax ? a : amax;
+    }
+    return amax;
+}
+
 static void quantize_row_q8(const float *x, int cols, void *row) {
     const int nb = cols / BL_QK;
     uint8_t *p = (uint8_t *)row;
     int8_t *qs = (int8_t *)p;
     for (int b = 0; b < nb; b++) {
         const float *xb = x + b * BL_QK;
-        float amax = 0.0f;
-        for (int i = 0; i < BL_QK; i++) {
-            const float a = fabsf(xb[i]);
-            amax = a > amax ? a : amax;
-        }
+        const float amax = block_amax(xb);
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         int32_t sum = 0;
         for (int i = 0; i < BL_QK; i++) {
@@ -40,11 +45,7 @@ static void quantize_row_q8x2(const float *x, int cols, void *row) {
     int8_t *hi = (int8_t *)p, *lo = hi + (size_t)nb * 32;
     for (int b = 0; b < nb; b++) {
         const float *xb = x + b * BL_QK;
-        float amax = 0.0f;
-        for (int i = 0; i < BL_QK; i++) {
-            const float a = fabsf(xb[i]);
-            amax = a > amax ? a : amax;
-        }
+        const float amax = block_amax(xb);
         const float d = amax / (float)BL_Q8X2_MAX, id = d != 0.0f ? 1.0f / d : 0.0f;
         int32_t sum = 0;
         for (int i = 0; i < BL_QK; i++) {
