@@ -139,6 +139,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="model name or path (default smollm2-135m)")
     ap.add_argument("--engine", default="native", choices=["native", "reference"])
+    ap.add_argument("--activations", default="q8x2", choices=["q8x2", "q8"],
+                    help="the native engine's activation precision (default q8x2)")
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("-t", "--threads", type=int, default=None)
@@ -157,7 +159,8 @@ def main() -> int:
     if url is None:
         port = free_port()
         cmd = [sys.executable, "-m", "barellm.cli", "serve", *([args.model] if args.model else []),
-               "--engine", args.engine, "--slots", str(args.slots), "--context", str(args.context),
+               "--engine", args.engine, "--activations", args.activations, "--slots", str(args.slots),
+               "--context", str(args.context),
                "--port", str(port), "--queue", "1024", "--log-level", "warning",
                *(["-t", str(args.threads)] if args.threads else [])]
         proc = subprocess.Popen(cmd)
