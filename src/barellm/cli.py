@@ -25,7 +25,9 @@ COMMAND_MODULES = [
 
 
 def add_activations_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--activations", choices=["q8x2", "q8"], default="q8x2",
+    from barellm.model import ACTIVATIONS
+
+    p.add_argument("--activations", choices=ACTIVATIONS, default=ACTIVATIONS[0],
                    help="native engine: activation precision of the quantized matmuls; q8x2 (default): ~15 bits, "
                         "logits closest to the float reference; q8: 8-bit blocks, faster prefill")
 
