@@ -47,41 +47,6 @@ AI float hsum_ps(__m256 p) {
 
 /* ---- activations ---- */
 
-static void quantize_row_q8(const float *x, int cols, uint8_t *row) {
-    const int nb = cols / BL_QK;
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int b = 0; b < nb; b++) {
-        const float *xb = x + b * BL_QK;
-        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
-        __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
-        __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-        __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-        const float amax = _mm_cvtss_f32(m);
-        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        const __m256 vid = _mm256_set1_ps(id);
-        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
-        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
-        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-        p = _mm256_permutevar8x32_epi32(p, perm);
-        _mm256_storeu_si256((__m256i *)(row + (size_t)b * 32), p);
-        /* the sum of the stored (saturated) bytes */
-        __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p);
-        __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-        const int32_t sum = _mm_cvtsi128_si32(s);
-        const float sf = d * (float)sum;
-        memcpy(row + (size_t)nb * 32 + (size_t)b * 4, &d, 4);
-        memcpy(row + (size_t)nb * 36 + (size_t)b * 4, &sf, 4);
-        memcpy(row + (size_t)nb * 40 + (size_t)b * 4, &sum, 4);
-    }
-}
-
 /* int32 lanes of 4 vectors -> 32 int8 in element order (values already in int8 range) */
 AI __m256i pack_i8(__m256i i0, __m256i i1, __m256i i2, __m256i i3) {
     const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
@@ -95,21 +60,50 @@ AI int32_t hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* max |x| over the 32 values of v[0..3] */
+AI float block_amax(const __m256 *v) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                   _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+static void quantize_row_q8(const float *x, int cols, uint8_t *row) {
+    const int nb = cols / BL_QK;
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + b * BL_QK;
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
+        const float amax = block_amax(v);
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i i[4];
+        for (int k = 0; k < 4; k++) i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid));
+        const __m256i p = pack_i8(i[0], i[1], i[2], i[3]);
+        _mm256_storeu_si256((__m256i *)(row + (size_t)b * 32), p);
+        /* the sum of the stored (saturated) bytes */
+        const int32_t sum = hsum_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p),
+                                                         _mm256_set1_epi16(1)));
+        const float sf = d * (float)sum;
+        memcpy(row + (size_t)nb * 32 + (size_t)b * 4, &d, 4);
+        memcpy(row + (size_t)nb * 36 + (size_t)b * 4, &sf, 4);
+        memcpy(row + (size_t)nb * 40 + (size_t)b * 4, &sum, 4);
+    }
+}
+
 static void quantize_row_q8x2(const float *x, int cols, uint8_t *row) {
     const int nb = cols / BL_QK;
-    const __m256 sign = _mm256_set1_ps(-0.0f), c254 = _mm256_set1_ps(254.0f);
+    const __m256 c254 = _mm256_set1_ps(254.0f);
     const __m256i qmax = _mm256_set1_epi32(BL_Q8X2_MAX), qmin = _mm256_set1_epi32(-BL_Q8X2_MAX);
     const __m256i k254 = _mm256_set1_epi32(254);
     for (int b = 0; b < nb; b++) {
         const float *xb = x + b * BL_QK;
         __m256 v[4];
         for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
-        __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-        __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-        const float amax = _mm_cvtss_f32(m);
+        const float amax = block_amax(v);
         const float d = amax / (float)BL_Q8X2_MAX, id = d != 0.0f ? 1.0f / d : 0.0f;
         const __m256 vid = _mm256_set1_ps(id);
         __m256i q[4], h[4], l[4], sum = _mm256_setzero_si256();
@@ -293,15 +287,12 @@ TILE_FN(q80_4, tile_q8(0, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q40x2_1, tile_q4(BL_Q4_0, 1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q40x2_2, tile_q4(BL_Q4_0, 1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q40x2_3, tile_q4(BL_Q4_0, 1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40x2_4, tile_q4(BL_Q4_0, 1, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q41x2_1, tile_q4(BL_Q4_1, 1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q41x2_2, tile_q4(BL_Q4_1, 1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q41x2_3, tile_q4(BL_Q4_1, 1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41x2_4, tile_q4(BL_Q4_1, 1, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80x2_1, tile_q8(1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80x2_2, tile_q8(1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80x2_3, tile_q8(1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80x2_4, tile_q8(1, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 
 /* Decode (one token) over 16 rows: two groups share each activation broadcast. Same float work per
  * output as tile_q4. */
@@ -432,9 +423,8 @@ static void matmul_i8(const bl_matrix *w, const void *xq, int T, float *out, siz
     static const tile_fn q40[8] = {q40_1, q40_2, q40_3, q40_4, q40_5, q40_6, q40_7, q40_8},
                          q41[8] = {q41_1, q41_2, q41_3, q41_4, q41_5, q41_6, q41_7, q41_8},
                          q80[4] = {q80_1, q80_2, q80_3, q80_4};
-    static const tile_fn q40x2[4] = {q40x2_1, q40x2_2, q40x2_3, q40x2_4},
-                         q41x2[4] = {q41x2_1, q41x2_2, q41x2_3, q41x2_4},
-                         q80x2[4] = {q80x2_1, q80x2_2, q80x2_3, q80x2_4};
+    static const tile_fn q40x2[3] = {q40x2_1, q40x2_2, q40x2_3}, q41x2[3] = {q41x2_1, q41x2_2, q41x2_3},
+                         q80x2[3] = {q80x2_1, q80x2_2, q80x2_3};
     const int x2 = w->act == BL_ACT_Q8X2;
     const tile_fn *fns = w->type == BL_Q4_0 ? (x2 ? q40x2 : q40) : w->type == BL_Q4_1 ? (x2 ? q41x2 : q41)
                                                                                       : (x2 ? q80x2 : q80);
