@@ -1,0 +1,137 @@
+"""Per-token overhead outside the engine: decode speed of the bare engine (like `barellm bench` tg), of
+`model.complete` with sampling, and of one client of `barellm serve` (streamed and not), side by side.
+
+    .venv/bin/python bench/overhead.py                 # smollm2-135m, 2 threads, 128 tokens, 3 repetitions
+    .venv/bin/python bench/overhead.py -t 1 -n 64 -r 5 --no-server
+
+Each figure is generated tokens / seconds of the decode (the engine figure: single-token forwards; the
+others: a whole request's wall time minus nothing, so prompt processing and, for the server, HTTP and JSON
+count against them). The median of the repetitions is printed, as a fraction of the engine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+PROMPT = "Once upon a time, in a small village by the sea, there lived"
+SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 40}
+
+
+def engine_tg(model, n: int) -> float:
+    import numpy as np
+
+    eng = model.engine
+    toks = np.random.default_rng(1).integers(0, model.config.n_vocab, n + 8).tolist()
+    eng.forward(toks[:8], 0)
+    t0 = time.perf_counter()
+    for i in range(n):
+        eng.forward([toks[8 + i]], 8 + i)
+    return n / (time.perf_counter() - t0)
+
+
+def complete_tps(model, n: int, seed: int) -> float:
+    model.reset()
+    t0 = time.perf_counter()
+    c = model.complete(PROMPT, max_tokens=n, seed=seed, **SAMPLING)
+    return len(c.token_ids) / (time.perf_counter() - t0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_tps(url: str, n: int, seed: int, stream: bool) -> float:
+    import httpx
+
+    body = {"prompt": PROMPT, "max_tokens": n, "seed": seed, "stream": stream, **SAMPLING}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    t0 = time.perf_counter()
+    tokens = 0
+    with httpx.Client(timeout=600) as c:
+        if stream:
+            with c.stream("POST", f"{url}/v1/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        chunk = json.loads(line[6:])
+                        if chunk.get("usage"):
+                            tokens = chunk["usage"]["completion_tokens"]
+        else:
+            tokens = c.post(f"{url}/v1/completions", json=body).json()["usage"]["completion_tokens"]
+    return tokens / (time.perf_counter() - t0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-n", "--tokens", type=int, default=128)
+    ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("--no-server", action="store_true")
+    args = ap.parse_args()
+
+    import barellm
+
+    model = barellm.load(args.model, threads=args.threads, context=1024)
+    rows: dict[str, list[float]] = {"engine tg": [], "model.complete": []}
+    engine_tg(model, 16)
+    complete_tps(model, 16, 0)
+    for r in range(args.repetitions):
+        rows["engine tg"].append(engine_tg(model, args.tokens))
+        rows["model.complete"].append(complete_tps(model, args.tokens, r + 1))
+    del model
+    if not args.no_server:
+        import httpx
+
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", args.model, "-t", str(args.threads),
+                                 "--context", "1024", "--slots", "1", "--port", str(port), "--log-level", "warning"])
+        try:
+            while True:
+                try:
+                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+                if proc.poll() is not None:
+                    print("the server did not start", file=sys.stderr)
+                    return 1
+            server_tps(url, 16, 0, False)
+            rows["serve, whole"] = []
+            rows["serve, streamed"] = []
+            for r in range(args.repetitions):
+                rows["serve, whole"].append(server_tps(url, args.tokens, r + 1, False))
+                rows["serve, streamed"].append(server_tps(url, args.tokens, r + 1, True))
+            try:
+                metrics = httpx.get(f"{url}/metrics", timeout=10).text
+                lines = [ln for ln in metrics.splitlines() if ln.startswith("barellm_token_seconds")]
+            except httpx.HTTPError:
+                lines = []
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    else:
+        lines = []
+    base = statistics.median(rows["engine tg"])
+    print(f"| {args.model}, {args.threads} threads, {args.tokens} tokens | tok/s (median) | of engine tg |")
+    print("|---|---:|---:|")
+    for name, xs in rows.items():
+        m = statistics.median(xs)
+        print(f"| {name} | {m:.1f} | {100 * m / base:.0f} % |")
+    if lines:
+        print("\nserver per-token breakdown (/metrics):")
+        print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
