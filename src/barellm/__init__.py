@@ -1,10 +1,11 @@
 """barellm: a bare-metal LLM inference engine for CPUs, driven from Python."""
 
-from barellm.errors import BarellmError, FormatError, InvalidRequest, ModelNotFound
+from barellm.errors import BarellmError, FormatError, InvalidRequest, ModelNotFound, SlotsBusy
 
 __version__ = "0.1.0"
 
-__all__ = ["BarellmError", "FormatError", "InvalidRequest", "ModelNotFound", "__version__", "load", "Model"]
+__all__ = ["BarellmError", "FormatError", "InvalidRequest", "ModelNotFound", "SlotsBusy", "__version__", "load",
+           "Model"]
 
 
 def __getattr__(name: str):

@@ -18,3 +18,7 @@ class ModelNotFound(BarellmError):
 
 class InvalidRequest(BarellmError, ValueError):
     """A request (generation parameters, messages, prompt) that cannot be served."""
+
+
+class SlotsBusy(BarellmError):
+    """Every KV cache slot a generation needs is held by unfinished generations that waiting cannot end."""

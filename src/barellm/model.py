@@ -1,13 +1,21 @@
 """The public face: load a model by name or path, then tokenize, score, generate, stream and chat.
 
-Model is thin: the tokenizer turns text into ids, an engine turns ids into logits, the sampler picks
-the next id, and the stream decoder turns ids back into text. The KV cache persists between calls,
-so a prompt that starts with what the cache already holds is only fed from where it differs.
+Model is thin: the tokenizer turns text into ids, an engine turns ids into logits, and a Generation
+(generation.py: sampling, stop strings, limits, the text held back for them, logprobs) decides each next
+token and what text it makes. The KV cache slots persist between calls, so a prompt that starts with what a
+slot already holds is only fed from where it differs.
+
+Sharing a Model: every generation owns a KV cache slot from its first token to its end (a stream: until it
+is exhausted, closed or dropped). `load(..., slots=N)` gives N slots. A generation that finds no free slot
+waits for one while other threads hold them; when the only holders are unfinished generations of its own
+thread (an open stream), waiting could never end, so it raises SlotsBusy instead. Generations in separate
+slots may run from several threads at once: their engine calls take turns, each on its own cache.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -20,16 +28,31 @@ import numpy as np
 from barellm import hub
 from barellm.arch.config import ModelConfig, config_from_metadata
 from barellm.cpu import default_threads
-from barellm.errors import BarellmError, FormatError, InvalidRequest
-from barellm.sampling import Sampler, SamplingParams
+from barellm.errors import BarellmError, FormatError, InvalidRequest, SlotsBusy
+from barellm.generation import Delta, Generation, SlotTable, Timings
+from barellm.sampling import SamplingParams, TokenLogprob
 
 ENGINES = ("auto", "native", "reference")
 ACTIVATIONS = ("q8x2", "q8")  # the native engine's activation precisions (engine.ACTIVATIONS)
+GENERATION_KEYWORDS = ("max_tokens", "stop", "n", "logprobs", "top_logprobs", "allowed_tokens", "timings")
+
+
+@dataclass
+class Choice:
+    """One of the n sequences a complete(..., n=n) call generates."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)   # every generated token (a stop string's too)
+    finish_reason: str = "length"
+    logprobs: list[TokenLogprob] | None = None            # one per token of the text, when asked
 
 
 @dataclass
 class Completion:
-    """Everything about one generation; `text` is what generate() returns."""
+    """Everything about one generation; `text` is what generate() returns.
+
+    text, token_ids, finish_reason and logprobs are those of the first choice; `choices` holds all n."""
 
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
@@ -38,15 +61,9 @@ class Completion:
     cached_tokens: int = 0             # prompt tokens whose KV entries were reused
     prefill_seconds: float = 0.0       # prompt processing, up to the first token's logits
     decode_seconds: float = 0.0
-
-
-@dataclass
-class Piece:
-    """One step of a generation: the token, the text it completes (may be empty), its logits."""
-
-    token_id: int
-    text: str
-    logits: np.ndarray
+    logprobs: list[TokenLogprob] | None = None   # with logprobs / top_logprobs: one per token of the text
+    choices: list[Choice] = field(default_factory=list)
+    timings: Timings | None = None     # seconds per phase of the token loop (generation.PHASES)
 
 
 def _open_source(path: Path) -> Any:
@@ -55,8 +72,30 @@ def _open_source(path: Path) -> Any:
     return open_model(path)
 
 
+@dataclass
+class _Request:
+    params: SamplingParams
+    max_tokens: int
+    stops: list[str]
+    n: int
+    top_logprobs: int | None
+    allowed: Any
+    timings: Timings | None
+
+    def params_for(self, index: int) -> SamplingParams:
+        """Choice i draws with seed + i, so choice 0 is what n=1 gives."""
+        if index == 0 or self.params.seed is None:
+            return self.params
+        return SamplingParams(**{**self.params.__dict__, "seed": self.params.seed + index})
+
+
 class Model:
-    """A loaded model. Not safe to use from several threads at once (one KV cache)."""
+    """A loaded model: tokenize, score (logits), generate, stream, chat.
+
+    Safe to share between threads (see the module docstring): each generation holds its own KV cache slot;
+    with one slot (the default) generations from several threads run one after another, with slots=N up to
+    N at once. An unfinished stream keeps its slot until it ends, is closed or is dropped.
+    """
 
     def __init__(self, path: Path, *, threads: int | None = None, context: int | None = None,
                  engine: str = "auto", chat_template: str | None = None, slots: int = 1,
@@ -93,8 +132,11 @@ class Model:
         self.threads = threads or default_threads()
         self.activations = activations
         self.engine_name, self.engine = self._make_engine(engine)
-        self._cached: list[int] = []   # the tokens whose KV entries the engine holds, in order
-        self._served = False           # a server's scheduler owns the engine (see serving())
+        self._table = SlotTable(slots)            # what each slot's cache holds; guarded by _cond
+        self._owner: list[int | None] = [None] * slots   # the thread holding each busy slot
+        self._cond = threading.Condition()
+        self._engine_lock = threading.Lock()      # one engine call at a time (one thread pool)
+        self._served = False                      # a server's scheduler owns the engine (see serving())
 
     def _make_engine(self, engine: str) -> tuple[str, Any]:
         if engine in ("auto", "native"):
@@ -129,6 +171,82 @@ class Model:
             if not isinstance(t, (int, np.integer)) or not 0 <= int(t) < self.config.n_vocab:
                 raise InvalidRequest(f"token id {t!r} is out of range 0..{self.config.n_vocab - 1}")
 
+    # --- slots and the engine -------------------------------------------------------------------
+
+    def _acquire(self, n: int, prompt: Sequence[int]) -> list[tuple[int, int]]:
+        """n free slots for prompt, the one whose cache serves it best first: [(slot, reused tokens)]."""
+        if n > self.slots:
+            raise InvalidRequest(f"n={n} needs {n} KV cache slots; this Model has {self.slots} "
+                                 f"(barellm.load(..., slots={n}))")
+        me = threading.get_ident()
+        with self._cond:
+            while True:
+                self._check_served()
+                if len(self._table.free()) >= n:
+                    break
+                mine = sum(1 for o in self._owner if o == me)
+                if self.slots - mine < n:
+                    raise SlotsBusy(
+                        f"all {self.slots} KV cache slot(s) of this Model are held by unfinished generations of "
+                        f"this thread (an open stream?): finish or close them first, or load the model with more "
+                        f"slots (barellm.load(..., slots=N))")
+                self._cond.wait()
+            out = []
+            for _ in range(n):
+                slot = self._table.choose(prompt)
+                assert slot is not None
+                out.append((slot, self._table.take(slot, prompt)))
+                self._owner[slot] = me
+            return out
+
+    def _release(self, slots: Sequence[int]) -> None:
+        with self._cond:
+            for s in slots:
+                self._table.release(s)
+                self._owner[s] = None
+            self._cond.notify_all()
+
+    def _check_served(self) -> None:
+        if self._served:
+            raise InvalidRequest("this Model is being served: the server's scheduler owns its engine (every slot); "
+                                 "load a second Model for direct calls")
+
+    def _forward(self, tokens: Sequence[int], start: int, slot: int, all_logits: bool = False) -> np.ndarray:
+        with self._engine_lock:
+            self._check_served()
+            return self.engine.forward(tokens, start, all_logits, slot=slot)
+
+    def _forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
+        with self._engine_lock:
+            self._check_served()
+            return self.engine.forward_batch(seqs)
+
+    def _copy_prefix(self, src: int, dst: int, n: int) -> bool:
+        copy = getattr(self.engine, "copy_prefix", None)
+        if copy is None:
+            return False
+        with self._engine_lock:
+            self._check_served()
+            copy(src, dst, n)
+        return True
+
+    def serving(self, served: bool) -> None:
+        """A server takes the engine (True) or gives it back (False). Meanwhile this Model's own calls are
+        refused; either way what the slots held is forgotten (the server writes there)."""
+        with self._cond:
+            if served and any(self._table.busy):
+                raise InvalidRequest("this Model has unfinished generations (open streams?); finish them before "
+                                     "serving it")
+            self._served = bool(served)
+            self._table.forget()
+            self._cond.notify_all()
+
+    def reset(self) -> None:
+        """Forgets what the free slots' caches hold (the next call feeds its whole prompt)."""
+        with self._cond:
+            for s in self._table.free():
+                self._table.forget(s)
+
     # --- scoring --------------------------------------------------------------------------------
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
@@ -139,40 +257,28 @@ class Model:
             raise InvalidRequest("logits needs at least one token")
         if len(ids) > self.n_ctx:
             raise InvalidRequest(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
-        out = self._engine().forward(ids, 0, all_logits=True)
-        self._cached = list(ids)
+        [(slot, _)] = self._acquire(1, ids)
+        try:
+            with self._cond:
+                self._table.forget(slot)
+            out = self._forward(ids, 0, slot, all_logits=True)
+            with self._cond:
+                self._table.tokens[slot] = list(ids)
+        finally:
+            self._release([slot])
         return np.array(out, copy=True)
-
-    def _feed(self, ids: list[int]) -> tuple[np.ndarray, int]:
-        """Brings the cache to hold ids; returns the last position's logits and how many were reused."""
-        reuse = 0
-        for a, b in zip(self._cached, ids, strict=False):
-            if a != b:
-                break
-            reuse += 1
-        reuse = min(reuse, len(ids) - 1)   # always feed at least one token to get its logits
-        self._cached = self._cached[:reuse]
-        logits = self._engine().forward(ids[reuse:], reuse)[-1]
-        self._cached = list(ids)
-        return logits, reuse
 
     # --- generation -----------------------------------------------------------------------------
 
-    def _engine(self) -> Any:
-        if self._served:
-            raise InvalidRequest("this Model is being served: the server's scheduler owns its engine (every slot, "
-                                 "slot 0 included); load a second Model for direct calls")
-        return self.engine
-
-    def serving(self, served: bool) -> None:
-        """A server takes the engine (True) or gives it back (False). Meanwhile this Model's own calls are
-        refused; either way the slot-0 cache the Model kept track of is forgotten (the server writes there)."""
-        self._served = bool(served)
-        self._cached = []
-
-    def _params(self, kw: dict[str, Any]) -> tuple[SamplingParams, int, list[str]]:
+    def _request(self, kw: dict[str, Any]) -> _Request:
+        kw = dict(kw)
         max_tokens = kw.pop("max_tokens", 128)
         stop = kw.pop("stop", None)
+        n = kw.pop("n", 1)
+        logprobs = kw.pop("logprobs", False)
+        top = kw.pop("top_logprobs", None)
+        allowed = kw.pop("allowed_tokens", None)
+        timings = kw.pop("timings", None)
         unknown = set(kw) - set(SamplingParams.__dataclass_fields__)
         if unknown:
             raise InvalidRequest(f"unknown generation parameter(s): {', '.join(sorted(unknown))}")
@@ -180,6 +286,8 @@ class Model:
         params = SamplingParams(**{**params.__dict__, "seed": kw.get("seed")}).validated()
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise InvalidRequest(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise InvalidRequest(f"n must be an integer >= 1, got {n!r}")
         if stop is None:
             stops: list[str] = []
         elif isinstance(stop, str):
@@ -188,97 +296,142 @@ class Model:
             stops = list(stop)
         else:
             raise InvalidRequest("stop must be a string or a list of strings")
-        return params, max_tokens, [s for s in stops if s]
+        if not isinstance(logprobs, bool):
+            raise InvalidRequest(f"logprobs must be True or False, got {logprobs!r}")
+        if top is not None and (not isinstance(top, int) or isinstance(top, bool)
+                                or not 0 <= top <= self.config.n_vocab):
+            raise InvalidRequest(f"top_logprobs must be an integer in 0..{self.config.n_vocab}, got {top!r}")
+        top_logprobs = top if top else (0 if logprobs else None)
+        if params.logit_bias:
+            bad = [k for k in params.logit_bias if not 0 <= int(k) < self.config.n_vocab]
+            if bad:
+                raise InvalidRequest(f"logit_bias token id {bad[0]} is outside the vocabulary "
+                                     f"(0..{self.config.n_vocab - 1})")
+        if allowed is not None and not callable(allowed):
+            allowed = np.ascontiguousarray(allowed, dtype=np.uint32).reshape(-1)
+            if allowed.shape[0] < (self.config.n_vocab + 31) // 32:
+                raise InvalidRequest(f"allowed_tokens must be a uint32 bitmask of {(self.config.n_vocab + 31) // 32} "
+                                     f"words (one bit per token), got {allowed.shape[0]}")
+        if timings is not None and not isinstance(timings, Timings):
+            raise InvalidRequest("timings must be a barellm.generation.Timings")
+        return _Request(params, max_tokens, [s for s in stops if s], n, top_logprobs, allowed, timings)
 
-    def pieces(self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int,
-               completion: Completion | None = None) -> Iterator[Piece]:
-        """The token loop: yields each generated token with its text until end of generation or
-        max_tokens; stop strings are the caller's business (see _stream_text)."""
-        ids = [int(t) for t in prompt_ids]
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenize(prompt)
+        elif isinstance(prompt, Sequence):
+            ids = [int(t) if isinstance(t, (int, np.integer)) and not isinstance(t, bool) else t for t in prompt]
+        else:
+            raise InvalidRequest(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         self._check_ids(ids)
         if not ids:
             raise InvalidRequest("the prompt is empty")
         if len(ids) >= self.n_ctx:
             raise InvalidRequest(f"the prompt has {len(ids)} tokens; the context holds {self.n_ctx}")
-        c = completion if completion is not None else Completion()
-        c.prompt_tokens = len(ids)
-        sampler = Sampler(params)
-        decoder = self.tokenizer.stream_decoder()
-        t0 = time.perf_counter()
-        logits, c.cached_tokens = self._feed(ids)
-        c.prefill_seconds = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        history = list(ids)
-        try:
-            for _ in range(max_tokens):
-                tok = sampler.sample(logits, history)
-                if tok in self.tokenizer.eog_ids:
-                    c.finish_reason = "stop"
-                    return
-                history.append(tok)
-                c.token_ids.append(tok)
-                yield Piece(tok, decoder.feed(tok), logits)
-                if len(history) >= self.n_ctx:
-                    c.finish_reason = "length"
-                    return
-                logits = self._engine().forward([tok], len(history) - 1)[-1]
-                self._cached.append(tok)
-            c.finish_reason = "length"
-        finally:
-            tail = decoder.flush()
-            if tail:
-                yield Piece(-1, tail, logits)
-            c.decode_seconds = time.perf_counter() - t0
+        return ids
 
-    def _stream_text(self, prompt_ids: Sequence[int], kw: dict[str, Any], c: Completion) -> Iterator[str]:
-        params, max_tokens, stops = self._params(dict(kw))
-        pending = ""  # text held back because it could be the start of a stop string
-        hold = max((len(s) for s in stops), default=1) - 1
-        for piece in self.pieces(prompt_ids, params, max_tokens, c):
-            pending += piece.text
-            if stops:
-                hits = [(pending.find(s), s) for s in stops if s in pending]
-                if hits:
-                    cut = min(i for i, _ in hits)
-                    if pending[:cut]:
-                        c.text += pending[:cut]
-                        yield pending[:cut]
-                    c.finish_reason = "stop"
-                    return
-                keep = _stop_prefix_len(pending, stops, hold)
-                out, pending = pending[: len(pending) - keep], pending[len(pending) - keep:]
-            else:
-                out, pending = pending, ""
-            if out:
-                c.text += out
-                yield out
-        if pending:
-            c.text += pending
-            yield pending
+    def _run(self, ids: list[int], req: _Request, c: Completion) -> Iterator[tuple[int, Delta]]:
+        """The token loop of req.n choices of one prompt: yields (choice, what became visible)."""
+        n = req.n
+        timings = c.timings = req.timings if req.timings is not None else Timings()
+        c.prompt_tokens = len(ids)
+        gens = [Generation(ids, self.tokenizer, params=req.params_for(i), max_tokens=req.max_tokens, n_ctx=self.n_ctx,
+                           stops=req.stops, top_logprobs=req.top_logprobs, allowed=req.allowed,
+                           n_vocab=self.config.n_vocab, timings=timings) for i in range(n)]
+        c.choices = [Choice(i) for i in range(n)]
+        for ch, g in zip(c.choices, gens, strict=True):
+            ch.token_ids = g.generated    # every generated token, filled as they come
+        if gens[0].done:   # max_tokens=0: nothing to compute
+            return
+        clock = time.perf_counter
+        slots = self._acquire(n, ids)
+        t_start = clock()
+        try:
+            (main, c.cached_tokens), others = slots[0], slots[1:]
+            rows = [self._forward(ids[c.cached_tokens:], c.cached_tokens, main)[-1]] * n
+            table = self._table.tokens
+            table[main][:] = ids
+            for i, (slot, reuse) in enumerate(others, 1):
+                # the other choices start from a copy of the prompt's cache, or prefill it themselves
+                if self._copy_prefix(main, slot, len(ids)):
+                    table[slot][:] = ids
+                else:
+                    rows[i] = self._forward(ids[reuse:], reuse, slot)[-1]
+                    table[slot][:] = ids
+            t_decode = clock()
+            c.prefill_seconds = t_decode - t_start
+            live = list(range(n))
+            which = [s for s, _ in slots]
+            while True:
+                for i in live:
+                    d = gens[i].step(rows[i])
+                    if d is not None:
+                        yield i, d
+                for i in live:
+                    if gens[i].done:
+                        c.choices[i].finish_reason = gens[i].finish_reason or "length"
+                live = [i for i in live if not gens[i].done]
+                if not live:
+                    break
+                t0 = clock()
+                if len(live) == 1:
+                    g = gens[live[0]]
+                    rows[live[0]] = self._forward((g.next_token,), g.position, which[live[0]])[0]
+                else:
+                    out = self._forward_batch([(which[i], (gens[i].next_token,), gens[i].position) for i in live])
+                    for j, i in enumerate(live):
+                        rows[i] = out[j]
+                timings.engine += clock() - t0
+                for i in live:
+                    table[which[i]].append(gens[i].next_token)
+        finally:
+            t_end = clock()
+            c.decode_seconds = max(0.0, t_end - t_start - c.prefill_seconds)
+            timings.wall += c.decode_seconds
+            self._release([s for s, _ in slots])
 
     def complete(self, prompt: str | Sequence[int], **kw: Any) -> Completion:
-        """Like generate() but returns the whole Completion (ids, finish reason, counts, timings)."""
-        c = Completion()
-        for _ in self._stream_text(self._prompt_ids(prompt), kw, c):
-            pass
-        return c
+        """Like generate() but returns the whole Completion (ids, finish reason, counts, timings, and with
+        logprobs / top_logprobs the log-probabilities; with n > 1 every choice in .choices)."""
+        req = self._request(kw)
+        ids = self._prompt_ids(prompt)
+        return self._complete(ids, req)
 
-    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenize(prompt)
-        if isinstance(prompt, Sequence):
-            return [int(t) for t in prompt]
-        raise InvalidRequest(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+    def _complete(self, ids: list[int], req: _Request) -> Completion:
+        c = Completion()
+        texts: list[list[str]] = [[] for _ in range(req.n)]
+        lps: list[list[TokenLogprob]] = [[] for _ in range(req.n)]
+        for i, d in self._run(ids, req, c):
+            texts[i].append(d.text)
+            lps[i].extend(d.logprobs)
+        for ch in c.choices:
+            ch.text = "".join(texts[ch.index])
+            ch.logprobs = lps[ch.index] if req.top_logprobs is not None else None
+        first = c.choices[0]
+        c.text, c.token_ids, c.finish_reason, c.logprobs = first.text, first.token_ids, first.finish_reason, \
+            first.logprobs
+        return c
 
     def generate(self, prompt: str | Sequence[int], **kw: Any) -> str:
         """The continuation of prompt. Keywords: max_tokens (128), temperature (0.8; 0 = greedy),
         top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
-        seed, stop (a string or list of strings, not included in the text)."""
+        logit_bias ({token id: bias}, OpenAI's: added to the logit, -100 bans), seed, stop (a string or
+        list of strings, not included in the text), allowed_tokens (a uint32 bitmask over the vocabulary,
+        or a function of the generated ids returning one: only those tokens may be chosen)."""
         return self.complete(prompt, **kw).text
 
     def stream(self, prompt: str | Sequence[int], **kw: Any) -> Iterator[str]:
-        """generate() as it happens: yields text pieces (whole UTF-8 characters) as they come."""
-        return self._stream_text(self._prompt_ids(prompt), kw, Completion())
+        """generate() as it happens: yields text pieces (whole UTF-8 characters) as they come. The stream
+        holds a KV cache slot from its first piece until it is exhausted, closed or dropped."""
+        req = self._request(kw)
+        if req.n != 1:
+            raise InvalidRequest("stream() generates one sequence; use complete(..., n=...) for several")
+        return self._stream(self._prompt_ids(prompt), req)
+
+    def _stream(self, ids: list[int], req: _Request) -> Iterator[str]:
+        for _, d in self._run(ids, req, Completion()):
+            if d.text:
+                yield d.text
 
     # --- chat -----------------------------------------------------------------------------------
 
@@ -293,31 +446,19 @@ class Model:
 
     def chat(self, messages: Sequence[dict[str, Any]], **kw: Any) -> str:
         """The assistant's reply to messages ([{"role": ..., "content": ...}, ...])."""
-        c = Completion()
-        for _ in self._stream_text(self.chat_prompt(messages), kw, c):
-            pass
-        return c.text
+        req = self._request(kw)
+        return self._complete(self._prompt_ids(self.chat_prompt(messages)), req).text
 
     def chat_stream(self, messages: Sequence[dict[str, Any]], **kw: Any) -> Iterator[str]:
-        return self._stream_text(self.chat_prompt(messages), kw, Completion())
-
-    def reset(self) -> None:
-        """Forgets the KV cache contents (the next call feeds its whole prompt)."""
-        self._cached = []
+        req = self._request(kw)
+        if req.n != 1:
+            raise InvalidRequest("chat_stream() generates one sequence; use complete(..., n=...) for several")
+        return self._stream(self._prompt_ids(self.chat_prompt(messages)), req)
 
     def __repr__(self) -> str:
         c = self.config
         return (f"Model({self.path.name}, {c.arch}, {c.n_layers} layers, dim {c.dim}, vocab {c.n_vocab}, "
                 f"context {self.n_ctx}, engine {self.engine_name}, threads {self.threads})")
-
-
-def _stop_prefix_len(text: str, stops: list[str], longest: int) -> int:
-    """Length of the longest end of text that could still grow into a stop string."""
-    for n in range(min(longest, len(text)), 0, -1):
-        tail = text[-n:]
-        if any(s.startswith(tail) for s in stops):
-            return n
-    return 0
 
 
 def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = None, context: int | None = None,
@@ -329,7 +470,8 @@ def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = N
     engine: "native" (the C core), "reference" (NumPy float32, slow, exact) or "auto" (the default: native
     where it runs the model, else reference with a warning);
     chat_template: a built-in template name to use instead of the file's;
-    slots: independent KV caches (sequences served side by side); the Model's own calls use slot 0;
+    slots: independent KV caches: generations (streams, threads, the n choices of one call) that may be under
+    way at once; a server serves that many sequences side by side;
     activations: the native engine's activation precision in the quantized matmuls: "q8x2" (the default,
     ~15 bits: logits within a mean KL of 0.0002 of the float reference on SmolLM2) or "q8" (8-bit blocks as
     llama.cpp uses: ~1.6x faster prefill, KL ~0.003).

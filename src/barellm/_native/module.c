@@ -42,7 +42,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     if (add_methods(m, core_methods) < 0 || add_methods(m, bl_kernel_methods) < 0 ||
-        add_methods(m, bl_engine_methods) < 0 || bl_engine_module_init(m) < 0) {
+        add_methods(m, bl_engine_methods) < 0 || bl_engine_module_init(m) < 0 ||
+        add_methods(m, bl_sample_methods) < 0 || bl_sample_module_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -7,5 +7,7 @@
 extern PyMethodDef bl_kernel_methods[]; /* py_kernels.c: single kernels, for tests and the debug path */
 extern PyMethodDef bl_engine_methods[]; /* py_engine.c: thread pool and executor */
 int bl_engine_module_init(PyObject *m); /* py_engine.c: registers its types; 0 on success */
+extern PyMethodDef bl_sample_methods[]; /* py_sample.c: sampling-chain row kernels */
+int bl_sample_module_init(PyObject *m); /* py_sample.c: registers the Sampler type; 0 on success */
 
 #endif

@@ -1,0 +1,385 @@
+/* Python binding of the sampling chain (sample.h): the Sampler type and the row kernels, for sampling.py.
+ *
+ * Rows are C-contiguous float32 buffers (NumPy arrays) of at least n_vocab values; a sampled row must be
+ * writable (bias and penalties are applied in place for the call and undone before it returns). The GIL is
+ * kept: a call is a few microseconds, less than handing the GIL over and back would cost.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "py_common.h"
+#include "sample.h"
+
+/* a C-contiguous buffer of at least `count` items with the struct format `fmt` ("f", "i" or "I") */
+static void *get_buf(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t count, char fmt, const char *what) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0) return NULL;
+    const char *f = view->format ? view->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    int ok = view->itemsize == 4 && f[0] && !f[1] &&
+             (f[0] == fmt || (fmt == 'i' && f[0] == 'l' && sizeof(long) == 4) ||
+              (fmt == 'I' && f[0] == 'L' && sizeof(long) == 4));
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "%s must be %s (got format %s, item size %zd)", what,
+                     fmt == 'f' ? "float32" : fmt == 'i' ? "int32" : "uint32", view->format ? view->format : "B",
+                     view->itemsize);
+        PyBuffer_Release(view);
+        return NULL;
+    }
+    if (view->len / 4 < count) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd values, needs %zd", what, view->len / 4, count);
+        PyBuffer_Release(view);
+        return NULL;
+    }
+    return view->buf;
+}
+
+typedef struct {
+    PyObject_HEAD
+    int n;
+    bl_sampling p;
+    bl_cand *scratch, *saved;
+    int32_t *counts, *bias_ids;
+    float *bias;
+    int n_bias;
+} SamplerObject;
+
+static void sampler_free(SamplerObject *s) {
+    free(s->scratch);
+    free(s->saved);
+    free(s->counts);
+    free(s->bias_ids);
+    free(s->bias);
+    s->scratch = s->saved = NULL;
+    s->counts = s->bias_ids = NULL;
+    s->bias = NULL;
+}
+
+static void sampler_dealloc(SamplerObject *s) {
+    sampler_free(s);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static int sampler_init(SamplerObject *s, PyObject *args, PyObject *kw) {
+    static char *names[] = {"n_vocab", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                            "presence_penalty", "frequency_penalty", "bias_ids", "bias_values", NULL};
+    int n, top_k;
+    double temperature, top_p, min_p, rp, pp, fp;
+    PyObject *ido = Py_None, *bvo = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ididdddd|OO", names, &n, &temperature, &top_k, &top_p, &min_p, &rp,
+                                     &pp, &fp, &ido, &bvo))
+        return -1;
+    if (n < 1 || n > (1 << 26) || top_k < 0 || !(rp > 0) || !isfinite(temperature) || !isfinite(top_p) ||
+        !isfinite(min_p) || !isfinite(rp) || !isfinite(pp) || !isfinite(fp)) {
+        PyErr_SetString(PyExc_ValueError, "Sampler: n_vocab in 1..2^26, top_k >= 0, finite parameters, "
+                                          "repeat_penalty > 0");
+        return -1;
+    }
+    sampler_free(s);
+    s->n = n;
+    s->p = (bl_sampling){temperature, top_k, top_p, min_p, (float)rp, (float)pp, (float)fp};
+    s->n_bias = 0;
+    if ((ido == Py_None) != (bvo == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "Sampler: bias_ids and bias_values go together");
+        return -1;
+    }
+    if (ido != Py_None) {
+        Py_buffer vi, vv;
+        const int32_t *ids = get_buf(ido, &vi, 0, 0, 'i', "bias_ids");
+        if (!ids) return -1;
+        Py_ssize_t nb = vi.len / 4;
+        const float *vals = get_buf(bvo, &vv, 0, nb, 'f', "bias_values");
+        if (!vals) {
+            PyBuffer_Release(&vi);
+            return -1;
+        }
+        int ok = nb <= n;
+        for (Py_ssize_t i = 0; ok && i < nb; i++) ok = ids[i] >= 0 && ids[i] < n && isfinite(vals[i]);
+        if (ok && nb) {
+            s->bias_ids = malloc(sizeof(int32_t) * nb);
+            s->bias = malloc(sizeof(float) * nb);
+            if (s->bias_ids && s->bias) {
+                memcpy(s->bias_ids, ids, sizeof(int32_t) * nb);
+                memcpy(s->bias, vals, sizeof(float) * nb);
+                s->n_bias = (int)nb;
+            }
+        }
+        PyBuffer_Release(&vi);
+        PyBuffer_Release(&vv);
+        if (!ok) {
+            PyErr_SetString(PyExc_ValueError, "Sampler: at most n_vocab bias entries, ids in 0..n_vocab-1, "
+                                              "finite values");
+            return -1;
+        }
+        if (nb && !s->bias) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    int penalized = s->p.repeat_penalty != 1.0f || s->p.presence_penalty != 0.0f || s->p.frequency_penalty != 0.0f;
+    s->scratch = malloc(sizeof(bl_cand) * n);
+    s->saved = malloc(sizeof(bl_cand) * ((size_t)s->n_bias + n));
+    s->counts = penalized ? calloc((size_t)n, sizeof(int32_t)) : NULL;
+    if (!s->scratch || !s->saved || (penalized && !s->counts)) {
+        sampler_free(s);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* parses (logits, [u,] history=None, start=0, end=0, allowed=None) into a context; views to release */
+typedef struct {
+    Py_buffer v[3];
+    int nv;
+} views3;
+
+static void release3(views3 *vs) {
+    for (int i = 0; i < vs->nv; i++) PyBuffer_Release(&vs->v[i]);
+    vs->nv = 0;
+}
+
+static float *prepare(SamplerObject *s, PyObject *lo, PyObject *ho, Py_ssize_t start, Py_ssize_t end, PyObject *ao,
+                      bl_sample_ctx *c, views3 *vs) {
+    if (!s->scratch) {
+        PyErr_SetString(PyExc_RuntimeError, "Sampler is not initialized");
+        return NULL;
+    }
+    float *x = get_buf(lo, &vs->v[vs->nv], 1, s->n, 'f', "logits");
+    if (!x) return NULL;
+    vs->nv++;
+    *c = (bl_sample_ctx){.p = s->p, .counts = s->counts, .bias_ids = s->bias_ids, .bias = s->bias,
+                         .n_bias = s->n_bias, .scratch = s->scratch, .saved = s->saved};
+    if (ho != Py_None) {
+        Py_ssize_t avail;
+        if (PyObject_GetBuffer(ho, &vs->v[vs->nv], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+        avail = vs->v[vs->nv].len / 4;
+        PyBuffer_Release(&vs->v[vs->nv]);
+        if (start < 0 || end < start || end > avail) {
+            PyErr_Format(PyExc_ValueError, "history window %zd..%zd is outside 0..%zd", start, end, avail);
+            return NULL;
+        }
+        const int32_t *h = get_buf(ho, &vs->v[vs->nv], 0, end, 'i', "history");
+        if (!h) return NULL;
+        vs->nv++;
+        /* the penalties need each distinct token once in `saved`: at most n of them */
+        c->recent = h + start;
+        c->n_recent = (int)(end - start);
+    }
+    if (ao != Py_None) {
+        c->allowed = get_buf(ao, &vs->v[vs->nv], 0, (s->n + 31) / 32, 'I', "allowed");
+        if (!c->allowed) return NULL;
+        vs->nv++;
+    }
+    return x;
+}
+
+static PyObject *sampler_sample(SamplerObject *s, PyObject *args, PyObject *kw) {
+    static char *names[] = {"logits", "u", "history", "start", "end", "allowed", NULL};
+    PyObject *lo, *ho = Py_None, *ao = Py_None;
+    double u;
+    Py_ssize_t start = 0, end = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Od|OnnO", names, &lo, &u, &ho, &start, &end, &ao)) return NULL;
+    views3 vs = {.nv = 0};
+    bl_sample_ctx c;
+    float *x = prepare(s, lo, ho, start, end, ao, &c, &vs);
+    int tok = x ? bl_sample(x, s->n, &c, u) : -2;
+    release3(&vs);
+    if (tok == -2) return NULL;
+    return PyLong_FromLong(tok);
+}
+
+static PyObject *sampler_candidates(SamplerObject *s, PyObject *args, PyObject *kw) {
+    static char *names[] = {"logits", "history", "start", "end", "allowed", NULL};
+    PyObject *lo, *ho = Py_None, *ao = Py_None;
+    Py_ssize_t start = 0, end = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OnnO", names, &lo, &ho, &start, &end, &ao)) return NULL;
+    views3 vs = {.nv = 0};
+    bl_sample_ctx c;
+    float *x = prepare(s, lo, ho, start, end, ao, &c, &vs);
+    if (!x) {
+        release3(&vs);
+        return NULL;
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * s->n);
+    double *probs = malloc(sizeof(double) * s->n);
+    PyObject *res = NULL;
+    if (ids && probs) {
+        int k = bl_sample_candidates(x, s->n, &c, ids, probs);
+        PyObject *li = PyList_New(k), *lp = PyList_New(k);
+        if (li && lp) {
+            for (int i = 0; i < k; i++) {
+                PyList_SET_ITEM(li, i, PyLong_FromLong(ids[i]));
+                PyList_SET_ITEM(lp, i, PyFloat_FromDouble(probs[i]));
+            }
+            res = Py_BuildValue("(NN)", li, lp);
+        } else {
+            Py_XDECREF(li);
+            Py_XDECREF(lp);
+        }
+    } else {
+        PyErr_NoMemory();
+    }
+    free(ids);
+    free(probs);
+    release3(&vs);
+    return res;
+}
+
+static PyMethodDef sampler_methods[] = {
+    {"sample", (PyCFunction)(void (*)(void))sampler_sample, METH_VARARGS | METH_KEYWORDS,
+     "sample(logits, u, history=None, start=0, end=0, allowed=None) -> token id (-1: no token allowed).\n"
+     "history[start:end] is the penalty window; u a uniform draw in [0, 1) (unused when greedy)."},
+    {"candidates", (PyCFunction)(void (*)(void))sampler_candidates, METH_VARARGS | METH_KEYWORDS,
+     "candidates(logits, history=None, start=0, end=0, allowed=None) -> (ids, probabilities), best first"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SamplerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "barellm._native.Sampler",
+    .tp_basicsize = sizeof(SamplerObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Sampler(n_vocab, temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, "
+              "frequency_penalty, bias_ids=None, bias_values=None): the sampling chain of sample.h",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)sampler_init,
+    .tp_dealloc = (destructor)sampler_dealloc,
+    .tp_methods = sampler_methods,
+};
+
+/* ---- row kernels ---- */
+
+static PyObject *py_logprobs(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *lo;
+    Py_ssize_t n;
+    int token, k;
+    if (!PyArg_ParseTuple(args, "Onii", &lo, &n, &token, &k)) return NULL;
+    if (n < 1 || token < 0 || token >= n || k < 0 || k > n) {
+        PyErr_SetString(PyExc_ValueError, "logprobs: 0 <= token < n, 0 <= k <= n");
+        return NULL;
+    }
+    Py_buffer v;
+    const float *x = get_buf(lo, &v, 0, n, 'f', "logits");
+    if (!x) return NULL;
+    bl_cand *top = k ? malloc(sizeof(bl_cand) * k) : NULL;
+    double *lps = k ? malloc(sizeof(double) * k) : NULL;
+    PyObject *res = NULL;
+    if (k && (!top || !lps)) {
+        PyErr_NoMemory();
+    } else {
+        int nt = 0;
+        double lp = bl_logprobs(x, (int)n, token, k, top, lps, &nt);
+        PyObject *lst = PyList_New(nt);
+        if (lst) {
+            for (int i = 0; i < nt; i++) PyList_SET_ITEM(lst, i, Py_BuildValue("(id)", top[i].id, lps[i]));
+            res = Py_BuildValue("(dN)", lp, lst);
+        }
+    }
+    free(top);
+    free(lps);
+    PyBuffer_Release(&v);
+    return res;
+}
+
+static PyObject *py_argmax(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *lo, *ao = Py_None;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "On|O", &lo, &n, &ao)) return NULL;
+    if (n < 1 || n > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "argmax: n must be positive");
+        return NULL;
+    }
+    Py_buffer v, va;
+    const float *x = get_buf(lo, &v, 0, n, 'f', "logits");
+    if (!x) return NULL;
+    const uint32_t *allowed = NULL;
+    if (ao != Py_None && !(allowed = get_buf(ao, &va, 0, (n + 31) / 32, 'I', "allowed"))) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    int r = bl_argmax(x, (int)n, allowed);
+    PyBuffer_Release(&v);
+    if (allowed) PyBuffer_Release(&va);
+    return PyLong_FromLong(r);
+}
+
+static PyObject *py_top(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *lo, *ao = Py_None;
+    Py_ssize_t n;
+    int m;
+    if (!PyArg_ParseTuple(args, "Oni|O", &lo, &n, &m, &ao)) return NULL;
+    if (n < 1 || n > INT32_MAX || m < 1 || m > n) {
+        PyErr_SetString(PyExc_ValueError, "top: 1 <= m <= n");
+        return NULL;
+    }
+    Py_buffer v, va;
+    const float *x = get_buf(lo, &v, 0, n, 'f', "logits");
+    if (!x) return NULL;
+    const uint32_t *allowed = NULL;
+    if (ao != Py_None && !(allowed = get_buf(ao, &va, 0, (n + 31) / 32, 'I', "allowed"))) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    bl_cand *h = malloc(sizeof(bl_cand) * m);
+    PyObject *res = NULL;
+    if (!h) {
+        PyErr_NoMemory();
+    } else {
+        int k = bl_top(x, (int)n, allowed, m, h);
+        res = PyList_New(k);
+        for (int i = 0; res && i < k; i++) PyList_SET_ITEM(res, i, PyLong_FromLong(h[i].id));
+    }
+    free(h);
+    PyBuffer_Release(&v);
+    if (allowed) PyBuffer_Release(&va);
+    return res;
+}
+
+static PyObject *py_sum_exp(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *lo, *ao = Py_None;
+    Py_ssize_t n;
+    float ref, scale, floor_;
+    if (!PyArg_ParseTuple(args, "Onfff|O", &lo, &n, &ref, &scale, &floor_, &ao)) return NULL;
+    if (n < 1 || n > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "sum_exp: n must be positive");
+        return NULL;
+    }
+    Py_buffer v, va;
+    const float *x = get_buf(lo, &v, 0, n, 'f', "logits");
+    if (!x) return NULL;
+    const uint32_t *allowed = NULL;
+    if (ao != Py_None && !(allowed = get_buf(ao, &va, 0, (n + 31) / 32, 'I', "allowed"))) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    double s = bl_sum_exp(x, (int)n, allowed, ref, scale, floor_);
+    PyBuffer_Release(&v);
+    if (allowed) PyBuffer_Release(&va);
+    return PyFloat_FromDouble(s);
+}
+
+PyMethodDef bl_sample_methods[] = {
+    {"logprobs", py_logprobs, METH_VARARGS,
+     "logprobs(logits, n, token, k) -> (logprob of token, [(id, logprob)] of the k best, best first)"},
+    {"argmax", py_argmax, METH_VARARGS, "argmax(logits, n, allowed=None): first index of the largest allowed value"},
+    {"top", py_top, METH_VARARGS, "top(logits, n, m, allowed=None): ids of the m largest, best first, ties by id"},
+    {"sum_exp", py_sum_exp, METH_VARARGS,
+     "sum_exp(logits, n, ref, scale, lo, allowed=None): sum of exp((x - ref) * scale) over allowed x >= lo"},
+    {NULL, NULL, 0, NULL},
+};
+
+int bl_sample_module_init(PyObject *m) {
+    if (PyType_Ready(&SamplerType) < 0) return -1;
+    Py_INCREF(&SamplerType);
+    if (PyModule_AddObject(m, "Sampler", (PyObject *)&SamplerType) < 0) {
+        Py_DECREF(&SamplerType);
+        return -1;
+    }
+    return 0;
+}

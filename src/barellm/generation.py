@@ -1,0 +1,328 @@
+"""One generation from its prompt to its end: the state machine Model and the server's Scheduler both drive.
+
+A Generation never calls the engine. Its driver feeds the prompt into a KV cache slot, hands the logits
+that follow the last fed token to `step`, feeds back `next_token` at `position`, and repeats until `done`.
+Everything else is decided here, the same way for the Python API and the server:
+
+- the next token (the sampler, its history for the penalties, an optional allowed-token mask);
+- the end: an end-of-generation token ("stop"), a stop string ("stop"; the text before it is kept, and
+  tokens that begin inside it are not reported), max_tokens or the context ("length");
+- the text: the stream decoder turns ids into whole characters; text that could be the start of a stop
+  string is held back until it cannot be, and flushed at the end;
+- the tokens and their log-probabilities, reported with the text they begin in.
+
+Every step's work is bounded by the stop strings' lengths, never by the text so far: the stop search
+looks only at the held-back tail plus the new piece (before it, the tail held no whole stop string).
+
+Slots: `SlotTable` remembers which tokens each KV cache slot holds and picks the free slot whose cache
+serves a new prompt best, so a continuing conversation finds its prefix.
+
+Timings: a `Timings` accumulates seconds per phase of the token loop (forward, logits copy, sample, ...)
+for `barellm bench --breakdown` and the server's /metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from barellm.sampling import Sampler, SamplingParams, TokenLogprob, token_logprobs
+
+__all__ = ["PHASES", "Delta", "Generation", "SlotTable", "Timings", "TokenLogprob", "common_prefix", "time_engine"]
+
+# The phases of a token's life, in order. "forward" is the native executor running the layers; "logits copy"
+# the rest of the engine call (its Python wrapper filling token and position arrays, the logits copied out);
+# "write" the server's formatting and sending of the events (the Python API has none).
+PHASES = ("forward", "logits copy", "sample", "logprobs", "detokenize", "stop", "bookkeeping", "write")
+
+Allowed = np.ndarray | Callable[[Sequence[int]], "np.ndarray | None"] | None
+
+
+class Timings:
+    """Seconds spent in each phase of the token loop, and the tokens generated meanwhile.
+
+    The driver of the loop adds its engine calls (`engine`) and its whole wall time (`wall`); the executor's
+    own share of the engine calls lands in seconds["forward"] when the engine is timed (time_engine), and
+    `breakdown` then gives the rest of the engine calls as "logits copy". What no phase accounts for is
+    "bookkeeping": the driver's own work (slots, events, the loop itself)."""
+
+    __slots__ = ("seconds", "tokens", "engine", "wall")
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.tokens = 0
+        self.engine = 0.0
+        self.wall = 0.0
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] += seconds
+
+    def merge(self, other: Timings) -> None:
+        for k, v in other.seconds.items():
+            self.seconds[k] += v
+        self.tokens += other.tokens
+        self.engine += other.engine
+        self.wall += other.wall
+
+    def breakdown(self) -> dict[str, float]:
+        """Seconds by phase (PHASES order); they add up to the wall time."""
+        out = dict(self.seconds)
+        if out["forward"] > 0:
+            out["logits copy"] = max(0.0, self.engine - out["forward"])
+        else:
+            out["forward"] = self.engine
+        # the server writes from another thread, alongside: not part of the loop's wall time
+        measured = sum(v for k, v in out.items() if k not in ("bookkeeping", "write"))
+        out["bookkeeping"] += max(0.0, self.wall - measured)
+        return out
+
+    def per_token_ms(self) -> dict[str, float]:
+        n = max(self.tokens, 1)
+        return {k: 1000 * v / n for k, v in self.breakdown().items()}
+
+
+class _TimedPlan:
+    """Stands in for a native engine's compiled plan and times its runs (the executor proper)."""
+
+    def __init__(self, plan: Any, timings: Timings) -> None:
+        self._inner = plan
+        self.timings = timings
+
+    def run(self, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._inner.run(*args)
+        finally:
+            self.timings.add("forward", time.perf_counter() - t0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def time_engine(engine: Any, timings: Timings) -> Callable[[], None]:
+    """Splits an engine call's time into "forward" (the native executor) and "logits copy" (the rest) by
+    timing the native engine's plan runs into `timings`. Returns the undo. Engines without a compiled plan
+    (the NumPy reference) are left alone: their whole call counts as "forward"."""
+    plan = getattr(engine, "_plan", None)
+    if plan is None or not hasattr(plan, "run"):
+        return lambda: None
+    timed = _TimedPlan(plan, timings)
+    engine._plan = timed
+
+    def undo() -> None:
+        if engine._plan is timed:
+            engine._plan = plan
+
+    return undo
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Delta:
+    """What one step makes visible: text (may be ""), the tokens that begin in it and their logprobs (when
+    asked), and the finish reason once the generation has ended."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class Generation:
+    """One sequence's state from prompt to finish (see the module docstring)."""
+
+    def __init__(self, prompt: Sequence[int], tokenizer: Any, *, params: SamplingParams, max_tokens: int, n_ctx: int,
+                 stops: Sequence[str] = (), top_logprobs: int | None = None, allowed: Allowed = None,
+                 eog: set[int] | frozenset[int] | None = None, n_vocab: int | None = None,
+                 timings: Timings | None = None) -> None:
+        self.prompt = list(prompt)
+        self.max_tokens = max_tokens
+        self.n_ctx = n_ctx
+        self.top_logprobs = top_logprobs
+        self.allowed = allowed
+        self.eog = frozenset(tokenizer.eog_ids if eog is None else eog)
+        self.timings = timings if timings is not None else Timings()
+        self.sampler = Sampler(params, self.prompt, n_vocab)
+        self.decoder = tokenizer.stream_decoder()
+        self.generated: list[int] = []
+        self.finish_reason: str | None = None
+        self.next_token: int | None = None   # sampled, waiting to be fed
+        self.stops = [s for s in stops if s]
+        self._longest = max((len(s) for s in self.stops), default=0)
+        self._first_chars = frozenset(s[0] for s in self.stops)
+        self._held = ""                       # decoded, not yet released (could begin a stop string)
+        self._released = 0                    # characters released so far
+        self._pending: deque[tuple[int, int, TokenLogprob | None]] = deque()  # (text offset, id, logprob)
+        if max_tokens <= 0:
+            self.finish_reason = "length"
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def position(self) -> int:
+        """Where next_token goes in the sequence (its KV cache position)."""
+        return len(self.prompt) + len(self.generated) - 1
+
+    def step(self, row: np.ndarray) -> Delta | None:
+        """Takes the logits that follow the last fed token, picks the next one and returns what became
+        visible (None when nothing did). After it, either `done` or `next_token` waits to be fed."""
+        clock = time.perf_counter
+        tm = self.timings.seconds
+        t0 = clock()
+        allowed = self.allowed(self.generated) if callable(self.allowed) else self.allowed
+        tok = self.sampler.sample(row, allowed=allowed)
+        t1 = clock()
+        tm["sample"] += t1 - t0
+        self.next_token = None
+        if tok in self.eog:
+            return self._finish("stop")
+        lp = None
+        if self.top_logprobs is not None:
+            lp = token_logprobs(row, tok, self.top_logprobs)
+            t2 = clock()
+            tm["logprobs"] += t2 - t1
+            t1 = t2
+        self.generated.append(tok)
+        self.sampler.accept(tok)
+        self.timings.tokens += 1
+        self._pending.append((self._released + len(self._held), tok, lp))
+        piece = self.decoder.feed(tok)
+        t2 = clock()
+        tm["detokenize"] += t2 - t1
+        if piece:
+            self._held += piece
+            if self.stops:
+                cut = self._stop_in(len(piece))
+                if cut >= 0:
+                    d = self._release(cut, all_tokens=False)
+                    self._pending.clear()
+                    self._held = ""
+                    self.finish_reason = d.finish_reason = "stop"
+                    tm["stop"] += clock() - t2
+                    return d
+        if len(self.generated) >= self.max_tokens or len(self.prompt) + len(self.generated) >= self.n_ctx:
+            d = self._finish("length")
+            tm["stop"] += clock() - t2
+            return d
+        self.next_token = tok
+        hold = self._holdback() if self.stops else 0
+        d = self._release(len(self._held) - hold)
+        tm["stop"] += clock() - t2
+        return d if d.text or d.token_ids else None
+
+    def finish(self, reason: str) -> Delta:
+        """Ends the generation now (a time limit): flushes what is held back."""
+        return self._finish(reason)
+
+    def _finish(self, reason: str) -> Delta:
+        self.next_token = None
+        tail = self.decoder.flush()
+        if tail:
+            self._held += tail
+            cut = self._stop_in(len(tail)) if self.stops else -1
+            if cut >= 0:
+                d = self._release(cut, all_tokens=False)
+                self._pending.clear()
+                self._held = ""
+                self.finish_reason = d.finish_reason = "stop"
+                return d
+        d = self._release(len(self._held), all_tokens=True)
+        self.finish_reason = d.finish_reason = reason
+        return d
+
+    def _stop_in(self, new: int) -> int:
+        """Where the first stop string begins in the held text, or -1. A stop string found now ends in the
+        `new` last characters (the held text before them had none), so only that window is searched."""
+        held = self._held
+        lo = max(0, len(held) - new - self._longest + 1)
+        hits = [p for p in (held.find(s, lo) for s in self.stops) if p >= 0]
+        return min(hits) if hits else -1
+
+    def _holdback(self) -> int:
+        """Length of the longest end of the held text that could still grow into a stop string."""
+        held = self._held
+        for j in range(max(0, len(held) - self._longest + 1), len(held)):
+            if held[j] in self._first_chars:
+                tail = held[j:]
+                if any(s.startswith(tail) for s in self.stops):
+                    return len(held) - j
+        return 0
+
+    def _release(self, upto: int, all_tokens: bool = False) -> Delta:
+        """Releases held[:upto] with the tokens that begin in the released text (or every pending token)."""
+        text, self._held = self._held[:upto], self._held[upto:]
+        self._released += upto
+        d = Delta(text)
+        pending = self._pending
+        while pending and (all_tokens or pending[0][0] < self._released):
+            _, tok, lp = pending.popleft()
+            d.token_ids.append(tok)
+            if lp is not None:
+                d.logprobs.append(lp)
+        return d
+
+
+class SlotTable:
+    """What each KV cache slot holds (the tokens whose entries are valid, in order) and which are in use.
+
+    A new sequence goes to the free slot whose cache saves it the most prefill without throwing away more
+    than it saves (see `score`). Not thread-safe: its owner serializes access."""
+
+    def __init__(self, n_slots: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.n = n_slots
+        self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
+        self.busy = [False] * n_slots
+        self.used_at = [0.0] * n_slots
+        self.clock = clock
+
+    def free(self) -> list[int]:
+        return [i for i in range(self.n) if not self.busy[i]]
+
+    def score(self, slot: int, prompt: Sequence[int], cache_prompt: bool = True) -> tuple[int, float]:
+        """How good a free slot is for prompt: the prompt tokens its cache saves now, minus the cached tokens
+        it would throw away (which another conversation's next turn may still want); ties go to the least
+        recently used slot. So a continuing conversation returns to its own slot, a new one that shares only
+        a system prompt with the others takes an empty slot rather than evicting one of them, and a repeated
+        long prompt still finds its cache."""
+        held = len(self.tokens[slot])
+        saved = common_prefix(self.tokens[slot], prompt) if cache_prompt else 0
+        return saved - (held - saved), -self.used_at[slot]
+
+    def choose(self, prompt: Sequence[int], cache_prompt: bool = True) -> int | None:
+        free = self.free()
+        if not free:
+            return None
+        return max(free, key=lambda i: self.score(i, prompt, cache_prompt))
+
+    def take(self, slot: int, prompt: Sequence[int], cache_prompt: bool = True) -> int:
+        """Marks slot in use for prompt; returns how many prompt tokens its cache serves (at least the last
+        one is always fed, to get the logits that follow it). The cache is cut back to those."""
+        reuse = min(common_prefix(self.tokens[slot], prompt), len(prompt) - 1) if cache_prompt else 0
+        reuse = max(reuse, 0)
+        del self.tokens[slot][reuse:]
+        self.busy[slot] = True
+        self.used_at[slot] = self.clock()
+        return reuse
+
+    def release(self, slot: int) -> None:
+        self.busy[slot] = False
+        self.used_at[slot] = self.clock()
+
+    def forget(self, slot: int | None = None) -> None:
+        """The cache contents are unknown (a failed step, another owner wrote there): nothing is reused."""
+        for i in range(self.n) if slot is None else (slot,):
+            self.tokens[i] = []
