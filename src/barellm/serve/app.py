@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -117,14 +118,15 @@ class Formatter:
         self.chat = req.kind == "chat"
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        self.offset = prompt_chars    # text_offset of the next token (legacy logprobs count from the prompt)
+        self.prompt_chars = prompt_chars
+        self.offsets: dict[int, int] = {}   # per choice: text_offset of its next token (legacy logprobs)
 
     def _token(self, token_id: int) -> tuple[str, list[int]]:
         b = self.state.tokenizer.token_bytes(token_id)
         text = f"token_id:{token_id}" if self.req.tokens_as_ids else b.decode("utf-8", errors="replace")
         return text, list(b)
 
-    def logprobs(self, toks: list[TokenLogprob]) -> dict[str, Any] | None:
+    def logprobs(self, toks: list[TokenLogprob], index: int = 0) -> dict[str, Any] | None:
         if self.req.top_logprobs is None:
             return None
         if self.chat:
@@ -138,76 +140,110 @@ class Formatter:
                 content.append({"token": s, "logprob": t.logprob, "bytes": b, "top_logprobs": top})
             return {"content": content}
         out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        offset = self.offsets.get(index, self.prompt_chars)
         for t in toks:
             s, _ = self._token(t.token_id)
             out["tokens"].append(s)
             out["token_logprobs"].append(t.logprob)
             out["top_logprobs"].append({self._token(i)[0]: lp for i, lp in t.top})
-            out["text_offset"].append(self.offset)
-            self.offset += len(self.state.tokenizer.token_bytes(t.token_id).decode("utf-8", errors="ignore"))
+            out["text_offset"].append(offset)
+            offset += len(self.state.tokenizer.token_bytes(t.token_id).decode("utf-8", errors="ignore"))
+        self.offsets[index] = offset
         return out
 
-    @staticmethod
-    def merge_logprobs(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
-        if a is None:
-            return b
-        if b is not None:
-            for k in a:
-                a[k].extend(b[k])
-        return a
-
-    def usage(self, done: Event) -> dict[str, Any]:
-        return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-                "total_tokens": done.prompt_tokens + done.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+    def usage(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_id,
                 "system_fingerprint": self.state.fingerprint, "choices": choices}
 
-    def whole(self, text: str, logprobs: dict[str, Any] | None, done: Event) -> dict[str, Any]:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                      "logprobs": logprobs, "finish_reason": done.finish_reason}
-            body = self._envelope("chat.completion", [choice])
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": done.finish_reason}
-            body = self._envelope("text_completion", [choice])
-        body["usage"] = self.usage(done)
+    def whole(self, choices: list[tuple[str, list[TokenLogprob], str | None]], usage: dict[str, Any]
+              ) -> dict[str, Any]:
+        """The response object: (text, logprobs, finish reason) of each choice."""
+        out = []
+        for i, (text, toks, reason) in enumerate(choices):
+            lp = self.logprobs(toks, i)
+            if self.chat:
+                out.append({"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
+                            "logprobs": lp, "finish_reason": reason})
+            else:
+                out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": reason})
+        body = self._envelope("chat.completion" if self.chat else "text_completion", out)
+        body["usage"] = usage
         return body
 
     def chunk(self, text: str | None, logprobs: dict[str, Any] | None, finish_reason: str | None = None,
-              role: bool = False) -> dict[str, Any]:
+              role: bool = False, index: int = 0) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {}
             if role:
                 delta = {"role": "assistant", "content": ""}
             elif text is not None:
                 delta = {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             body = self._envelope("chat.completion.chunk", [choice])
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
             body = self._envelope("text_completion", [choice])
         if self.req.include_usage:
             body["usage"] = None   # OpenAI's shape: null on every chunk but the last
         return body
 
-    def usage_chunk(self, done: Event) -> dict[str, Any]:
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = self.usage(done)
+        body["usage"] = usage
         return body
 
 
-def _sse(obj: Any) -> dict[str, Any]:
-    return {"type": "http.response.body", "body": _utf8(f"data: {_dumps(obj)}\n\n"), "more_body": True}
+def _sse(obj: Any) -> bytes:
+    return _utf8(f"data: {_dumps(obj)}\n\n")
+
+
+class Outbox:
+    """A job's events on their way from the scheduler thread to the event loop. The scheduler only appends
+    (it never waits for the loop); the loop is woken at most once per batch, and takes every event that
+    arrived meanwhile at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: deque[Event | None] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.wake_pending = False
+
+    def push(self, ev: Event | None) -> None:
+        """From the scheduler thread (None: from the loop itself, the client went away)."""
+        self.items.append(ev)
+        if not self.wake_pending:
+            self.wake_pending = True
+            self.loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self.wake_pending = False
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def batch(self) -> list[Event | None]:
+        while not self.items:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        out: list[Event | None] = []
+        try:
+            while True:
+                out.append(self.items.popleft())
+        except IndexError:
+            return out
 
 
 class GenerationResponse(Response):
     """Relays a job's events; cancels the job when the client disconnects or the response ends early."""
 
-    def __init__(self, state: ServerState, job: Job, events: asyncio.Queue[Event | None], fmt: Formatter,
-                 path: str) -> None:
+    def __init__(self, state: ServerState, job: Job, events: Outbox, fmt: Formatter, path: str) -> None:
         self.state = state
         self.job = job
         self.events = events
@@ -221,7 +257,7 @@ class GenerationResponse(Response):
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     self.state.scheduler.cancel(self.job)
-                    self.events.put_nowait(None)
+                    self.events.push(None)
                     return
 
         watcher = asyncio.ensure_future(watch())
@@ -237,54 +273,86 @@ class GenerationResponse(Response):
         err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
         await error_response(self.state, self.path, err)(scope, receive, send)
 
+    def _chunk(self, out: bytearray, delta: tuple[int, list[str], list[TokenLogprob]] | None) -> None:
+        """Writes the merged deltas of one choice as one stream chunk (OpenAI's chunks carry any run of text)."""
+        if delta is not None:
+            i, parts, lps = delta
+            out.extend(_sse(self.fmt.chunk("".join(parts), self.fmt.logprobs(lps, i), index=i)))
+
     async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ev = await self.events.get()
-        if ev is None:
-            return
-        if ev.kind == "error":
-            await self._error(scope, receive, send, ev)
-            return
         fmt = self.fmt
-        if not fmt.req.stream:
-            parts: list[str] = []
-            logprobs: dict[str, Any] | None = fmt.logprobs([])
-            while True:
-                ev = await self.events.get()
+        n = self.job.n
+        start: Event | None = None
+        texts: list[list[str]] = [[] for _ in range(n)]
+        toks: list[list[TokenLogprob]] = [[] for _ in range(n)]
+        reasons: list[str | None] = [None] * n
+        completion_tokens = 0
+        started_stream = False
+        clock = time.perf_counter
+        while True:
+            evs = await self.events.batch()
+            t0 = clock()
+            out = bytearray()
+            open_delta: tuple[int, list[str], list[TokenLogprob]] | None = None   # deltas of one choice, merged
+            for ev in evs:
                 if ev is None:
                     return
-                if ev.kind == "delta":
-                    parts.append(ev.text)
-                    logprobs = fmt.merge_logprobs(logprobs, fmt.logprobs(ev.tokens))
+                if ev.kind == "error":
+                    if not started_stream:
+                        await self._error(scope, receive, send, ev)
+                        return
+                    # the status line is gone already: OpenAI's clients read an error object in the stream
+                    self._chunk(out, open_delta)
+                    open_delta = None
+                    self.state.metrics.error(endpoint_label(self.path), ev.error_type)
+                    err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
+                    out.extend(_sse(err.body()))
+                    await send({"type": "http.response.body", "body": bytes(out), "more_body": False})
+                    return
+                if ev.kind == "start":
+                    start = ev
+                    if fmt.req.stream:
+                        await send({"type": "http.response.start", "status": 200, "headers": [
+                            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                            (b"x-accel-buffering", b"no")]})
+                        started_stream = True
+                        if fmt.chat:
+                            for i in range(n):
+                                out.extend(_sse(fmt.chunk(None, None, role=True, index=i)))
+                elif ev.kind == "delta":
+                    if not fmt.req.stream:
+                        texts[ev.index].append(ev.text)
+                        toks[ev.index].extend(ev.tokens)
+                    elif open_delta is not None and open_delta[0] == ev.index:
+                        open_delta[1].append(ev.text)
+                        open_delta[2].extend(ev.tokens)
+                    else:
+                        self._chunk(out, open_delta)
+                        open_delta = (ev.index, [ev.text], list(ev.tokens))
                 elif ev.kind == "done":
-                    await _JSON(fmt.whole("".join(parts), logprobs, ev))(scope, receive, send)
+                    reasons[ev.index] = ev.finish_reason
+                    completion_tokens += ev.completion_tokens
+                    if fmt.req.stream:
+                        self._chunk(out, open_delta)
+                        open_delta = None
+                        out.extend(_sse(fmt.chunk(None, None, finish_reason=ev.finish_reason, index=ev.index)))
+            self._chunk(out, open_delta)
+            finished = all(r is not None for r in reasons)
+            if finished:
+                assert start is not None
+                usage = fmt.usage(start.prompt_tokens, start.cached_tokens, completion_tokens)
+                if not fmt.req.stream:
+                    body = fmt.whole([("".join(texts[i]), toks[i], reasons[i]) for i in range(n)], usage)
+                    self.state.metrics.wrote(clock() - t0)
+                    await _JSON(body)(scope, receive, send)
                     return
-                elif ev.kind == "error":
-                    await self._error(scope, receive, send, ev)
-                    return
-
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no")]})
-        if fmt.chat:
-            await send(_sse(fmt.chunk(None, None, role=True)))
-        while True:
-            ev = await self.events.get()
-            if ev is None:
-                return
-            if ev.kind == "delta":
-                await send(_sse(fmt.chunk(ev.text, fmt.logprobs(ev.tokens))))
-            elif ev.kind == "done":
-                await send(_sse(fmt.chunk(None, None, finish_reason=ev.finish_reason)))
                 if fmt.req.include_usage:
-                    await send(_sse(fmt.usage_chunk(ev)))
-                await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
-                return
-            elif ev.kind == "error":
-                # the status line is gone already: OpenAI's clients read an error object in the stream
-                self.state.metrics.error(endpoint_label(self.path), ev.error_type)
-                err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
-                await send(_sse(err.body()))
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    out.extend(_sse(fmt.usage_chunk(usage)))
+                out.extend(b"data: [DONE]\n\n")
+            if out:
+                await send({"type": "http.response.body", "body": bytes(out), "more_body": not finished})
+            self.state.metrics.wrote(clock() - t0)
+            if finished:
                 return
 
 
@@ -309,14 +377,17 @@ async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[i
     elif max_tokens > room:
         raise bad(f"the prompt has {len(prompt_ids)} tokens and max_tokens is {max_tokens}: together over the "
                   f"context of {state.n_ctx} tokens", "max_tokens", "context_length_exceeded")
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue[Event | None] = asyncio.Queue()
-
-    def emit(ev: Event) -> None:   # scheduler thread
-        loop.call_soon_threadsafe(events.put_nowait, ev)
-
-    job = Job(prompt=prompt_ids, params=req.params, max_tokens=max_tokens, emit=emit, stops=req.stops,
-              top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt)
+    if req.n > state.scheduler.n_slots:
+        raise bad(f"n = {req.n} needs {req.n} free slots at once; this server has {state.scheduler.n_slots} "
+                  "(barellm serve --slots)", "n")
+    bias = req.params.logit_bias
+    if bias and max(bias) >= state.n_vocab:
+        raise bad(f"logit_bias names token {max(bias)}, outside the vocabulary (0..{state.n_vocab - 1})",
+                  "logit_bias")
+    events = Outbox(asyncio.get_running_loop())
+    job = Job(prompt=prompt_ids, params=req.params, max_tokens=max_tokens, emit=events.push, stops=req.stops,
+              top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt, n=req.n,
+              stream=req.stream)
     try:
         state.scheduler.submit(job)
     except QueueFull as e:

@@ -1,7 +1,9 @@
 """Server counters and gauges, rendered in Prometheus' text exposition format (version 0.0.4).
 
 Written from the event loop (requests) and the scheduler thread (tokens, steps), read by GET /metrics:
-one lock guards them all, as every update is a few integer additions.
+one lock guards them all, as every update is a few integer additions. The per-token time breakdown is the
+scheduler's own Timings (generation.py), written by that thread alone, and the event loop's time spent
+formatting and writing events, kept apart from it: /metrics reads both without stopping either.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
+
+from barellm.generation import PHASES, Timings
 
 # The paths that get their own label; anything else counts as "other", so a client probing random
 # paths cannot grow the label set without bound.
@@ -49,6 +53,8 @@ class Metrics:
         self.queue_depth = 0
         self.slots_in_use = 0
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens) of recent decode steps
+        self.timings: Timings | None = None     # the scheduler's token loop (its thread writes it)
+        self.write_seconds = 0.0                # formatting and sending events (the event loop)
 
     # --- updates ------------------------------------------------------------------------------
 
@@ -81,6 +87,19 @@ class Metrics:
                 self._recent.append((now, generated))
             self._trim(now)
 
+    def wrote(self, seconds: float) -> None:
+        """Time the event loop spent turning events into response bytes and handing them to the server."""
+        with self._lock:
+            self.write_seconds += seconds
+
+    def breakdown(self) -> tuple[dict[str, float], int]:
+        """Seconds by phase of the token loop (generation.PHASES) and the tokens generated."""
+        t = self.timings
+        out = t.breakdown() if t is not None else dict.fromkeys(PHASES, 0.0)
+        with self._lock:
+            out["write"] = self.write_seconds
+        return out, (t.tokens if t is not None else 0)
+
     def finish(self, reason: str) -> None:
         with self._lock:
             self.finished[reason] += 1
@@ -106,6 +125,7 @@ class Metrics:
 
     def render(self) -> str:
         rate = self.tokens_per_second()
+        phases, tokens = self.breakdown()
         with self._lock:
             lines: list[str] = []
 
@@ -137,6 +157,16 @@ class Metrics:
             metric("barellm_batch_sequences_total", "counter",
                    "Sequences summed over batched forward passes (divide by steps for the mean batch size).",
                    [("", self.step_sequences)])
+            metric("barellm_token_phase_seconds_total", "counter",
+                   "Time of the token loop by phase: forward (the native executor), logits copy (the rest of the "
+                   "engine call), sample, logprobs, detokenize, stop (stop strings and held-back text), bookkeeping "
+                   "(the scheduler's own work), write (formatting and sending events, on the event loop).",
+                   [(f'{{phase="{p}"}}', phases[p]) for p in PHASES])
+            metric("barellm_token_phase_tokens_total", "counter", "Tokens the phase times were spent on.",
+                   [("", tokens)])
+            metric("barellm_token_phase_ms_per_token", "gauge",
+                   "Milliseconds per generated token by phase (seconds_total / tokens_total, since start).",
+                   [(f'{{phase="{p}"}}', 1000 * phases[p] / tokens if tokens else 0.0) for p in PHASES])
             metric("barellm_queue_depth", "gauge", "Requests waiting for a slot.", [("", self.queue_depth)])
             metric("barellm_slots_in_use", "gauge", "KV cache slots holding a live sequence.",
                    [("", self.slots_in_use)])

@@ -2,13 +2,18 @@
 
 Each KV cache slot holds at most one live sequence. A scheduler step gathers, for every decoding
 sequence, its last sampled token, and for prefilling sequences the next chunk of their prompt, and runs
-them all through ONE engine.forward_batch call. The engines guarantee that each sequence's logits are
-bit-identical to running it alone, and the scheduler feeds every sequence exactly what it would feed
-it alone (same chunks, same positions, same sampler history), so a greedy request's output does not
-depend on what else is being served.
+them all through ONE engine call. The engines guarantee that each sequence's logits are bit-identical to
+running it alone, and the scheduler feeds every sequence exactly what it would feed it alone (same
+chunks, same positions, same sampler history), so a greedy request's output does not depend on what else
+is being served.
 
-The asyncio side never touches the engine: it submits Jobs and receives Events through a callback,
-which the app turns into loop.call_soon_threadsafe.
+What a sequence does with its logits (sampling, stop strings, limits, the text held back, logprobs) is
+its Generation's business (generation.py), the same state machine Model drives. A job asking for n
+choices takes n slots: its prompt is prefilled once and its KV entries copied into the other slots.
+
+The asyncio side never touches the engine and the scheduler never waits for the asyncio side: a job's
+`emit` is called from this thread and must not block (the app appends to a queue and wakes the event
+loop at most once per batch of events). A job that is not streamed gets its text in one event at the end.
 
 Slots remember the tokens their cache holds after a sequence ends. A new job goes to the free slot whose
 cache saves it the most prefill without throwing away more than it saves, and only the rest is prefilled.
@@ -19,14 +24,17 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from barellm.sampling import Sampler, SamplingParams
+from barellm.generation import Delta, Generation, SlotTable, Timings, TokenLogprob, common_prefix, time_engine
+from barellm.sampling import SamplingParams
 from barellm.serve.metrics import Metrics
+
+__all__ = ["DEFAULT_PREFILL_CHUNK", "Event", "Job", "QueueFull", "Scheduler", "TokenLogprob", "common_prefix"]
 
 DEFAULT_PREFILL_CHUNK = 256
 
@@ -36,21 +44,12 @@ class QueueFull(Exception):
 
 
 @dataclass
-class TokenLogprob:
-    """One generated token's log-probability and the best alternatives (id, logprob), best first."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
-
-
-@dataclass
 class Event:
     """What the scheduler tells a job's owner. kind is one of:
 
-    "start"  the job has a slot: cached_tokens, prompt_tokens
-    "delta"  new text (may be "") and the tokens that produced it (logprobs when asked)
-    "done"   finish_reason ("stop" or "length"), usage counts
+    "start"  the job has its slot(s): cached_tokens, prompt_tokens
+    "delta"  new text (may be "") of choice `index` and the tokens that produced it (logprobs when asked)
+    "done"   choice `index` ended: finish_reason ("stop" or "length"), usage counts of that choice
     "error"  status, message, error_type (the job ended without completing)
     """
 
@@ -65,6 +64,7 @@ class Event:
     status: int = 0
     message: str = ""
     error_type: str = ""
+    index: int = 0
 
 
 @dataclass(eq=False)
@@ -77,9 +77,12 @@ class Job:
     top_logprobs: int | None = None     # None: no logprobs; k >= 0: the chosen token's and k alternatives
     timeout: float | None = None        # seconds from submission
     cache_prompt: bool = True           # False: prefill the whole prompt, reusing no cached prefix
+    n: int = 1                          # choices, each in its own slot, sharing the prompt's KV entries
+    stream: bool = True                 # False: one "delta" per choice, just before its "done"
     submitted: float = 0.0
     cancelled: bool = False
     done: bool = False
+    live: int = 0                       # choices still generating
 
     @property
     def deadline(self) -> float | None:
@@ -87,59 +90,26 @@ class Job:
 
 
 class _Live:
-    """A job bound to a slot: its prompt progress, sampler, decoder and text held back for stop strings."""
+    """A job's choice bound to a slot: its prompt progress and its Generation."""
 
-    def __init__(self, job: Job, slot: int, reuse: int, sampler: Sampler, decoder: Any, seq_no: int) -> None:
+    __slots__ = ("job", "index", "slot", "gen", "seq_no", "fed", "cached", "leader", "followers", "acc", "started")
+
+    def __init__(self, job: Job, index: int, slot: int, gen: Generation, reuse: int, seq_no: int) -> None:
         self.job = job
+        self.index = index
         self.slot = slot
+        self.gen = gen
         self.seq_no = seq_no              # admission order: prefill is served first come, first served
         self.fed = reuse                  # prompt tokens whose KV entries the slot holds
         self.cached = reuse
-        self.history = list(job.prompt)   # prompt + generated: what penalties look at, as Model does
-        self.generated: list[int] = []
-        self.last: int | None = None      # sampled, not yet fed
-        self.sampler = sampler
-        self.decoder = decoder
-        self.text = ""                    # all text decoded so far
-        self.emitted = 0                  # chars of text already sent
-        self.pending: list[tuple[int, TokenLogprob | None, int]] = []   # (text offset, logprob, id) not yet sent
-        self.first_token_at: float | None = None
-        self.longest_stop = max((len(s) for s in job.stops), default=0)
+        self.leader: _Live | None = None  # another choice whose prefilled prompt this one copies
+        self.followers: list[_Live] = []
+        self.acc: Delta | None = None if job.stream else Delta()   # a whole response's text so far
+        self.started = False
 
     @property
     def prefilling(self) -> bool:
         return self.fed < len(self.job.prompt)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-def stop_prefix_len(text: str, stops: list[str], longest: int) -> int:
-    """Length of the longest end of text that could still grow into a stop string."""
-    for n in range(min(longest, len(text)), 0, -1):
-        tail = text[-n:]
-        if any(s.startswith(tail) for s in stops):
-            return n
-    return 0
-
-
-def top_logprobs(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
-    """Log-softmax of the logits the sampler was given: the chosen token's value and the k best."""
-    z = np.asarray(logits, dtype=np.float64).reshape(-1)
-    m = float(z.max())
-    lse = m + float(np.log(np.exp(z - m).sum()))
-    top: list[tuple[int, float]] = []
-    if k > 0:
-        k = min(k, z.shape[0])
-        ids = np.argpartition(-z, k - 1)[:k]
-        ids = ids[np.lexsort((ids, -z[ids]))]   # best first, ties by id: independent of the partition
-        top = [(int(i), float(z[i] - lse)) for i in ids]
-    return TokenLogprob(token, float(z[token] - lse), top)
 
 
 class Scheduler:
@@ -158,21 +128,31 @@ class Scheduler:
         self.prefill_chunk = max(1, prefill_chunk)
         self.metrics = metrics or Metrics(self.n_slots)
         self.clock = clock
-        self.eog = set(tokenizer.eog_ids)
-        # What each slot's KV cache holds, in order (valid entries only). Read by tests and /health.
-        self.slot_tokens: list[list[int]] = [[] for _ in range(self.n_slots)]
-        self._slot_used_at = [0.0] * self.n_slots
+        self.eog = frozenset(tokenizer.eog_ids)
+        self.n_vocab: int | None = getattr(engine, "n_vocab", None)
+        self.timings = Timings()                     # the token loop's phases, read by /metrics
+        self.metrics.timings = self.timings
+        self._table = SlotTable(self.n_slots, clock)
         self._live: dict[int, _Live] = {}            # slot -> live sequence; scheduler thread only
         self._waiting: deque[Job] = deque()
         self._cond = threading.Condition()
         self._stopping = False
         self._seq_no = 0
         self._thread: threading.Thread | None = None
+        self._untime: Callable[[], None] | None = None
+        self._forward_one = getattr(engine, "forward", None)
+        self._copy = getattr(engine, "copy_prefix", None)
+
+    @property
+    def slot_tokens(self) -> list[list[int]]:
+        """What each slot's KV cache holds, in order (valid entries only). Read by tests and /health."""
+        return self._table.tokens
 
     # --- any thread ---------------------------------------------------------------------------
 
     def start(self) -> None:
         if self._thread is None:
+            self._untime = time_engine(self.engine, self.timings)
             self._thread = threading.Thread(target=self._run, name="barellm-scheduler", daemon=True)
             self._thread.start()
 
@@ -184,8 +164,13 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        if self._untime is not None:
+            self._untime()
+            self._untime = None
 
     def submit(self, job: Job) -> None:
+        if not 1 <= job.n <= self.n_slots:
+            raise ValueError(f"n must be in 1..{self.n_slots} (one slot per choice)")
         job.submitted = self.clock()
         with self._cond:
             if self._stopping:
@@ -200,7 +185,7 @@ class Scheduler:
             self._cond.notify_all()
 
     def cancel(self, job: Job) -> None:
-        """Ends a job (its client went away): dropped from the queue now, its slot freed before the
+        """Ends a job (its client went away): dropped from the queue now, its slots freed before the
         next step. Safe to call more than once and after the job finished."""
         with self._cond:
             if job.done or job.cancelled:
@@ -235,18 +220,20 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopping:
                     break
-                self._expire_waiting()
-                self._admit()
+                if self._waiting:
+                    self._expire_waiting()
+                    self._admit()
                 self._update_occupancy()
             self._reap()
             try:
                 self._step()
             except Exception as e:  # a bug or an engine failure: fail what was live, keep serving
                 for s in list(self._live.values()):
-                    self.slot_tokens[s.slot] = []   # what the cache holds is unknown now
+                    self._table.forget(s.slot)   # what the cache holds is unknown now
                     self._fail(s, 500, f"generation failed: {type(e).__name__}: {e}", "server_error")
-            with self._cond:
-                self._update_occupancy()
+            if len(self._live) != self.metrics.slots_in_use:
+                with self._cond:
+                    self._update_occupancy()
         with self._cond:
             for s in list(self._live.values()):
                 self._fail(s, 503, "the server is shutting down", "server_error")
@@ -265,6 +252,8 @@ class Scheduler:
 
     def _expire_waiting(self) -> None:
         now = self.clock()
+        if not any(j.deadline is not None and now >= j.deadline for j in self._waiting):
+            return
         keep: deque[Job] = deque()
         for job in self._waiting:
             if job.deadline is not None and now >= job.deadline:
@@ -278,40 +267,39 @@ class Scheduler:
         self._waiting = keep
 
     def _admit(self) -> None:
-        """Gives waiting jobs free slots, first come first served; each takes the free slot whose cache
-        serves it best (see _slot_score)."""
+        """Gives waiting jobs free slots, first come first served; each choice takes the free slot whose
+        cache serves it best (SlotTable.score). A job needing more slots than are free waits at the head."""
+        table = self._table
         while self._waiting:
-            free = [i for i in range(self.n_slots) if i not in self._live]
-            if not free:
+            job = self._waiting[0]
+            if len(table.free()) < job.n:
                 return
-            job = self._waiting.popleft()
+            self._waiting.popleft()
             try:
-                sampler = Sampler(job.params)
+                gens = [Generation(job.prompt, self.tokenizer, params=_choice_params(job.params, i),
+                                   max_tokens=job.max_tokens, n_ctx=self.n_ctx, stops=job.stops,
+                                   top_logprobs=job.top_logprobs, eog=self.eog, n_vocab=self.n_vocab,
+                                   timings=self.timings) for i in range(job.n)]
             except Exception as e:   # parameters are validated before submit(); this is a last guard
                 job.done = True
                 self._emit(job, Event("error", status=400, message=str(e), error_type="invalid_request_error"))
                 continue
-            best = max(free, key=lambda i: self._slot_score(i, job))
-            # at least the last prompt token is fed, to get the logits that follow it
-            reuse = (min(common_prefix(self.slot_tokens[best], job.prompt), len(job.prompt) - 1)
-                     if job.cache_prompt else 0)
-            self.slot_tokens[best] = self.slot_tokens[best][:reuse]
-            self._slot_used_at[best] = self.clock()
             self._seq_no += 1
-            live = _Live(job, best, reuse, sampler, self.tokenizer.stream_decoder(), self._seq_no)
-            self._live[best] = live
-            self.metrics.admitted(len(job.prompt), reuse)
-            self._emit(job, Event("start", prompt_tokens=len(job.prompt), cached_tokens=reuse))
-
-    def _slot_score(self, slot: int, job: Job) -> tuple[int, float]:
-        """How good a free slot is for job: the prompt tokens its cache saves now, minus the cached tokens
-        it would throw away (which another conversation's next turn may still want); ties go to the least
-        recently used slot. So a continuing conversation returns to its own slot, a new one that shares
-        only a system prompt with the others takes an empty slot rather than evicting one of them, and a
-        repeated long prompt still finds its cache."""
-        held = len(self.slot_tokens[slot])
-        saved = common_prefix(self.slot_tokens[slot], job.prompt) if job.cache_prompt else 0
-        return saved - (held - saved), -self._slot_used_at[slot]
+            lives = []
+            for i, gen in enumerate(gens):
+                slot = table.choose(job.prompt, job.cache_prompt)
+                assert slot is not None
+                copies = i > 0 and self._copy is not None
+                reuse = table.take(slot, job.prompt, job.cache_prompt and not copies)
+                s = _Live(job, i, slot, gen, reuse, self._seq_no)
+                if copies:
+                    s.leader = lives[0]
+                    lives[0].followers.append(s)
+                self._live[slot] = s
+                lives.append(s)
+            job.live = job.n
+            self.metrics.admitted(len(job.prompt), lives[0].cached)
+            self._emit(job, Event("start", prompt_tokens=len(job.prompt), cached_tokens=lives[0].cached))
 
     def _reap(self) -> None:
         """Frees the slots of cancelled jobs and ends those past their time limit."""
@@ -319,21 +307,25 @@ class Scheduler:
         for s in list(self._live.values()):
             if s.job.cancelled:
                 self._release(s, "cancelled")
-            elif s.job.deadline is not None and now >= s.job.deadline:
-                self._finish(s, "length", flush=True)
+            elif s.job.deadline is not None and now >= s.job.deadline and s.slot in self._live:
+                self._deliver(s, s.gen.finish("length"))
+                self._end(s)
 
     def _step(self) -> None:
-        batch: list[tuple[int, list[int], int]] = []
+        clock = time.perf_counter
+        t_start = clock()
+        batch: list[tuple[int, Any, int]] = []
         parts: list[_Live] = []
         for s in self._live.values():
-            if not s.prefilling and s.last is not None:
-                batch.append((s.slot, [s.last], len(s.history) - 1))
+            if s.gen.next_token is not None:
+                batch.append((s.slot, (s.gen.next_token,), s.gen.position))
                 parts.append(s)
         # Prompt chunks always start where the sequence's prefill stands and are prefill_chunk long
         # (the last one shorter), whatever else runs: the budget only decides which chunks join this
         # step, never how a prompt is cut, so a sequence sees the same forward calls under any load.
         budget = self.prefill_chunk
-        prefills = sorted((s for s in self._live.values() if s.prefilling), key=lambda s: s.seq_no)
+        prefills = sorted((s for s in self._live.values() if s.prefilling and s.leader is None),
+                          key=lambda s: s.seq_no)
         chunks: dict[int, int] = {}
         for s in prefills:
             n = min(self.prefill_chunk, len(s.job.prompt) - s.fed)
@@ -345,92 +337,76 @@ class Scheduler:
             budget -= n
         if not batch:
             return
-        t0 = self.clock()
-        logits = self.engine.forward_batch(batch)
-        dt = self.clock() - t0
-        generated = 0
+        t0 = clock()
+        if len(batch) == 1 and self._forward_one is not None:
+            slot, tokens, start = batch[0]
+            logits = self._forward_one(tokens, start, slot=slot)
+        else:
+            logits = self.engine.forward_batch(batch)
+        t1 = clock()
+        self.timings.engine += t1 - t0
+        tokens0 = self.timings.tokens
+        table = self._table.tokens
         for i, s in enumerate(parts):
             if s.slot in chunks:
                 n = chunks[s.slot]
-                self.slot_tokens[s.slot].extend(s.job.prompt[s.fed:s.fed + n])
+                table[s.slot].extend(s.job.prompt[s.fed:s.fed + n])
                 s.fed += n
                 if s.prefilling:
                     continue
+                for f in s.followers:   # the other choices start from a copy of the prompt's cache
+                    self._copy(s.slot, f.slot, len(s.job.prompt))
+                    table[f.slot][:] = s.job.prompt
+                    f.fed = len(s.job.prompt)
             else:
-                assert s.last is not None
-                self.slot_tokens[s.slot].append(s.last)
-                s.last = None
+                table[s.slot].append(s.gen.next_token)
             if s.job.cancelled:
                 self._release(s, "cancelled")
                 continue
-            generated += self._sample(s, logits[i])
-        self.metrics.step(dt, len(parts), generated)
+            row = logits[i]
+            self._advance(s, row)
+            for f in s.followers:
+                if f.slot in self._live and not f.started:
+                    self._advance(f, row)
+            s.followers = []
+        generated = self.timings.tokens - tokens0
+        self.timings.wall += clock() - t_start
+        self.metrics.step(t1 - t0, len(parts), generated)
 
-    def _sample(self, s: _Live, row: np.ndarray) -> int:
-        """Draws the next token of s from its logits; returns how many tokens were generated (0 or 1)."""
-        job = s.job
-        tok = s.sampler.sample(row, s.history)
-        if s.first_token_at is None:
-            s.first_token_at = self.clock()
-            self.metrics.first_token(s.first_token_at - job.submitted)
-        if tok in self.eog:
-            self._finish(s, "stop", flush=True)
-            return 0
-        lp = top_logprobs(row, tok, job.top_logprobs) if job.top_logprobs is not None else None
-        s.history.append(tok)
-        s.generated.append(tok)
-        s.pending.append((len(s.text), lp, tok))
-        s.text += s.decoder.feed(tok)
-        if self._check_stop(s):
-            return 1
-        if len(s.generated) >= job.max_tokens or len(s.history) >= self.n_ctx:
-            self._finish(s, "length", flush=True)
-            return 1
-        hold = stop_prefix_len(s.text[s.emitted:], job.stops, s.longest_stop - 1) if job.stops else 0
-        self._send(s, len(s.text) - hold)
-        s.last = tok
-        return 1
+    def _advance(self, s: _Live, row: np.ndarray) -> None:
+        """Hands s the logits that follow its last fed token; delivers what became visible."""
+        if not s.started:
+            s.started = True
+            if s.index == 0:
+                self.metrics.first_token(self.clock() - s.job.submitted)
+        d = s.gen.step(row)
+        if d is not None:
+            self._deliver(s, d)
+        if s.gen.done:
+            self._end(s)
 
-    def _check_stop(self, s: _Live) -> bool:
-        """Ends s at the first stop string in the text not yet sent (held-back text included)."""
-        if not s.job.stops:
-            return False
-        hits = [p for p in (s.text.find(stop, s.emitted) for stop in s.job.stops) if p >= 0]
-        if not hits:
-            return False
-        cut = min(hits)
-        # tokens that begin inside the stop string produced no text the client sees: not sent
-        self._send(s, cut, all_tokens=False)
-        s.text = s.text[:cut]
-        s.pending = []
-        self._end(s, "stop")
-        return True
-
-    def _send(self, s: _Live, upto: int, all_tokens: bool = False) -> None:
-        """Sends text[emitted:upto] with the tokens that begin before upto (or every pending token)."""
-        text = s.text[s.emitted:upto]
-        n = len(s.pending) if all_tokens else sum(1 for off, _, _ in s.pending if off < upto)
-        toks, s.pending = s.pending[:n], s.pending[n:]
-        s.emitted = max(s.emitted, upto)
-        if not text and not toks:
+    def _deliver(self, s: _Live, d: Delta) -> None:
+        if s.acc is not None:   # a whole response: gathered until the end
+            s.acc.text += d.text
+            s.acc.token_ids.extend(d.token_ids)
+            s.acc.logprobs.extend(d.logprobs)
             return
-        self._emit(s.job, Event("delta", text=text, tokens=[lp for _, lp, _ in toks if lp is not None],
-                                token_ids=[t for _, _, t in toks]))
+        if d.text or d.token_ids:
+            self._emit(s.job, Event("delta", text=d.text, tokens=d.logprobs, token_ids=d.token_ids, index=s.index))
 
-    def _finish(self, s: _Live, reason: str, flush: bool) -> None:
-        if flush:
-            s.text += s.decoder.flush()
-            if self._check_stop(s):
-                return
-        self._send(s, len(s.text), all_tokens=True)
-        self._end(s, reason)
-
-    def _end(self, s: _Live, reason: str) -> None:
-        s.job.done = True
+    def _end(self, s: _Live) -> None:
+        job = s.job
+        if s.acc is not None and (s.acc.text or s.acc.token_ids):
+            self._emit(job, Event("delta", text=s.acc.text, tokens=s.acc.logprobs, token_ids=s.acc.token_ids,
+                                  index=s.index))
+        reason = s.gen.finish_reason or "length"
         self._remove(s)
         self.metrics.finish(reason)
-        self._emit(s.job, Event("done", finish_reason=reason, prompt_tokens=len(s.job.prompt),
-                                cached_tokens=s.cached, completion_tokens=len(s.generated)))
+        job.live -= 1
+        if job.live <= 0:
+            job.done = True
+        self._emit(job, Event("done", finish_reason=reason, prompt_tokens=len(job.prompt), cached_tokens=s.cached,
+                              completion_tokens=len(s.gen.generated), index=s.index))
 
     def _release(self, s: _Live, reason: str) -> None:
         s.job.done = True
@@ -438,11 +414,25 @@ class Scheduler:
         self.metrics.finish(reason)
 
     def _fail(self, s: _Live, status: int, message: str, error_type: str) -> None:
-        s.job.done = True
+        job = s.job
         self._remove(s)
         self.metrics.finish("error")
-        self._emit(s.job, Event("error", status=status, message=message, error_type=error_type))
+        if not job.done:
+            job.done = True
+            self._emit(job, Event("error", status=status, message=message, error_type=error_type))
 
     def _remove(self, s: _Live) -> None:
-        self._live.pop(s.slot, None)
-        self._slot_used_at[s.slot] = self.clock()
+        if self._live.get(s.slot) is s:
+            del self._live[s.slot]
+            self._table.release(s.slot)
+        for f in s.followers:   # a leader gone before its prompt was in: the copies have nothing to copy
+            if f.slot in self._live and f.prefilling:
+                f.leader = None
+        s.followers = []
+
+
+def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice i draws with seed + i, so choice 0 is what n=1 gives (as Model does)."""
+    if index == 0 or params.seed is None:
+        return params
+    return SamplingParams(**{**params.__dict__, "seed": params.seed + index})

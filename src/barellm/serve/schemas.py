@@ -22,6 +22,8 @@ MAX_STOPS = 16
 MAX_STOP_CHARS = 1000
 MAX_MESSAGES = 4096
 MAX_TOP_LOGPROBS = 20
+MAX_CHOICES = 128       # n; the server also needs one free slot per choice
+MAX_LOGIT_BIAS = 300    # entries of logit_bias (OpenAI's limit)
 MAX_JSON_DEPTH = 64
 INT64 = 1 << 63
 
@@ -181,6 +183,7 @@ class GenerationRequest:
     top_logprobs: int | None = None            # None: no logprobs
     tokens_as_ids: bool = False                # logprobs name tokens "token_id:<id>" (vLLM's extension)
     cache_prompt: bool = True                  # reuse a slot's cached prefix (llama.cpp server's extension)
+    n: int = 1                                 # choices, sharing the prompt's KV cache
     messages: list[dict[str, str]] | None = None
     prompt: str | list[int] | None = None
 
@@ -208,8 +211,7 @@ def _common(body: dict[str, Any], kind: str, allowed: set[str]) -> GenerationReq
     model = body.get("model")
     if model is not None:
         model = _text(model, "model")
-    if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
-        raise bad("n must be 1: this server returns one choice per request", "n")
+    n = _int(body, "n", 1, MAX_CHOICES) or 1
     if body.get("user") is not None:
         _text(body["user"], "user")
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
@@ -217,10 +219,7 @@ def _common(body: dict[str, Any], kind: str, allowed: set[str]) -> GenerationReq
     _bool(body, "store")
     if body.get("service_tier") is not None:
         _text(body["service_tier"], "service_tier")
-    lb = body.get("logit_bias")
-    if lb is not None and (not isinstance(lb, dict) or lb):
-        raise bad("logit_bias is not supported by this server (send null or {})", "logit_bias",
-                  "unsupported_parameter")
+    logit_bias = _logit_bias(body.get("logit_bias"))
 
     temperature = _num(body, "temperature", 0.0, 2.0)
     top_p = _num(body, "top_p", 0.0, 1.0)
@@ -238,7 +237,8 @@ def _common(body: dict[str, Any], kind: str, allowed: set[str]) -> GenerationReq
         repeat_last_n=repeat_last_n, presence_penalty=presence, frequency_penalty=frequency,
     )
     # NumPy's generator wants a non-negative seed; OpenAI takes any 64-bit one
-    params = SamplingParams(**{**params.__dict__, "seed": None if seed is None else seed % (1 << 64)})
+    params = SamplingParams(**{**params.__dict__, "seed": None if seed is None else seed % (1 << 64),
+                               "logit_bias": logit_bias})
     try:
         params.validated()
     except ValueError as e:
@@ -261,7 +261,26 @@ def _common(body: dict[str, Any], kind: str, allowed: set[str]) -> GenerationReq
         kind=kind, model=model, params=params, max_tokens=_int(body, "max_tokens", 1, 1 << 31),
         stops=_stops(body), stream=stream, include_usage=include_usage,
         tokens_as_ids=_bool(body, "return_tokens_as_token_ids"), cache_prompt=_bool(body, "cache_prompt", True),
+        n=n,
     )
+
+
+def _logit_bias(v: Any) -> dict[int, float] | None:
+    """OpenAI's {"token id": bias in [-100, 100]}; the app checks the ids against the vocabulary."""
+    if v is None or v == {}:
+        return None
+    if not isinstance(v, dict):
+        raise bad(f"logit_bias must be an object mapping token ids to numbers, got {_json_type(v)}", "logit_bias")
+    if len(v) > MAX_LOGIT_BIAS:
+        raise bad(f"logit_bias takes at most {MAX_LOGIT_BIAS} entries, got {len(v)}", "logit_bias")
+    out: dict[int, float] = {}
+    for k, b in v.items():
+        if not (k.isascii() and k.isdigit()) or len(k) > 12:
+            raise bad(f"logit_bias keys must be token ids (decimal integers), got {k!r}"[:200], "logit_bias")
+        if not isinstance(b, (int, float)) or isinstance(b, bool) or not math.isfinite(b) or not -100 <= b <= 100:
+            raise bad(f"logit_bias[{k}] must be a number in [-100, 100]", "logit_bias")
+        out[int(k)] = float(b)
+    return out
 
 
 def chat_request(body: dict[str, Any]) -> GenerationRequest:
@@ -351,7 +370,7 @@ def completion_request(body: dict[str, Any], n_vocab: int) -> GenerationRequest:
     lp = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
     req.top_logprobs = lp
     if body.get("best_of") not in (None, 1) or isinstance(body.get("best_of"), bool):
-        raise bad("best_of must be 1: this server returns one choice per request", "best_of")
+        raise bad("best_of must be 1: this server does not rank choices (n gives several)", "best_of")
     _off(body, "echo", (False,), "echo is not implemented")
     _off(body, "suffix", ("",), "no fill-in-the-middle")
     req.prompt = prompt(body.get("prompt"), n_vocab)
@@ -369,7 +388,7 @@ def prompt(v: Any, n_vocab: int) -> str | list[int]:
     if len(v) == 1 and isinstance(v[0], (str, list)):
         return prompt(v[0], n_vocab)    # a batch of one
     if v and all(isinstance(x, (str, list)) for x in v):
-        raise bad("one prompt per request: this server returns one choice per request", "prompt")
+        raise bad("one prompt per request: this server takes no batches of prompts", "prompt")
     if not v:
         raise bad("prompt must not be empty", "prompt")
     for i, t in enumerate(v):
@@ -434,7 +453,11 @@ _SAMPLING = {
     "frequency_penalty": {**_NUM, "minimum": -2, "maximum": 2, "default": 0},
     "seed": {**_INT, "nullable": True, "description": "makes a sampled generation reproducible"},
     "stop": _STOP,
-    "n": {**_INT, "enum": [1], "default": 1},
+    "n": {**_INT, "minimum": 1, "maximum": MAX_CHOICES, "default": 1,
+          "description": "choices to generate; each needs a free slot of the server's --slots"},
+    "logit_bias": {"type": "object", "nullable": True,
+                   "additionalProperties": {**_NUM, "minimum": -100, "maximum": 100},
+                   "description": "token id -> added to its logit before sampling (-100 bans it)"},
     "stream": {"type": "boolean", "default": False},
     "stream_options": {"type": "object", "nullable": True,
                        "properties": {"include_usage": {"type": "boolean", "default": False}}},
