@@ -165,3 +165,188 @@ def test_activation_precision_choice(tiny_path):
         err[acts] = np.abs(got - ref).max()
     assert barellm.load(str(tiny_path), engine="native", context=128).engine.activations == "q8x2"
     assert err["q8x2"] * 10 < err["q8"], err
+
+
+# --- a Model shared by streams and threads --------------------------------------------------------
+
+@pytest.fixture(scope="module", params=ENGINES)
+def model2(request, tiny_path):
+    """Two KV cache slots."""
+    if request.param == "native":
+        pytest.importorskip("barellm.engine", reason="native engine not built")
+    return barellm.load(str(tiny_path), engine=request.param, context=128, slots=2)
+
+
+def test_a_stream_keeps_its_own_cache_while_generate_runs(model2):
+    kw = dict(max_tokens=16, temperature=0)
+    alone = "".join(model2.stream("the cat", **kw))
+    other = model2.generate("in the hat and more", **kw)
+    s = model2.stream("the cat", **kw)
+    head = [next(s), next(s), next(s)]
+    assert model2.generate("in the hat and more", **kw) == other   # runs in the other slot
+    assert "".join(head) + "".join(s) == alone
+
+
+def test_interleaved_streams_do_not_mix(model2):
+    kw = dict(max_tokens=12, temperature=0.9, seed=4)
+    a_alone = "".join(model2.stream("the cat", **kw))
+    b_alone = "".join(model2.stream("a dog in the", **kw))
+    streams = {"a": model2.stream("the cat", **kw), "b": model2.stream("a dog in the", **kw)}
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    while streams:   # one piece from each in turn
+        for k in list(streams):
+            piece = next(streams[k], None)
+            if piece is None:
+                del streams[k]
+            else:
+                got[k].append(piece)
+    got_a, got_b = got["a"], got["b"]
+    assert "".join(got_a) == a_alone and "".join(got_b) == b_alone
+
+
+def test_with_every_slot_held_by_this_thread_a_generation_is_refused(model):
+    s = model.stream("the cat", max_tokens=10, temperature=0)
+    next(s)
+    with pytest.raises(barellm.SlotsBusy, match="held by unfinished generations"):
+        model.generate("in the hat", max_tokens=4)
+    s.close()   # a closed stream gives its slot back
+    assert model.generate("in the hat", max_tokens=4, temperature=0) is not None
+
+
+def test_a_dropped_stream_releases_its_slot(model):
+    import gc
+
+    s = model.stream("the cat", max_tokens=10, temperature=0)
+    next(s)
+    del s
+    gc.collect()
+    assert model.generate("the cat", max_tokens=4, temperature=0) is not None
+    assert not any(model._table.busy)
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_threads_share_a_model(tiny_path, slots):
+    import threading
+
+    pytest.importorskip("barellm.engine", reason="native engine not built")
+    m = barellm.load(str(tiny_path), engine="native", context=128, slots=slots)
+    prompts = ["the cat", "in the hat", "a dog", "the end of"]
+    kw = dict(max_tokens=24, temperature=0)
+    alone = {p: m.generate(p, **kw) for p in prompts}
+    results: dict[str, list[str]] = {p: [] for p in prompts}
+    errors: list[BaseException] = []
+
+    def worker(p: str) -> None:
+        try:
+            for _ in range(3):
+                results[p].append(m.generate(p, **kw))
+        except BaseException as e:   # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert results == {p: [alone[p]] * 3 for p in prompts}
+
+
+def test_serving_is_refused_while_a_stream_is_open(model):
+    s = model.stream("the cat", max_tokens=10, temperature=0)
+    next(s)
+    with pytest.raises(InvalidRequest, match="unfinished"):
+        model.serving(True)
+    s.close()
+    model.serving(True)
+    with pytest.raises(InvalidRequest, match="being served"):
+        model.generate("the cat", max_tokens=2)
+    model.serving(False)
+
+
+# --- token-level outputs ------------------------------------------------------------------------------
+
+def test_logprobs_are_the_log_softmax_of_the_logits(model):
+    ids = model.tokenize("the cat")
+    c = model.complete(ids, max_tokens=5, temperature=0, top_logprobs=3)
+    assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
+    rows = model.logits(ids + c.token_ids[:-1])[len(ids) - 1:]
+    for lp, row, tok in zip(c.logprobs, rows, c.token_ids, strict=True):
+        z = row.astype(np.float64)
+        ref = z - (z.max() + np.log(np.exp(z - z.max()).sum()))
+        assert lp.token_id == tok and lp.logprob == pytest.approx(ref[tok], abs=2e-4)
+        assert [i for i, _ in lp.top] == list(np.argsort(-ref, kind="stable")[:3])
+        assert lp.top[0][0] == tok   # greedy
+    assert model.complete(ids, max_tokens=3).logprobs is None
+    assert all(lp.top == [] for lp in model.complete(ids, max_tokens=3, logprobs=True).logprobs)
+
+
+def test_n_choices_share_the_prompt(model2, monkeypatch):
+    kw = dict(max_tokens=8, temperature=0.9)
+    one = [model2.complete("the cat", seed=10 + i, **kw).choices[0] for i in range(2)]
+    fed: list[int] = []
+    real = model2.engine.forward
+
+    def counting(tokens, start, all_logits=False, **k):
+        fed.append(len(tokens))
+        return real(tokens, start, all_logits, **k)
+
+    monkeypatch.setattr(model2.engine, "forward", counting)
+    model2.reset()
+    c = model2.complete("the cat", n=2, seed=10, **kw)
+    assert [ch.index for ch in c.choices] == [0, 1]
+    # choice i draws as n=1 with seed + i does, from one prefill of the prompt
+    assert [ch.text for ch in c.choices] == [ch.text for ch in one]
+    assert [ch.token_ids for ch in c.choices] == [ch.token_ids for ch in one]
+    assert c.text == c.choices[0].text and c.token_ids == c.choices[0].token_ids
+    assert fed.count(len(model2.tokenize("the cat"))) == 1
+    with pytest.raises(InvalidRequest, match="slots"):
+        model2.complete("the cat", n=3)
+    with pytest.raises(InvalidRequest, match="one sequence"):
+        model2.stream("the cat", n=2)
+
+
+def test_copy_prefix_gives_the_same_continuation(model2):
+    ids = model2.tokenize("the cat in the hat")
+    eng = model2.engine
+    a = eng.forward(ids, 0, slot=0)
+    eng.forward([7, 8, 9], 0, slot=1)   # something else in slot 1 first
+    eng.copy_prefix(0, 1, len(ids) - 1)
+    b = eng.forward(ids[-1:], len(ids) - 1, slot=1)
+    if model2.engine_name == "native":   # the same bits however the prompt was cut
+        np.testing.assert_array_equal(a, b)
+    else:
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    model2.reset()
+
+
+def test_logit_bias_bans_and_forces_tokens(model):
+    base = model.complete("the cat", max_tokens=4, temperature=0)
+    first = base.token_ids[0]
+    banned = model.complete("the cat", max_tokens=4, temperature=0, logit_bias={first: -100})
+    assert banned.token_ids[0] != first
+    forced = model.complete("the cat", max_tokens=3, temperature=0.8, seed=1, logit_bias={42: 100})
+    assert forced.token_ids == [42, 42, 42]
+    with pytest.raises(InvalidRequest, match="logit_bias"):
+        model.generate("the cat", logit_bias={model.config.n_vocab: 1})
+    with pytest.raises(InvalidRequest, match="logit_bias"):
+        model.generate("the cat", logit_bias={1: 1000})
+
+
+def test_allowed_tokens_restrict_the_choice(model):
+    from barellm.sampling import allowed_mask
+
+    allowed = [40, 41, 42]
+    c = model.complete("the cat", max_tokens=6, temperature=1.0, seed=3,
+                       allowed_tokens=allowed_mask(allowed, model.config.n_vocab))
+    assert set(c.token_ids) <= set(allowed)
+    with pytest.raises(InvalidRequest, match="allowed_tokens"):
+        model.generate("the cat", allowed_tokens=np.zeros(1, np.uint32))
+
+
+def test_completion_timings(model):
+    c = model.complete("the cat", max_tokens=6, temperature=0.8, seed=2)
+    t = c.timings
+    assert t is not None and t.tokens == len(c.token_ids)
+    b = t.breakdown()
+    assert b["forward"] > 0 and b["sample"] > 0 and sum(b.values()) == pytest.approx(c.decode_seconds, rel=1e-6)

@@ -501,11 +501,12 @@ def _run_jobs(sched: Scheduler, prompts: list[list[int]], timeout: float = 30, *
     """Submits one job per prompt at once; returns (text, finish_reason, events) of each."""
     results: list[list[Event]] = [[] for _ in prompts]
     done = [threading.Event() for _ in prompts]
+    choices = kw.get("n", 1)
 
     def sink(i: int) -> Any:
         def emit(ev: Event) -> None:
             results[i].append(ev)
-            if ev.kind in ("done", "error"):
+            if ev.kind == "error" or sum(e.kind == "done" for e in results[i]) == choices:
                 done[i].set()
         return emit
 
@@ -737,3 +738,130 @@ def test_disconnect_while_waiting_for_a_whole_response() -> None:
             assert time.monotonic() - t0 < 6, "the slot stayed in use after the client went away"
             time.sleep(0.05)
         assert app.state.server.metrics.finished["cancelled"] == 1
+
+
+# --- several choices, logit bias, where the time goes ---------------------------------------------
+
+@pytest.mark.model
+def test_n_choices_and_logit_bias(server: Server) -> None:
+    client = server.client()
+    kw = dict(model=MODEL_ID, prompt="The capital of France is", max_tokens=6, extra_body={"cache_prompt": False})
+    one = client.completions.create(temperature=0, **kw)
+    many = client.completions.create(temperature=0, n=3, logprobs=1, **kw)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    assert all(c.text == one.choices[0].text for c in many.choices)   # greedy: the same text three times
+    assert many.usage.completion_tokens == 3 * one.usage.completion_tokens
+    assert many.usage.prompt_tokens == one.usage.prompt_tokens
+    for c in many.choices:
+        assert "".join(c.logprobs.tokens) == c.text and c.logprobs.text_offset[0] == len(kw["prompt"])
+    # sampled choices: choice i draws as n=1 with seed + i
+    sampled = client.completions.create(temperature=1.0, seed=7, n=2, **kw)
+    alone = [client.completions.create(temperature=1.0, seed=7 + i, **kw).choices[0].text for i in range(2)]
+    assert [c.text for c in sampled.choices] == alone
+    # streamed: chunks carry their choice's index; each choice ends with its finish reason
+    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=_chat("Say hi."), max_tokens=4,
+                                                 temperature=0, n=2, stream=True))
+    texts = {0: "", 1: ""}
+    finished = set()
+    for ch in chunks:
+        for c in ch.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished.add(c.index)
+    whole = client.chat.completions.create(model=MODEL_ID, messages=_chat("Say hi."), max_tokens=4, temperature=0)
+    assert finished == {0, 1} and texts[0] == texts[1] == whole.choices[0].message.content
+    # logit_bias (OpenAI's: token id -> bias): banning the greedy first token changes it
+    first = server.model.tokenize(one.choices[0].text, add_special=False)[0]
+    banned = client.completions.create(temperature=0, logit_bias={str(first): -100}, logprobs=0, **kw)
+    assert banned.choices[0].logprobs.tokens[0] != server.model.detokenize([first])
+    forced = client.completions.create(temperature=0.7, seed=1, logit_bias={"42": 100}, logprobs=0, **kw)
+    assert forced.choices[0].logprobs.tokens == [server.model.detokenize([42])] * forced.usage.completion_tokens
+
+
+@pytest.mark.model
+def test_metrics_break_each_token_down(server: Server) -> None:
+    client = server.client()
+    client.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8, temperature=0.8)
+    list(client.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8, stream=True))
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    phases = dict(re.findall(r'^barellm_token_phase_seconds_total\{phase="([a-z ]+)"\} (\S+)$', text, re.M))
+    assert set(phases) == {"forward", "logits copy", "sample", "logprobs", "detokenize", "stop", "bookkeeping",
+                           "write"}
+    for p in ("forward", "sample", "detokenize", "write"):
+        assert float(phases[p]) > 0, p
+    if ENGINE == "native":
+        assert float(phases["logits copy"]) > 0
+    assert server.metric("barellm_token_phase_tokens_total") >= 16
+    assert server.metric("barellm_token_phase_ms_per_token", '{phase="forward"}') > 0
+
+
+class CopyingEngine(FakeEngine):
+    """The fake engine with copy_prefix: the n choices of a job prefill their prompt once."""
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        self.cache[dst][:n] = self.cache[src][:n]
+        self.calls[dst].append((("copy", src), n))
+
+
+@pytest.mark.parametrize("engine_cls", [FakeEngine, CopyingEngine])
+def test_n_choices_in_the_scheduler(engine_cls: type) -> None:
+    engine = engine_cls(n_slots=3)
+    sched = Scheduler(engine, FakeTokenizer(), n_ctx=engine.n_ctx, prefill_chunk=4)
+    sched.start()
+    try:
+        prompt = list(range(1, 11))
+        (alone, _, _), = _run_jobs(sched, [prompt], cache_prompt=False, params=SamplingParams(temperature=1.0, seed=3))
+        for slot in engine.calls:
+            slot.clear()
+        (_, _, evs), = _run_jobs(sched, [prompt], cache_prompt=False, n=3, params=SamplingParams(temperature=1.0,
+                                                                                               seed=3))
+        dones = [e for e in evs if e.kind == "done"]
+        assert sorted(e.index for e in dones) == [0, 1, 2]
+        by_choice = {i: "".join(e.text for e in evs if e.kind == "delta" and e.index == i) for i in range(3)}
+        assert by_choice[0] == alone
+        prefills = [c for slot in engine.calls for c in slot if len(c[0]) > 1 and c[0][0] != "copy"]
+        if engine_cls is CopyingEngine:
+            assert len(prefills) == 3 and sum(1 for s in engine.calls for c in s if c[0][0] == "copy") == 2
+        else:
+            assert len(prefills) == 9   # each choice prefilled the prompt itself (chunks of 4, 4, 2)
+        with pytest.raises(ValueError, match="n must be"):
+            sched.submit(Job(prompt=prompt, params=SamplingParams(), max_tokens=2, emit=lambda e: None, n=4))
+    finally:
+        sched.stop()
+
+
+def test_a_whole_response_gets_one_delta(fake: tuple[Scheduler, FakeEngine]) -> None:
+    sched, _ = fake
+    (streamed, _, evs), = _run_jobs(sched, [[1, 2, 3]], max_tokens=12, top_logprobs=1)
+    assert sum(e.kind == "delta" for e in evs) > 1
+    (whole, _, evs), = _run_jobs(sched, [[1, 2, 3]], max_tokens=12, top_logprobs=1, stream=False)
+    deltas = [e for e in evs if e.kind == "delta"]
+    assert whole == streamed and len(deltas) == 1 and len(deltas[0].tokens) == len(whole)
+
+
+def test_outbox_wakes_the_loop_once_per_batch() -> None:
+    import asyncio
+
+    from barellm.serve.app import Outbox
+
+    async def main() -> list[list[Any]]:
+        loop = asyncio.get_running_loop()
+        box = Outbox(loop)
+        wakes = []
+        real = loop.call_soon_threadsafe
+
+        def counting(cb: Any, *args: Any) -> Any:
+            wakes.append(cb)
+            return real(cb, *args)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        t = threading.Thread(target=lambda: [box.push(Event("delta", text=str(i))) for i in range(100)])
+        t.start()
+        t.join()
+        batches = [await box.batch()]
+        box.push(Event("done"))
+        batches.append(await box.batch())
+        return [[e.text for e in b] for b in batches] + [[len(wakes)]]
+
+    first, second, (wakes,) = asyncio.run(main())
+    assert first == [str(i) for i in range(100)] and second == [""] and wakes <= 2

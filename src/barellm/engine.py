@@ -517,6 +517,17 @@ class NativeEngine:
             return [int(key)]
         return [i for i, op in enumerate(self.ops) if op.name == key or fnmatch.fnmatchcase(op.name, key)]
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Copies the KV entries of positions 0..n-1 from slot src to slot dst (n choices of one prompt share
+        its prefill). Whole tiles of K are copied: the positions past n in the last one are never read before
+        dst writes them."""
+        if not (0 <= src < self.n_slots and 0 <= dst < self.n_slots and 0 <= n <= self.n_ctx):
+            raise InvalidRequest(f"copy_prefix: slots {src}, {dst} of {self.n_slots}, {n} positions of {self.n_ctx}")
+        if src != dst and n:
+            tiles = -(-n // KV_TILE)
+            self.k_cache[dst, :, :, :tiles] = self.k_cache[src, :, :, :tiles]
+            self.v_cache[dst, :, :, :n] = self.v_cache[src, :, :, :n]
+
     def kv(self, slot: int, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the first n cached positions of a slot and layer: K, V [n, n_kv_heads, head_dim]."""
         kc = self.k_cache[slot, layer]  # [nkv, tiles, hd, tile]

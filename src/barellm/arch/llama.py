@@ -205,6 +205,13 @@ class ReferenceEngine:
         self.rope = [tables[cfg.layer_rope_theta(i)] for i in range(cfg.n_layers)]
         self.act = ACTIVATIONS[cfg.act]
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Copies the KV entries of positions 0..n-1 from slot src to slot dst."""
+        if not (0 <= src < self.n_slots and 0 <= dst < self.n_slots and 0 <= n <= self.n_ctx):
+            raise InvalidRequest(f"copy_prefix: slots {src}, {dst} of {self.n_slots}, {n} positions of {self.n_ctx}")
+        self.k_cache[dst, :, :n] = self.k_cache[src, :, :n]
+        self.v_cache[dst, :, :n] = self.v_cache[src, :, :n]
+
     def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
         """Runs several sequences (slot, tokens, start); returns each one's last logits [len(seqs), n_vocab]."""
         return np.concatenate([self.forward(tokens, start, slot=slot) for slot, tokens, start in seqs])

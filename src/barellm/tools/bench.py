@@ -4,6 +4,11 @@ pp<P>  prefill: one forward over P random tokens on a fresh cache, logits of the
        (what a generation needs before its first token); tokens/s = P / seconds.
 tg<N>  decode: N single-token forwards after a short prompt (or after D cached tokens with -d D);
        tokens/s = N / seconds. Each forward writes the KV cache and returns the last logits.
+complete<N>  with --breakdown: the same decode through the Python API, model.complete(..., temperature 0.8,
+       top_p 0.95, top_k 40) with the end-of-generation tokens banned (so every run makes N tokens); tokens/s
+       = (N - 1) / decode seconds (the first token comes with the prompt). Then where each token's time went:
+       forward (the native executor), logits copy (the rest of the engine call), sample, detokenize, stop
+       (stop strings and held-back text), bookkeeping (the generation loop itself).
 Every test runs once untimed (warm-up: page faults, caches, thread start), then -r times. The engine takes
 its thread count at load, so the model is loaded once per thread count.
 With --roofline, decode speed is also given as a fraction of the memory-bandwidth limit: every decoded
@@ -66,6 +71,7 @@ class BenchRow:
     size_bytes: int
     n_params: int
     roofline: dict[str, Any] | None = None
+    breakdown: dict[str, float] | None = None   # complete<N>: milliseconds per token by phase
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -178,16 +184,42 @@ def bench_decode(engine: Any, prompt: Sequence[int], tokens: Sequence[int], reps
     return [len(tokens) / s for s in time_runs(run, reps)]
 
 
+SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 40}
+
+
+def bench_complete(model: Any, prompt: Sequence[int], n: int, reps: int, seed: int = 1) -> tuple[list[float], Any]:
+    """tokens/s per repetition of model.complete making n tokens with sampling (decode only), and where the
+    time went over all repetitions (a generation.Timings)."""
+    from barellm.generation import Timings, time_engine
+
+    kw: dict[str, Any] = dict(SAMPLING, max_tokens=n, logit_bias={i: -100.0 for i in model.tokenizer.eog_ids})
+    model.reset()
+    model.complete(list(prompt), seed=seed, **kw)   # warm-up
+    timings = Timings()
+    undo = time_engine(model.engine, timings)
+    tps = []
+    try:
+        for r in range(reps):
+            model.reset()
+            c = model.complete(list(prompt), seed=seed + r, timings=timings, **kw)
+            tps.append(max(len(c.token_ids) - 1, 1) / max(c.decode_seconds, 1e-9))
+    finally:
+        undo()
+    return tps, timings
+
+
 def make_row(base: dict[str, Any], test: str, n: int, tps: list[float], ttft: list[float] | None,
-             roofline: dict[str, Any] | None = None) -> BenchRow:
+             roofline: dict[str, Any] | None = None, breakdown: dict[str, float] | None = None) -> BenchRow:
     return BenchRow(base["model"], base["engine"], base["threads"], test, n, summarize(tps),
-                    summarize(ttft) if ttft else None, peak_rss_mb(), base["size_bytes"], base["n_params"], roofline)
+                    summarize(ttft) if ttft else None, peak_rss_mb(), base["size_bytes"], base["n_params"], roofline,
+                    breakdown)
 
 
 def run_bench(model_name: str | None, prompts: Sequence[int], gens: Sequence[int], threads: Sequence[int],
               reps: int, engine: str = "native", depths: Sequence[int] = (0,), roofline: bool = False,
               bandwidth: float | None = None, seed: int = 1234,
-              on_row: Callable[[BenchRow], None] | None = None, activations: str = "q8x2") -> list[BenchRow]:
+              on_row: Callable[[BenchRow], None] | None = None, activations: str = "q8x2",
+              breakdown: bool = False) -> list[BenchRow]:
     """Every (threads, test) combination; rows come in the order they were measured."""
     import barellm
 
@@ -216,6 +248,9 @@ def run_bench(model_name: str | None, prompts: Sequence[int], gens: Sequence[int
                 tps = bench_decode(model.engine, prompt, rng.integers(0, vocab, g).tolist(), reps)
                 emit(make_row(base, f"tg{g}" + (f"@d{d}" if d else ""), g, tps, None,
                               {"weight_bytes_per_token": per_token} if roofline else None))
+                if breakdown and not d:
+                    tps, timings = bench_complete(model, prompt, g, reps, seed)
+                    emit(make_row(base, f"complete{g}", g, tps, None, breakdown=timings.per_token_ms()))
         model.reset()
         del model
     if roofline:
@@ -250,6 +285,19 @@ def format_table(rows: Sequence[BenchRow]) -> str:
             cells += ([f"{rf['bandwidth_gbs']:.1f}", f"{rf['limit_tps']:.1f}", f"{100 * rf['fraction']:.1f} %"]
                       if rf else ["", "", ""])
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def format_breakdown(row: BenchRow) -> str:
+    """Where a complete<N> row's milliseconds per token went, phase by phase."""
+    assert row.breakdown is not None
+    total = sum(row.breakdown.values())
+    lines = [f"{row.test}, {row.threads} threads: milliseconds per token by phase", "",
+             "| phase | ms/token | share |", "|---|---:|---:|"]
+    for phase, ms in row.breakdown.items():
+        if phase != "write":   # the server's: the Python API writes nothing
+            lines.append(f"| {phase} | {ms:.3f} | {100 * ms / total if total else 0:.1f} % |")
+    lines.append(f"| total | {total:.3f} | 100 % |")
     return "\n".join(lines)
 
 
@@ -306,6 +354,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     from barellm.arguments import add_activations_arg
 
     add_activations_arg(p)
+    p.add_argument("--breakdown", action="store_true",
+                   help="also decode through model.complete with sampling (complete<N>) and show where each token's "
+                        "time goes: forward, logits copy, sample, detokenize, stop strings, bookkeeping")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="draw tokens/s against threads (needs matplotlib)")
     p.add_argument("--roofline", action="store_true",
@@ -338,11 +389,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"  {row.threads} threads {row.test}: {row.tps} t/s", file=sys.stderr)
 
     rows = run_bench(args.model, prompts, gens, threads, args.repetitions, args.engine, depths, args.roofline,
-                     args.bandwidth, on_row=show, activations=args.activations)
+                     args.bandwidth, on_row=show, activations=args.activations, breakdown=args.breakdown)
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=1))
     else:
         print(format_table(rows))
+        for r in rows:
+            if r.breakdown is not None:
+                print("\n" + format_breakdown(r))
         roof = next((r.roofline for r in rows if r.roofline), None)
         if roof:
             print(f"\nroofline: {roof['weight_bytes_per_token'] / 1e6:.1f} MB of weights per decoded token; "
