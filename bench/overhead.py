@@ -4,9 +4,11 @@
     .venv/bin/python bench/overhead.py                 # smollm2-135m, 2 threads, 128 tokens, 3 repetitions
     .venv/bin/python bench/overhead.py -t 1 -n 64 -r 5 --no-server
 
-Each figure is generated tokens / seconds of the decode (the engine figure: single-token forwards; the
-others: a whole request's wall time minus nothing, so prompt processing and, for the server, HTTP and JSON
-count against them). The median of the repetitions is printed, as a fraction of the engine's.
+The engine figure is single-token forwards per second; "model.complete, decode" is (tokens - 1) / the
+Completion's decode seconds (the first token comes with the prompt); the others are generated tokens / a
+whole call's wall time, so prompt processing and, for the server, HTTP and JSON count against them. The
+median of the repetitions is printed, as a fraction of the engine's; then the server's per-token time
+breakdown from /metrics.
 """
 
 from __future__ import annotations
@@ -35,11 +37,11 @@ def engine_tg(model, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def complete_tps(model, n: int, seed: int) -> float:
+def complete_tps(model, n: int, seed: int) -> tuple[float, float]:
     model.reset()
     t0 = time.perf_counter()
     c = model.complete(PROMPT, max_tokens=n, seed=seed, **SAMPLING)
-    return len(c.token_ids) / (time.perf_counter() - t0)
+    return (len(c.token_ids) - 1) / c.decode_seconds, len(c.token_ids) / (time.perf_counter() - t0)
 
 
 def free_port() -> int:
@@ -81,12 +83,14 @@ def main() -> int:
     import barellm
 
     model = barellm.load(args.model, threads=args.threads, context=1024)
-    rows: dict[str, list[float]] = {"engine tg": [], "model.complete": []}
+    rows: dict[str, list[float]] = {"engine tg": [], "model.complete, decode": [], "model.complete, whole call": []}
     engine_tg(model, 16)
     complete_tps(model, 16, 0)
     for r in range(args.repetitions):
         rows["engine tg"].append(engine_tg(model, args.tokens))
-        rows["model.complete"].append(complete_tps(model, args.tokens, r + 1))
+        decode, whole = complete_tps(model, args.tokens, r + 1)
+        rows["model.complete, decode"].append(decode)
+        rows["model.complete, whole call"].append(whole)
     del model
     if not args.no_server:
         import httpx
@@ -113,7 +117,7 @@ def main() -> int:
                 rows["serve, streamed"].append(server_tps(url, args.tokens, r + 1, True))
             try:
                 metrics = httpx.get(f"{url}/metrics", timeout=10).text
-                lines = [ln for ln in metrics.splitlines() if ln.startswith("barellm_token_seconds")]
+                lines = [ln for ln in metrics.splitlines() if ln.startswith("barellm_token_phase_ms_per_token")]
             except httpx.HTTPError:
                 lines = []
         finally:

@@ -10,6 +10,13 @@ small heap, so no step sorts the vocabulary or makes several passes over it in N
 below is the same chain in NumPy: slow, kept as the oracle the native one is tested against. A draw maps
 one uniform number from the seeded generator through the cumulative distribution of the candidates sorted
 best first, so the same seed gives the same tokens in both.
+
+Two rules differ from the first NumPy sampler, so a seeded run can differ from one made with it: the
+penalties look at the last repeat_last_n tokens of the whole history (it took fewer when the history was
+between repeat_last_n / 2 and repeat_last_n long), and when top-k cuts through tied logits the lowest ids
+are kept (it kept whichever its partition left). With top-k off, the normalizing sum over the vocabulary
+is taken with float exponentials on the AVX2 path, so a draw within ~1e-7 of a boundary can fall the
+other way than the reference's.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@
  *   ops_*.c          element-wise and attention kernels per ISA
  *   threadpool.c     persistent workers, spin barrier, row partitioning
  *   executor.c       runs a plan of ops over preallocated buffers
+ *   sample*.c        the sampling chain over a row of logits (top-k heap, penalties, bias, token mask)
  *   py_*.c, module.c the Python binding (GIL released around work)
  *
  * Conventions: matrices are row-major; a weight matrix W has `rows` output features and `cols` input

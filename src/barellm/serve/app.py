@@ -120,6 +120,7 @@ class Formatter:
         self.created = int(time.time())
         self.prompt_chars = prompt_chars
         self.offsets: dict[int, int] = {}   # per choice: text_offset of its next token (legacy logprobs)
+        self._frames: dict[int, tuple[bytes, bytes]] = {}   # per choice: a text chunk's bytes around the text
 
     def _token(self, token_id: int) -> tuple[str, list[int]]:
         b = self.state.tokenizer.token_bytes(token_id)
@@ -191,6 +192,19 @@ class Formatter:
         if self.req.include_usage:
             body["usage"] = None   # OpenAI's shape: null on every chunk but the last
         return body
+
+    def text_event(self, text: str, toks: list[TokenLogprob], index: int) -> bytes:
+        """The server-sent event of a run of text: the chunk object's bytes around the JSON of the text are
+        the same for every chunk of a choice, so only the text is encoded per event."""
+        if self.req.top_logprobs is not None:
+            return _sse(self.chunk(text, self.logprobs(toks, index), index=index))
+        frame = self._frames.get(index)
+        if frame is None:
+            marker = "\u0000barellm-text\u0000"
+            whole = _dumps(self.chunk(marker, None, index=index))
+            head, tail = whole.split(_dumps(marker))
+            frame = self._frames[index] = (_utf8(f"data: {head}"), _utf8(f"{tail}\n\n"))
+        return frame[0] + _utf8(_dumps(text)) + frame[1]
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
@@ -277,7 +291,7 @@ class GenerationResponse(Response):
         """Writes the merged deltas of one choice as one stream chunk (OpenAI's chunks carry any run of text)."""
         if delta is not None:
             i, parts, lps = delta
-            out.extend(_sse(self.fmt.chunk("".join(parts), self.fmt.logprobs(lps, i), index=i)))
+            out.extend(self.fmt.text_event("".join(parts), lps, i))
 
     async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
         fmt = self.fmt
