@@ -215,15 +215,18 @@ class Scheduler:
 
     def _run(self) -> None:
         while True:
-            with self._cond:
-                while not self._stopping and not self._waiting and not self._live:
-                    self._cond.wait()
-                if self._stopping:
-                    break
-                if self._waiting:
-                    self._expire_waiting()
-                    self._admit()
-                self._update_occupancy()
+            # the lock only when there is something to admit or nothing to do (a job appended meanwhile is
+            # seen on the next round)
+            if self._waiting or not self._live or self._stopping:
+                with self._cond:
+                    while not self._stopping and not self._waiting and not self._live:
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    if self._waiting:
+                        self._expire_waiting()
+                        self._admit()
+                    self._update_occupancy()
             self._reap()
             try:
                 self._step()
@@ -304,6 +307,9 @@ class Scheduler:
     def _reap(self) -> None:
         """Frees the slots of cancelled jobs and ends those past their time limit."""
         now = self.clock()
+        if not any(s.job.cancelled or (s.job.deadline is not None and now >= s.job.deadline)
+                   for s in self._live.values()):
+            return
         for s in list(self._live.values()):
             if s.job.cancelled:
                 self._release(s, "cancelled")
