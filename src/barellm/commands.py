@@ -149,12 +149,12 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-def _converted(spec, model_file: Path) -> Path | None:
+def _converted(spec, model_file: Path | None) -> Path | None:
     """The cached .blm of a registered model: as the cache's index records it, or by its content's name
     (the cache names a conversion after its source's SHA256, which a registered model's file must have)."""
     from barellm.cache import cache_dir, cached_path
 
-    if model_file.is_file():
+    if model_file is not None and model_file.is_file():
         found = cached_path(model_file)
         if found is not None:
             return found
@@ -170,7 +170,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(f"{'NAME':<22} {'KIND':<9} {'SIZE':>9}  {'CACHED':<18} DESCRIPTION")
     for name, spec in sorted(hub.REGISTRY.items()):
         path = hub.cached_path(name)
-        blm = _converted(spec, path if path is not None else Path(os.devnull))
+        blm = _converted(spec, path)
         size = (path.stat().st_size if path is not None else 0) + (blm.stat().st_size if blm is not None else 0)
         cached = ("pulled" if path is not None else "no") + (", converted" if blm is not None else "")
         kind = "instruct" if spec.instruct else "base"
