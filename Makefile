@@ -13,7 +13,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e ".[test,server]"
+	$(PY) -m pip install -q -e ".[test,server,chat]"
 	touch $@
 
 # rebuilds the C core in place, every object (setuptools would reuse objects whose headers changed)
@@ -27,12 +27,12 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 test: build lint
-	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m
+	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m qwen2.5-coder-0.5b
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 	$(MAKE) test-asan
 
 test-slow: build
-	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m
+	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
 # The kernel tests again, against a copy of the native core built with AddressSanitizer.
