@@ -368,6 +368,22 @@ def test_bench_command(tiny, capsys):
     assert "| pp8 |" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("engine", ["reference", "native"])
+def test_bench_breakdown(tiny, capsys, engine):
+    if engine == "native":
+        pytest.importorskip("barellm.engine", reason="native engine not built")
+    assert main(["bench", tiny, "-p", "0", "-n", "6", "-r", "2", "-t", "1", "--engine", engine, "--breakdown",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in rows] == ["tg6", "complete6"]
+    ms = rows[1]["breakdown"]
+    assert rows[1]["tps"]["median"] > 0 and ms["forward"] > 0 and ms["sample"] > 0 and ms["detokenize"] > 0
+    assert (ms["logits copy"] > 0) == (engine == "native")   # the split needs the native executor's plan
+    assert main(["bench", tiny, "-p", "0", "-n", "6", "-r", "1", "-t", "1", "--engine", engine, "--breakdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| complete6 |" in out and "| sample |" in out and "milliseconds per token" in out
+
+
 # --- help and bad arguments -----------------------------------------------------------------------
 
 
