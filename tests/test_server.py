@@ -865,3 +865,14 @@ def test_outbox_wakes_the_loop_once_per_batch() -> None:
 
     first, second, (wakes,) = asyncio.run(main())
     assert first == [str(i) for i in range(100)] and second == [""] and wakes <= 2
+
+
+def test_stream_interval_gathers_deltas(fake: tuple[Scheduler, FakeEngine]) -> None:
+    sched, _ = fake
+    (each, _, evs), = _run_jobs(sched, [[1, 2, 3]], max_tokens=12, top_logprobs=0)
+    assert sum(e.kind == "delta" for e in evs) == len(each)   # one event per token (one character each)
+    (gathered, _, evs), = _run_jobs(sched, [[1, 2, 3]], max_tokens=12, top_logprobs=0, stream_interval=1000.0)
+    deltas = [e for e in evs if e.kind == "delta"]
+    # the first token goes out at once, the rest when the interval has passed or the choice ends
+    assert gathered == each and len(deltas) == 2 and len(deltas[0].text) == 1
+    assert [len(e.tokens) for e in deltas] == [1, len(each) - 1]

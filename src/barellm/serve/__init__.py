@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "\"length\" (0 = no limit; default 600)")
     p.add_argument("--prefill-chunk", type=int, default=256,
                    help="prompt tokens fed per step, so a long prompt does not stall the others (default 256)")
+    p.add_argument("--stream-interval", type=float, default=0.02, metavar="SECONDS",
+                   help="a streamed response sends its text at most once per interval, what arrived meanwhile "
+                        "together (0 = every token as it comes; default 0.02)")
     p.add_argument("--alias", action="append", default=[], metavar="NAME",
                    help="another model name requests may use (repeatable)")
     p.add_argument("--template", default=None, help="a built-in chat template to use instead of the file's")
@@ -68,6 +71,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise InvalidRequest(f"--timeout must be >= 0 seconds, got {args.timeout}")
     if args.prefill_chunk < 1:
         raise InvalidRequest(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
+    if not 0 <= args.stream_interval <= 10:
+        raise InvalidRequest(f"--stream-interval must be in 0..10 seconds, got {args.stream_interval}")
 
     import barellm
     from barellm.serve.app import create_app, run
@@ -75,7 +80,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model = barellm.load(args.model, threads=args.threads, context=args.context, engine=args.engine,
                          chat_template=args.template, slots=args.slots, activations=args.activations)
     app = create_app(model, model_id=served_id(args.model, model.path), aliases=args.alias,
-                     max_queue=args.queue, timeout=args.timeout or None, prefill_chunk=args.prefill_chunk)
+                     max_queue=args.queue, timeout=args.timeout or None, prefill_chunk=args.prefill_chunk,
+                     stream_interval=args.stream_interval)
     print(f"barellm: serving {app.state.server.model_id} ({model!r}, {args.slots} slots) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
     run(app, host=args.host, port=args.port, log_level=args.log_level)

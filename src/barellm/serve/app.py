@@ -33,6 +33,7 @@ from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, QueueFull
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint
+DEFAULT_STREAM_INTERVAL = 0.02        # seconds: streamed text goes out at most 50 times a second
 
 
 def _run_sync(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
@@ -60,8 +61,9 @@ class ServerState:
 
     def __init__(self, model: Any, *, model_id: str | None = None, aliases: Iterable[str] = (),
                  max_queue: int = 64, timeout: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 max_body: int = schemas.MAX_BODY_BYTES) -> None:
+                 max_body: int = schemas.MAX_BODY_BYTES, stream_interval: float = DEFAULT_STREAM_INTERVAL) -> None:
         self.model = model
+        self.stream_interval = max(0.0, stream_interval)
         self.tokenizer = model.tokenizer
         self.n_ctx: int = model.n_ctx
         self.n_vocab: int = model.config.n_vocab
@@ -401,7 +403,7 @@ async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[i
     events = Outbox(asyncio.get_running_loop())
     job = Job(prompt=prompt_ids, params=req.params, max_tokens=max_tokens, emit=events.push, stops=req.stops,
               top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt, n=req.n,
-              stream=req.stream)
+              stream=req.stream, stream_interval=state.stream_interval)
     try:
         state.scheduler.submit(job)
     except QueueFull as e:
@@ -540,13 +542,16 @@ class _CountRequests:
 
 def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str] = (), max_queue: int = 64,
                timeout: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-               max_body: int = schemas.MAX_BODY_BYTES) -> Starlette:
+               max_body: int = schemas.MAX_BODY_BYTES, stream_interval: float = DEFAULT_STREAM_INTERVAL) -> Starlette:
     """The app for a loaded model (barellm.load(..., slots=N): one slot per concurrent sequence).
+
+    stream_interval: seconds between a streamed response's events (text arriving meanwhile is sent together;
+    0 sends every token as it comes).
 
     The scheduler thread starts and stops with the app's lifespan.
     """
     state = ServerState(model, model_id=model_id, aliases=aliases, max_queue=max_queue, timeout=timeout,
-                        prefill_chunk=prefill_chunk, max_body=max_body)
+                        prefill_chunk=prefill_chunk, max_body=max_body, stream_interval=stream_interval)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]

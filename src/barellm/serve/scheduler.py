@@ -13,7 +13,9 @@ choices takes n slots: its prompt is prefilled once and its KV entries copied in
 
 The asyncio side never touches the engine and the scheduler never waits for the asyncio side: a job's
 `emit` is called from this thread and must not block (the app appends to a queue and wakes the event
-loop at most once per batch of events). A job that is not streamed gets its text in one event at the end.
+loop at most once per batch of events). A job that is not streamed gets its text in one event at the end;
+a streamed one at most one event per its stream interval, so the event loop, which shares the cores with
+the engine's threads, wakes up once per interval rather than once per token.
 
 Slots remember the tokens their cache holds after a sequence ends. A new job goes to the free slot whose
 cache saves it the most prefill without throwing away more than it saves, and only the rest is prefilled.
@@ -79,6 +81,7 @@ class Job:
     cache_prompt: bool = True           # False: prefill the whole prompt, reusing no cached prefix
     n: int = 1                          # choices, each in its own slot, sharing the prompt's KV entries
     stream: bool = True                 # False: one "delta" per choice, just before its "done"
+    stream_interval: float = 0.0        # streamed deltas are gathered and sent at most once per this many seconds
     submitted: float = 0.0
     cancelled: bool = False
     done: bool = False
@@ -92,7 +95,8 @@ class Job:
 class _Live:
     """A job's choice bound to a slot: its prompt progress and its Generation."""
 
-    __slots__ = ("job", "index", "slot", "gen", "seq_no", "fed", "cached", "leader", "followers", "acc", "started")
+    __slots__ = ("job", "index", "slot", "gen", "seq_no", "fed", "cached", "leader", "followers", "acc", "started",
+                 "pending", "sent_at")
 
     def __init__(self, job: Job, index: int, slot: int, gen: Generation, reuse: int, seq_no: int) -> None:
         self.job = job
@@ -106,6 +110,8 @@ class _Live:
         self.followers: list[_Live] = []
         self.acc: Delta | None = None if job.stream else Delta()   # a whole response's text so far
         self.started = False
+        self.pending: Delta | None = None   # streamed text waiting for its stream interval
+        self.sent_at = -1e300
 
     @property
     def prefilling(self) -> bool:
@@ -393,17 +399,26 @@ class Scheduler:
 
     def _deliver(self, s: _Live, d: Delta) -> None:
         if s.acc is not None:   # a whole response: gathered until the end
-            s.acc.text += d.text
-            s.acc.token_ids.extend(d.token_ids)
-            s.acc.logprobs.extend(d.logprobs)
+            _merge(s.acc, d)
             return
-        if d.text or d.token_ids:
-            self._emit(s.job, Event("delta", text=d.text, tokens=d.logprobs, token_ids=d.token_ids, index=s.index))
+        if not (d.text or d.token_ids):
+            return
+        interval = s.job.stream_interval
+        if interval > 0:   # at most one event per interval: fewer wake-ups of the event loop per token
+            if s.pending is not None:
+                d = _merge(s.pending, d)
+            now = self.clock()
+            if now - s.sent_at < interval:
+                s.pending = d
+                return
+            s.pending, s.sent_at = None, now
+        self._emit(s.job, Event("delta", text=d.text, tokens=d.logprobs, token_ids=d.token_ids, index=s.index))
 
     def _end(self, s: _Live) -> None:
         job = s.job
-        if s.acc is not None and (s.acc.text or s.acc.token_ids):
-            self._emit(job, Event("delta", text=s.acc.text, tokens=s.acc.logprobs, token_ids=s.acc.token_ids,
+        rest = s.acc if s.acc is not None else s.pending
+        if rest is not None and (rest.text or rest.token_ids):
+            self._emit(job, Event("delta", text=rest.text, tokens=rest.logprobs, token_ids=rest.token_ids,
                                   index=s.index))
         reason = s.gen.finish_reason or "length"
         self._remove(s)
@@ -435,6 +450,13 @@ class Scheduler:
             if f.slot in self._live and f.prefilling:
                 f.leader = None
         s.followers = []
+
+
+def _merge(into: Delta, d: Delta) -> Delta:
+    into.text += d.text
+    into.token_ids.extend(d.token_ids)
+    into.logprobs.extend(d.logprobs)
+    return into
 
 
 def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
