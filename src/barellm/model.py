@@ -135,6 +135,8 @@ class Model:
         self._cond = threading.Condition()
         self._engine_lock = threading.Lock()      # one engine call at a time (one thread pool)
         self._served = False                      # a server's scheduler owns the engine (see serving())
+        # each slot's decode logits land in its own row here: nothing is allocated per token
+        self._rows = np.empty((slots, 1, self.config.n_vocab), np.float32) if self.engine_name == "native" else None
 
     def _make_engine(self, engine: str) -> tuple[str, Any]:
         if engine in ("auto", "native"):
@@ -212,6 +214,8 @@ class Model:
     def _forward(self, tokens: Sequence[int], start: int, slot: int, all_logits: bool = False) -> np.ndarray:
         with self._engine_lock:
             self._check_served()
+            if self._rows is not None and not all_logits:
+                return self.engine.forward(tokens, start, False, slot=slot, out=self._rows[slot])
             return self.engine.forward(tokens, start, all_logits, slot=slot)
 
     def _forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
