@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from barellm import __version__
 from barellm.errors import InvalidRequest
-from barellm.serve import schemas
+from barellm.serve import openapi_doc, schemas
 from barellm.serve.metrics import Metrics, endpoint_label
 from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, QueueFull, Scheduler, TokenLogprob
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
@@ -85,7 +85,8 @@ class ServerState:
 
 # --- body and errors -----------------------------------------------------------------------------
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused past limit bytes (by its declared length first, then as it arrives)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
@@ -97,7 +98,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
                 raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
     except ClientDisconnect:
         raise bad("the client went away while sending the body") from None
-    return schemas.parse_json(bytes(body))
+    return bytes(body)
 
 
 def error_response(state: ServerState, path: str, err: ApiError, headers: dict[str, str] | None = None
@@ -327,7 +328,7 @@ async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[i
 
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
-    req = schemas.chat_request(await read_json(request, state.max_body))
+    req = schemas.chat_request(await read_body(request, state.max_body))
     state.check_model(req.model)
     assert req.messages is not None
     try:
@@ -339,7 +340,7 @@ async def chat_completions(request: Request) -> Response:
 
 async def completions(request: Request) -> Response:
     state = _state(request)
-    req = schemas.completion_request(await read_json(request, state.max_body), state.n_vocab)
+    req = schemas.completion_request(await read_body(request, state.max_body), state.n_vocab)
     state.check_model(req.model)
     if isinstance(req.prompt, str):
         try:
@@ -377,12 +378,12 @@ async def metrics(request: Request) -> Response:
 
 async def tokenize(request: Request) -> Response:
     state = _state(request)
-    text, add_special, parse_special, with_pieces = schemas.tokenize_request(await read_json(request, state.max_body))
+    req = schemas.tokenize_request(await read_body(request, state.max_body))
     try:
-        ids = await _run_sync(state.model.tokenize, text, add_special, parse_special)
+        ids = await _run_sync(state.model.tokenize, req.content, req.add_special, req.parse_special)
     except InvalidRequest as e:
         raise bad(str(e), "content") from None
-    if with_pieces:
+    if req.with_pieces:
         tok = state.tokenizer
         return _JSON({"tokens": [{"id": i, "piece": tok.token_bytes(i).decode("utf-8", errors="replace")}
                                  for i in ids]})
@@ -391,12 +392,20 @@ async def tokenize(request: Request) -> Response:
 
 async def detokenize(request: Request) -> Response:
     state = _state(request)
-    ids = schemas.detokenize_request(await read_json(request, state.max_body), state.n_vocab)
+    ids = schemas.detokenize_request(await read_body(request, state.max_body), state.n_vocab)
     try:
         text = await _run_sync(state.model.detokenize, ids)
     except InvalidRequest as e:
         raise bad(str(e), "tokens") from None
     return _JSON({"content": text})
+
+
+async def embeddings(request: Request) -> Response:
+    state = _state(request)
+    req = schemas.parse(schemas.EmbeddingRequest, await read_body(request, state.max_body))
+    state.check_model(req.model)
+    raise ApiError(400, "embeddings are not supported by this server (it serves text generation only)",
+                   code="unsupported_endpoint")
 
 
 async def openapi(request: Request) -> Response:
@@ -479,6 +488,7 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -490,7 +500,7 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error})
     app.state.server = state
-    app.state.openapi = schemas.openapi(__version__)
+    app.state.openapi = openapi_doc.openapi(__version__)
     app.add_middleware(_CountRequests, metrics=state.metrics)
     return app
 
