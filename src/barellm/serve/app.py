@@ -19,6 +19,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -30,6 +31,7 @@ from barellm.serve import openapi_doc, schemas
 from barellm.serve.metrics import Metrics, endpoint_label
 from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, QueueFull, Scheduler, TokenLogprob
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
+from barellm.serve.security import MAX_HEADER_BYTES, Guard
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint
 
@@ -464,10 +466,14 @@ class _CountRequests:
 
 def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str] = (), max_queue: int = 64,
                timeout: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-               max_body: int = schemas.MAX_BODY_BYTES) -> Starlette:
+               max_body: int = schemas.MAX_BODY_BYTES, api_key: str | None = None,
+               allowed_hosts: Iterable[str] | None = None, cors_origins: Iterable[str] = ()) -> Starlette:
     """The app for a loaded model (barellm.load(..., slots=N): one slot per concurrent sequence).
 
-    The scheduler thread starts and stops with the app's lifespan.
+    api_key: requests must send 'Authorization: Bearer KEY' (but /health and the chat page at /);
+    allowed_hosts: the Host header names accepted (None: any; security.default_allowed_hosts(bind) gives
+    the command's default); cors_origins: browser origins allowed to call the API ("*": any; none: no CORS
+    headers at all). The scheduler thread starts and stops with the app's lifespan.
     """
     state = ServerState(model, model_id=model_id, aliases=aliases, max_queue=max_queue, timeout=timeout,
                         prefill_chunk=prefill_chunk, max_body=max_body)
@@ -501,14 +507,28 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
         ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error})
     app.state.server = state
     app.state.openapi = openapi_doc.openapi(__version__)
+    # outermost last: every answer is counted, CORS headers go on the guard's refusals too
+    app.add_middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts)
+    origins = list(cors_origins)
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"], max_age=600)
     app.add_middleware(_CountRequests, metrics=state.metrics)
     return app
+
+
+def server_config(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info"
+                  ) -> Any:
+    """uvicorn's settings for app: no Server header, and a cap on a request's header block while it
+    arrives (the Guard checks the complete headers too, whatever HTTP parser uvicorn picked)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5,
+                          server_header=False, h11_max_incomplete_event_size=2 * MAX_HEADER_BYTES)
 
 
 def run(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info") -> None:
     """Serves app with uvicorn until interrupted."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=5, server_header=False)
-    uvicorn.Server(config).run()
+    uvicorn.Server(server_config(app, host, port, log_level)).run()

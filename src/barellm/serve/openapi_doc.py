@@ -176,7 +176,8 @@ _MODELS: list[type[BaseModel]] = [
 
 # --- OpenAPI -------------------------------------------------------------------------------------
 
-ERROR_STATUSES = {400: "invalid request", 404: "unknown model", 413: "body over 1 MiB", 429: "the queue is full",
+ERROR_STATUSES = {400: "invalid request", 401: "missing or wrong API key (with --api-key)", 404: "unknown model",
+                  413: "body over 1 MiB", 415: "the body is not sent as application/json", 429: "the queue is full",
                   503: "waited past the time limit"}
 
 
@@ -200,7 +201,7 @@ def responses(ok: str, schema: str | None, *, stream: str | None = None, errors:
     return out
 
 
-_GEN_ERRORS = (400, 404, 413, 429, 503)
+_GEN_ERRORS = (400, 401, 404, 413, 415, 429, 503)
 _SSE = "with stream: true, `data: {chunk}` events (the chunk object), then `data: [DONE]`"
 PATHS: dict[str, Any] = {
     "/v1/chat/completions": {"post": {
@@ -216,11 +217,11 @@ PATHS: dict[str, Any] = {
         "summary": "Not implemented: answered 400 unsupported_endpoint", "operationId": "createEmbedding",
         "requestBody": json_body("EmbeddingRequest"), "responses": responses("never", "Error")}},
     "/v1/models": {"get": {"summary": "The served model", "operationId": "listModels",
-                           "responses": responses("a list of models", "ModelList", errors=())}},
+                           "responses": responses("a list of models", "ModelList", errors=(401,))}},
     "/v1/models/{model}": {"get": {
         "summary": "One model", "operationId": "retrieveModel",
         "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
-        "responses": responses("the model", "ModelCard", errors=(404,))}},
+        "responses": responses("the model", "ModelCard", errors=(401, 404))}},
     "/tokenize": {"post": {"summary": "Text to token ids", "operationId": "tokenize",
                            "requestBody": json_body("TokenizeRequest"), "responses": responses("token ids", "Tokens")}},
     "/detokenize": {"post": {"summary": "Token ids to text", "operationId": "detokenize",
@@ -229,7 +230,7 @@ PATHS: dict[str, Any] = {
     "/health": {"get": {"summary": "Liveness and load", "operationId": "health",
                         "responses": responses("ok", "Health", errors=())}},
     "/metrics": {"get": {"summary": "Prometheus metrics", "operationId": "metrics",
-                         "responses": responses("text exposition format 0.0.4", None, errors=(),
+                         "responses": responses("text exposition format 0.0.4", None, errors=(401,),
                                                 media="text/plain")}},
     "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi",
                               "responses": {"200": {"description": "OpenAPI 3.1",
@@ -248,5 +249,8 @@ def openapi(version: str, extra_models: Sequence[type[BaseModel]] = (), extra_pa
         "info": {"title": "barellm", "version": version,
                  "description": "An OpenAI-compatible server for one model; concurrent requests are batched."},
         "paths": {**PATHS, **(extra_paths or {})},
-        "components": {"schemas": defs.get("$defs", {})},
+        "components": {"schemas": defs.get("$defs", {}),
+                       "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer",
+                                                      "description": "needed when started with --api-key"}}},
+        "security": [{"apiKey": []}, {}],
     }
