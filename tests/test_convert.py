@@ -19,10 +19,10 @@ import barellm
 from barellm import quant
 from barellm.arch.config import config_from_metadata
 from barellm.arch.llama import ReferenceEngine
+from barellm.cache import open_model as open_model_file
 from barellm.cli import main
 from barellm.convert import CONVERTER_REVISION, SafetensorsFile, convert, permute_qk
 from barellm.errors import FormatError
-from barellm.formats import open_model_file
 from barellm.formats.blm import LAYOUT_INTERLEAVE8, LAYOUT_ROWS, BLMFile, verify
 from barellm.formats.gguf import GGUFFile
 from barellm.text.tokenizer import Tokenizer

@@ -13,13 +13,12 @@ Types (llama.cpp's conventions): 1-D tensors (the norms) are always float32; wit
 the embedding and the output projection included, takes the type, except a matrix whose rows are not a
 whole number of the type's blocks, which falls back to f16.
 
-`open_cached` is the transparent path: a GGUF file or a checkpoint is converted once into the model cache
-and opened from there afterwards (docs/format.md, "Cache").
+The model cache (cache.py) uses `convert` to turn a GGUF file or a checkpoint into a .blm once, and maps
+that afterwards (docs/format.md, "Cache").
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -35,12 +34,13 @@ from typing import Any
 import numpy as np
 
 from barellm import quant
-from barellm.errors import BarellmError, FormatError, ModelNotFound
+from barellm.errors import FormatError, ModelNotFound
+from barellm.files import sha256_file
 from barellm.formats import blm, sniff
 from barellm.progress import Progress
 
-__all__ = ["convert", "open_cached", "CacheError", "cached_path", "permute_qk", "SafetensorsFile", "CONVERTER_REVISION",
-           "TYPE_CHOICES", "register"]
+__all__ = ["convert", "permute_qk", "SafetensorsFile", "CONVERTER_REVISION", "TYPE_CHOICES", "LAYOUT_CHOICES",
+           "source_files", "sha256_files"]
 
 # Bumped whenever the conversion rules change what a file holds; the cache converts again on a mismatch.
 CONVERTER_REVISION = 1
@@ -567,14 +567,17 @@ def target_type(name: str, src_type: int, shape: tuple[int, ...], requested: int
 
 def sha256_files(files: list[Path], progress: Progress | None = None) -> tuple[str, int]:
     """SHA256 of one file, or of the lines "<sha256>  <name>" of several; and the bytes read."""
-    from barellm.hub import sha256_file
-
     digests = [(p.name, sha256_file(p, progress)) for p in files]
     size = sum(p.stat().st_size for p in files)
     if len(files) == 1:
         return digests[0][1], size
     listing = "".join(f"{d}  {n}\n" for n, d in sorted(digests))
     return hashlib.sha256(listing.encode()).hexdigest(), size
+
+
+def source_files(src: Path) -> list[Path]:
+    """The files a conversion of src reads (what identifies the source's current state)."""
+    return _hf_files(src)[1] if src.is_dir() else [src]
 
 
 def _open_source(src: Path) -> _Model:
@@ -660,185 +663,3 @@ def _spec(t: _Tensor, requested: int | None, layout_mode: str, norms_f32: bool) 
         return rows
 
     return blm.TensorSpec(t.name, dst, t.shape, data, layout)
-
-
-# --- the model cache -------------------------------------------------------------------------------------
-
-
-class CacheError(BarellmError):
-    """The model cache cannot be written (read-only or full): the source itself may still be readable."""
-
-
-def cache_dir() -> Path:
-    from barellm.hub import home
-
-    return home() / "blm"
-
-
-def _source_files_for_key(src: Path) -> list[Path]:
-    if src.is_dir():
-        return _hf_files(src)[1]
-    return [src]
-
-
-def _stat_key(files: list[Path]) -> str:
-    """A name for the source's current state: absolute path, size, mtime and inode of every file read."""
-    parts = []
-    for p in files:
-        st = p.stat()
-        parts.append([str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino])
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:40]
-
-
-def cached_path(src: str | os.PathLike[str]) -> Path | None:
-    """The cached .blm of a source as the index records it, if there is one (nothing is converted)."""
-    src = Path(src)
-    sha = _index_lookup(cache_dir() / "index" / f"{_stat_key(_source_files_for_key(src))}.json")
-    path = cache_dir() / f"{sha}.blm" if sha else None
-    return path if path is not None and path.is_file() else None
-
-
-def _index_lookup(idx: Path) -> str | None:
-    try:
-        entry = json.loads(idx.read_text())
-        sha = entry["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None
-
-
-# The model cache stores weight matrices the way the native kernels read them, so that loading maps them
-# instead of repacking (SmolLM2: the engine's set-up 0.26 -> 0.11 s, and the matrices that are not fused
-# are used in place, shared with the page cache). The NumPy reference converts them back to rows.
-CACHE_LAYOUT = "kernels"
-
-
-def _usable(path: Path, sha: str) -> blm.BLMFile | None:
-    """The cached file opened, if it is intact and what this converter would write for that source now."""
-    try:
-        f = blm.BLMFile(path)
-    except (FormatError, ModelNotFound):
-        return None
-    p = f.provenance
-    if (p.get("source.sha256") == sha and p.get("converter.revision") == CONVERTER_REVISION
-            and p.get("convert.type") == "keep" and p.get("convert.layout") == CACHE_LAYOUT):
-        return f
-    f.close()
-    return None
-
-
-def _clean_stale_temps(directory: Path) -> None:
-    """Removes temp files whose writer is gone (killed mid-write): `.<name>.<pid>.<random>.tmp`."""
-    try:
-        entries = list(directory.glob(".*.tmp"))
-    except OSError:
-        return
-    for p in entries:
-        m = re.fullmatch(r"\..+\.(\d+)\.[0-9a-f]{8}\.tmp", p.name)
-        if not m:
-            continue
-        try:
-            os.kill(int(m.group(1)), 0)
-        except ProcessLookupError:
-            p.unlink(missing_ok=True)
-        except (PermissionError, OverflowError, OSError):
-            pass  # alive (someone else's) or unknowable: leave it
-
-
-def open_cached(src: str | os.PathLike[str]) -> blm.BLMFile:
-    """A GGUF file or checkpoint directory as a .blm from the cache, converting it the first time.
-
-    The index maps the source's (path, size, mtime, inode) to its SHA256, so a start that finds both the
-    index entry and the .blm neither hashes nor converts anything.
-    """
-    src = Path(src)
-    files = _source_files_for_key(src)
-    directory = cache_dir()
-    idx = directory / "index" / f"{_stat_key(files)}.json"
-    sha = _index_lookup(idx)
-    if sha is not None:
-        f = _usable(directory / f"{sha}.blm", sha)
-        if f is not None:
-            return f
-    show = sys.stderr.isatty()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "index").mkdir(exist_ok=True)
-    except OSError as e:
-        raise CacheError(f"{directory}: cannot create the model cache: {e.strerror}") from e
-    with Progress(sum(p.stat().st_size for p in files), f"hashing {src.name}", enabled=show) as bar:
-        sha, _ = sha256_files(files, bar)
-    out = directory / f"{sha}.blm"
-    f = _usable(out, sha)
-    if f is None:
-        _clean_stale_temps(directory)
-        if show:
-            print(f"barellm: converting {src} to {out} (once; later loads map it directly)", file=sys.stderr)
-        try:
-            convert(src, out, layout=CACHE_LAYOUT, source_sha256=sha, progress=show)
-        except (FormatError, ModelNotFound):
-            raise
-        except BarellmError as e:  # writing failed (the source was fine)
-            raise CacheError(str(e)) from e
-        f = blm.BLMFile(out)
-    from barellm.hub import _write_atomic
-
-    try:
-        _write_atomic(idx, json.dumps({"sha256": sha, "source": str(src.resolve())}).encode())
-    except OSError:
-        pass  # without the index entry the next start hashes the source again; it still works
-    return f
-
-
-# --- commands --------------------------------------------------------------------------------------------
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("convert", help="convert a .gguf file or a safetensors checkpoint into a .blm file",
-                       description="Converts SRC (a .gguf file, a Hugging Face llama checkpoint directory, or a "
-                                   "model name) into barellm's own format. The write is atomic.")
-    p.add_argument("src", metavar="SRC")
-    p.add_argument("-o", "--output", required=True, metavar="OUT.blm")
-    p.add_argument("--type", choices=TYPE_CHOICES, default=None,
-                   help="store every 2-D weight in this type (default: keep the source's types)")
-    p.add_argument("--layout", choices=LAYOUT_CHOICES, default="rows",
-                   help="rows: GGUF's row layout (default); kernels: weight matrices repacked for the kernels")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_convert)
-
-    p = sub.add_parser("verify", help="check every checksum of a .blm file",
-                       description="Checks a .blm file's header checksum and every tensor's CRC-32, and names any "
-                                   "tensor that fails. A model name or a .gguf path checks its cached .blm.")
-    p.add_argument("file", metavar="FILE")
-    p.set_defaults(func=cmd_verify)
-
-
-def cmd_convert(args: argparse.Namespace) -> int:
-    from barellm import hub
-
-    src = hub.resolve(args.src, pull_missing=False)
-    out = Path(args.output)
-    if out.exists() and out.is_dir():
-        raise BarellmError(f"{out}: is a directory")
-    convert(src, out, type=args.type, layout=args.layout, progress=False if args.quiet else None)
-    with blm.BLMFile(out) as f:
-        size = out.stat().st_size
-        print(f"{out}: {len(f.tensors)} tensors, {size / 1e6:.1f} MB, from {src.name} "
-              f"(sha256 {f.provenance['source.sha256'][:12]}…)")
-    return 0
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    from barellm import hub
-
-    path = hub.resolve(args.file, pull_missing=False)
-    if sniff(path) != "blm":
-        cached = cached_path(path)
-        if cached is None:
-            raise FormatError(f"{path}: not a .blm file and not converted yet (GGUF files carry no checksums); "
-                              "`barellm convert` it first")
-        path = cached
-    with Progress(path.stat().st_size, f"verifying {path.name}", enabled=sys.stderr.isatty()) as bar:
-        r = blm.verify(path, bar)
-    print(f"{path}: ok, header and {r.n_tensors} tensors ({r.nbytes / 1e6:.1f} MB) verified in {r.seconds:.2f} s")
-    return 0

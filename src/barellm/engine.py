@@ -30,16 +30,19 @@ import numpy as np
 
 from barellm import _native as nat
 from barellm.arch.config import ModelConfig
+from barellm.cpu import default_threads
 from barellm.errors import FormatError, InvalidRequest
+from barellm.kernels import (
+    ACTIVATIONS,
+    LAYOUT_ROWS,
+    matmul_supported,
+    matrix_act,
+    matrix_layout,
+)
 from barellm.plan import Op, buffer_widths, llama_plan
 
+F32 = 0  # ggml type id of float32
 KIND_IDS = {"embed": 1, "rmsnorm": 2, "matmul": 3, "rope_kv": 4, "attention": 5, "silu_mul": 6, "add": 7}
-F32, F16 = 0, 1
-LAYOUT_ROWS, LAYOUT_INTERLEAVE8 = 0, 1
-ACT_Q8, ACT_Q8X2 = 0, 1
-# The activation precisions of the quantized matmuls (kernels.h): "q8x2" keeps ~15 bits per value (two int8
-# planes, twice the integer multiplies), "q8" ~8 bits (the int8 blocks llama.cpp also uses).
-ACTIVATIONS = {"q8": ACT_Q8, "q8x2": ACT_Q8X2}
 KV_TILE = nat.KV_TILE
 FLOAT_ALIGN = 16  # buffer rows start on cache lines: strides are multiples of 16 floats
 
@@ -56,42 +59,6 @@ def aligned_zeros(shape: tuple[int, ...] | int, dtype: Any = np.float32, align: 
 
 def _round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
-
-
-def matrix_layout(type_id: int, rows: int, cols: int) -> int:
-    """The layout the matmul kernels want for a matrix (the weights' storage decision, in one place).
-
-    A repacked layout where the kernels have one for the type, else GGUF's rows. A .blm file stores
-    matrices already in the layout this returns, tagged, so loading it needs no repacking.
-    """
-    if _matrix_bytes(type_id, LAYOUT_INTERLEAVE8, rows, cols) > 0:
-        return LAYOUT_INTERLEAVE8
-    return LAYOUT_ROWS
-
-
-def _matrix_bytes(type_id: int, layout: int, rows: int, cols: int) -> int:
-    try:
-        return nat.matrix_bytes(type_id, layout, rows, cols)
-    except ValueError:  # a type or layout the kernels do not have
-        return 0
-
-
-def matrix_act(type_id: int, activations: str) -> int:
-    """The activation type a matrix's kernel takes (the precision choice, in one place).
-
-    "q8x2" wherever the kernels have it (Q4_0, Q4_1, Q8_0), else 8-bit blocks. Why it is the default: with
-    8-bit activations SmolLM2's teacher-forced logits differ from the float reference by a mean top-10 KL
-    of 0.0027 (top-1 196/199); with q8x2 by under 1e-5 (199/199). With the output matrix left at 8 bits
-    the KL is 0.0002 but a top-2 margin of 0.005 flips (198/199), so it takes q8x2 too. Decoding reads each
-    weight once, so the extra multiplies mostly hide behind the memory reads; prefill pays for them
-    (docs/engine.md, docs/benchmarks.md).
-    """
-    act = ACTIVATIONS[activations]
-    return act if act == ACT_Q8 or nat.act_supported(type_id, act) else ACT_Q8
-
-
-def matmul_supported(type_id: int, rows: int, cols: int) -> bool:
-    return _matrix_bytes(type_id, LAYOUT_ROWS, rows, cols) > 0
 
 
 def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
@@ -130,12 +97,6 @@ def _release_pages(views: list[np.ndarray]) -> None:
         hi = (v.ctypes.data + v.nbytes) // page * page
         if hi > lo:
             libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
-
-
-def _default_threads() -> int:
-    from barellm.model import default_threads
-
-    return default_threads()
 
 
 class DebugContext:
@@ -183,7 +144,7 @@ class NativeEngine:
         self.n_vocab = cfg.n_vocab
         self.n_slots = int(n_slots)
         self.chunk = int(chunk)
-        self.threads = int(threads or _default_threads())
+        self.threads = int(threads or default_threads())
         if self.n_ctx < 1 or self.n_slots < 1 or not 1 <= self.chunk <= 4096 or not 1 <= self.threads <= 256:
             raise InvalidRequest(f"bad engine sizes: n_ctx={n_ctx} n_slots={n_slots} chunk={chunk} threads={threads}")
         if kv_type not in ("f16", "f32"):

