@@ -297,9 +297,10 @@ def _state(request: Request) -> ServerState:
     return request.app.state.server
 
 
-async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[int], prompt_chars: int
-                    ) -> Response:
-    state = _state(request)
+def submit(state: ServerState, req: GenerationRequest, prompt_ids: list[int]
+           ) -> tuple[Job, asyncio.Queue[Event | None]]:
+    """Checks the prompt against the context and queues the job: the one path every API's generation
+    requests take to the scheduler. Returns the job and the queue its events arrive on."""
     if not prompt_ids:
         raise bad("the prompt is empty (it encodes to no tokens)", "prompt" if req.kind == "completion" else "messages")
     room = state.n_ctx - len(prompt_ids)
@@ -308,10 +309,12 @@ async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[i
                   "including the reply", "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
     max_tokens = req.max_tokens
     if max_tokens is None:
-        max_tokens = room if req.kind == "chat" else min(room, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        max_tokens = room if req.kind == "chat" or not req.short_default else min(room, COMPLETIONS_DEFAULT_MAX_TOKENS)
     elif max_tokens > room:
-        raise bad(f"the prompt has {len(prompt_ids)} tokens and max_tokens is {max_tokens}: together over the "
-                  f"context of {state.n_ctx} tokens", "max_tokens", "context_length_exceeded")
+        if not req.clamp_max_tokens:
+            raise bad(f"the prompt has {len(prompt_ids)} tokens and max_tokens is {max_tokens}: together over the "
+                      f"context of {state.n_ctx} tokens", "max_tokens", "context_length_exceeded")
+        max_tokens = room
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event | None] = asyncio.Queue()
 
@@ -325,6 +328,13 @@ async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[i
     except QueueFull as e:
         raise ApiError(429, f"the server is busy: {e}; retry later", type="rate_limit_error",
                        code="queue_full") from None
+    return job, events
+
+
+async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[int], prompt_chars: int
+                    ) -> Response:
+    state = _state(request)
+    job, events = submit(state, req, prompt_ids)
     return GenerationResponse(state, job, events, Formatter(state, req, prompt_chars), request.url.path)
 
 
@@ -475,6 +485,8 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
     the command's default); cors_origins: browser origins allowed to call the API ("*": any; none: no CORS
     headers at all). The scheduler thread starts and stops with the app's lifespan.
     """
+    from barellm.serve import ollama  # its handlers build on this module's
+
     state = ServerState(model, model_id=model_id, aliases=aliases, max_queue=max_queue, timeout=timeout,
                         prefill_chunk=prefill_chunk, max_body=max_body)
 
@@ -502,11 +514,12 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        *ollama.routes(),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error})
     app.state.server = state
-    app.state.openapi = openapi_doc.openapi(__version__)
+    app.state.openapi = openapi_doc.openapi(__version__, ollama.MODELS, ollama.PATHS)
     # outermost last: every answer is counted, CORS headers go on the guard's refusals too
     app.add_middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts)
     origins = list(cors_origins)

@@ -401,6 +401,8 @@ class GenerationRequest:
     cache_prompt: bool = True                  # reuse a slot's cached prefix (llama.cpp server's extension)
     messages: list[dict[str, str]] | None = None
     prompt: str | list[int] | None = None
+    short_default: bool = True                 # no max_tokens on a completion: 16 tokens (OpenAI's), else the rest
+    clamp_max_tokens: bool = False             # max_tokens past the context: cut to fit (Ollama's) instead of a 400
 
 
 # --- parsing bodies and naming what is wrong ------------------------------------------------------
