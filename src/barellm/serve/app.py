@@ -485,7 +485,7 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
     the command's default); cors_origins: browser origins allowed to call the API ("*": any; none: no CORS
     headers at all). The scheduler thread starts and stops with the app's lifespan.
     """
-    from barellm.serve import ollama  # its handlers build on this module's
+    from barellm.serve import ollama, webui  # their handlers build on this module's
 
     state = ServerState(model, model_id=model_id, aliases=aliases, max_queue=max_queue, timeout=timeout,
                         prefill_chunk=prefill_chunk, max_body=max_body)
@@ -515,6 +515,7 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         *ollama.routes(),
+        *webui.routes(),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error})

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 MAX_HEADER_BYTES = 16 * 1024
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 OPEN_PATHS = ("/health", "/")   # no API key needed: liveness, and the chat page (which asks for the key)
+OPEN_PREFIX = "/static/"        # the chat page's script and style
 
 
 def is_loopback(host: str) -> bool:
@@ -92,7 +93,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        if self.api_key is not None and path not in OPEN_PATHS:
+        if self.api_key is not None and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIX):
             given = _bearer(get(b"authorization"))
             if not hmac.compare_digest(given, self.api_key):
                 await _error(send, 401, "a valid API key is needed: send the header 'Authorization: Bearer KEY'"
