@@ -16,7 +16,7 @@ httpx = pytest.importorskip("httpx")
 from test_server import MODEL_ID  # noqa: E402
 from test_server import server as server  # noqa: E402  (this module's real server)
 
-from barellm.serve import openapi_doc, schemas  # noqa: E402
+from barellm.serve import ollama, openapi_doc, schemas  # noqa: E402
 from barellm.serve.schemas import ApiError  # noqa: E402
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -209,4 +209,6 @@ def test_responses_match_the_documented_models(server: Any) -> None:
         assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_endpoint"
         assert c.post("/v1/embeddings", json={"inputs": "Hi"}).json()["error"]["param"] == "inputs"  # not "input"
         doc = c.get("/openapi.json").json()
-        assert doc == json.loads(json.dumps(openapi_doc.openapi(doc["info"]["version"])))
+        assert doc == json.loads(json.dumps(openapi_doc.openapi(doc["info"]["version"], ollama.MODELS, ollama.PATHS)))
+        assert {"/api/chat", "/api/generate", "/v1/chat/completions"} <= set(doc["paths"])
+        assert "OllamaChatRequest" in doc["components"]["schemas"]

@@ -20,7 +20,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,11 +29,10 @@ from barellm import __version__
 from barellm.errors import InvalidRequest
 from barellm.serve import openapi_doc, schemas
 from barellm.serve.metrics import Metrics, endpoint_label
-from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, QueueFull, Scheduler, TokenLogprob
+from barellm.serve.relay import RelayResponse, read_body, submit
+from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
 from barellm.serve.security import MAX_HEADER_BYTES, Guard
-
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint
 
 
 def _run_sync(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
@@ -86,22 +85,6 @@ class ServerState:
 
 
 # --- body and errors -----------------------------------------------------------------------------
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refused past limit bytes (by its declared length first, then as it arrives)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
-    body = bytearray()
-    try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
-    except ClientDisconnect:
-        raise bad("the client went away while sending the body") from None
-    return bytes(body)
-
 
 def error_response(state: ServerState, path: str, err: ApiError, headers: dict[str, str] | None = None
                    ) -> Response:
@@ -206,35 +189,13 @@ def _sse(obj: Any) -> dict[str, Any]:
     return {"type": "http.response.body", "body": _utf8(f"data: {_dumps(obj)}\n\n"), "more_body": True}
 
 
-class GenerationResponse(Response):
-    """Relays a job's events; cancels the job when the client disconnects or the response ends early."""
+class GenerationResponse(RelayResponse):
+    """Relays a job's events in OpenAI's shapes: one JSON body, or server-sent events."""
 
     def __init__(self, state: ServerState, job: Job, events: asyncio.Queue[Event | None], fmt: Formatter,
                  path: str) -> None:
-        self.state = state
-        self.job = job
-        self.events = events
+        super().__init__(state, job, events, path)
         self.fmt = fmt
-        self.path = path
-        self.background = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def watch() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    self.state.scheduler.cancel(self.job)
-                    self.events.put_nowait(None)
-                    return
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await self._respond(scope, receive, send)
-        except (OSError, ClientDisconnect):
-            pass   # the connection broke while writing: the finally below frees the slot
-        finally:
-            watcher.cancel()
-            self.state.scheduler.cancel(self.job)   # no-op once the job is done
 
     async def _error(self, scope: Scope, receive: Receive, send: Send, ev: Event) -> None:
         err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
@@ -295,40 +256,6 @@ class GenerationResponse(Response):
 
 def _state(request: Request) -> ServerState:
     return request.app.state.server
-
-
-def submit(state: ServerState, req: GenerationRequest, prompt_ids: list[int]
-           ) -> tuple[Job, asyncio.Queue[Event | None]]:
-    """Checks the prompt against the context and queues the job: the one path every API's generation
-    requests take to the scheduler. Returns the job and the queue its events arrive on."""
-    if not prompt_ids:
-        raise bad("the prompt is empty (it encodes to no tokens)", "prompt" if req.kind == "completion" else "messages")
-    room = state.n_ctx - len(prompt_ids)
-    if room < 1:
-        raise bad(f"the prompt has {len(prompt_ids)} tokens; this server's context holds {state.n_ctx}, "
-                  "including the reply", "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
-    max_tokens = req.max_tokens
-    if max_tokens is None:
-        max_tokens = room if req.kind == "chat" or not req.short_default else min(room, COMPLETIONS_DEFAULT_MAX_TOKENS)
-    elif max_tokens > room:
-        if not req.clamp_max_tokens:
-            raise bad(f"the prompt has {len(prompt_ids)} tokens and max_tokens is {max_tokens}: together over the "
-                      f"context of {state.n_ctx} tokens", "max_tokens", "context_length_exceeded")
-        max_tokens = room
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue[Event | None] = asyncio.Queue()
-
-    def emit(ev: Event) -> None:   # scheduler thread
-        loop.call_soon_threadsafe(events.put_nowait, ev)
-
-    job = Job(prompt=prompt_ids, params=req.params, max_tokens=max_tokens, emit=emit, stops=req.stops,
-              top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt)
-    try:
-        state.scheduler.submit(job)
-    except QueueFull as e:
-        raise ApiError(429, f"the server is busy: {e}; retry later", type="rate_limit_error",
-                       code="queue_full") from None
-    return job, events
 
 
 async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[int], prompt_chars: int

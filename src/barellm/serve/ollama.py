@@ -31,7 +31,7 @@ from starlette.types import Receive, Scope, Send
 from barellm import __version__
 from barellm.errors import InvalidRequest
 from barellm.serve import schemas
-from barellm.serve.app import GenerationResponse, ServerState, read_body, submit
+from barellm.serve.relay import RelayResponse, read_body, submit
 from barellm.serve.scheduler import Event
 from barellm.serve.schemas import (
     MAX_STOP_CHARS,
@@ -103,7 +103,7 @@ class _OllamaGenerate(_Body):
     logprobs: Annotated[bool | None, _no("logprobs", "not on the Ollama routes; /v1 has them")] = None
     top_logprobs: Annotated[Int | None, _no("top_logprobs", "not on the Ollama routes; /v1 has them")] = None
 
-    def generation(self, state: ServerState, kind: str) -> GenerationRequest:
+    def generation(self, state: Any, kind: str) -> GenerationRequest:
         o = self.options or OllamaOptions()
         if o.num_ctx is not None and o.num_ctx > state.n_ctx:
             raise bad(f"num_ctx {o.num_ctx} is more than this server's context of {state.n_ctx} tokens "
@@ -189,20 +189,20 @@ def _error(status: int, message: str) -> Response:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def _state(request: Request) -> ServerState:
+def _state(request: Request) -> Any:
     return request.app.state.server
 
 
-def _tag(state: ServerState) -> str:
+def _tag(state: Any) -> str:
     return f"{state.model_id}:latest"
 
 
-def _check_model(state: ServerState, name: str) -> None:
+def _check_model(state: Any, name: str) -> None:
     # Ollama's names carry a tag; ":latest" is the one this server lists
     state.check_model(name[: -len(":latest")] if name.lower().endswith(":latest") else name)
 
 
-def _details(state: ServerState) -> dict[str, Any]:
+def _details(state: Any) -> dict[str, Any]:
     model = state.model
     md = getattr(model, "metadata", {}) or {}
     arch = str(md.get("general.architecture", getattr(getattr(model, "config", None), "arch", "unknown")))
@@ -219,18 +219,18 @@ def _details(state: ServerState) -> dict[str, Any]:
             "quantization_level": max(types, key=lambda k: types[k]) if types else "unknown"}
 
 
-def _modified(state: ServerState) -> str:
+def _modified(state: Any) -> str:
     return datetime.fromtimestamp(state.created, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 # --- the generation answer -------------------------------------------------------------------------
 
-class OllamaResponse(GenerationResponse):
+class OllamaResponse(RelayResponse):
     """Relays a job's events as Ollama's objects: one per line while streaming, or one in all."""
 
-    def __init__(self, state: ServerState, job: Any, events: Any, req: GenerationRequest, path: str,
+    def __init__(self, state: Any, job: Any, events: Any, req: GenerationRequest, path: str,
                  chat: bool, model_name: str, prompt_ids: list[int]) -> None:
-        super().__init__(state, job, events, None, path)   # type: ignore[arg-type]
+        super().__init__(state, job, events, path)
         self.req = req
         self.chat = chat
         self.model_name = model_name
@@ -319,7 +319,7 @@ def _ollama_errors(handler: Any) -> Any:
     return wrapped
 
 
-def _loaded(state: ServerState, chat: bool) -> Response:
+def _loaded(state: Any, chat: bool) -> Response:
     """Ollama answers a request with nothing to generate by loading the model: done at once."""
     out: dict[str, Any] = {"model": "", "created_at": _now()}
     out.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
@@ -386,7 +386,7 @@ async def tags(request: Request) -> Response:
         "digest": _digest(state), "details": _details(state)}]})
 
 
-def _digest(state: ServerState) -> str:
+def _digest(state: Any) -> str:
     # a stable id for the file (Ollama's is the sha256 of the weights; hashing gigabytes per request is not)
     import hashlib
 
