@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,7 +24,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from barellm import __version__
+from barellm import __version__, openai_format
 from barellm.errors import InvalidRequest
 from barellm.serve import openapi_doc, schemas
 from barellm.serve.metrics import Metrics, endpoint_label
@@ -101,7 +100,7 @@ class Formatter:
         self.state = state
         self.req = req
         self.chat = req.kind == "chat"
-        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.id = openai_format.new_id(self.chat)
         self.created = int(time.time())
         self.offset = prompt_chars    # text_offset of the next token (legacy logprobs count from the prompt)
 
@@ -142,47 +141,31 @@ class Formatter:
                 a[k].extend(b[k])
         return a
 
-    def usage(self, done: Event) -> dict[str, Any]:
-        return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-                "total_tokens": done.prompt_tokens + done.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+    # the objects themselves are built by openai_format, which Model's create_* methods use too
 
-    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_id,
-                "system_fingerprint": self.state.fingerprint, "choices": choices}
+    def usage(self, done: Event) -> dict[str, Any]:
+        return openai_format.usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
+
+    def _ids(self) -> dict[str, Any]:
+        return {"created": self.created, "fingerprint": self.state.fingerprint}
 
     def whole(self, text: str, logprobs: dict[str, Any] | None, done: Event) -> dict[str, Any]:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                      "logprobs": logprobs, "finish_reason": done.finish_reason}
-            body = self._envelope("chat.completion", [choice])
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": done.finish_reason}
-            body = self._envelope("text_completion", [choice])
-        body["usage"] = self.usage(done)
-        return body
+        build = openai_format.chat_completion if self.chat else openai_format.text_completion
+        assert done.finish_reason is not None
+        return build(self.id, self.state.model_id, text, done.finish_reason, self.usage(done), logprobs=logprobs,
+                     **self._ids())
 
     def chunk(self, text: str | None, logprobs: dict[str, Any] | None, finish_reason: str | None = None,
               role: bool = False) -> dict[str, Any]:
         if self.chat:
-            delta: dict[str, Any] = {}
-            if role:
-                delta = {"role": "assistant", "content": ""}
-            elif text is not None:
-                delta = {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-            body = self._envelope("chat.completion.chunk", [choice])
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
-            body = self._envelope("text_completion", [choice])
-        if self.req.include_usage:
-            body["usage"] = None   # OpenAI's shape: null on every chunk but the last
-        return body
+            return openai_format.chat_chunk(self.id, self.state.model_id, text=text, role=role,
+                                            finish_reason=finish_reason, logprobs=logprobs,
+                                            with_usage=self.req.include_usage, **self._ids())
+        return openai_format.text_chunk(self.id, self.state.model_id, text=text or "", finish_reason=finish_reason,
+                                        logprobs=logprobs, with_usage=self.req.include_usage, **self._ids())
 
     def usage_chunk(self, done: Event) -> dict[str, Any]:
-        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = self.usage(done)
-        return body
+        return openai_format.usage_chunk(self.id, self.state.model_id, self.chat, self.usage(done), **self._ids())
 
 
 def _sse(obj: Any) -> dict[str, Any]:

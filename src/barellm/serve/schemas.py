@@ -31,6 +31,7 @@ from pydantic_core import PydanticCustomError
 
 from barellm.errors import InvalidRequest
 from barellm.sampling import SamplingParams
+from barellm.text.chat import message_text
 
 MAX_BODY_BYTES = 1 << 20
 MAX_STOPS = 16
@@ -323,7 +324,8 @@ class ChatCompletionRequest(_Sampling):
 
 
 def _text_of(content: str | list[TextPart]) -> str:
-    return content if isinstance(content, str) else "".join(p.text for p in content)
+    # the rule for parts is text.chat's, which Model.chat applies too
+    return message_text(content if isinstance(content, str) else [p.model_dump() for p in content])
 
 
 def _one_prompt(v: Any) -> Any:
