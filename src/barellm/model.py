@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from barellm import hub
-from barellm.arch.config import ModelConfig, config_from_metadata
+from barellm.arch.config import ModelConfig, config_of
 from barellm.cpu import default_threads
 from barellm.errors import BarellmError, FormatError, InvalidRequest
 from barellm.sampling import Sampler, SamplingParams
@@ -74,9 +74,7 @@ class Model:
         self.source = _open_source(path)
         md = self.source.metadata
         self.metadata: dict[str, Any] = md
-        self.config: ModelConfig = config_from_metadata(
-            md, self.source.tensors["token_embd.weight"].shape[0] if "token_embd.weight" in self.source.tensors
-            else 0, tied_output="output.weight" not in self.source.tensors)
+        self.config: ModelConfig = config_of(self.source)
         n_ctx = context or min(self.config.context_length, 4096)
         if not (isinstance(n_ctx, int) and 16 <= n_ctx <= self.config.context_length):
             raise InvalidRequest(f"context must be an integer in 16..{self.config.context_length}, got {context!r}")
