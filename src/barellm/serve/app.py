@@ -8,11 +8,8 @@ connection: a client that goes away cancels its job at once, freeing the slot be
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,20 +17,22 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from barellm import __version__
+from barellm import __version__, openai_format
 from barellm.errors import InvalidRequest
-from barellm.serve import schemas
+from barellm.serve import openapi_doc, schemas
 from barellm.serve.metrics import Metrics, endpoint_label
-from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, QueueFull, Scheduler, TokenLogprob
+from barellm.serve.relay import Outbox, RelayResponse, read_body, submit
+from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
+from barellm.serve.security import MAX_HEADER_BYTES, Guard
 
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint
-DEFAULT_STREAM_INTERVAL = 0.02        # seconds: streamed text goes out at most 50 times a second
+DEFAULT_STREAM_INTERVAL = 0.02   # seconds: a streamed response's text goes out at most 50 times a second
 
 
 def _run_sync(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
@@ -88,21 +87,6 @@ class ServerState:
 
 # --- body and errors -----------------------------------------------------------------------------
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
-    body = bytearray()
-    try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
-    except ClientDisconnect:
-        raise bad("the client went away while sending the body") from None
-    return schemas.parse_json(bytes(body))
-
-
 def error_response(state: ServerState, path: str, err: ApiError, headers: dict[str, str] | None = None
                    ) -> Response:
     state.metrics.error(endpoint_label(path), err.type)
@@ -112,17 +96,17 @@ def error_response(state: ServerState, path: str, err: ApiError, headers: dict[s
 # --- turning events into OpenAI's shapes ---------------------------------------------------------
 
 class Formatter:
-    """Builds the response objects and stream chunks of one request."""
+    """Builds the response objects and stream chunks of one request (their shapes: openai_format)."""
 
     def __init__(self, state: ServerState, req: GenerationRequest, prompt_chars: int) -> None:
         self.state = state
         self.req = req
         self.chat = req.kind == "chat"
-        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.id = openai_format.new_id(self.chat)
         self.created = int(time.time())
-        self.prompt_chars = prompt_chars
-        self.offsets: dict[int, int] = {}   # per choice: text_offset of its next token (legacy logprobs)
-        self._frames: dict[int, tuple[bytes, bytes]] = {}   # per choice: a text chunk's bytes around the text
+        self.prompt_chars = prompt_chars    # legacy logprobs' text_offset counts from the start of the prompt
+        self.offsets: dict[int, int] = {}   # per choice: text_offset of its next token
+        self._frames: dict[int, tuple[bytes, bytes]] = {}   # per choice: a text event's bytes around the text
 
     def _token(self, token_id: int) -> tuple[str, list[int]]:
         b = self.state.tokenizer.token_bytes(token_id)
@@ -155,142 +139,71 @@ class Formatter:
         return out
 
     def usage(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+        return openai_format.usage(prompt_tokens, completion_tokens, cached_tokens)
 
-    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_id,
-                "system_fingerprint": self.state.fingerprint, "choices": choices}
+    def _ids(self) -> dict[str, Any]:
+        return {"created": self.created, "fingerprint": self.state.fingerprint}
 
-    def whole(self, choices: list[tuple[str, list[TokenLogprob], str | None]], usage: dict[str, Any]
-              ) -> dict[str, Any]:
+    def whole(self, choices: list[tuple[str, list[TokenLogprob], str]], usage: dict[str, Any]) -> dict[str, Any]:
         """The response object: (text, logprobs, finish reason) of each choice."""
-        out = []
+        build = openai_format.chat_completion if self.chat else openai_format.text_completion
+        body = None
         for i, (text, toks, reason) in enumerate(choices):
-            lp = self.logprobs(toks, i)
-            if self.chat:
-                out.append({"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
-                            "logprobs": lp, "finish_reason": reason})
+            one = build(self.id, self.state.model_id, text, reason, usage, logprobs=self.logprobs(toks, i),
+                        **self._ids())
+            if body is None:
+                body = one
             else:
-                out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": reason})
-        body = self._envelope("chat.completion" if self.chat else "text_completion", out)
-        body["usage"] = usage
+                body["choices"].append({**one["choices"][0], "index": i})
+        assert body is not None
         return body
 
     def chunk(self, text: str | None, logprobs: dict[str, Any] | None, finish_reason: str | None = None,
               role: bool = False, index: int = 0) -> dict[str, Any]:
         if self.chat:
-            delta: dict[str, Any] = {}
-            if role:
-                delta = {"role": "assistant", "content": ""}
-            elif text is not None:
-                delta = {"content": text}
-            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-            body = self._envelope("chat.completion.chunk", [choice])
+            out = openai_format.chat_chunk(self.id, self.state.model_id, text=text, role=role,
+                                           finish_reason=finish_reason, logprobs=logprobs,
+                                           with_usage=self.req.include_usage, **self._ids())
         else:
-            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
-            body = self._envelope("text_completion", [choice])
-        if self.req.include_usage:
-            body["usage"] = None   # OpenAI's shape: null on every chunk but the last
-        return body
+            out = openai_format.text_chunk(self.id, self.state.model_id, text=text or "", finish_reason=finish_reason,
+                                           logprobs=logprobs, with_usage=self.req.include_usage, **self._ids())
+        if index:
+            out["choices"][0]["index"] = index
+        return out
 
     def text_event(self, text: str, toks: list[TokenLogprob], index: int) -> bytes:
-        """The server-sent event of a run of text: the chunk object's bytes around the JSON of the text are
-        the same for every chunk of a choice, so only the text is encoded per event."""
+        """The server-sent event of a run of text. The chunk's bytes around the JSON of the text are the same
+        for every chunk of a choice, so only the text is encoded per event."""
         if self.req.top_logprobs is not None:
             return _sse(self.chunk(text, self.logprobs(toks, index), index=index))
         frame = self._frames.get(index)
         if frame is None:
             marker = "\u0000barellm-text\u0000"
-            whole = _dumps(self.chunk(marker, None, index=index))
-            head, tail = whole.split(_dumps(marker))
+            head, tail = _dumps(self.chunk(marker, None, index=index)).split(_dumps(marker))
             frame = self._frames[index] = (_utf8(f"data: {head}"), _utf8(f"{tail}\n\n"))
         return frame[0] + _utf8(_dumps(text)) + frame[1]
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
-        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = usage
-        return body
+        return openai_format.usage_chunk(self.id, self.state.model_id, self.chat, usage, **self._ids())
 
 
 def _sse(obj: Any) -> bytes:
     return _utf8(f"data: {_dumps(obj)}\n\n")
 
 
-class Outbox:
-    """A job's events on their way from the scheduler thread to the event loop. The scheduler only appends
-    (it never waits for the loop); the loop is woken at most once per batch, and takes every event that
-    arrived meanwhile at once."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.items: deque[Event | None] = deque()
-        self.waiter: asyncio.Future[None] | None = None
-        self.wake_pending = False
-
-    def push(self, ev: Event | None) -> None:
-        """From the scheduler thread (None: from the loop itself, the client went away)."""
-        self.items.append(ev)
-        if not self.wake_pending:
-            self.wake_pending = True
-            self.loop.call_soon_threadsafe(self._wake)
-
-    def _wake(self) -> None:
-        self.wake_pending = False
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    async def batch(self) -> list[Event | None]:
-        while not self.items:
-            self.waiter = self.loop.create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-        out: list[Event | None] = []
-        try:
-            while True:
-                out.append(self.items.popleft())
-        except IndexError:
-            return out
-
-
-class GenerationResponse(Response):
-    """Relays a job's events; cancels the job when the client disconnects or the response ends early."""
+class GenerationResponse(RelayResponse):
+    """Relays a job's events in OpenAI's shapes: one JSON body, or server-sent events. The events that
+    arrived together go out together: one write, and a run of one choice's deltas as one chunk."""
 
     def __init__(self, state: ServerState, job: Job, events: Outbox, fmt: Formatter, path: str) -> None:
-        self.state = state
-        self.job = job
-        self.events = events
+        super().__init__(state, job, events, path)
         self.fmt = fmt
-        self.path = path
-        self.background = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def watch() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    self.state.scheduler.cancel(self.job)
-                    self.events.push(None)
-                    return
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await self._respond(scope, receive, send)
-        except (OSError, ClientDisconnect):
-            pass   # the connection broke while writing: the finally below frees the slot
-        finally:
-            watcher.cancel()
-            self.state.scheduler.cancel(self.job)   # no-op once the job is done
 
     async def _error(self, scope: Scope, receive: Receive, send: Send, ev: Event) -> None:
         err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
         await error_response(self.state, self.path, err)(scope, receive, send)
 
     def _chunk(self, out: bytearray, delta: tuple[int, list[str], list[TokenLogprob]] | None) -> None:
-        """Writes the merged deltas of one choice as one stream chunk (OpenAI's chunks carry any run of text)."""
         if delta is not None:
             i, parts, lps = delta
             out.extend(self.fmt.text_event("".join(parts), lps, i))
@@ -303,23 +216,22 @@ class GenerationResponse(Response):
         toks: list[list[TokenLogprob]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
         completion_tokens = 0
-        started_stream = False
+        streaming = False
         clock = time.perf_counter
         while True:
             evs = await self.events.batch()
             t0 = clock()
             out = bytearray()
-            open_delta: tuple[int, list[str], list[TokenLogprob]] | None = None   # deltas of one choice, merged
+            run: tuple[int, list[str], list[TokenLogprob]] | None = None   # one choice's deltas, merged
             for ev in evs:
                 if ev is None:
                     return
                 if ev.kind == "error":
-                    if not started_stream:
+                    if not streaming:
                         await self._error(scope, receive, send, ev)
                         return
                     # the status line is gone already: OpenAI's clients read an error object in the stream
-                    self._chunk(out, open_delta)
-                    open_delta = None
+                    self._chunk(out, run)
                     self.state.metrics.error(endpoint_label(self.path), ev.error_type)
                     err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
                     out.extend(_sse(err.body()))
@@ -331,7 +243,7 @@ class GenerationResponse(Response):
                         await send({"type": "http.response.start", "status": 200, "headers": [
                             (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                             (b"x-accel-buffering", b"no")]})
-                        started_stream = True
+                        streaming = True
                         if fmt.chat:
                             for i in range(n):
                                 out.extend(_sse(fmt.chunk(None, None, role=True, index=i)))
@@ -339,26 +251,26 @@ class GenerationResponse(Response):
                     if not fmt.req.stream:
                         texts[ev.index].append(ev.text)
                         toks[ev.index].extend(ev.tokens)
-                    elif open_delta is not None and open_delta[0] == ev.index:
-                        open_delta[1].append(ev.text)
-                        open_delta[2].extend(ev.tokens)
+                    elif run is not None and run[0] == ev.index:
+                        run[1].append(ev.text)
+                        run[2].extend(ev.tokens)
                     else:
-                        self._chunk(out, open_delta)
-                        open_delta = (ev.index, [ev.text], list(ev.tokens))
+                        self._chunk(out, run)
+                        run = (ev.index, [ev.text], list(ev.tokens))
                 elif ev.kind == "done":
                     reasons[ev.index] = ev.finish_reason
                     completion_tokens += ev.completion_tokens
                     if fmt.req.stream:
-                        self._chunk(out, open_delta)
-                        open_delta = None
+                        self._chunk(out, run)
+                        run = None
                         out.extend(_sse(fmt.chunk(None, None, finish_reason=ev.finish_reason, index=ev.index)))
-            self._chunk(out, open_delta)
+            self._chunk(out, run)
             finished = all(r is not None for r in reasons)
             if finished:
                 assert start is not None
                 usage = fmt.usage(start.prompt_tokens, start.cached_tokens, completion_tokens)
                 if not fmt.req.stream:
-                    body = fmt.whole([("".join(texts[i]), toks[i], reasons[i]) for i in range(n)], usage)
+                    body = fmt.whole([("".join(texts[i]), toks[i], reasons[i] or "length") for i in range(n)], usage)
                     self.state.metrics.wrote(clock() - t0)
                     await _JSON(body)(scope, receive, send)
                     return
@@ -381,40 +293,13 @@ def _state(request: Request) -> ServerState:
 async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[int], prompt_chars: int
                     ) -> Response:
     state = _state(request)
-    if not prompt_ids:
-        raise bad("the prompt is empty (it encodes to no tokens)", "prompt" if req.kind == "completion" else "messages")
-    room = state.n_ctx - len(prompt_ids)
-    if room < 1:
-        raise bad(f"the prompt has {len(prompt_ids)} tokens; this server's context holds {state.n_ctx}, "
-                  "including the reply", "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
-    max_tokens = req.max_tokens
-    if max_tokens is None:
-        max_tokens = room if req.kind == "chat" else min(room, COMPLETIONS_DEFAULT_MAX_TOKENS)
-    elif max_tokens > room:
-        raise bad(f"the prompt has {len(prompt_ids)} tokens and max_tokens is {max_tokens}: together over the "
-                  f"context of {state.n_ctx} tokens", "max_tokens", "context_length_exceeded")
-    if req.n > state.scheduler.n_slots:
-        raise bad(f"n = {req.n} needs {req.n} free slots at once; this server has {state.scheduler.n_slots} "
-                  "(barellm serve --slots)", "n")
-    bias = req.params.logit_bias
-    if bias and max(bias) >= state.n_vocab:
-        raise bad(f"logit_bias names token {max(bias)}, outside the vocabulary (0..{state.n_vocab - 1})",
-                  "logit_bias")
-    events = Outbox(asyncio.get_running_loop())
-    job = Job(prompt=prompt_ids, params=req.params, max_tokens=max_tokens, emit=events.push, stops=req.stops,
-              top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt, n=req.n,
-              stream=req.stream, stream_interval=state.stream_interval)
-    try:
-        state.scheduler.submit(job)
-    except QueueFull as e:
-        raise ApiError(429, f"the server is busy: {e}; retry later", type="rate_limit_error",
-                       code="queue_full") from None
+    job, events = submit(state, req, prompt_ids)
     return GenerationResponse(state, job, events, Formatter(state, req, prompt_chars), request.url.path)
 
 
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
-    req = schemas.chat_request(await read_json(request, state.max_body))
+    req = schemas.chat_request(await read_body(request, state.max_body))
     state.check_model(req.model)
     assert req.messages is not None
     try:
@@ -426,7 +311,7 @@ async def chat_completions(request: Request) -> Response:
 
 async def completions(request: Request) -> Response:
     state = _state(request)
-    req = schemas.completion_request(await read_json(request, state.max_body), state.n_vocab)
+    req = schemas.completion_request(await read_body(request, state.max_body), state.n_vocab)
     state.check_model(req.model)
     if isinstance(req.prompt, str):
         try:
@@ -464,12 +349,12 @@ async def metrics(request: Request) -> Response:
 
 async def tokenize(request: Request) -> Response:
     state = _state(request)
-    text, add_special, parse_special, with_pieces = schemas.tokenize_request(await read_json(request, state.max_body))
+    req = schemas.tokenize_request(await read_body(request, state.max_body))
     try:
-        ids = await _run_sync(state.model.tokenize, text, add_special, parse_special)
+        ids = await _run_sync(state.model.tokenize, req.content, req.add_special, req.parse_special)
     except InvalidRequest as e:
         raise bad(str(e), "content") from None
-    if with_pieces:
+    if req.with_pieces:
         tok = state.tokenizer
         return _JSON({"tokens": [{"id": i, "piece": tok.token_bytes(i).decode("utf-8", errors="replace")}
                                  for i in ids]})
@@ -478,12 +363,20 @@ async def tokenize(request: Request) -> Response:
 
 async def detokenize(request: Request) -> Response:
     state = _state(request)
-    ids = schemas.detokenize_request(await read_json(request, state.max_body), state.n_vocab)
+    ids = schemas.detokenize_request(await read_body(request, state.max_body), state.n_vocab)
     try:
         text = await _run_sync(state.model.detokenize, ids)
     except InvalidRequest as e:
         raise bad(str(e), "tokens") from None
     return _JSON({"content": text})
+
+
+async def embeddings(request: Request) -> Response:
+    state = _state(request)
+    req = schemas.parse(schemas.EmbeddingRequest, await read_body(request, state.max_body))
+    state.check_model(req.model)
+    raise ApiError(400, "embeddings are not supported by this server (it serves text generation only)",
+                   code="unsupported_endpoint")
 
 
 async def openapi(request: Request) -> Response:
@@ -542,14 +435,21 @@ class _CountRequests:
 
 def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str] = (), max_queue: int = 64,
                timeout: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-               max_body: int = schemas.MAX_BODY_BYTES, stream_interval: float = DEFAULT_STREAM_INTERVAL) -> Starlette:
+               max_body: int = schemas.MAX_BODY_BYTES, api_key: str | None = None,
+               allowed_hosts: Iterable[str] | None = None, cors_origins: Iterable[str] = (),
+               stream_interval: float = DEFAULT_STREAM_INTERVAL) -> Starlette:
     """The app for a loaded model (barellm.load(..., slots=N): one slot per concurrent sequence).
 
-    stream_interval: seconds between a streamed response's events (text arriving meanwhile is sent together;
-    0 sends every token as it comes).
+    stream_interval: seconds between a streamed response's events (the text that arrives meanwhile is sent
+    together; 0 sends every token as it comes).
 
-    The scheduler thread starts and stops with the app's lifespan.
+    api_key: requests must send 'Authorization: Bearer KEY' (but /health and the chat page at /);
+    allowed_hosts: the Host header names accepted (None: any; security.default_allowed_hosts(bind) gives
+    the command's default); cors_origins: browser origins allowed to call the API ("*": any; none: no CORS
+    headers at all). The scheduler thread starts and stops with the app's lifespan.
     """
+    from barellm.serve import ollama, webui  # their handlers build on this module's
+
     state = ServerState(model, model_id=model_id, aliases=aliases, max_queue=max_queue, timeout=timeout,
                         prefill_chunk=prefill_chunk, max_body=max_body, stream_interval=stream_interval)
 
@@ -569,6 +469,7 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -576,19 +477,35 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        *ollama.routes(),
+        *webui.routes(),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error})
     app.state.server = state
-    app.state.openapi = schemas.openapi(__version__)
+    app.state.openapi = openapi_doc.openapi(__version__, ollama.MODELS, ollama.PATHS)
+    # outermost last: every answer is counted, CORS headers go on the guard's refusals too
+    app.add_middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts)
+    origins = list(cors_origins)
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"], max_age=600)
     app.add_middleware(_CountRequests, metrics=state.metrics)
     return app
+
+
+def server_config(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info"
+                  ) -> Any:
+    """uvicorn's settings for app: no Server header, and a cap on a request's header block while it
+    arrives (the Guard checks the complete headers too, whatever HTTP parser uvicorn picked)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5,
+                          server_header=False, h11_max_incomplete_event_size=2 * MAX_HEADER_BYTES)
 
 
 def run(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info") -> None:
     """Serves app with uvicorn until interrupted."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=5, server_header=False)
-    uvicorn.Server(config).run()
+    uvicorn.Server(server_config(app, host, port, log_level)).run()
