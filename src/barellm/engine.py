@@ -339,7 +339,8 @@ class NativeEngine:
         mapping), or exact float32 rows for a type without kernels."""
         rows, cols = self._shape2(name)
         type_id, layout, data = self._stored(name)
-        if not (kernels.act_supported(type_id, ACT_Q8) and kernels.matrix_bytes(type_id, layout, rows, cols) == data.size):
+        readable = kernels.matrix_bytes(type_id, layout, rows, cols) == data.size
+        if not (kernels.act_supported(type_id, ACT_Q8) and readable):
             type_id, layout, data = F32, LAYOUT_ROWS, self._dequant(name).reshape(-1).view(np.uint8)
         return type_id, layout, rows, cols, data
 
