@@ -95,6 +95,9 @@ _BLOCK_Q4_K = np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)), 
 _BLOCK_Q5_K = np.dtype(
     [("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)), ("qh", "u1", (QK_K // 8,)), ("qs", "u1", (QK_K // 2,))]
 )
+_BLOCK_Q3_K = np.dtype(
+    [("hmask", "u1", (QK_K // 8,)), ("qs", "u1", (QK_K // 4,)), ("scales", "u1", (12,)), ("d", "<f2")]
+)
 _BLOCK_Q6_K = np.dtype(
     [("ql", "u1", (QK_K // 2,)), ("qh", "u1", (QK_K // 4,)), ("scales", "i1", (QK_K // 16,)), ("d", "<f2")]
 )
@@ -228,6 +231,32 @@ def _dec_q5_k(b: np.ndarray, out: np.ndarray) -> None:
     o[...] = q
     o *= d1
     o -= m1
+
+
+def _q3_k_scales(scales: np.ndarray) -> np.ndarray:
+    """The 16 six-bit scales of Q3_K super-blocks, minus 32: scale i takes its low 4 bits from byte i % 8
+    (the low nibble for i < 8, the high one after) and its top 2 from bits 2 (i / 4), +1 of byte 8 + i % 4."""
+    s = scales.astype(np.int16)
+    lo = np.concatenate([s[:, 0:8] & 0x0F, s[:, 0:8] >> 4], axis=-1)
+    hi = np.concatenate([(s[:, 8:12] >> (2 * k)) & 3 for k in range(4)], axis=-1)
+    return (lo | (hi << 4)) - 32
+
+
+_Q3_K_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+_Q3_K_HBITS = (4 * np.arange(2).reshape(1, 2, 1, 1) + np.arange(4).reshape(1, 1, 4, 1)).astype(np.uint8)
+
+
+def _dec_q3_k(b: np.ndarray, out: np.ndarray) -> None:
+    # Value 128 h + 32 k + l: 2 bits at 2k of qs[32 h + l], minus 4 unless bit 4h + k of hmask[l] is set;
+    # ggml computes dl = d * (sc - 32) first, then dl * q.
+    n = b.shape[0]
+    low = (b["qs"].reshape(n, 2, 1, 32) >> _Q3_K_SHIFTS) & 3
+    high = (b["hmask"].reshape(n, 1, 1, 32) >> _Q3_K_HBITS) & 1
+    q = low.astype(np.int8) - ((1 - high) * 4).astype(np.int8)
+    dl = _f16(b["d"])[:, None] * _q3_k_scales(b["scales"]).astype(_F32)
+    o = out.reshape(n, 16, 16)
+    o[...] = q.reshape(n, 16, 16)
+    o *= dl[:, :, None]
 
 
 _Q6_K_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
@@ -430,7 +459,7 @@ _ROWS: list[QuantType] = [
     QuantType(8, "q8_0", QK, 34, _dequantizer(_BLOCK_Q8_0, QK, _dec_q8_0), _q8_0_from_float, _q8_0_max_error),
     QuantType(9, "q8_1", QK, 36),
     QuantType(10, "q2_k", QK_K, 84),
-    QuantType(11, "q3_k", QK_K, 110),
+    QuantType(11, "q3_k", QK_K, 110, _dequantizer(_BLOCK_Q3_K, QK_K, _dec_q3_k)),
     QuantType(12, "q4_k", QK_K, 144, _dequantizer(_BLOCK_Q4_K, QK_K, _dec_q4_k)),
     QuantType(13, "q5_k", QK_K, 176, _dequantizer(_BLOCK_Q5_K, QK_K, _dec_q5_k)),
     QuantType(14, "q6_k", QK_K, 210, _dequantizer(_BLOCK_Q6_K, QK_K, _dec_q6_k)),
