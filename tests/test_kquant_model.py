@@ -178,9 +178,9 @@ def test_convert_writes_q5_k(tmp_path):
 def test_gemma_cache_stores_k_quants_repacked_and_loads_without_copies(gemma_gguf):
     """The model cache holds every matrix of Gemma 3 as its kernels read it (Q5_0, Q8_0, Q4_K, Q6_K, and the
     tied Q8_0 embedding), fused groups back to back; the native engine binds every weight in place."""
-    from barellm.formats import open_model_file
+    from barellm.cache import open_model
 
-    f = open_model_file(Path(gemma_gguf))
+    f = open_model(Path(gemma_gguf))
     assert isinstance(f, BLMFile)
     for name, info in f.tensors.items():
         if len(info.shape) == 2:
