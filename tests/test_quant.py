@@ -61,7 +61,8 @@ def test_table_matches_ggml_ids_names_and_sizes():
 def test_required_types_are_supported():
     for name in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q3_k", "q4_k", "q5_k", "q6_k"]:
         assert quant.by_name(name.upper()).supported
-    assert {t.name for t in ENCODABLE} == {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q5_k"}
+    assert {t.name for t in ENCODABLE} == {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q3_k",
+                                           "q5_k"}
     assert all(t.max_error is not None for t in ENCODABLE)
 
 

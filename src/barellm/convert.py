@@ -1,6 +1,6 @@
 """Conversion into barellm's own format: GGUF files and Hugging Face safetensors checkpoints -> .blm.
 
-    barellm convert SRC -o OUT.blm [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_k] [--layout rows|kernels]
+    barellm convert SRC -o OUT.blm [--type f32|f16|bf16|q8_0|q4_0|q4_1|q3_k|q5_k] [--layout rows|kernels]
     barellm verify FILE
 
 A GGUF file keeps its tensors' types and bytes unless --type asks for another type, so a model converted
@@ -47,10 +47,10 @@ __all__ = ["convert", "permute_qk", "SafetensorsFile", "CONVERTER_REVISION", "TY
 # 2: every matrix with a kernel layout stored in it (the K-quants too, and a tied embedding), fused groups
 #    back to back.
 CONVERTER_REVISION = 2
-TYPE_CHOICES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_k")
+TYPE_CHOICES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q3_k", "q5_k")
 LAYOUT_CHOICES = ("rows", "kernels")
 # llama.cpp's llama_ftype for the types --type offers, for general.file_type
-_FILE_TYPES = {0: 0, 1: 1, 2: 2, 3: 3, 8: 7, 13: 16, 30: 32}
+_FILE_TYPES = {0: 0, 1: 1, 2: 2, 3: 3, 8: 7, 11: 11, 13: 16, 30: 32}
 F32, F16, BF16 = 0, 1, 30
 
 

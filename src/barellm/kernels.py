@@ -143,10 +143,12 @@ def _aligned(nbytes: int) -> np.ndarray:
     return raw[off:off + nbytes]
 
 
-def _convert(fn, type_id: int, layout: int, rows: int, cols: int, src: np.ndarray, dst: np.ndarray,
+def _convert(back: bool, type_id: int, layout: int, rows: int, cols: int, src: np.ndarray, dst: np.ndarray,
              threads: int) -> None:
-    """fn over the matrix, split over threads in whole groups for big matrices: repacked layouts hold rows in
-    independent groups, so row ranges starting on a group convert on their own (the call releases the GIL)."""
+    """GGUF rows into `layout` (or back), split over threads in whole groups for big matrices: repacked layouts
+    hold rows in independent groups, so row ranges starting on a group convert on their own (the native call
+    releases the GIL)."""
+    fn = nat.unrepack_into if back else nat.repack_into
     g = layout_rows(layout)
     parts = min(threads, rows // _THREADED_ROWS) if g > 1 else 1
     if parts < 2:
@@ -156,14 +158,12 @@ def _convert(fn, type_id: int, layout: int, rows: int, cols: int, src: np.ndarra
 
     plain, packed = row_bytes(type_id, cols), group_bytes(type_id, layout, cols)
     cuts = [rows * k // parts // g * g for k in range(parts)] + [rows]
-    back = fn is nat.unrepack_into
 
     def one(k: int) -> None:
         r0, r1 = cuts[k], cuts[k + 1]
-        a = src[r0 // g * packed:(r0 // g * packed + matrix_bytes(type_id, layout, r1 - r0, cols))] if back \
-            else src[r0 * plain:r1 * plain]
-        b = dst[r0 * plain:r1 * plain] if back \
-            else dst[r0 // g * packed:r0 // g * packed + matrix_bytes(type_id, layout, r1 - r0, cols)]
+        rows_part = slice(r0 * plain, r1 * plain)
+        packed_part = slice(r0 // g * packed, r0 // g * packed + matrix_bytes(type_id, layout, r1 - r0, cols))
+        a, b = (src[packed_part], dst[rows_part]) if back else (src[rows_part], dst[packed_part])
         fn(type_id, layout, r1 - r0, cols, a, b)
 
     with ThreadPoolExecutor(parts) as pool:
@@ -177,7 +177,7 @@ def repack(type_id: int, layout: int, rows: int, cols: int, src: np.ndarray | by
     if n == 0:
         raise ValueError(f"type {type_id} has no layout {layout_name(layout)} for a ({rows}, {cols}) matrix")
     dst = _aligned(n) if out is None else out
-    _convert(nat.repack_into, type_id, layout, rows, cols, _flat(src), dst, threads)
+    _convert(False, type_id, layout, rows, cols, _flat(src), dst, threads)
     return dst
 
 
@@ -188,7 +188,7 @@ def unrepack(type_id: int, layout: int, rows: int, cols: int, src: np.ndarray | 
     if n == 0 or matrix_bytes(type_id, layout, rows, cols) == 0:
         raise ValueError(f"type {type_id} has no layout {layout_name(layout)} for a ({rows}, {cols}) matrix")
     dst = np.empty(n, np.uint8) if out is None else out
-    _convert(nat.unrepack_into, type_id, layout, rows, cols, _flat(src), dst, threads)
+    _convert(True, type_id, layout, rows, cols, _flat(src), dst, threads)
     return dst
 
 

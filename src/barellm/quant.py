@@ -504,6 +504,85 @@ def _q5_k_from_float(x: np.ndarray) -> np.ndarray:
     return out.view(np.uint8)
 
 
+# --- Q3_K (ggml's quantize_row_q3_K_ref) ---------------------------------------------------------------
+
+_GROUP_MAX_EPS = _F32(1e-15)
+
+
+def _make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's make_q3_quants with do_rmse on rows of x: (scale, L in 0..2 nmax - 1) per row. Each pass over a
+    row's values updates its sums as it goes (sequential); a pass that changes nothing leaves the state as
+    it was, so running all five passes equals ggml's early exit."""
+    n = x.shape[1]
+    i_max = np.abs(x).argmax(axis=1)  # the first of equal magnitudes, as ggml's strict >
+    mx = x[np.arange(x.shape[0]), i_max]
+    zero = np.abs(mx) < _GROUP_MAX_EPS
+    iscale = _F32(-nmax) / np.where(zero, _F32(1), mx)
+    L = np.clip(_nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
+    sumlx = np.zeros(x.shape[0], _F32)
+    suml2 = np.zeros(x.shape[0], _F32)
+    for i in range(n):
+        w = x[:, i] * x[:, i]
+        lf = L[:, i].astype(_F32)
+        sumlx += w * x[:, i] * lf
+        suml2 += w * lf * lf
+    for _ in range(5):
+        for i in range(n):
+            w = x[:, i] * x[:, i]
+            li = L[:, i].astype(_F32)
+            slx = sumlx - w * x[:, i] * li
+            pos = slx > 0
+            sl2 = suml2 - w * li * li
+            new_l = np.clip(_nearest_int(x[:, i] * sl2 / np.where(pos, slx, _F32(1))), -nmax, nmax - 1)
+            nf = new_l.astype(_F32)
+            slx2 = slx + w * x[:, i] * nf
+            sl22 = sl2 + w * nf * nf
+            take = pos & (new_l != L[:, i]) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+            L[:, i] = np.where(take, new_l, L[:, i])
+            sumlx = np.where(take, slx2, sumlx)
+            suml2 = np.where(take, sl22, suml2)
+    scale = np.where(zero, _F32(0), sumlx / np.where(suml2 != 0, suml2, _F32(1)))
+    return scale.astype(_F32), np.where(zero[:, None], 0, L + nmax)
+
+
+def _q3_k_encode(xb: np.ndarray) -> np.ndarray:
+    n = xb.shape[0]
+    scales, L = _make_q3_quants(xb.reshape(n * 16, 16), 4)
+    scales, L = scales.reshape(n, 16), L.reshape(n, 16, 16)
+    j_max = np.abs(scales).argmax(axis=1)
+    max_scale = scales[np.arange(n), j_max]
+    has = max_scale != 0
+    iscale = _F32(-32) / np.where(has, max_scale, _F32(1))
+    ls = (np.clip(_nearest_int(iscale[:, None] * scales), -32, 31) + 32).astype(np.uint8)
+    packed = np.zeros((n, 12), np.uint8)
+    packed[:, 0:8] = (ls[:, 0:8] & 0x0F) | ((ls[:, 8:16] & 0x0F) << 4)
+    for j in range(16):
+        packed[:, 8 + j % 4] |= (ls[:, j] >> 4) << (2 * (j // 4))
+    packed[~has] = 0
+    out = np.zeros(n, dtype=_BLOCK_Q3_K)
+    out["scales"] = packed
+    out["d"] = np.where(has, _F32(1) / iscale, _F32(0))
+    d = _f16(out["d"])[:, None] * _q3_k_scales(packed).astype(_F32)
+    requant = np.clip(_nearest_int(xb.reshape(n, 16, 16) / np.where(d != 0, d, _F32(1))[:, :, None]), -4, 3) + 4
+    L = np.where((d != 0)[:, :, None], requant, L).reshape(n, 256)  # a zero scale keeps the search's values
+    high = L > 3
+    L = np.where(high, L - 4, L).astype(np.uint8)
+    out["hmask"] = np.bitwise_or.reduce(high.reshape(n, 8, 32).astype(np.uint8) << np.arange(8, dtype=np.uint8)
+                                        .reshape(1, 8, 1), axis=1)
+    lq = L.reshape(n, 2, 4, 32)
+    out["qs"] = (lq[:, :, 0] | (lq[:, :, 1] << 2) | (lq[:, :, 2] << 4) | (lq[:, :, 3] << 6)).reshape(n, 64)
+    return out
+
+
+def _q3_k_from_float(x: np.ndarray) -> np.ndarray:
+    xb = _as_blocks(x, QK_K)
+    step = max(1, _CHUNK_VALUES // QK_K)
+    out = np.empty(xb.shape[0], dtype=_BLOCK_Q3_K)
+    for start in range(0, xb.shape[0], step):
+        out[start:start + step] = _q3_k_encode(xb[start:start + step])
+    return out.view(np.uint8)
+
+
 # --- error bounds --------------------------------------------------------------------------------------
 # Each bound is the codec's rounding step plus what storing the scale (and minimum) in float16 costs:
 # with d the exact float32 scale and dh its float16, a value q*d is decoded as q*dh, off by |q|*|d - dh|.
@@ -572,6 +651,18 @@ def _q5_k_max_error(xb: np.ndarray) -> np.ndarray:
     return (np.maximum(d / 2, clip) * (1 + 2.0**-20) + _slack(xb)[:, None]).max(axis=1).astype(_F32)
 
 
+def _q3_k_max_error(xb: np.ndarray) -> np.ndarray:
+    """Q3_K's last step, exactly (as Q5_K's): each value within half a step of its 16-value group's grid
+    {d_j q : q = -4..3} (d_j = d (sc_j - 32), as stored), or clipped to the grid's ends."""
+    n = xb.shape[0]
+    enc = _q3_k_encode(np.ascontiguousarray(xb, dtype=_F32))
+    d = (_f16(enc["d"])[:, None] * _q3_k_scales(enc["scales"]).astype(_F32)).astype(np.float64)
+    x = xb.reshape(n, 16, 16).astype(np.float64)
+    lo, hi = np.minimum(-4 * d, 3 * d), np.maximum(-4 * d, 3 * d)
+    clip = np.maximum(np.maximum(lo - x.min(axis=2), x.max(axis=2) - hi), 0)
+    return (np.maximum(np.abs(d) / 2, clip) * (1 + 2.0**-20) + _slack(xb)[:, None]).max(axis=1).astype(_F32)
+
+
 def _exact(xb: np.ndarray) -> np.ndarray:
     return np.zeros(xb.shape[0], dtype=_F32)
 
@@ -590,7 +681,7 @@ _ROWS: list[QuantType] = [
     QuantType(8, "q8_0", QK, 34, _dequantizer(_BLOCK_Q8_0, QK, _dec_q8_0), _q8_0_from_float, _q8_0_max_error),
     QuantType(9, "q8_1", QK, 36),
     QuantType(10, "q2_k", QK_K, 84),
-    QuantType(11, "q3_k", QK_K, 110, _dequantizer(_BLOCK_Q3_K, QK_K, _dec_q3_k)),
+    QuantType(11, "q3_k", QK_K, 110, _dequantizer(_BLOCK_Q3_K, QK_K, _dec_q3_k), _q3_k_from_float, _q3_k_max_error),
     QuantType(12, "q4_k", QK_K, 144, _dequantizer(_BLOCK_Q4_K, QK_K, _dec_q4_k)),
     QuantType(13, "q5_k", QK_K, 176, _dequantizer(_BLOCK_Q5_K, QK_K, _dec_q5_k), _q5_k_from_float, _q5_k_max_error),
     QuantType(14, "q6_k", QK_K, 210, _dequantizer(_BLOCK_Q6_K, QK_K, _dec_q6_k)),
