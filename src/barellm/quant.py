@@ -396,8 +396,9 @@ def _pack_q5(out: np.ndarray, q: np.ndarray) -> None:
 
 
 def _nearest_int(v: np.ndarray) -> np.ndarray:
-    """ggml's nearest_int: round half to even (it adds 1.5 * 2^23), as np.rint does on float32."""
-    return np.rint(v).astype(np.int32)
+    """ggml's nearest_int: round half to even (it adds 1.5 * 2^23), as np.rint does on float32. ggml asserts
+    |v| <= 4194303; every caller clamps the result to a few bits, so larger values are clamped here first."""
+    return np.rint(np.clip(v, -4194303, 4194303)).astype(np.int32)
 
 
 def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float,
