@@ -99,3 +99,81 @@ def test_tiny_model_still_loads(tmp_path):
     path = write_tiny_llama(tmp_path / "tiny.gguf")
     assert sniff(path) == "gguf"
     barellm.load(str(path), engine="reference", context=32)
+
+
+# --- legal files the native engine used to refuse with a bare exception ------------------------------------
+
+BF16, Q5_1 = 30, 7
+
+
+@pytest.mark.parametrize("embd_type", [BF16, Q5_1])
+@pytest.mark.parametrize("tied", [False, True])
+def test_bf16_and_q5_1_embeddings_run_natively(tmp_path, monkeypatch, embd_type, tied):
+    pytest.importorskip("barellm.engine", reason="native engine not built")
+    import numpy as np
+
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    path = write_tiny_llama(tmp_path / "tiny.gguf", embd_type=embd_type, tied=tied)
+    ids = [5, 80, 120, 33, 200, 7]
+    native = barellm.load(str(path), context=32)
+    assert native.engine_name == "native"
+    reference = barellm.load(str(path), engine="reference", context=32)
+    a, b = native.logits(ids), reference.logits(ids)
+    # the embedding rows are dequantized exactly; what differs is the matmuls' quantized activations
+    assert np.abs(a - b).max() < 0.05 * np.abs(b).max()
+    assert (a.argmax(1) == b.argmax(1)).all()
+
+
+def test_a_plan_the_native_core_refuses_is_a_clean_error_and_auto_falls_back(tmp_path, monkeypatch):
+    pytest.importorskip("barellm.engine", reason="native engine not built")
+    from barellm import engine
+
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+
+    def refuse(*args, **kwargs):
+        raise ValueError("op 0: embedding table of type 99 cannot be read a row at a time")
+
+    monkeypatch.setattr(engine.nat, "Plan", refuse)
+    with pytest.raises(FormatError, match="native engine cannot run this model: op 0: embedding table of type 99"):
+        barellm.load(str(path), engine="native", context=32)
+    with pytest.warns(RuntimeWarning, match="op 0: embedding table of type 99.*reference"):
+        model = barellm.load(str(path), context=32)
+    assert model.engine_name == "reference"
+    assert model.generate("the cat", max_tokens=3, temperature=0)
+
+
+def test_the_native_core_names_what_it_refuses(tmp_path, monkeypatch):
+    # the op's own message, not "op 0: <class 'ValueError'>"
+    pytest.importorskip("barellm.engine", reason="native engine not built")
+    from barellm import engine
+
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    model = barellm.load(str(write_tiny_llama(tmp_path / "tiny.gguf")), engine="native", context=32)
+    native = model.engine
+    specs = [native._op_spec(op) for op in native.ops]
+    specs[0]["table"] = (BF16, 1, 10, 64, specs[0]["table"][4])  # a layout a table cannot have
+    with pytest.raises(ValueError, match=r"^op 0: embedding table of type 30 layout 1"):
+        engine.nat.Plan(native._pool, specs, native._tok, native._pos, native._slot, native._rows, native.chunk,
+                        native.chunk, native.n_vocab, native.n_ctx, native.n_slots)
+
+
+# --- token texts ---------------------------------------------------------------------------------------
+
+def test_a_special_token_that_is_not_utf8_is_a_format_error_naming_it(tmp_path, monkeypatch):
+    import tiny_model
+
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    original = tiny_model.tiny_llama_metadata
+
+    def with_bad_token(**kw):
+        md, n = original(**kw)
+        md["tokenizer.ggml.tokens"] = ["<|endoftext|>", "<|im_\udcffstart|>"] + md["tokenizer.ggml.tokens"][2:]
+        return md, n
+
+    monkeypatch.setattr(tiny_model, "tiny_llama_metadata", with_bad_token)
+    path = tiny_model.write_tiny_llama(tmp_path / "bad.gguf")
+    for eng in ("reference", "auto"):
+        with pytest.raises(FormatError, match=r"tokenizer.ggml.tokens\[1\]: special token b'<\|im_\\xffstart\|>' "
+                                              "is not valid UTF-8"):
+            barellm.load(str(path), engine=eng, context=32)

@@ -61,6 +61,11 @@ def _round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
+class NativeUnsupported(FormatError):
+    """A legal model the native core refuses to plan (a combination of types or shapes it has no path for).
+    engine="auto" falls back on the reference engine; engine="native" reports it."""
+
+
 def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
     """Why the native engine cannot run a model, or None if it can (Model falls back on the reference)."""
     if cfg.arch not in ("llama", "gemma3"):
@@ -160,7 +165,12 @@ class NativeEngine:
         self._matrices: dict[tuple[str, ...], list[tuple[int, int, int, int, np.ndarray]]] = {}
         self._norms: dict[str, np.ndarray] = {}
         self._dequantized: dict[str, np.ndarray] = {}
-        self._plan = self._compile(fuse=True)
+        try:
+            self._plan = self._compile(fuse=True)
+        except ValueError as e:  # the C core refused an op: say which, as a BarellmError
+            if isinstance(e, InvalidRequest):
+                raise
+            raise NativeUnsupported(f"the native engine cannot run this model: {e}") from None
         self._plan.set_adaptive(bool(adaptive_threads))
         self._debug_plan: Any = None
 

@@ -98,12 +98,17 @@ class Model:
 
     def _make_engine(self, engine: str) -> tuple[str, Any]:
         if engine in ("auto", "native"):
-            from barellm.engine import NativeEngine, unsupported_reason
+            from barellm.engine import NativeEngine, NativeUnsupported, unsupported_reason
 
             reason = unsupported_reason(self.config, self.source)
             if reason is None:
-                return "native", NativeEngine(self.config, self.source, n_ctx=self.n_ctx, threads=self.threads,
-                                              n_slots=self.slots, activations=self.activations)
+                try:
+                    return "native", NativeEngine(self.config, self.source, n_ctx=self.n_ctx, threads=self.threads,
+                                                  n_slots=self.slots, activations=self.activations)
+                except NativeUnsupported as e:
+                    if engine == "native":
+                        raise
+                    reason = str(e).removeprefix("the native engine cannot run this model: ")
             if engine == "native":
                 raise FormatError(f"the native engine cannot run this model: {reason}")
             warnings.warn(f"the native engine cannot run this model ({reason}); using the NumPy reference engine, "

@@ -188,6 +188,29 @@ static int parse_matrix(PlanObject *self, PyObject *spec, bl_matrix *m) {
     return 0;
 }
 
+/* An embedding table, (type, layout, rows, cols, buffer): read a row at a time by bl_dequant_row, so any
+   type that function knows will do (BF16, Q5_1, ... have no matmul kernels, and need none here). */
+static int parse_table(PlanObject *self, PyObject *spec, bl_matrix *m, size_t row_bytes, int n) {
+    PyObject *buf;
+    m->act = BL_ACT_Q8;
+    if (!PyArg_ParseTuple(spec, "iiiiO", &m->type, &m->layout, &m->rows, &m->cols, &buf)) return -1;
+    const size_t rb = bl_type_row_bytes(m->type, m->cols);
+    if (m->layout != BL_LAYOUT_ROWS || rb == 0 || rb != row_bytes || m->cols != n || m->rows <= 0) {
+        PyErr_Format(PyExc_ValueError, "embedding table of type %d layout %d [%d, %d] (row bytes %zu) cannot be "
+                     "read a row at a time into %d values", m->type, m->layout, m->rows, m->cols, row_bytes, n);
+        return -1;
+    }
+    Py_ssize_t avail;
+    m->data = plan_buf(self, buf, 0, &avail);
+    if (!m->data) return -1;
+    if ((size_t)avail / rb < (size_t)m->rows) {
+        PyErr_Format(PyExc_ValueError, "embedding table [%d, %d] needs %zu bytes, buffer has %zd", m->rows, m->cols,
+                     (size_t)m->rows * rb, avail);
+        return -1;
+    }
+    return 0;
+}
+
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
 static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
@@ -230,7 +253,7 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
     if (d_ptr(self, d, "vc", 1, &p)) return -1;
     op->vc = p;
     PyObject *t = PyDict_GetItemString(d, "table");
-    if (t && parse_matrix(self, t, &op->table)) return -1;
+    if (t && parse_table(self, t, &op->table, op->table_row_bytes, op->n)) return -1;
 
     PyObject *qj = PyDict_GetItemString(d, "qjobs");
     if (qj) {
@@ -345,7 +368,14 @@ static int Plan_init(PlanObject *self, PyObject *args, PyObject *kw) {
     self->plan.n_ops = 0;
     for (int i = 0; i < n; i++) {
         if (parse_op(self, PyList_GET_ITEM(ops, i), &self->plan.ops[i]) < 0) {
-            PyErr_Format(PyExc_ValueError, "op %d: %S", i, PyErr_Occurred() ? PyObject_Str(PyErr_Occurred()) : Py_None);
+            /* the op's own error, prefixed with its index (not the exception's class, nor a leaked str) */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            PyErr_Format(PyExc_ValueError, "op %d: %S", i, value ? value : Py_None);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
             return -1;
         }
         self->plan.n_ops = i + 1;
