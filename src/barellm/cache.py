@@ -87,6 +87,8 @@ def open_cached(src: str | os.PathLike[str]) -> blm.BLMFile:
     src = Path(src)
     files = converter.source_files(src)
     directory = cache_dir()
+    for d in (directory, directory / "index"):  # what a start killed while writing the cache left there
+        remove_stale_temps(d)
     idx = directory / "index" / f"{_stat_key(files)}.json"
     sha = _index_lookup(idx)
     if sha is not None:
@@ -104,7 +106,6 @@ def open_cached(src: str | os.PathLike[str]) -> blm.BLMFile:
     out = directory / f"{sha}.blm"
     f = _usable(out, sha)
     if f is None:
-        remove_stale_temps(directory)
         if show:
             print(f"barellm: converting {src} to {out} (once; later loads map it directly)", file=sys.stderr)
         try:

@@ -22,7 +22,7 @@ from typing import BinaryIO
 from barellm.errors import FormatError, ModelNotFound
 from barellm.progress import Progress
 
-_TEMP_NAME = re.compile(r"\..+\.(\d+)\.[0-9a-f]{8}\.tmp")
+_TEMP_NAME = re.compile(r"\.(.+)\.(\d+)\.[0-9a-f]{8}\.tmp")  # .<target name>.<pid>.<hex>.tmp
 
 
 def home() -> Path:
@@ -86,9 +86,11 @@ def temp_dir(parent: Path, name: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def remove_stale_temps(directory: Path) -> list[Path]:
+def remove_stale_temps(directory: Path, target_suffix: str = "") -> list[Path]:
     """Removes the temporary files and directories in `directory` whose writing process is gone; returns
-    what it removed. Those of live processes, and names it does not recognise, are left alone."""
+    what it removed. Those of live processes, and names it does not recognise, are left alone; with
+    target_suffix (".blm"), only the temporaries of targets named so (in a directory barellm does not own,
+    such as the output directory of `barellm convert -o`)."""
     try:
         entries = [p for p in directory.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
     except OSError:
@@ -96,7 +98,7 @@ def remove_stale_temps(directory: Path) -> list[Path]:
     removed = []
     for p in entries:
         m = _TEMP_NAME.fullmatch(p.name)
-        if not m or _alive(int(m.group(1))):
+        if not m or not m.group(1).endswith(target_suffix) or _alive(int(m.group(2))):
             continue
         try:
             if p.is_dir() and not p.is_symlink():

@@ -32,7 +32,7 @@ import numpy as np
 
 from barellm import quant
 from barellm.errors import BarellmError, FormatError
-from barellm.files import atomic_write
+from barellm.files import atomic_write, remove_stale_temps
 from barellm.formats.mapped import MappedFile
 from barellm.kernels import matrix_layout
 from barellm.progress import Progress
@@ -808,6 +808,7 @@ def write_blm(path: str | os.PathLike[str], metadata: Mapping[str, Any], tensors
     if len(metadata) > 0xFFFFFFFF or len(provenance or {}) > 0xFFFFFFFF or len(specs) > 0xFFFFFFFF:
         raise FormatError("too many metadata entries or tensors for one file")
 
+    remove_stale_temps(Path(path).parent, ".blm")  # what writers killed part-way left in that directory
     try:
         with atomic_write(path) as f:
             # Zeros where the header goes: until the very end the file has no magic, so a writer killed
