@@ -295,7 +295,7 @@ def test_requantized_checkpoint_within_the_types_error_bounds(tmp_path, qtype):
 
 @pytest.mark.parametrize("breakage, message", [
     (lambda r: (r / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}'),
-     "only llama checkpoints"),
+     "checkpoints convert from: llama, qwen2"),
     (lambda r: (r / "config.json").write_text("{not json"), "cannot read it as JSON"),
     (lambda r: (r / "tokenizer.json").write_text(json.dumps(tokenizer_json("metaspace"))), "pre_tokenizer"),
     (lambda r: (r / "tokenizer.json").unlink(), "tokenizer.json: missing"),

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from barellm import quant
+from barellm.arch.registry import ARCHITECTURES, Architecture, for_hf_model_type
 from barellm.errors import FormatError, ModelNotFound
 from barellm.files import open_regular, sha256_file
 from barellm.formats import blm, sniff
@@ -83,6 +84,13 @@ def _from_gguf(path: Path) -> _Model:
     from barellm.formats.gguf import GGUFFile
 
     g = GGUFFile(path)
+    try:  # refuse what the engines would refuse at load, before anything is written
+        from barellm.arch.config import check_tensors, config_of
+
+        check_tensors(config_of(g), g.tensors)
+    except BaseException:
+        g.close()
+        raise
     # general.alignment describes the GGUF file's own layout, not the model
     md = {k: v for k, v in g.metadata.items() if k != "general.alignment"}
     types = {k: g.metadata_types[k] for k in md}
@@ -212,33 +220,24 @@ class SafetensorsFile:
 # --- Hugging Face checkpoints ----------------------------------------------------------------------------
 
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_HF_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
 _HF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
 # buffers some checkpoints carry that are computed, not learned
 _HF_SKIP = re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")
 
 
-def hf_name(name: str, n_layers: int) -> str | None:
-    """Our (GGUF's) name for a Hugging Face llama tensor; None for a buffer to skip; FormatError if unknown."""
+def hf_name(name: str, n_layers: int, arch: Architecture | None = None) -> str | None:
+    """Our (GGUF's) name for a Hugging Face tensor of an architecture (default llama); None for a buffer to
+    skip; FormatError if the architecture has no such tensor."""
+    arch = arch or ARCHITECTURES["llama"]
     if name in _HF_NAMES:
         return _HF_NAMES[name]
     if _HF_SKIP.fullmatch(name):
         return None
     m = _HF_LAYER.fullmatch(name)
-    if m and m.group(2) in _HF_LAYER_NAMES and int(m.group(1)) < n_layers:
-        return f"blk.{int(m.group(1))}.{_HF_LAYER_NAMES[m.group(2)]}"
-    raise FormatError(f"tensor {name!r} is not part of a llama checkpoint this converter knows")
+    if m and m.group(2) in arch.hf_layer_names and int(m.group(1)) < n_layers:
+        return f"blk.{int(m.group(1))}.{arch.hf_layer_names[m.group(2)]}"
+    raise FormatError(f"tensor {name!r} is not part of a {arch.name} checkpoint this converter knows")
 
 
 def permute_qk(rows: np.ndarray, n_heads: int) -> np.ndarray:
@@ -293,14 +292,16 @@ def _hf_files(root: Path) -> tuple[list[Path], list[Path]]:
     return weights, sorted(reads, key=lambda p: p.name)
 
 
-def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, Any], Architecture]:
     where = root / "config.json"
     if not isinstance(cfg, dict):
         raise FormatError(f"{where}: not a JSON object")
     archs = cfg.get("architectures") or []
-    if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in archs:
+    arch = for_hf_model_type(cfg.get("model_type"), [str(a) for a in archs] if isinstance(archs, list) else [])
+    if arch is None:
+        known = ", ".join(t for row in ARCHITECTURES.values() for t in row.hf_model_types)
         raise FormatError(f"{where}: model_type {cfg.get('model_type')!r} ({', '.join(map(str, archs)) or '?'}) is "
-                          "not supported; only llama checkpoints convert")
+                          f"not supported; checkpoints convert from: {known}")
 
     def num(key: str, default: Any = None, kind: type = int) -> Any:
         v = cfg.get(key, default)
@@ -308,36 +309,39 @@ def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], di
             raise FormatError(f"{where}: {key} is {v!r}, expected {'a number' if kind is float else 'an integer'}")
         return v
 
-    for flag in ("attention_bias", "mlp_bias"):
-        if cfg.get(flag):
-            raise FormatError(f"{where}: {flag} is set; llama checkpoints with biases are not supported")
+    if cfg.get("mlp_bias"):
+        raise FormatError(f"{where}: mlp_bias is set; MLP biases are not supported")
+    if bool(cfg.get("attention_bias", arch.attn_bias)) != arch.attn_bias:
+        raise FormatError(f"{where}: attention_bias is {cfg.get('attention_bias')!r}, but {arch.name} checkpoints "
+                          f"{'have' if arch.attn_bias else 'have no'} attention biases")
     scaling = cfg.get("rope_scaling")
     if scaling and (not isinstance(scaling, dict) or scaling.get("rope_type", scaling.get("type")) != "default"):
         raise FormatError(f"{where}: rope_scaling {scaling!r:.80} is not supported")
     act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise FormatError(f"{where}: hidden_act {act!r} is not supported (llama uses silu)")
+    if act != arch.act:
+        raise FormatError(f"{where}: hidden_act {act!r} is not supported ({arch.name} uses {arch.act})")
     dim, heads = num("hidden_size"), num("num_attention_heads")
     head_dim = cfg.get("head_dim") or (dim // heads if heads else 0)
+    p = arch.name + "."
     md: dict[str, Any] = {
-        "general.architecture": "llama",
+        "general.architecture": arch.name,
         "general.name": str(cfg.get("_name_or_path") or root.resolve().name),
-        "llama.context_length": num("max_position_embeddings", 2048),
-        "llama.embedding_length": dim,
-        "llama.block_count": num("num_hidden_layers"),
-        "llama.feed_forward_length": num("intermediate_size"),
-        "llama.attention.head_count": heads,
-        "llama.attention.head_count_kv": num("num_key_value_heads", heads),
-        "llama.rope.freq_base": float(num("rope_theta", 10000.0, float)),
-        "llama.attention.layer_norm_rms_epsilon": float(num("rms_norm_eps", 1e-6, float)),
-        "llama.rope.dimension_count": head_dim,
-        "llama.vocab_size": num("vocab_size"),
+        p + "context_length": num("max_position_embeddings", 2048),
+        p + "embedding_length": dim,
+        p + "block_count": num("num_hidden_layers"),
+        p + "feed_forward_length": num("intermediate_size"),
+        p + "attention.head_count": heads,
+        p + "attention.head_count_kv": num("num_key_value_heads", heads),
+        p + "rope.freq_base": float(num("rope_theta", 10000.0, float)),
+        p + "attention.layer_norm_rms_epsilon": float(num("rms_norm_eps", 1e-6, float)),
+        p + "rope.dimension_count": head_dim,
+        p + "vocab_size": num("vocab_size"),
     }
     if head_dim != dim // heads:
-        md["llama.attention.key_length"] = md["llama.attention.value_length"] = head_dim
+        md[p + "attention.key_length"] = md[p + "attention.value_length"] = head_dim
     types = {k: ("string" if isinstance(v, str) else "float32" if isinstance(v, float) else "uint32")
              for k, v in md.items()}
-    return md, types, cfg
+    return md, types, cfg, arch
 
 
 # The pre-tokenizers of tokenizer.json this converter recognizes, as tokenizer.ggml.pre names.
@@ -467,7 +471,8 @@ def _hf_tokenizer(root: Path, cfg: dict[str, Any], n_vocab: int) -> tuple[dict[s
 
 def _from_hf(root: Path) -> _Model:
     weights, reads = _hf_files(root)
-    md, types, cfg = _hf_config(_read_json(root / "config.json"), root)
+    md, types, cfg, arch = _hf_config(_read_json(root / "config.json"), root)
+    p = arch.name + "."
     files = [SafetensorsFile(p) for p in weights]
 
     def close() -> None:
@@ -475,12 +480,15 @@ def _from_hf(root: Path) -> _Model:
             f.close()
 
     try:
-        n_layers = md["llama.block_count"]
-        heads, kv_heads = md["llama.attention.head_count"], md["llama.attention.head_count_kv"]
+        n_layers = md[p + "block_count"]
+        heads, kv_heads = md[p + "attention.head_count"], md[p + "attention.head_count_kv"]
+        # GGUF llama files store Q and K rows permuted for the "norm" RoPE (see permute_qk); the others keep
+        # the checkpoint's order
+        permute = arch.rope_style == "norm"
         found: dict[str, tuple[SafetensorsFile, str]] = {}
         for f in files:
             for name in f.tensors:
-                ours = hf_name(name, n_layers)
+                ours = hf_name(name, n_layers, arch)
                 if ours is None:
                     continue
                 if ours in found:
@@ -498,12 +506,11 @@ def _from_hf(root: Path) -> _Model:
         md.update(tok_md)
         types.update(tok_types)
 
-        from barellm.arch.config import config_from_metadata
-        from barellm.arch.llama import check_tensors
+        from barellm.arch.config import check_tensors, config_from_metadata
 
         config = config_from_metadata(md, n_vocab, tied)
         check_tensors(config, {n: f.tensors[hn] for n, (f, hn) in found.items()})
-        order = list(_expected_order(n_layers, tied))
+        order = list(_expected_order(arch, n_layers, tied))
         tensors = []
         for ours in order:
             f, name = found[ours]
@@ -511,7 +518,8 @@ def _from_hf(root: Path) -> _Model:
             ttype = _ST_DTYPES[e.dtype][1]
             if ttype is None:
                 raise FormatError(f"{f.path}: tensor {name!r} is {e.dtype}; only F32, F16 and BF16 convert")
-            perm = heads if ours.endswith("attn_q.weight") else kv_heads if ours.endswith("attn_k.weight") else 0
+            perm = (heads if ours.endswith(("attn_q.weight", "attn_q.bias")) else
+                    kv_heads if ours.endswith(("attn_k.weight", "attn_k.bias")) else 0) if permute else 0
 
             def rows(f: SafetensorsFile = f, name: str = name, e: _STEntry = e, perm: int = perm) -> np.ndarray:
                 raw = f.raw(name)
@@ -524,7 +532,7 @@ def _from_hf(root: Path) -> _Model:
                 return permute_qk(x, perm) if perm else x
 
             tensors.append(_Tensor(ours, ttype, e.shape, rows, floats))
-        md["llama.vocab_size"] = n_vocab
+        md[p + "vocab_size"] = n_vocab
         from barellm.text.tokenizer import Tokenizer
 
         Tokenizer.from_metadata(md)  # refuse a vocabulary the runtime would refuse, now rather than at load
@@ -534,13 +542,12 @@ def _from_hf(root: Path) -> _Model:
     return _Model(md, types, tensors, "safetensors", reads, close, norms_f32=True)
 
 
-def _expected_order(n_layers: int, tied: bool) -> Iterator[str]:
+def _expected_order(arch: Architecture, n_layers: int, tied: bool) -> Iterator[str]:
     """GGUF's usual order: embedding, layers, final norm, output."""
     yield "token_embd.weight"
     for i in range(n_layers):
-        for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
-                  "ffn_down"):
-            yield f"blk.{i}.{n}.weight"
+        for n in arch.layer_tensors:
+            yield f"blk.{i}.{n}"
     yield "output_norm.weight"
     if not tied:
         yield "output.weight"

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from barellm import _native as nat
-from barellm.arch.config import ModelConfig
+from barellm.arch.config import ModelConfig, check_tensors
+from barellm.arch.llama import rope_frequencies
 from barellm.cpu import default_threads
 from barellm.errors import FormatError, InvalidRequest
 from barellm.kernels import (
@@ -39,10 +40,10 @@ from barellm.kernels import (
     matrix_act,
     matrix_layout,
 )
-from barellm.plan import Op, buffer_widths, llama_plan
+from barellm.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV, buffer_widths, llama_plan
 
 F32 = 0  # ggml type id of float32
-KIND_IDS = {"embed": 1, "rmsnorm": 2, "matmul": 3, "rope_kv": 4, "attention": 5, "silu_mul": 6, "add": 7}
+KIND_IDS: dict[str, int] = dict(nat.OP_KINDS)  # the op kinds the executor has, and their ids (py_engine.c)
 KV_TILE = nat.KV_TILE
 FLOAT_ALIGN = 16  # buffer rows start on cache lines: strides are multiples of 16 floats
 
@@ -68,8 +69,6 @@ class NativeUnsupported(FormatError):
 
 def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
     """Why the native engine cannot run a model, or None if it can (Model falls back on the reference)."""
-    if cfg.arch not in ("llama", "gemma3"):
-        return f"architecture {cfg.arch!r} is not in the native plan yet"
     if cfg.act not in ("silu", "gelu_tanh"):
         return f"activation {cfg.act!r} has no native kernel"
     return None
@@ -136,8 +135,6 @@ class NativeEngine:
     def __init__(self, cfg: ModelConfig, source: Any, n_ctx: int | None = None, threads: int | None = None,
                  n_slots: int = 1, chunk: int = 64, pin: bool = False, kv_type: str = "f16",
                  adaptive_threads: bool = True, activations: str = "q8x2") -> None:
-        from barellm.arch.llama import check_tensors
-
         check_tensors(cfg, source.tensors)
         reason = unsupported_reason(cfg, source)
         if reason is not None:
@@ -191,8 +188,9 @@ class NativeEngine:
         self._slot_elems = L * self._layer_elems
         # RoPE tables [n_ctx, rope_dim]: cos then sin of position * base^(-2i/rope_dim), one per base
         self._rope_cs: dict[float, np.ndarray] = {}
+        factors = np.asarray(self._source.dequantize("rope_freqs.weight"), np.float64) if cfg.rope_freqs else None
         for base in sorted({cfg.layer_rope_theta(i) for i in range(L)}):
-            inv = 1.0 / (base ** (np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim))
+            inv = rope_frequencies(cfg.rope_dim, base, factors)
             ang = np.outer(np.arange(self.n_ctx_pad, dtype=np.float64), inv)
             table = aligned_zeros((self.n_ctx_pad, cfg.rope_dim))
             table[:] = np.concatenate([np.cos(ang), np.sin(ang)], axis=1)
@@ -287,6 +285,13 @@ class NativeEngine:
             self._norms[name] = np.ascontiguousarray(w, dtype=np.float32)
         return self._norms[name]
 
+    def _bias(self, names: tuple[str, ...]) -> np.ndarray:
+        """The biases of a fused matmul, concatenated as its rows are (float32, read once at load)."""
+        key = "|".join(names)
+        if key not in self._norms:
+            self._norms[key] = np.ascontiguousarray(np.concatenate([self._norm(n) for n in names]), np.float32)
+        return self._norms[key]
+
     def _matrix(self, names: tuple[str, ...]) -> list[tuple[int, int, int, int, np.ndarray]]:
         """The matmul parts for the row-concatenation of `names`: one fused matrix when their types agree,
         else one part per tensor. Each part is (type, layout, rows, cols, data)."""
@@ -365,7 +370,7 @@ class NativeEngine:
         if fuse:  # quantize a matmul's input in the epilogue of the op that produced it (saves a barrier)
             for k in range(1, len(self.ops)):
                 op, prev = self.ops[k], self.ops[k - 1]
-                if (op.kind == "matmul" and prev.kind in ("rmsnorm", "silu_mul") and prev.out == op.x
+                if (isinstance(op, MatMul) and isinstance(prev, (RMSNorm, GatedAct)) and prev.out == op.x
                         and prev.rows == op.rows and specs[k].get("qjobs")):
                     specs[k - 1]["qjobs"] = [dict(j, x=None) for j in specs[k]["qjobs"]]
                     specs[k]["prequantized"] = 1
@@ -373,64 +378,62 @@ class NativeEngine:
                         self.n_vocab, self.n_ctx, self.n_slots)
 
     def _op_spec(self, op: Op) -> dict[str, Any]:
+        """The executor's dict for one op: exactly the keys its kind takes (py_engine.c refuses others)."""
         cfg = self.cfg
-        d: dict[str, Any] = {"kind": KIND_IDS[op.kind], "rows_sel": int(op.rows == "selected")}
-        if op.kind == "embed":
-            table, rb = self._table(op.weights[0])
+        d: dict[str, Any] = {"kind": KIND_IDS[op.kind], "name": op.name, "rows_sel": int(op.rows == "selected")}
+        if isinstance(op, Embed):
+            table, rb = self._table(op.table)
             d.update(out=self._spec(op.out), out_stride=self._stride(op.out), n=cfg.dim, table=table,
-                     table_row_bytes=rb, scale_embed=float(np.float32(op.params.get("scale", 1.0))))
-        elif op.kind == "rmsnorm":
-            d.update(x=self._spec(op.x), x_stride=self._stride(op.x), w=self._norm(op.weights[0]),
-                     eps=op.params["eps"], n=self._widths[op.x])
-            if op.params.get("accumulate"):  # out += rmsnorm(x): normalize x in place, then add
-                d.update(out=self._spec(op.x), out_stride=self._stride(op.x), res=self._spec(op.out),
+                     table_row_bytes=rb, scale_embed=float(np.float32(op.scale)))
+        elif isinstance(op, RMSNorm):
+            d.update(x=self._spec(op.src), x_stride=self._stride(op.src), w=self._norm(op.weight), eps=op.eps,
+                     n=self._widths[op.src])
+            if op.accumulate:  # out += rmsnorm(x): normalize x in place, then add
+                d.update(out=self._spec(op.src), out_stride=self._stride(op.src), res=self._spec(op.out),
                          res_stride=self._stride(op.out))
             else:
                 d.update(out=self._spec(op.out), out_stride=self._stride(op.out))
-        elif op.kind == "matmul":
-            parts = [(*p, matrix_act(p[0], self.activations)) for p in self._matrix(op.weights)]
+        elif isinstance(op, MatMul):
+            parts = [(*p, matrix_act(p[0], self.activations)) for p in self._matrix(op.matrices)]
+            bias = self._bias(op.bias) if op.bias else None
             qjobs, qmap, pspecs = [], {}, []
             col = 0
-            acc = op.params.get("accumulate", False)
             for p in parts:
                 key = (p[0], p[1], p[5])
                 if key not in qmap:
-                    qb = self._qbuf(op.x, p)
+                    qb = self._qbuf(op.src, p)
                     qmap[key] = qb
-                    qjobs.append({"w": (p[0], p[1], p[2], p[3], None, p[5]), "x": self._spec(op.x),
-                                  "x_stride": self._stride(op.x), "dst": qb, "dst_stride": qb.shape[1]})
-                target = "proj" if acc else op.out
+                    qjobs.append({"w": (p[0], p[1], p[2], p[3], None, p[5]), "x": self._spec(op.src),
+                                  "x_stride": self._stride(op.src), "dst": qb, "dst_stride": qb.shape[1]})
+                target = "proj" if op.accumulate else op.out
                 ps = {"w": p, "xq": qmap[key], "out": self._spec(target, col), "ldo": self._stride(target)}
-                if acc:
+                if bias is not None:
+                    ps["bias"] = bias[col:col + p[2]]
+                if op.accumulate:
                     ps.update(res=self._spec(op.out, col), res_stride=self._stride(op.out))
                 pspecs.append(ps)
                 col += p[2]
             d.update(parts=pspecs, qjobs=qjobs)
-        elif op.kind in ("rope_kv", "attention"):
-            layer = op.params["layer"]
-            off = self.k_cache.itemsize * layer * self._layer_elems
+        elif isinstance(op, (RopeKV, Attention)):
+            off = self.k_cache.itemsize * op.layer * self._layer_elems
             d.update(n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, n_ctx=self.n_ctx_pad,
                      kc=(self.k_cache, off), vc=(self.v_cache, off), slot_stride=self._slot_elems,
-                     kv_f16=int(self.kv_type == "f16"), window=cfg.layer_window(layer))
-            if op.kind == "rope_kv":
-                if op.weights:
-                    d.update(q_norm=self._norm(op.weights[0]), k_norm=self._norm(op.weights[1]))
+                     kv_f16=int(self.kv_type == "f16"))
+            if isinstance(op, RopeKV):
+                if op.q_norm and op.k_norm:
+                    d.update(q_norm=self._norm(op.q_norm), k_norm=self._norm(op.k_norm))
                 d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim,
-                         eps=op.params["eps"],
-                         rope_style=0 if cfg.rope_style == "norm" else 1,
-                         rope_cs=self._rope_cs[cfg.layer_rope_theta(layer)])
+                         eps=op.eps, rope_style=0 if cfg.rope_style == "norm" else 1,
+                         rope_cs=self._rope_cs[cfg.layer_rope_theta(op.layer)])
             else:
-                d.update(x=self._spec(op.x), x_stride=self._stride(op.x), out=self._spec(op.out),
-                         out_stride=self._stride(op.out), scale=float(np.float32(cfg.scale)))
-        elif op.kind == "silu_mul":
+                d.update(x=self._spec(op.src), x_stride=self._stride(op.src), out=self._spec(op.out),
+                         out_stride=self._stride(op.out), scale=float(np.float32(cfg.scale)), window=op.window)
+        elif isinstance(op, GatedAct):
             f = cfg.ffn_dim
-            d.update(x=self._spec(op.x), x2=self._spec(op.x, f), x_stride=self._stride(op.x), out=self._spec(op.out),
-                     out_stride=self._stride(op.out), n=f, gelu=int(op.params.get("act") == "gelu_tanh"))
-        elif op.kind == "add":
-            d.update(x=self._spec(op.x), x_stride=self._stride(op.x), out=self._spec(op.out),
-                     out_stride=self._stride(op.out), n=self._widths[op.out])
+            d.update(x=self._spec(op.src), x2=self._spec(op.src, f), x_stride=self._stride(op.src),
+                     out=self._spec(op.out), out_stride=self._stride(op.out), n=f, gelu=int(op.act == "gelu_tanh"))
         else:
-            raise ValueError(f"unknown op kind {op.kind!r}")
+            raise InvalidRequest(f"op {op.name}: the native engine has no kind {op.kind!r}")
         return d
 
     # --- running ------------------------------------------------------------------------------
@@ -593,44 +596,44 @@ class NativeEngine:
         from barellm.arch import llama as ref
 
         cfg, T = self.cfg, ctx.T
-        if op.kind == "embed":
-            x = self._table_rows(op.weights[0], ctx.tokens)
-            scale = op.params.get("scale", 1.0)
-            ctx.output(op)[:] = x * np.float32(scale) if scale != 1.0 else x
-        elif op.kind == "rmsnorm":
-            x = ctx.buf(op.x)
-            if op.rows == "selected":
+        if isinstance(op, Embed):
+            x = self._table_rows(op.table, ctx.tokens)
+            ctx.output(op)[:] = x * np.float32(op.scale) if op.scale != 1.0 else x
+        elif isinstance(op, RMSNorm):
+            x = ctx.buf(op.src)
+            if op.selected:
                 x = x[ctx.selected]
-            y = ref.rmsnorm(x, self._norm(op.weights[0]), op.params["eps"])
-            if op.params.get("accumulate"):
+            y = ref.rmsnorm(x, self._norm(op.weight), op.eps)
+            if op.accumulate:
                 x[:] = y
                 ctx.output(op)[:] += y
             else:
                 ctx.output(op)[:] = y
-        elif op.kind == "matmul":
-            key = "|".join(op.weights)
+        elif isinstance(op, MatMul):
+            key = "|".join(op.matrices)
             if key not in self._dequantized:
-                self._dequantized[key] = np.concatenate([self._dequant(n) for n in op.weights])
+                self._dequantized[key] = np.concatenate([self._dequant(n) for n in op.matrices])
             w = self._dequantized[key]
-            x = ctx.buf(op.x, ctx.rows(op))
+            x = ctx.buf(op.src, ctx.rows(op))
             y = (x @ w.T).astype(np.float32)
-            if op.params.get("accumulate"):
+            if op.bias:
+                y += self._bias(op.bias)
+            if op.accumulate:
                 ctx.buf("proj")[:] = y
                 ctx.output(op)[:] += y
             else:
                 ctx.output(op)[:] = y
-        elif op.kind == "rope_kv":
+        elif isinstance(op, RopeKV):
             qkv = ctx.buf(op.out)
             hd, qd, kd = cfg.head_dim, cfg.q_dim, cfg.kv_dim
             half = cfg.rope_dim // 2
-            layer = op.params["layer"]
-            cs = self._rope_cs[cfg.layer_rope_theta(layer)][ctx.positions]
+            cs = self._rope_cs[cfg.layer_rope_theta(op.layer)][ctx.positions]
             cos, sin = cs[:, :half], cs[:, half:]
             q = qkv[:, :qd].reshape(T, cfg.n_heads, hd)
             k = qkv[:, qd:qd + kd].reshape(T, cfg.n_kv_heads, hd)
-            if op.weights:
-                q = ref.rmsnorm(q, self._norm(op.weights[0]), op.params["eps"])
-                k = ref.rmsnorm(k, self._norm(op.weights[1]), op.params["eps"])
+            if op.q_norm and op.k_norm:
+                q = ref.rmsnorm(q, self._norm(op.q_norm), op.eps)
+                k = ref.rmsnorm(k, self._norm(op.k_norm), op.eps)
             q = ref.rope(q, cos, sin, cfg.rope_style)
             k = ref.rope(k, cos, sin, cfg.rope_style)
             qkv[:, :qd] = q.reshape(T, qd)
@@ -638,20 +641,17 @@ class NativeEngine:
             v = qkv[:, qd + kd:qd + 2 * kd].reshape(T, cfg.n_kv_heads, hd)
             for t in range(T):
                 s, p = int(ctx.slots[t]), int(ctx.positions[t])
-                self.k_cache[s, layer, :, p // KV_TILE, :, p % KV_TILE] = k[t]
-                self.v_cache[s, layer, :, p] = v[t]
-        elif op.kind == "attention":
-            qkv, out = ctx.buf(op.x), ctx.output(op)
-            layer = op.params["layer"]
+                self.k_cache[s, op.layer, :, p // KV_TILE, :, p % KV_TILE] = k[t]
+                self.v_cache[s, op.layer, :, p] = v[t]
+        elif isinstance(op, Attention):
+            qkv, out = ctx.buf(op.src), ctx.output(op)
             for t in range(T):
                 s, p = int(ctx.slots[t]), int(ctx.positions[t])
-                k, v = self.kv(s, layer, p + 1)
+                k, v = self.kv(s, op.layer, p + 1)
                 q = qkv[t:t + 1, :cfg.q_dim].reshape(1, cfg.n_heads, cfg.head_dim)
-                out[t] = ref.attention(q, k, v, p, cfg.scale, cfg.layer_window(layer))[0]
-        elif op.kind == "silu_mul":
-            gu, f = ctx.buf(op.x), cfg.ffn_dim
-            ctx.output(op)[:] = ref.ACTIVATIONS[op.params.get("act", "silu")](gu[:, :f]) * gu[:, f:2 * f]
-        elif op.kind == "add":
-            ctx.output(op)[:] += ctx.buf(op.x)
+                out[t] = ref.attention(q, k, v, p, cfg.scale, op.window)[0]
+        elif isinstance(op, GatedAct):
+            gu, f = ctx.buf(op.src), cfg.ffn_dim
+            ctx.output(op)[:] = ref.ACTIVATIONS[op.act](gu[:, :f]) * gu[:, f:2 * f]
         else:
-            raise ValueError(f"unknown op kind {op.kind!r}")
+            raise InvalidRequest(f"op {op.name}: no NumPy implementation of kind {op.kind!r}")
