@@ -177,3 +177,62 @@ def test_a_special_token_that_is_not_utf8_is_a_format_error_naming_it(tmp_path, 
         with pytest.raises(FormatError, match=r"tokenizer.ggml.tokens\[1\]: special token b'<\|im_\\xffstart\|>' "
                                               "is not valid UTF-8"):
             barellm.load(str(path), engine=eng, context=32)
+
+
+# --- memory asked for, against memory available ------------------------------------------------------------
+
+@pytest.mark.parametrize("engine", ["reference", "native"])
+def test_a_context_that_does_not_fit_is_refused_before_allocating_naming_one_that_does(tmp_path, monkeypatch,
+                                                                                       engine):
+    import re
+    import resource
+
+    from barellm import cpu
+    from barellm.errors import InvalidRequest
+
+    if engine == "native":
+        pytest.importorskip("barellm.engine", reason="native engine not built")
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(cpu, "available_memory", lambda: 256 << 20)
+    # an 80 KB model whose file claims a context of 2^24 tokens (several GiB of KV cache)
+    path = write_tiny_llama(tmp_path / "big-context.gguf", ctx=1 << 24)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(InvalidRequest) as err:
+        barellm.load(str(path), engine=engine, context=1 << 24)
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) < 64 << 10  # KiB: nothing was allocated
+    message = str(err.value)
+    assert "\n" not in message
+    assert re.search(rf"a context of 16777216 tokens needs [\d.]+ GiB of memory \({engine} engine: KV cache "
+                     r"[\d.]+ GiB.*\), but 256.0 MiB is available; --context \d+ would fit", message), message
+    fit = int(re.search(r"--context (\d+)", message).group(1))
+    assert 1024 <= fit < 1 << 24
+    model = barellm.load(str(path), engine=engine, context=fit)  # what it names does fit
+    assert model.n_ctx == fit
+    with pytest.raises(InvalidRequest, match="not even a context of 16 tokens fits"):
+        monkeypatch.setattr(cpu, "available_memory", lambda: 4 << 10)
+        barellm.load(str(path), engine=engine, context=1024)
+
+
+def test_a_large_kv_cache_is_mentioned_before_it_is_allocated(monkeypatch, capsys):
+    from barellm import cpu
+
+    monkeypatch.setattr(cpu, "available_memory", lambda: 64 << 30)
+    cpu.check_memory("native", 1 << 20, 2048, 100)
+    assert capsys.readouterr().err == "barellm: the KV cache for a context of 1048576 tokens takes 2.00 GiB\n"
+    cpu.check_memory("native", 4096, 2048, 100)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(cpu, "available_memory", lambda: None)  # unknown: nothing is refused
+    cpu.check_memory("native", 1 << 24, 1 << 20)
+
+
+def test_the_command_line_refuses_a_context_that_does_not_fit_in_one_line(tmp_path):
+    path = write_tiny_llama(tmp_path / "big-context.gguf", ctx=1 << 24)
+    code = ("import sys; import barellm.cpu as c; c.available_memory = lambda: 2 << 30; "
+            "from barellm.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, "run", str(path), "hi", "-n", "2", "-c", "16777216",
+                           "--engine", "reference"], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL, env=dict(os.environ, BARELLM_HOME=str(tmp_path / "home")))
+    assert proc.returncode == 1
+    err = proc.stderr.strip()
+    assert err.startswith("error: a context of 16777216 tokens needs") and "--context" in err, err
+    assert "\n" not in err

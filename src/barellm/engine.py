@@ -31,7 +31,7 @@ import numpy as np
 from barellm import _native as nat
 from barellm.arch.config import ModelConfig, check_tensors
 from barellm.arch.llama import rope_frequencies
-from barellm.cpu import default_threads
+from barellm.cpu import check_memory, default_threads
 from barellm.errors import FormatError, InvalidRequest
 from barellm.kernels import (
     ACTIVATIONS,
@@ -158,6 +158,7 @@ class NativeEngine:
         self._source = source
         self._pool = nat.Pool(self.threads, bool(pin))
         self.ops: list[Op] = llama_plan(cfg)
+        self._check_memory()
         self._alloc()
         self._matrices: dict[tuple[str, ...], list[tuple[int, int, int, int, np.ndarray]]] = {}
         self._norms: dict[str, np.ndarray] = {}
@@ -172,6 +173,16 @@ class NativeEngine:
         self._debug_plan: Any = None
 
     # --- buffers ------------------------------------------------------------------------------
+
+    def _check_memory(self) -> None:
+        """What _alloc will take, against the machine's available memory (the weights are mapped, not counted)."""
+        cfg = self.cfg
+        kv = 2 * self.n_slots * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * (2 if self.kv_type == "f16" else 4)
+        bases = len({cfg.layer_rope_theta(i) for i in range(cfg.n_layers)})
+        rope = bases * cfg.rope_dim * 24  # the float32 table, and the float64 angles, cosines and sines it comes from
+        pad = _round_up(self.n_ctx, KV_TILE) - self.n_ctx
+        scratch = 4 * self.chunk * sum(_round_up(w, FLOAT_ALIGN) for w in buffer_widths(cfg).values())
+        check_memory("native", self.n_ctx, kv, rope, scratch + pad * (kv + rope), fixed_what="buffers")
 
     def _alloc(self) -> None:
         cfg, T = self.cfg, self.chunk
