@@ -236,3 +236,73 @@ def test_the_command_line_refuses_a_context_that_does_not_fit_in_one_line(tmp_pa
     err = proc.stderr.strip()
     assert err.startswith("error: a context of 16777216 tokens needs") and "--context" in err, err
     assert "\n" not in err
+
+
+# --- the data section's integrity ----------------------------------------------------------------------------
+
+def _flip_data_byte(path: Path, tensor: str) -> None:
+    with BLMFile(path) as f:
+        info = f.tensors[tensor]
+    with open(path, "r+b") as fh:
+        fh.seek(info.offset + info.nbytes // 2)
+        b = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([b[0] ^ 0x5A]))
+
+
+@pytest.fixture()
+def tiny_blm(tmp_path, monkeypatch):
+    from barellm.convert import convert
+
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    return convert(write_tiny_llama(tmp_path / "tiny.gguf"), tmp_path / "tiny.blm")
+
+
+def test_a_corrupt_tensor_the_load_sample_covers_is_a_clean_error(tiny_blm):
+    barellm.load(str(tiny_blm), engine="reference", context=32)
+    _flip_data_byte(tiny_blm, "blk.1.ffn_norm.weight")  # small tensors are checked at every load
+    for engine in ("reference", "auto"):
+        with pytest.raises(FormatError, match=r"tiny.blm: tensor data checksum mismatch in 1 of \d+ tensors checked "
+                                              r"at load .*'blk.1.ffn_norm.weight' \(stored 0x"):
+            barellm.load(str(tiny_blm), engine=engine, context=32)
+
+
+def test_load_samples_larger_tensors_and_verify_checks_them_all(tiny_blm, monkeypatch):
+    import random
+
+    from barellm.formats import blm
+
+    _flip_data_byte(tiny_blm, "blk.0.ffn_up.weight")
+    # with nothing sampled the corruption goes unseen at load; --verify sees it
+    monkeypatch.setattr(blm, "SAMPLE_ALWAYS", 0)
+    monkeypatch.setattr(blm, "SAMPLE_BUDGET", 0)
+    barellm.load(str(tiny_blm), engine="reference", context=32)
+    with pytest.raises(FormatError, match=r"mismatch in 1 of \d+ tensors: 'blk.0.ffn_up.weight'"):
+        barellm.load(str(tiny_blm), engine="reference", context=32, verify=True)
+    # a budget that holds the tensor finds it sooner or later: each load picks another sample
+    with BLMFile(tiny_blm) as f:
+        size = f.tensors["blk.0.ffn_up.weight"].nbytes
+        found = 0
+        for seed in range(40):
+            try:
+                blm.check_sample(f, budget=3 * size, rng=random.Random(seed))
+            except FormatError as e:
+                assert "'blk.0.ffn_up.weight'" in str(e)
+                found += 1
+        assert 0 < found < 40
+
+
+def test_a_corrupt_cached_conversion_is_converted_again(tmp_path, monkeypatch, capsys):
+    from barellm.cache import cached_path
+
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    gguf = write_tiny_llama(tmp_path / "tiny.gguf")
+    reference = barellm.load(str(gguf), engine="reference", context=32).logits([5, 6, 7])
+    cached = cached_path(gguf)
+    _flip_data_byte(cached, "output_norm.weight")
+    capsys.readouterr()
+    again = barellm.load(str(gguf), engine="reference", context=32)
+    assert "the cached conversion is corrupt" in capsys.readouterr().err
+    assert (again.logits([5, 6, 7]) == reference).all()
+    barellm.load(str(gguf), engine="reference", context=32, verify=True)  # repaired: every tensor checks out
+

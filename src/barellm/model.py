@@ -49,10 +49,10 @@ class Piece:
     logits: np.ndarray
 
 
-def _open_source(path: Path) -> Any:
+def _open_source(path: Path, verify: bool = False) -> Any:
     from barellm.cache import open_model
 
-    return open_model(path)
+    return open_model(path, verify=verify)
 
 
 class Model:
@@ -60,7 +60,7 @@ class Model:
 
     def __init__(self, path: Path, *, threads: int | None = None, context: int | None = None,
                  engine: str = "auto", chat_template: str | None = None, slots: int = 1,
-                 activations: str = "q8x2") -> None:
+                 activations: str = "q8x2", verify: bool = False) -> None:
         from barellm.text.chat import ChatTemplate, template_for
         from barellm.text.tokenizer import Tokenizer
 
@@ -71,7 +71,7 @@ class Model:
         if threads is not None and not (isinstance(threads, int) and 1 <= threads <= 256):
             raise InvalidRequest(f"threads must be an integer in 1..256, got {threads!r}")
         self.path = path
-        self.source = _open_source(path)
+        self.source = _open_source(path, verify)
         md = self.source.metadata
         self.metadata: dict[str, Any] = md
         self.config: ModelConfig = config_of(self.source)
@@ -370,7 +370,7 @@ def _stop_prefix_len(text: str, stops: list[str], longest: int) -> int:
 
 def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = None, context: int | None = None,
          engine: str = "auto", chat_template: str | None = None, slots: int = 1,
-         activations: str = "q8x2") -> Model:
+         activations: str = "q8x2", verify: bool = False) -> Model:
     """Loads a model by name ("smollm2-135m", pulled on first use) or path.
 
     threads: worker threads (default: physical cores); context: KV cache size in tokens;
@@ -380,12 +380,14 @@ def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = N
     slots: independent KV caches (sequences served side by side); the Model's own calls use slot 0;
     activations: the native engine's activation precision in the quantized matmuls: "q8x2" (the default,
     ~15 bits: logits within a mean KL of 0.0002 of the float reference on SmolLM2) or "q8" (8-bit blocks as
-    llama.cpp uses: ~1.6x faster prefill, KL ~0.003).
+    llama.cpp uses: ~1.6x faster prefill, KL ~0.003);
+    verify: check every tensor of the model file against its checksum before running it (every load checks
+    a sample of them).
     """
     path = hub.resolve(model)
     try:
         return Model(path, threads=threads, context=context, engine=engine, chat_template=chat_template,
-                     slots=slots, activations=activations)
+                     slots=slots, activations=activations, verify=verify)
     except BarellmError:
         raise
     except (OSError, MemoryError) as e:
