@@ -306,3 +306,16 @@ def test_a_corrupt_cached_conversion_is_converted_again(tmp_path, monkeypatch, c
     assert (again.logits([5, 6, 7]) == reference).all()
     barellm.load(str(gguf), engine="reference", context=32, verify=True)  # repaired: every tensor checks out
 
+
+def test_the_command_line_verify_option(tiny_blm):
+    _flip_data_byte(tiny_blm, "blk.0.attn_q.weight")
+    code = ("import sys; from barellm.formats import blm; blm.SAMPLE_ALWAYS = blm.SAMPLE_BUDGET = 0; "
+            "from barellm.cli import main; sys.exit(main(sys.argv[1:]))")
+    env = dict(os.environ, BARELLM_HOME=str(tiny_blm.parent / "home"))
+    run = [sys.executable, "-c", code, "run", str(tiny_blm), "hi", "-n", "1", "--engine", "reference"]
+    assert subprocess.run(run, capture_output=True, timeout=120, env=env, stdin=subprocess.DEVNULL).returncode == 0
+    proc = subprocess.run(run + ["--verify"], capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: ") and "'blk.0.attn_q.weight'" in proc.stderr
+    assert proc.stderr.count("\n") == 1
