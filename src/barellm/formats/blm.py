@@ -164,8 +164,16 @@ def _encode_scalar(code: int, v: Any, key: str) -> bytes:
     return _STRUCTS[code].pack(float(v))
 
 
+def _name_bytes(name: str, what: str) -> bytes:
+    """A key's or tensor's name as UTF-8 (a name read from a file with invalid UTF-8 has none)."""
+    try:
+        return name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FormatError(f"{what} {name!r}: not valid UTF-8") from None
+
+
 def _encode_kv(out: bytearray, key: str, value: Any, type_name: str) -> None:
-    kb = key.encode("utf-8")
+    kb = _name_bytes(key, "metadata key")
     if not 0 < len(kb) <= MAX_NAME_BYTES:
         raise FormatError(f"metadata key {key!r}: must be 1 to {MAX_NAME_BYTES} bytes of UTF-8")
     code, inner = _parse_type_name(type_name, key)
@@ -769,7 +777,7 @@ class TensorSpec:
 
 def _check_spec(spec: TensorSpec) -> int:
     """The spec's byte size, after checking it is something a reader will accept."""
-    nb = spec.name.encode("utf-8")
+    nb = _name_bytes(spec.name, "tensor name")
     if not 0 < len(nb) <= MAX_NAME_BYTES:
         raise FormatError(f"tensor name {spec.name!r}: must be 1 to {MAX_NAME_BYTES} bytes of UTF-8")
     shape = tuple(int(d) for d in spec.shape)
