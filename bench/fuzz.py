@@ -37,6 +37,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
 import resource  # noqa: E402
 import select  # noqa: E402
 import shutil  # noqa: E402
@@ -380,8 +381,17 @@ class Campaign:
     counts: Counter = field(default_factory=Counter)
     by_base: dict[str, Counter] = field(default_factory=dict)
     finds: list[dict] = field(default_factory=list)
+    clean_kinds: Counter = field(default_factory=Counter)  # which errors the clean cases ended in
     seconds: float = 0.0
     slowest: tuple[float, str] = (0.0, "")
+
+
+def _kind(detail: str) -> str:
+    """A clean error's message with the file, the numbers and the quoted names taken out: its kind."""
+    msg = detail.split(": ", 2)[-1]
+    msg = re.sub(r"^\S*(\.gguf|\.blm|/case\d+\S*):? ", "", msg)
+    msg = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", msg)
+    return re.sub(r"0x[0-9a-f]+|-?\d+(\.\d+)?", "N", msg)[:90]
 
 
 def run(n: int, seed: int, bases: list[Base], engines: tuple[str, ...], timeout: float, mem_limit: int,
@@ -405,6 +415,8 @@ def run(n: int, seed: int, bases: list[Base], engines: tuple[str, ...], timeout:
             if dt > c.slowest[0]:
                 c.slowest = (dt, f"case {k} ({base.name}: {what})")
             c.counts[outcome] += 1
+            if outcome == "clean":
+                c.clean_kinds[_kind(detail)] += 1
             c.by_base.setdefault(base.name, Counter())[outcome] += 1
             if outcome in ("crash", "hang", "other"):
                 find = {"case": k, "seed": seed, "base": base.name, "mutation": what, "converted": convert,
@@ -478,6 +490,7 @@ def main() -> int:
     result = {"cases": args.cases, "seed": args.seed, "models": args.models, "engines": list(engines),
               "seconds": round(c.seconds, 1), "counts": {o: c.counts[o] for o in OUTCOMES},
               "by_base": {b: dict(v) for b, v in c.by_base.items()}, "finds": c.finds,
+              "clean_kinds": dict(c.clean_kinds.most_common(40)),
               "slowest": {"seconds": round(c.slowest[0], 2), "case": c.slowest[1]}}
     if args.json:
         print(json.dumps(result, indent=1))
@@ -487,6 +500,9 @@ def main() -> int:
         for b, v in c.by_base.items():
             print(f"  {b}: " + ", ".join(f"{o} {v[o]}" for o in OUTCOMES if v[o]))
         print(f"  slowest case: {c.slowest[0]:.2f} s, {c.slowest[1][:200]}")
+        print("  most frequent clean errors:")
+        for kind, n in c.clean_kinds.most_common(15):
+            print(f"    {n:6d}  {kind}")
     return 1 if any(c.counts[o] for o in ("crash", "hang", "other")) else 0
 
 
