@@ -153,7 +153,7 @@ def test_the_native_core_names_what_it_refuses(tmp_path, monkeypatch):
     native = model.engine
     specs = [native._op_spec(op) for op in native.ops]
     specs[0]["table"] = (BF16, 1, 10, 64, specs[0]["table"][4])  # a layout a table cannot have
-    with pytest.raises(ValueError, match=r"^op 0( \(token_embd\))?: embedding table of type 30 layout 1"):
+    with pytest.raises(ValueError, match=r"^op 0( \(token_embd\))?: .*type 30"):
         engine.nat.Plan(native._pool, specs, native._tok, native._pos, native._slot, native._rows, native.chunk,
                         native.chunk, native.n_vocab, native.n_ctx, native.n_slots)
 

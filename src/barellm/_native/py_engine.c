@@ -188,29 +188,6 @@ static int parse_matrix(PlanObject *self, PyObject *spec, bl_matrix *m) {
     return 0;
 }
 
-/* An embedding table, (type, layout, rows, cols, buffer): read a row at a time by bl_dequant_row, so any
-   type that function knows will do (BF16, Q5_1, ... have no matmul kernels, and need none here). */
-static int parse_table(PlanObject *self, PyObject *spec, bl_matrix *m, size_t row_bytes, int n) {
-    PyObject *buf;
-    m->act = BL_ACT_Q8;
-    if (!PyArg_ParseTuple(spec, "iiiiO", &m->type, &m->layout, &m->rows, &m->cols, &buf)) return -1;
-    const size_t rb = bl_type_row_bytes(m->type, m->cols);
-    if (m->layout != BL_LAYOUT_ROWS || rb == 0 || rb != row_bytes || m->cols != n || m->rows <= 0) {
-        PyErr_Format(PyExc_ValueError, "embedding table of type %d layout %d [%d, %d] (row bytes %zu) cannot be "
-                     "read a row at a time into %d values", m->type, m->layout, m->rows, m->cols, row_bytes, n);
-        return -1;
-    }
-    Py_ssize_t avail;
-    m->data = plan_buf(self, buf, 0, &avail);
-    if (!m->data) return -1;
-    if ((size_t)avail / rb < (size_t)m->rows) {
-        PyErr_Format(PyExc_ValueError, "embedding table [%d, %d] needs %zu bytes, buffer has %zd", m->rows, m->cols,
-                     (size_t)m->rows * rb, avail);
-        return -1;
-    }
-    return 0;
-}
-
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
 /* The keys each op kind takes (engine.py builds the dicts): every required key must be there and no other
@@ -325,7 +302,7 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
     if (d_ptr(self, d, "vc", 1, &p)) return -1;
     op->vc = p;
     PyObject *t = PyDict_GetItemString(d, "table");
-    if (t && parse_table(self, t, &op->table, op->table_row_bytes, op->n)) return -1;
+    if (t && parse_matrix(self, t, &op->table)) return -1;
 
     PyObject *qj = PyDict_GetItemString(d, "qjobs");
     if (qj) {
