@@ -95,7 +95,8 @@ def test_a_checkpoint_file_that_is_a_named_pipe_is_refused(tmp_path):
         sniff(root)
 
 
-def test_tiny_model_still_loads(tmp_path):
+def test_tiny_model_still_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
     path = write_tiny_llama(tmp_path / "tiny.gguf")
     assert sniff(path) == "gguf"
     barellm.load(str(path), engine="reference", context=32)
