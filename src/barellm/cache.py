@@ -64,8 +64,10 @@ def cached_path(src: str | os.PathLike[str]) -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
-def _usable(path: Path, sha: str) -> blm.BLMFile | None:
-    """The cached file opened, if it is intact and what this converter would write for that source now."""
+def _usable(path: Path, sha: str, verify: bool = False) -> blm.BLMFile | None:
+    """The cached file opened, if it is intact and what this converter would write for that source now.
+    Intact: its header, and its tensors' checksums, a sample of them (all with verify); a cached file found
+    corrupt is said so on stderr, and converted again."""
     try:
         f = blm.BLMFile(path)
     except (FormatError, ModelNotFound):
@@ -73,12 +75,25 @@ def _usable(path: Path, sha: str) -> blm.BLMFile | None:
     p = f.provenance
     if (p.get("source.sha256") == sha and p.get("converter.revision") == converter.CONVERTER_REVISION
             and p.get("convert.type") == "keep" and p.get("convert.layout") == CACHE_LAYOUT):
-        return f
+        try:
+            check_data(f, verify)
+            return f
+        except FormatError as e:
+            print(f"barellm: the cached conversion is corrupt ({e}); converting the model again", file=sys.stderr)
     f.close()
     return None
 
 
-def open_cached(src: str | os.PathLike[str]) -> blm.BLMFile:
+def check_data(f: blm.BLMFile, verify: bool = False) -> None:
+    """The integrity check every load of a .blm makes: the checksums of a sample of its tensors, or of all of
+    them with verify (`--verify`); FormatError names a tensor whose data is corrupt."""
+    if verify:
+        blm.check_all(f)
+    else:
+        blm.check_sample(f)
+
+
+def open_cached(src: str | os.PathLike[str], *, verify: bool = False) -> blm.BLMFile:
     """A GGUF file or checkpoint directory as a .blm from the cache, converting it the first time.
 
     The index maps the source's (path, size, mtime, inode) to its SHA256, so a start that finds both the
@@ -87,10 +102,12 @@ def open_cached(src: str | os.PathLike[str]) -> blm.BLMFile:
     src = Path(src)
     files = converter.source_files(src)
     directory = cache_dir()
+    for d in (directory, directory / "index"):  # what a start killed while writing the cache left there
+        remove_stale_temps(d)
     idx = directory / "index" / f"{_stat_key(files)}.json"
     sha = _index_lookup(idx)
     if sha is not None:
-        f = _usable(directory / f"{sha}.blm", sha)
+        f = _usable(directory / f"{sha}.blm", sha, verify)
         if f is not None:
             return f
     show = sys.stderr.isatty()
@@ -102,9 +119,8 @@ def open_cached(src: str | os.PathLike[str]) -> blm.BLMFile:
     with Progress(sum(p.stat().st_size for p in files), f"hashing {src.name}", enabled=show) as bar:
         sha, _ = converter.sha256_files(files, bar)
     out = directory / f"{sha}.blm"
-    f = _usable(out, sha)
+    f = _usable(out, sha, verify)
     if f is None:
-        remove_stale_temps(directory)
         if show:
             print(f"barellm: converting {src} to {out} (once; later loads map it directly)", file=sys.stderr)
         try:
@@ -121,17 +137,25 @@ def open_cached(src: str | os.PathLike[str]) -> blm.BLMFile:
     return f
 
 
-def open_model(path: str | os.PathLike[str], *, convert: bool | None = None) -> Any:
+def open_model(path: str | os.PathLike[str], *, convert: bool | None = None, verify: bool = False) -> Any:
     """Opens a model file for the engines: .metadata, .tensors, .raw(name), .dequantize(name).
 
     A .blm file is mapped as it is. A GGUF file or a checkpoint directory is converted once into the
     model cache and mapped from there afterwards; with convert=False (default: unless BARELLM_CONVERT=0),
-    a GGUF file is read directly instead.
+    a GGUF file is read directly instead. A .blm's tensors are checked against their checksums, a sample of
+    them at every load, all of them with verify (a corrupt file in the cache is converted again; one given
+    by path is a FormatError naming the tensor).
     """
     path = Path(path)
     kind = sniff(path)
     if kind == "blm":
-        return blm.BLMFile(path)
+        f = blm.BLMFile(path)
+        try:
+            check_data(f, verify)
+        except BaseException:
+            f.close()
+            raise
+        return f
     if convert is None:
         convert = os.environ.get("BARELLM_CONVERT", "1") != "0"
     if not convert:
@@ -141,7 +165,7 @@ def open_model(path: str | os.PathLike[str], *, convert: bool | None = None) -> 
             return GGUFFile(path)
         raise FormatError(f"{path}: a checkpoint directory is only read by converting it (`barellm convert`)")
     try:
-        return open_cached(path)
+        return open_cached(path, verify=verify)
     except CacheError as e:
         if kind != "gguf":
             raise

@@ -70,7 +70,7 @@ def _load(args: argparse.Namespace, model: str | None, **kw: object):
 
     return barellm.load(model, threads=args.threads, context=args.context,
                         engine=getattr(args, "engine", "auto"), activations=getattr(args, "activations", "q8x2"),
-                        **kw)
+                        verify=getattr(args, "verify", False), **kw)
 
 
 def is_model(word: str) -> bool:

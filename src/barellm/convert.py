@@ -36,7 +36,7 @@ import numpy as np
 from barellm import kernels, quant
 from barellm.arch.registry import ARCHITECTURES, Architecture, for_hf_model_type
 from barellm.errors import FormatError, ModelNotFound
-from barellm.files import sha256_file
+from barellm.files import open_regular, sha256_file
 from barellm.formats import blm, sniff
 from barellm.progress import Progress
 
@@ -133,7 +133,7 @@ class SafetensorsFile:
         self.path = path
         self._name = str(path)
         try:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
                 size = os.fstat(f.fileno()).st_size
                 if size < 8:
                     raise self._error(0, f"the file has {size} bytes, too few for a safetensors header")
@@ -256,9 +256,9 @@ def permute_qk(rows: np.ndarray, n_heads: int) -> np.ndarray:
 
 def _read_json(path: Path, required: bool = True) -> Any:
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
+        with open_regular(path) as f:
+            return json.loads(f.read().decode("utf-8"))
+    except ModelNotFound:
         if required:
             raise FormatError(f"{path}: missing (a checkpoint needs it)") from None
         return None

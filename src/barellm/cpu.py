@@ -1,8 +1,11 @@
-"""What barellm knows about the machine it runs on: cores, and the kernel path the native core uses."""
+"""What barellm knows about the machine it runs on: cores, memory, and the kernel path the native core uses."""
 
 from __future__ import annotations
 
 import os
+import sys
+
+from barellm.errors import InvalidRequest
 
 
 def physical_cores() -> int:
@@ -40,3 +43,54 @@ def cpu_info() -> dict[str, object]:
     from barellm import _native
 
     return dict(_native.cpu_info())
+
+
+def available_memory() -> int | None:
+    """Bytes that can be allocated without swapping: the kernel's MemAvailable, or what is left under this
+    process's cgroup limit if that is less; None where neither can be read."""
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # cgroup v2: a container's limit is not in /proc/meminfo
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit != "max":
+            with open("/sys/fs/cgroup/memory.current") as f:
+                found.append(max(0, int(limit) - int(f.read().strip())))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+MEMORY_HEADROOM = 0.9  # of the available memory, what an engine may plan to take
+KV_NOTE_BYTES = 1 << 30  # a KV cache this large is mentioned on stderr before it is allocated
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def check_memory(engine: str, n_ctx: int, kv_per_token: int, other_per_token: int = 0, fixed: int = 0,
+                 *, fixed_what: str = "") -> None:
+    """Before an engine allocates for a context of n_ctx tokens: refuses (InvalidRequest) what the available
+    memory cannot hold, naming the largest --context that fits, and notes on stderr a KV cache of a GiB or
+    more. kv_per_token and other_per_token (RoPE tables, ...) grow with the context; fixed does not (the
+    reference engine's float weights: fixed_what says what it is)."""
+    per_token = kv_per_token + other_per_token
+    kv, need = kv_per_token * n_ctx, fixed + per_token * n_ctx
+    avail = available_memory()
+    if avail is not None and need > MEMORY_HEADROOM * avail:
+        fit = int((MEMORY_HEADROOM * avail - fixed) // max(per_token, 1))
+        fit = fit // 256 * 256 if fit >= 256 else fit // 16 * 16
+        hint = f"--context {fit} would fit" if fit >= 16 else "not even a context of 16 tokens fits"
+        parts = f"KV cache {_gib(kv)}" + (f", {fixed_what} {_gib(fixed)}" if fixed >= 1 << 20 and fixed_what else "")
+        raise InvalidRequest(f"a context of {n_ctx} tokens needs {_gib(need)} of memory ({engine} engine: {parts}), "
+                             f"but {_gib(avail)} is available; {hint}")
+    if kv >= KV_NOTE_BYTES:
+        print(f"barellm: the KV cache for a context of {n_ctx} tokens takes {_gib(kv)}", file=sys.stderr)

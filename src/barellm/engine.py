@@ -32,7 +32,7 @@ from barellm import _native as nat
 from barellm import kernels
 from barellm.arch.config import ModelConfig, check_tensors
 from barellm.arch.llama import rope_frequencies
-from barellm.cpu import default_threads
+from barellm.cpu import check_memory, default_threads
 from barellm.errors import FormatError, InvalidRequest
 from barellm.kernels import (
     ACT_Q8,
@@ -62,6 +62,11 @@ def aligned_zeros(shape: tuple[int, ...] | int, dtype: Any = np.float32, align: 
 
 def _round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
+
+
+class NativeUnsupported(FormatError):
+    """A legal model the native core refuses to plan (a combination of types or shapes it has no path for).
+    engine="auto" falls back on the reference engine; engine="native" reports it."""
 
 
 def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
@@ -155,15 +160,31 @@ class NativeEngine:
         self._source = source
         self._pool = nat.Pool(self.threads, bool(pin))
         self.ops: list[Op] = llama_plan(cfg)
+        self._check_memory()
         self._alloc()
         self._matrices: dict[tuple[str, ...], list[tuple[int, int, int, int, np.ndarray]]] = {}
         self._norms: dict[str, np.ndarray] = {}
         self._dequantized: dict[str, np.ndarray] = {}
-        self._plan = self._compile(fuse=True)
+        try:
+            self._plan = self._compile(fuse=True)
+        except ValueError as e:  # the C core refused an op: say which, as a BarellmError
+            if isinstance(e, InvalidRequest):
+                raise
+            raise NativeUnsupported(f"the native engine cannot run this model: {e}") from None
         self._plan.set_adaptive(bool(adaptive_threads))
         self._debug_plan: Any = None
 
     # --- buffers ------------------------------------------------------------------------------
+
+    def _check_memory(self) -> None:
+        """What _alloc will take, against the machine's available memory (the weights are mapped, not counted)."""
+        cfg = self.cfg
+        kv = 2 * self.n_slots * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * (2 if self.kv_type == "f16" else 4)
+        bases = len({cfg.layer_rope_theta(i) for i in range(cfg.n_layers)})
+        rope = bases * cfg.rope_dim * 24  # the float32 table, and the float64 angles, cosines and sines it comes from
+        pad = _round_up(self.n_ctx, KV_TILE) - self.n_ctx
+        scratch = 4 * self.chunk * sum(_round_up(w, FLOAT_ALIGN) for w in buffer_widths(cfg).values())
+        check_memory("native", self.n_ctx, kv, rope, scratch + pad * (kv + rope), fixed_what="buffers")
 
     def _alloc(self) -> None:
         cfg, T = self.cfg, self.chunk

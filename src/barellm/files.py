@@ -14,13 +14,15 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from barellm.errors import FormatError, ModelNotFound
 from barellm.progress import Progress
 
-_TEMP_NAME = re.compile(r"\..+\.(\d+)\.[0-9a-f]{8}\.tmp")
+_TEMP_NAME = re.compile(r"\.(.+)\.(\d+)\.[0-9a-f]{8}\.tmp")  # .<target name>.<pid>.<hex>.tmp
 
 
 def home() -> Path:
@@ -84,9 +86,11 @@ def temp_dir(parent: Path, name: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def remove_stale_temps(directory: Path) -> list[Path]:
+def remove_stale_temps(directory: Path, target_suffix: str = "") -> list[Path]:
     """Removes the temporary files and directories in `directory` whose writing process is gone; returns
-    what it removed. Those of live processes, and names it does not recognise, are left alone."""
+    what it removed. Those of live processes, and names it does not recognise, are left alone; with
+    target_suffix (".blm"), only the temporaries of targets named so (in a directory barellm does not own,
+    such as the output directory of `barellm convert -o`)."""
     try:
         entries = [p for p in directory.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
     except OSError:
@@ -94,7 +98,7 @@ def remove_stale_temps(directory: Path) -> list[Path]:
     removed = []
     for p in entries:
         m = _TEMP_NAME.fullmatch(p.name)
-        if not m or _alive(int(m.group(1))):
+        if not m or not m.group(1).endswith(target_suffix) or _alive(int(m.group(2))):
             continue
         try:
             if p.is_dir() and not p.is_symlink():
@@ -117,9 +121,54 @@ def _alive(pid: int) -> bool:
     return True
 
 
+_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def _not_regular(path: str | os.PathLike[str], mode: int) -> FormatError:
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return FormatError(f"{os.fspath(path)}: is {kind}, not a regular file")
+
+
+def check_regular(path: str | os.PathLike[str]) -> os.stat_result:
+    """stat() of a path that must be a regular file (following links): ModelNotFound or FormatError else."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ModelNotFound(f"{os.fspath(path)}: no such file") from None
+    except OSError as e:
+        raise FormatError(f"{os.fspath(path)}: cannot read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, st.st_mode)
+    return st
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Opens a file for reading, refusing anything but a regular file before a byte is read: reading a named
+    pipe blocks until someone writes to it (forever, for a model path), and a device can stream without end.
+    The path is checked before it is opened (a device is never opened) and the descriptor after (the path
+    cannot be swapped in between); the open itself does not wait on a pipe."""
+    check_regular(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ModelNotFound(f"{os.fspath(path)}: no such file") from None
+    except OSError as e:
+        raise FormatError(f"{os.fspath(path)}: cannot read: {e.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def sha256_file(path: Path, progress: Progress | None = None) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
             if progress:

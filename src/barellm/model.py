@@ -66,10 +66,10 @@ class Completion:
     timings: Timings | None = None     # seconds per phase of the token loop (generation.PHASES)
 
 
-def _open_source(path: Path) -> Any:
+def _open_source(path: Path, verify: bool = False) -> Any:
     from barellm.cache import open_model
 
-    return open_model(path)
+    return open_model(path, verify=verify)
 
 
 @dataclass
@@ -99,7 +99,7 @@ class Model:
 
     def __init__(self, path: Path, *, threads: int | None = None, context: int | None = None,
                  engine: str = "auto", chat_template: str | None = None, slots: int = 1,
-                 activations: str = "q8x2") -> None:
+                 activations: str = "q8x2", verify: bool = False) -> None:
         from barellm.text.chat import ChatTemplate, template_for
         from barellm.text.tokenizer import Tokenizer
 
@@ -110,7 +110,7 @@ class Model:
         if threads is not None and not (isinstance(threads, int) and 1 <= threads <= 256):
             raise InvalidRequest(f"threads must be an integer in 1..256, got {threads!r}")
         self.path = path
-        self.source = _open_source(path)
+        self.source = _open_source(path, verify)
         md = self.source.metadata
         self.metadata: dict[str, Any] = md
         self.config: ModelConfig = config_of(self.source)
@@ -140,12 +140,17 @@ class Model:
 
     def _make_engine(self, engine: str) -> tuple[str, Any]:
         if engine in ("auto", "native"):
-            from barellm.engine import NativeEngine, unsupported_reason
+            from barellm.engine import NativeEngine, NativeUnsupported, unsupported_reason
 
             reason = unsupported_reason(self.config, self.source)
             if reason is None:
-                return "native", NativeEngine(self.config, self.source, n_ctx=self.n_ctx, threads=self.threads,
-                                              n_slots=self.slots, activations=self.activations)
+                try:
+                    return "native", NativeEngine(self.config, self.source, n_ctx=self.n_ctx, threads=self.threads,
+                                                  n_slots=self.slots, activations=self.activations)
+                except NativeUnsupported as e:
+                    if engine == "native":
+                        raise
+                    reason = str(e).removeprefix("the native engine cannot run this model: ")
             if engine == "native":
                 raise FormatError(f"the native engine cannot run this model: {reason}")
             warnings.warn(f"the native engine cannot run this model ({reason}); using the NumPy reference engine, "
@@ -516,7 +521,7 @@ class Model:
 
 def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = None, context: int | None = None,
          engine: str = "auto", chat_template: str | None = None, slots: int = 1,
-         activations: str = "q8x2") -> Model:
+         activations: str = "q8x2", verify: bool = False) -> Model:
     """Loads a model by name ("smollm2-135m", pulled on first use) or path.
 
     threads: worker threads (default: physical cores); context: KV cache size in tokens;
@@ -527,12 +532,14 @@ def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = N
     way at once; a server serves that many sequences side by side;
     activations: the native engine's activation precision in the quantized matmuls: "q8x2" (the default,
     ~15 bits: logits within a mean KL of 0.0002 of the float reference on SmolLM2) or "q8" (8-bit blocks as
-    llama.cpp uses: ~1.6x faster prefill, KL ~0.003).
+    llama.cpp uses: ~1.6x faster prefill, KL ~0.003);
+    verify: check every tensor of the model file against its checksum before running it (every load checks
+    a sample of them).
     """
     path = hub.resolve(model)
     try:
         return Model(path, threads=threads, context=context, engine=engine, chat_template=chat_template,
-                     slots=slots, activations=activations)
+                     slots=slots, activations=activations, verify=verify)
     except BarellmError:
         raise
     except (OSError, MemoryError) as e:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from barellm.arch.config import ModelConfig, check_tensors
+from barellm.cpu import check_memory
 from barellm.errors import InvalidRequest
 
 
@@ -143,6 +144,12 @@ class ReferenceEngine:
         self.cfg = cfg
         self.n_ctx = n_ctx or cfg.context_length
         self.n_vocab = cfg.n_vocab
+        # before anything is allocated: the float32 weights (and one matrix's transposed copy), the cache and
+        # the RoPE tables (built in float64) against the machine's available memory
+        sizes = [4 * int(np.prod(t.shape, dtype=np.int64)) for t in source.tensors.values()]
+        bases = len({cfg.layer_rope_theta(i) for i in range(cfg.n_layers)})
+        check_memory("reference", self.n_ctx, 2 * n_slots * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4,
+                     bases * cfg.rope_dim * 20, sum(sizes) + max(sizes, default=0), fixed_what="float32 weights")
 
         def w(name: str) -> np.ndarray:
             return np.ascontiguousarray(source.dequantize(name), dtype=np.float32)

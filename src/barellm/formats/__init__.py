@@ -9,18 +9,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from barellm.errors import FormatError
+from barellm.files import open_regular
 
 GGUF_MAGIC = b"GGUF"
 
 
 def sniff(path: Path) -> str:
-    """The kind of model file at path: "gguf", "blm" or "hf" (a checkpoint directory)."""
+    """The kind of model file at path: "gguf", "blm" or "hf" (a checkpoint directory). Anything but a
+    regular file or a directory (a named pipe, a device, a socket) is refused before it is read."""
     if path.is_dir():
         if (path / "config.json").is_file():
             return "hf"
         raise FormatError(f"{path}: a directory without config.json is not a model checkpoint")
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             magic = f.read(8)
     except OSError as e:
         raise FormatError(f"{path}: cannot read: {e.strerror}") from e

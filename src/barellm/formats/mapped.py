@@ -13,6 +13,7 @@ import numpy as np
 
 from barellm import quant
 from barellm.errors import FormatError, ModelNotFound
+from barellm.files import check_regular
 
 Self = TypeVar("Self", bound="MappedFile")
 
@@ -32,8 +33,9 @@ class MappedFile:
         self._name = str(path)
         self._mmap: mmap.mmap | None = None
         self._data: np.ndarray | None = None
+        check_regular(self.path)  # a named pipe, a device or a socket is refused before it is opened
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)  # nor does a pipe swapped in block it
         except FileNotFoundError:
             raise ModelNotFound(f"{self._name}: no such file") from None
         except OSError as e:

@@ -94,7 +94,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise InvalidRequest("--api-key must be at least 8 characters long")
 
     model = barellm.load(args.model, threads=args.threads, context=args.context, engine=args.engine,
-                         chat_template=args.template, slots=args.slots, activations=args.activations)
+                         chat_template=args.template, slots=args.slots, activations=args.activations,
+                         verify=args.verify)
     app = create_app(model, model_id=served_id(args.model, model.path), aliases=args.alias,
                      max_queue=args.queue, timeout=args.timeout or None, prefill_chunk=args.prefill_chunk,
                      api_key=args.api_key, allowed_hosts=allowed, cors_origins=args.cors_origin,

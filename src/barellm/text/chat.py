@@ -1,95 +1,36 @@
 """Chat templates: Jinja sources (from the model file or built in) rendered the way Hugging Face's
-apply_chat_template renders them, inside a sandbox.
+apply_chat_template renders them, inside a bounded sandbox.
 
 A template comes from a downloaded file, so it is untrusted code: it runs in Jinja's immutable sandbox,
 which refuses access to Python internals (``''.__class__.__mro__``, ``cycler.__init__.__globals__``) and
-mutation of the objects passed in; on top of that, string and list repetition and powers are capped so a
-template cannot exhaust memory with one expression.
+mutation of the objects passed in, and every render is held to RenderLimits (time, steps, the size of any
+value, memory, output, loop nesting: see sandbox.py). A template that fails on a one-message conversation
+is refused when the model loads; one that fails on a request fails that request with one line.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from importlib import resources
 from typing import Any
 
-import jinja2
-import jinja2.ext
-from jinja2 import nodes
 from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from barellm.errors import FormatError, InvalidRequest
+from barellm.text.sandbox import RenderLimits, TemplateLimit, TemplateRaised, environment, render
 
-__all__ = ["ChatTemplate", "builtin_template", "builtin_names", "message_text", "template_for", "validate_messages"]
+__all__ = ["ChatTemplate", "RenderLimits", "builtin_template", "builtin_names", "message_text", "template_for",
+           "validate_messages"]
 
 _BUILTINS = ("chatml", "gemma")
-_MAX_REPEAT = 1 << 20  # characters or items one '*' may produce
-_MAX_EXPONENT = 1024
+# what a template must render at load: nearly every template accepts it (one that rejects it with
+# raise_exception still loads)
+_PROBE = [{"role": "user", "content": "Hello"}]
 
 
-class _TemplateRaised(Exception):
-    """raise_exception() called by a template: the template rejects the conversation."""
-
-
-def _raise_exception(message: Any) -> None:
-    raise _TemplateRaised(str(message))
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    # Jinja's own tojson escapes <, >, & and ' for HTML; chat templates want plain JSON, as HF gives them
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-class _GenerationTag(jinja2.ext.Extension):
-    """{% generation %}...{% endgeneration %}: HF marks assistant text for training masks with it; for
-    rendering it is transparent, but templates that use it must still parse."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: Any) -> list[nodes.Node]:
-        next(parser.stream)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
-class _Sandbox(ImmutableSandboxedEnvironment):
-    intercepted_binops = frozenset({"*", "**"})
-
-    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
-        # Jinja's default hands back an Undefined that prints as "", so a probe like {{ x.__class__ }}
-        # would pass silently; a template that reaches for internals is hostile and should say so.
-        raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "**" and isinstance(right, (int, float)) and abs(right) > _MAX_EXPONENT:
-            raise SecurityError(f"exponent {right} is too large")
-        if operator == "*":
-            for seq, k in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(k, int) and len(seq) * k > _MAX_REPEAT:
-                    raise SecurityError(f"repetition to {len(seq) * k} items is too large")
-        return super().call_binop(context, operator, left, right)
-
-
-def _environment() -> _Sandbox:
-    # HF's settings: blocks eat their trailing newline and leading indentation; the template's own final
-    # newline is dropped (keep_trailing_newline stays False); break/continue are allowed.
-    env = _Sandbox(trim_blocks=True, lstrip_blocks=True,
-                   extensions=[jinja2.ext.loopcontrols, _GenerationTag])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[:limit] + "..."
 
 
 def message_text(content: Any, where: str = "content") -> str:
@@ -127,24 +68,40 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
 
 
 class ChatTemplate:
-    """A compiled chat template. render() turns messages into the prompt text the model was tuned on."""
+    """A compiled chat template. render() turns messages into the prompt text the model was tuned on.
 
-    def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
+    limits bound every render (default RenderLimits(): 1 s, 4M characters of output, ...). With probe
+    (the default), the template is rendered once on a one-message conversation here, so that a template
+    that cannot render at all, or runs past its limits, is a FormatError at load rather than a failure of
+    every request."""
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", *,
+                 limits: RenderLimits | None = None, probe: bool = True) -> None:
         if not isinstance(source, str):
             raise FormatError(f"chat template must be a string, got {type(source).__name__}")
+        self.limits = limits or RenderLimits()
+        if len(source) > self.limits.max_source:
+            raise FormatError(f"chat template is {len(source)} characters long (at most {self.limits.max_source})")
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
         try:
-            self._template = _environment().from_string(source)
+            self._template = environment(self.limits).from_string(source)
         except TemplateSyntaxError as e:
             raise FormatError(f"chat template line {e.lineno}: {_one_line(e.message or 'syntax error')}") from None
         except TemplateError as e:
             raise FormatError(f"chat template: {_one_line(e.message or type(e).__name__)}") from None
+        except (RecursionError, MemoryError, SyntaxError, ValueError) as e:  # nested too deeply to compile
+            raise FormatError(f"chat template cannot be compiled: {type(e).__name__}: {_one_line(str(e))}") from None
+        if probe:
+            try:
+                self._render(_PROBE, True, {})
+            except TemplateRaised:
+                pass  # the template refuses that conversation on purpose; it may accept others
+            except Exception as e:  # noqa: BLE001 - whatever a template raises is the file's fault
+                raise FormatError(f"chat template fails on a one-message conversation: {_describe(e)}") from None
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:
-        """The prompt text for messages; add_generation_prompt opens the assistant's turn. extra are
-        further template variables (e.g. tools, or a date a template asks for)."""
+    def _render(self, messages: Any, add_generation_prompt: bool, extra: dict[str, Any]) -> str:
         msgs = validate_messages(messages)
         variables: dict[str, Any] = {
             # HF passes tools and documents even when absent, so "is defined" tests see them as None
@@ -156,21 +113,33 @@ class ChatTemplate:
         variables.update(extra)
         variables["messages"] = msgs
         variables["add_generation_prompt"] = bool(add_generation_prompt)
+        return render(self._template, variables, self.limits)
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:
+        """The prompt text for messages; add_generation_prompt opens the assistant's turn. extra are
+        further template variables (e.g. tools, or a date a template asks for)."""
         try:
-            return self._template.render(**variables)
-        except _TemplateRaised as e:
+            return self._render(messages, add_generation_prompt, extra)
+        except InvalidRequest:
+            raise
+        except TemplateRaised as e:
             raise InvalidRequest(f"chat template rejected the messages: {_one_line(str(e))}") from None
         except SecurityError as e:
             # the template tried to reach outside the sandbox: a hostile or broken model file
             raise FormatError(f"chat template refused: {_one_line(str(e))}") from None
-        except TemplateError as e:
-            raise InvalidRequest(f"chat template failed: {_one_line(e.message or type(e).__name__)}") from None
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError,
-                OverflowError, RecursionError) as e:
-            raise InvalidRequest(f"chat template failed: {type(e).__name__}: {_one_line(str(e))}") from None
+        except Exception as e:  # noqa: BLE001 - a template's failure is the request's, in one line
+            raise InvalidRequest(f"chat template failed: {_describe(e)}") from None
 
     def __repr__(self) -> str:
         return f"ChatTemplate({len(self.source)} characters)"
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, TemplateLimit):
+        return _one_line(str(e))
+    if isinstance(e, TemplateError):
+        return _one_line(e.message or type(e).__name__)
+    return f"{type(e).__name__}: {_one_line(str(e))}"
 
 
 def builtin_names() -> tuple[str, ...]:

@@ -443,6 +443,12 @@ class Tokenizer:
         # deterministic order.
         special_types = frozenset((TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN))
         specials = [i for i, t in enumerate(self._types) if t in special_types and tokens[i]]
+        for i in specials:
+            # a special token is matched in the text as written, and text is valid Unicode: one whose bytes
+            # are not UTF-8 (kept by the reader as lone surrogates) could never be written, only break things
+            if _SURROGATE.search(tokens[i]):
+                raw = tokens[i].encode("utf-8", "surrogateescape")
+                raise FormatError(f"tokenizer.ggml.tokens[{i}]: special token {raw!r} is not valid UTF-8")
         specials.sort(key=lambda i: (-len(tokens[i].encode("utf-8")), i))
         self._special_rank = {tid: r for r, tid in enumerate(specials)}
         self._trie_all = _Trie()
