@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -453,12 +455,39 @@ class _CountRequests:
                 self.metrics.request(endpoint_label(scope.get("path", "")), status[0])
 
 
+class _ReplicaHeader:
+    """Names the process that answered in every response (X-Barellm-Replica), so a client behind several
+    replicas can tell which one served it, and sees the same header from a single server."""
+
+    def __init__(self, app: ASGIApp, name: str) -> None:
+        self.app = app
+        self.header = (b"x-barellm-replica", name.encode("latin-1", errors="replace"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_wrapper)
+
+
+def process_name() -> str:
+    """The X-Barellm-Replica of a single server: host and process id."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str] = (), max_queue: int = 64,
                timeout: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-               max_body: int = schemas.MAX_BODY_BYTES) -> Starlette:
+               max_body: int = schemas.MAX_BODY_BYTES, replica: str | None = None) -> Starlette:
     """The app for a loaded model (barellm.load(..., slots=N): one slot per concurrent sequence).
 
-    The scheduler thread starts and stops with the app's lifespan.
+    The scheduler thread starts and stops with the app's lifespan. replica: the name every response
+    carries in X-Barellm-Replica (default: host and process id).
     """
     state = ServerState(model, model_id=model_id, aliases=aliases, max_queue=max_queue, timeout=timeout,
                         prefill_chunk=prefill_chunk, max_body=max_body)
@@ -492,6 +521,7 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
     app.state.server = state
     app.state.openapi = schemas.openapi(__version__)
     app.add_middleware(_CountRequests, metrics=state.metrics)
+    app.add_middleware(_ReplicaHeader, name=replica or process_name())
     return app
 
 
