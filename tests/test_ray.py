@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from barellm.errors import InvalidRequest
-from barellm.serve.ray.routing import BLOCK_CHARS, PrefixRouter, route_keys
+from barellm.serve.ray.routing import BLOCK_CHARS, Choice, PrefixRouter, Route, rendezvous, route_of
 
 MODEL_ID = "smollm2-135m"
 CONTEXT = 512
@@ -43,69 +43,104 @@ def _chat_body(*contents: str) -> bytes:
     return json.dumps({"model": "m", "messages": messages}).encode()
 
 
+def _keys(path: str, body: bytes) -> list:
+    return route_of(path, body).keys
+
+
 def test_route_keys_follow_messages_and_blocks() -> None:
     sys_prompt = "You answer briefly. " * 30            # 600 characters: three keys inside it
-    one = route_keys("/v1/chat/completions", _chat_body(sys_prompt, "Hi"))
-    two = route_keys("/v1/chat/completions", _chat_body(sys_prompt, "Hi", "Hello!", "How are you?"))
-    assert len(one) == 3 + 1 and len(two) == len(one) + 2
-    assert two[:len(one)] == one                         # the next turn starts with the whole previous prompt
-    assert [n for n, _ in one][:2] == [BLOCK_CHARS, 2 * BLOCK_CHARS]
-    other = route_keys("/v1/chat/completions", _chat_body(sys_prompt, "Bye"))
-    assert other[:3] == one[:3] and other[3] != one[3]  # shares the system prompt only
+    one = route_of("/v1/chat/completions", _chat_body(sys_prompt, "Hi"))
+    two = route_of("/v1/chat/completions", _chat_body(sys_prompt, "Hi", "Hello!", "How are you?"))
+    assert len(one.keys) == 3 + 1 and len(two.keys) == len(one.keys) + 2
+    assert two.keys[:len(one.keys)] == one.keys          # the next turn starts with the whole previous prompt
+    assert [n for n, _ in one.keys][:2] == [BLOCK_CHARS, 2 * BLOCK_CHARS]
+    # the anchor is the prefix through the first user message: the same for every turn of a chat
+    assert one.anchor == two.anchor == one.keys[-1]
+    other = route_of("/v1/chat/completions", _chat_body(sys_prompt, "Bye"))
+    assert other.keys[:3] == one.keys[:3] and other.keys[3] != one.keys[3]   # shares the system prompt only
+    assert other.anchor != one.anchor
     # the same messages spelt differently give the same keys
     spelt = b'{"messages": [{"content": "%s", "role": "system"}, {"role": "user", "content": "Hi"}]}' % (
         sys_prompt.encode())
-    assert route_keys("/v1/chat/completions", spelt) == one
-    # completions: a string, a one-element list, token ids
+    assert route_of("/v1/chat/completions", spelt) == one
+    # completions: a string, a one-element list, token ids; the anchor is the first block
     text = "x" * 700
-    assert route_keys("/v1/completions", b'{"prompt": "%s"}' % text.encode()) == \
-        route_keys("/v1/completions", b'{"prompt": ["%s"]}' % text.encode())
-    assert len(route_keys("/v1/completions", b'{"prompt": [1, 2, 3]}')) == 1
+    a = route_of("/v1/completions", b'{"prompt": "%s"}' % text.encode())
+    assert a == route_of("/v1/completions", b'{"prompt": ["%s"]}' % text.encode())
+    assert len(a.keys) == 3 and a.anchor == a.keys[0]
+    assert len(_keys("/v1/completions", b'{"prompt": [1, 2, 3]}')) == 1
     # anything else routes by load only
     for path, body in [("/v1/chat/completions", b"{not json"), ("/v1/chat/completions", b"[1]"),
                        ("/tokenize", b'{"content": "hello"}'), ("/v1/completions", b'{"prompt": 5}')]:
-        assert route_keys(path, body) == []
+        assert route_of(path, body) == Route()
 
 
 def test_prefix_router_affinity_and_load() -> None:
     r = PrefixRouter(min_prefix_chars=100, slack=2, remembered=2, rng=random.Random(0))
     r.update(["a", "b"])
-    long_chat = route_keys("/v1/chat/completions", _chat_body("S" * 300, "question one"))
-    c = r.choose(long_chat)
-    assert c.reason == "least_loaded" and c.replica in ("a", "b") and c.matched_chars == 0
-    r.remember("a", long_chat)
-    # the next turn, and another chat with the same long system prompt, go to "a"
-    turn2 = route_keys("/v1/chat/completions", _chat_body("S" * 300, "question one", "answer", "question two"))
+    long_chat = route_of("/v1/chat/completions", _chat_body("S" * 300, "question one"))
+    home = rendezvous(long_chat.anchor[1], ["a", "b"])
+    away = "b" if home == "a" else "a"
+    c = r.choose(long_chat)   # nothing remembered: the conversation's hashed home
+    assert (c.replica, c.reason, c.matched_chars) == (home, "anchor", 0)
+    r.remember(away, long_chat.keys)   # say it went elsewhere (its home was busy)
+    # the next turn goes where the first went
+    turn2 = route_of("/v1/chat/completions", _chat_body("S" * 300, "question one", "answer", "question two"))
     c = r.choose(turn2)
-    assert (c.replica, c.reason) == ("a", "prefix") and c.matched_chars == long_chat[-1][0]
-    sibling = route_keys("/v1/chat/completions", _chat_body("S" * 300, "another question"))
+    assert (c.replica, c.reason) == (away, "prefix") and c.matched_chars == long_chat.keys[-1][0]
+    # another chat sharing only the long system prompt goes to its own home, not after the system prompt
+    sibling = route_of("/v1/chat/completions", _chat_body("S" * 300, "another question"))
+    assert r.matched(away, sibling.keys) == sibling.keys[-2][0]   # away holds the system message
     c = r.choose(sibling)
-    assert c.replica == "a" and c.matched_chars == long_chat[-2][0] == sibling[-2][0]   # the system message
-    # a short shared prefix is not worth it: least loaded
-    r.begin("a")
-    short = route_keys("/v1/chat/completions", _chat_body("Hi"))
-    r.remember("a", short)
-    assert r.choose(short).replica == "b"
-    # "a" too busy (more than slack above "b"): its prefix no longer wins
-    r.begin("a")
-    assert r.choose(turn2).replica == "a"                # 2 in flight vs 0: within the slack
-    r.begin("a")
+    assert (c.replica, c.reason) == (rendezvous(sibling.anchor[1], ["a", "b"]), "anchor")
+    # a short prompt goes by load alone
+    r.begin(away)
+    short = route_of("/v1/chat/completions", _chat_body("Hi"))
+    r.remember(away, short.keys)
+    assert r.choose(short) == Choice(home, 0, "least_loaded")
+    # the replica holding the prefix, too busy (more than slack above the other), no longer wins
+    r.begin(away)
+    assert r.choose(turn2).replica == away                 # 2 in flight vs 0: within the slack
+    r.begin(away)
     c = r.choose(turn2)
-    assert (c.replica, c.reason) == ("b", "least_loaded")
+    assert (c.replica, c.reason) == (home, "anchor")
     for _ in range(3):
-        r.end("a")
+        r.end(away)
     assert r.inflight == {"a": 0, "b": 0}
     # a continued conversation replaces its earlier turn; only `remembered` prompts are kept
-    r.remember("a", turn2)
-    assert len(r.held["a"]) == 2                         # short and turn2 (long_chat was its prefix)
-    r.remember("a", route_keys("/v1/chat/completions", _chat_body("T" * 300, "q")))
-    assert r.matched("a", short) == 0 and r.matched("a", turn2) == turn2[-1][0]
+    r.remember(away, turn2.keys)
+    assert len(r.held[away]) == 2                          # short and turn2 (long_chat was its prefix)
+    r.remember(away, route_of("/v1/chat/completions", _chat_body("T" * 300, "q")).keys)
+    assert r.matched(away, short.keys) == 0 and r.matched(away, turn2.keys) == turn2.keys[-1][0]
     # excluded (failed) replicas are not chosen; replicas that go away are forgotten
-    assert r.choose(turn2, exclude=["a"]).replica == "b"
+    assert r.choose(turn2, exclude=[away]).replica == home
     assert r.choose(turn2, exclude=["a", "b"]).replica is None
-    r.update(["b", "c"])
-    assert set(r.inflight) == {"b", "c"} and "a" not in r.held
-    assert r.choose(turn2).reason == "least_loaded"
+    r.update([home, "c"])
+    assert set(r.inflight) == {home, "c"} and away not in r.held
+    assert r.choose(turn2).reason in ("anchor", "least_loaded")
+
+
+def test_anchor_hashing_agrees_across_routers_and_spreads_chats() -> None:
+    """Two routers with no memory in common send each turn of a chat to the same replica; chats that share
+    only a system prompt spread over the replicas; a replica that goes away moves only its own chats."""
+    replicas = ["r1", "r2", "r3", "r4"]
+    one, two = PrefixRouter(min_prefix_chars=64), PrefixRouter(min_prefix_chars=64)
+    for r in (one, two):
+        r.update(replicas)
+    homes = {}
+    for i in range(40):
+        first = route_of("/v1/chat/completions", _chat_body("You are terse. " * 10, f"question {i}"))
+        c = one.choose(first)
+        one.remember(c.replica, first.keys)
+        nxt = route_of("/v1/chat/completions", _chat_body("You are terse. " * 10, f"question {i}", "ok", "more"))
+        assert two.choose(nxt).replica == c.replica
+        homes[i] = c.replica
+    assert all(list(homes.values()).count(r) >= 4 for r in replicas), homes
+    survivors = replicas[1:]
+    for i, home in homes.items():
+        if home != "r1":
+            key = route_of("/v1/chat/completions", _chat_body("You are terse. " * 10, f"question {i}")).anchor
+            assert rendezvous(key[1], survivors) == home
 
 
 def test_prefix_router_spreads_unrelated_requests() -> None:
@@ -113,7 +148,7 @@ def test_prefix_router_spreads_unrelated_requests() -> None:
     r.update(["a", "b", "c"])
     picks = []
     for i in range(9):
-        c = r.choose(route_keys("/v1/completions", b'{"prompt": "prompt %d"}' % i))
+        c = r.choose(route_of("/v1/completions", b'{"prompt": "prompt %d"}' % i))
         r.begin(c.replica)
         picks.append(c.replica)
     assert sorted(picks) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
@@ -130,6 +165,7 @@ def test_serve_options_checked(capsys: pytest.CaptureFixture[str]) -> None:
         (["serve", "--ray", "--autoscale", "3,1"], "MIN <= MAX"),
         (["serve", "--ray", "--autoscale", "two"], "MIN,MAX"),
         (["serve", "--ray", "-t", "0"], "--threads must be >= 1"),
+        (["serve", "--ray", "--routers", "0"], "--routers must be >= 1"),
     ]:
         assert main(argv) != 0
         err = capsys.readouterr().err

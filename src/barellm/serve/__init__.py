@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--replicas", type=int, default=None, help="replicas to run (default 1)")
     g.add_argument("--autoscale", default=None, metavar="MIN,MAX",
                    help="let Ray run between MIN and MAX replicas, following the load, instead of --replicas")
+    g.add_argument("--routers", type=int, default=None,
+                   help="router processes in front of the replicas (default 1); each relays a few hundred "
+                        "streamed tokens/s")
     p.set_defaults(func=cmd_serve)
 
 
@@ -77,13 +80,16 @@ def check_args(args: argparse.Namespace) -> None:
     if args.threads is not None and args.threads < 1:
         raise InvalidRequest(f"-t/--threads must be >= 1, got {args.threads}")
     ray_only = [name for name, value in (("--address", args.address), ("--replicas", args.replicas),
-                                         ("--autoscale", args.autoscale)) if value is not None]
+                                         ("--autoscale", args.autoscale), ("--routers", args.routers))
+                if value is not None]
     if ray_only and not args.ray:
         raise InvalidRequest(f"{', '.join(ray_only)} {'applies' if len(ray_only) == 1 else 'apply'} only with --ray")
     if args.replicas is not None and args.autoscale is not None:
         raise InvalidRequest("give either --replicas or --autoscale, not both")
     if args.replicas is not None and args.replicas < 1:
         raise InvalidRequest(f"--replicas must be >= 1, got {args.replicas}")
+    if args.routers is not None and args.routers < 1:
+        raise InvalidRequest(f"--routers must be >= 1, got {args.routers}")
     if args.autoscale is not None:
         autoscale_bounds(args.autoscale)
 

@@ -69,8 +69,11 @@ def build_application(args: argparse.Namespace) -> Any:
         graceful_shutdown_timeout_s=min(args.timeout or 600, 600),
         **scaling,
     )
-    router = RouterDeployment.options(num_replicas=1, ray_actor_options={"num_cpus": 0},
-                                      max_ongoing_requests=100_000)
+    # The router only relays (each streamed token costs it a few hundred microseconds of Ray's messaging):
+    # one event loop for its code and for its calls to the replicas saves a thread hop per message.
+    fast = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+    router = RouterDeployment.options(num_replicas=args.routers or 1, max_ongoing_requests=100_000, ray_actor_options={
+        "num_cpus": 0, "runtime_env": {"env_vars": fast}})
     settings = {"timeout": args.timeout, "slots": args.slots}
     return router.bind(replica.bind(options), settings)
 

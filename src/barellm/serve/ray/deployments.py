@@ -40,7 +40,7 @@ from ray.serve.handle import DeploymentHandle
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from barellm.serve.ray import routing
-from barellm.serve.ray.routing import Key, PrefixRouter, route_keys
+from barellm.serve.ray.routing import PrefixRouter, Route, route_of
 
 log = logging.getLogger("barellm.serve.ray")
 
@@ -121,9 +121,12 @@ class Replica:
         await asyncio.shield(self._started)
 
     async def http(self, scope: dict[str, Any], body: bytes, route: str | None = None
-                   ) -> AsyncIterator[dict[str, Any]]:
-        """Runs one HTTP request through the app; yields its http.response.* messages. Cancelling the
-        generator (the client went away) tells the app the client disconnected, which frees the slot."""
+                   ) -> AsyncIterator[list[dict[str, Any]]]:
+        """Runs one HTTP request through the app; yields its http.response.* messages, in lists: what the
+        app sent while the previous list was in transit goes as one, body chunks joined (each item costs
+        the router about as much as a generated token costs a replica, so a busy router gets fewer, larger
+        ones). Cancelling the generator (the client went away) tells the app the client disconnected,
+        which frees the slot."""
         await self._ensure_started()
         out: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         gone = asyncio.Event()
@@ -144,10 +147,14 @@ class Replica:
         task.add_done_callback(lambda _: out.put_nowait(None))
         try:
             while True:
-                message = await out.get()
-                if message is None:
+                batch = [await out.get()]
+                while not out.empty():
+                    batch.append(out.get_nowait())
+                messages = _join_bodies([m for m in batch if m is not None])
+                if messages:
+                    yield messages
+                if batch[-1] is None:
                     break
-                yield message
         finally:
             if not task.done():
                 gone.set()
@@ -174,6 +181,18 @@ class Replica:
 
     async def __del__(self) -> None:
         await self.lifespan.shutdown()
+
+
+def _join_bodies(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive http.response.body messages as one."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m["type"] == "http.response.body" and out and out[-1]["type"] == "http.response.body":
+            out[-1] = {"type": "http.response.body", "body": out[-1].get("body", b"") + m.get("body", b""),
+                       "more_body": m.get("more_body", False)}
+        else:
+            out.append(m)
+    return out
 
 
 def _node_ip() -> str:
@@ -260,6 +279,14 @@ class _Reply:
         self.body = b""
         self.replica: str | None = None
 
+    def add(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            self.headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", [])]
+            self.replica = _header(message, REPLICA_HEADER)
+        elif message["type"] == "http.response.body":
+            self.body += message.get("body", b"")
+
 
 def _call(method: Any, *args: Any, **kwargs: Any) -> Any:
     """method.remote(...) as a request of its own. Ray tags every call made while serving a request with that
@@ -324,8 +351,8 @@ class Router:
         elif scope.get("method") == "GET" and path == "/metrics":
             await self._metrics(scope, send)
         else:
-            keys = route_keys(path, bytes(body)) if scope.get("method") == "POST" else []
-            await self._forward(_portable_scope(scope), bytes(body), keys, receive, send)
+            route = route_of(path, bytes(body)) if scope.get("method") == "POST" else Route()
+            await self._forward(_portable_scope(scope), bytes(body), route, receive, send)
 
     async def _send_error(self, send: Any, status: int, message: str, type_: str, code: str) -> None:
         body = _error_body(status, message, type_, code)
@@ -334,7 +361,7 @@ class Router:
             (REPLICA_HEADER, self.name.encode())]})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _forward(self, scope: dict[str, Any], body: bytes, keys: list[Key], receive: Any, send: Any) -> None:
+    async def _forward(self, scope: dict[str, Any], body: bytes, route: Route, receive: Any, send: Any) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limit if self.limit is not None else None
         gone = asyncio.ensure_future(_wait_disconnect(receive))
@@ -345,7 +372,7 @@ class Router:
                 names = self._replica_names()
                 if names is not None:
                     self.routing.update(names)
-                choice = self.routing.choose(keys, exclude=tried)
+                choice = self.routing.choose(route, exclude=tried)
                 if attempt and choice.replica is None and names:
                     break   # every running replica has failed this request
                 target = choice.replica
@@ -367,7 +394,7 @@ class Router:
                             if served is not None:
                                 self.routed[(served, choice.reason if served == target else "platform")] += 1
                                 if message["status"] == 200:
-                                    self.routing.remember(served, keys)
+                                    self.routing.remember(served, route.keys)
                         await send(message)
                     else:
                         return
@@ -417,13 +444,9 @@ class Router:
         reply = _Reply()
 
         async def collect() -> None:
-            async for message in _call(self.handle.http, scope, b"", route=replica):
-                if message["type"] == "http.response.start":
-                    reply.status = message["status"]
-                    reply.headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", [])]
-                    reply.replica = _header(message, REPLICA_HEADER)
-                elif message["type"] == "http.response.body":
-                    reply.body += message.get("body", b"")
+            async for messages in _call(self.handle.http, scope, b"", route=replica):
+                for message in messages:
+                    reply.add(message)
 
         await asyncio.wait_for(collect(), FANOUT_TIMEOUT_S)
         return reply
@@ -534,12 +557,13 @@ async def _relay(gen: Any, deadline: float | None, gone: asyncio.Future[None]) -
             nxt.add_done_callback(_ignore_result)
             raise _Gone() if gone in done else _Timeout()
         try:
-            message = nxt.result()
+            messages = nxt.result()
         except StopAsyncIteration:
             return
-        yield message
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            return   # the response is complete; the generator's own end may come later
+        for message in messages:
+            yield message
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                return   # the response is complete; the generator's own end may come later
 
 
 def _ignore_result(task: asyncio.Future[Any]) -> None:

@@ -5,9 +5,17 @@ common prefix of a new prompt, so a chat's next turn is cheap only on the replic
 before. The router cannot see those caches; it remembers what it sent where. A prompt is summarized by
 digests of its prefixes at natural boundaries: the end of each chat message (a chat's next turn repeats
 the earlier messages exactly), and every BLOCK_CHARS characters inside long text (a long shared document
-or system prompt). A request whose longest remembered prefix is at least min_prefix_chars goes to the
-replica that holds it, unless that replica already has more than `slack` requests more in flight than
-the least loaded one; anything else goes to the least loaded replica.
+or system prompt).
+
+In order, for a request whose prompt is at least min_prefix_chars long (shorter ones go by load alone):
+1. the replica this router remembers holding the longest prefix of it, if that prefix reaches past the
+   conversation's anchor: the prefix up to its first user message (a chat's earlier turn, a repeated
+   long prompt);
+2. else the conversation's home: the replica its anchor hashes to (rendezvous hashing), the same on every
+   router replica, so a chat that another router started still comes back to the replica holding it,
+   while chats that share only a system prompt spread out;
+3. else the least loaded replica.
+A replica with more than `slack` requests in flight beyond the least loaded one is passed over in 1 and 2.
 
 Nothing here knows Ray: the deployments feed it replica names and load, and it answers with a name.
 """
@@ -19,7 +27,7 @@ import json
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 BLOCK_CHARS = 256
@@ -32,51 +40,75 @@ Key = tuple[int, bytes]   # (characters of the prompt this prefix covers, digest
 LIVE_REPLICAS: dict[str, Callable[[], list[str]]] = {}
 
 
-def _prompt_pieces(path: str, body: dict[str, Any]) -> list[str]:
+@dataclass
+class Route:
+    """What the router needs of a request's prompt: its prefix digests, shortest first, and which of them
+    identifies the conversation (None: nothing to route by)."""
+
+    keys: list[Key] = field(default_factory=list)
+    anchor: Key | None = None
+
+
+def _prompt_pieces(path: str, body: dict[str, Any]) -> tuple[list[str], int]:
+    """The prompt in pieces that later requests repeat exactly, and how many pieces make its anchor."""
     if path.endswith("/chat/completions"):
         messages = body.get("messages")
         if not isinstance(messages, list):
-            return []
+            return [], 0
         # one piece per message, in a canonical form, so equal messages give equal pieces however the
         # client spelled the JSON
-        return [json.dumps(m, ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n" for m in messages]
+        pieces = [json.dumps(m, ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n" for m in messages]
+        first_user = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
+                          len(messages) - 1)
+        return pieces, first_user + 1
     if path.endswith("/completions"):
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            return [prompt]
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return ["".join(f"{t}," for t in prompt)]
-    return []
+            return [prompt], 0
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return ["".join(f"{t}," for t in prompt)], 0
+    return [], 0
 
 
-def route_keys(path: str, body: bytes) -> list[Key]:
-    """The prefix digests of a generation request's prompt, shortest first ([] for anything else,
-    malformed bodies included: the replica will answer those with the proper error)."""
+def route_of(path: str, body: bytes) -> Route:
+    """The Route of a generation request (empty for anything else, malformed bodies included: the replica
+    will answer those with the proper error). A raw prompt's anchor is its first block."""
     try:
         obj = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return []
+        return Route()
     if not isinstance(obj, dict):
-        return []
+        return Route()
+    pieces, anchor_pieces = _prompt_pieces(path, obj)
     h = hashlib.blake2b(digest_size=16)
-    keys: list[Key] = []
+    route = Route()
     n = 0
-    for piece in _prompt_pieces(path, obj):
+    for i, piece in enumerate(pieces):
         for start in range(0, len(piece), BLOCK_CHARS):
             chunk = piece[start:start + BLOCK_CHARS]
             h.update(chunk.encode("utf-8", errors="surrogatepass"))
             n += len(chunk)
-            keys.append((n, h.copy().digest()))
-    return keys
+            route.keys.append((n, h.copy().digest()))
+        if i + 1 == anchor_pieces:
+            route.anchor = route.keys[-1]
+    if route.keys and route.anchor is None:
+        route.anchor = route.keys[0]
+    return route
+
+
+def rendezvous(anchor: bytes, replicas: Iterable[str]) -> str:
+    """The replica an anchor hashes to: the same one on every router while it lives; when it goes, only
+    its own conversations move."""
+    return max(replicas, key=lambda r: hashlib.blake2b(anchor + r.encode(), digest_size=8).digest())
 
 
 @dataclass
 class Choice:
     replica: str | None   # None: no replica is known yet (let the platform pick)
     matched_chars: int    # how much of the prompt the chosen replica is believed to hold
-    reason: str           # "prefix" or "least_loaded"
+    reason: str           # "prefix", "anchor" or "least_loaded"
 
 
 class PrefixRouter:
@@ -120,18 +152,25 @@ class PrefixRouter:
                 return n
         return 0
 
-    def choose(self, keys: Sequence[Key], exclude: Iterable[str | None] = ()) -> Choice:
+    def choose(self, route: Route, exclude: Iterable[str | None] = ()) -> Choice:
         excluded = set(exclude)
         candidates = [r for r in self.inflight if r not in excluded]
         if not candidates:
             return Choice(None, 0, "least_loaded")
         least = min(self.inflight[r] for r in candidates)
-        if keys:
+        keys = route.keys
+        if keys and keys[-1][0] >= self.min_prefix_chars:
             near = [r for r in candidates if self.inflight[r] <= least + self.slack]
             scored = [(self.matched(r, keys), -self.inflight[r], self.rng.random(), r) for r in near]
             n, _, _, best = max(scored)
-            if n >= self.min_prefix_chars:
+            # a remembered prefix wins if it covers the conversation's own start: a shared system prompt
+            # alone would pull every chat to one replica, and other routers would not know
+            if n >= max(self.min_prefix_chars, route.anchor[0] if route.anchor else 0):
                 return Choice(best, n, "prefix")
+            if route.anchor is not None:
+                home = rendezvous(route.anchor[1], candidates)
+                if home in near:
+                    return Choice(home, self.matched(home, keys), "anchor")
         idle = [r for r in candidates if self.inflight[r] == least]
         best = self.rng.choice(idle)
         return Choice(best, self.matched(best, keys), "least_loaded")
