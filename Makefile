@@ -27,12 +27,12 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 test: build lint
-	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m
+	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m qwen2.5-coder-0.5b
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 	$(MAKE) test-asan
 
 test-slow: build
-	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m
+	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
 # The kernel tests again, against a copy of the native core built with AddressSanitizer.

@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no backend could be loaded", file=sys.stderr)
         return 1
 
-    from barellm.formats import open_model_file
+    from barellm.cache import open_model as open_model_file
 
     vocab = len(open_model_file(path).metadata["tokenizer.ggml.tokens"])
     rng = np.random.default_rng(1234)

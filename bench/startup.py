@@ -17,7 +17,7 @@ CHILD = r"""
 import os, sys, time
 t0 = time.perf_counter()
 import barellm
-from barellm.formats import open_model_file
+from barellm.cache import open_model as open_model_file
 from barellm import hub
 path = hub.resolve(sys.argv[1])
 t1 = time.perf_counter()
@@ -48,8 +48,8 @@ def main() -> None:
     ap.add_argument("--engines", default="native,reference")
     args = ap.parse_args()
     # convert once (the cache), so every timed run finds it
-    subprocess.run([sys.executable, "-c", "import sys, barellm.formats as f, barellm.hub as h; "
-                    "f.open_model_file(h.resolve(sys.argv[1]))", args.model], check=True)
+    subprocess.run([sys.executable, "-c", "import sys, barellm.cache as c, barellm.hub as h; "
+                    "c.open_model(h.resolve(sys.argv[1]))", args.model], check=True)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; median of {args.runs} fresh processes")
     print(f"{'engine':<10} {'source':<12} {'start->1st token':>17} {'load()':>8} {'open file':>10}")
     sources = (("cached .blm", {}), ("gguf direct", {"BARELLM_CONVERT": "0"}))

@@ -36,3 +36,15 @@ def load_data(name: str):
     """A JSON file from tests/data."""
     with open(DATA / name, encoding="utf-8") as f:
         return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def qwen05_gguf() -> Path:
+    """Path of the Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF."""
+    return _resolve("qwen2.5-coder-0.5b", "BARELLM_QWEN05_GGUF")
+
+
+@pytest.fixture(scope="session")
+def qwen15_gguf() -> Path:
+    """Path of the Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (the slow tests only: CI does not pull it)."""
+    return _resolve("qwen2.5-coder-1.5b", "BARELLM_QWEN15_GGUF")

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from barellm import quant
+from barellm.cache import open_model as open_model_file
 from barellm.errors import FormatError
-from barellm.formats import blm, open_model_file, sniff
+from barellm.formats import blm, sniff
 from barellm.formats.blm import BLMFile, TensorSpec, write_blm
 
 RNG_SEED = 1234

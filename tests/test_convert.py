@@ -19,10 +19,10 @@ import barellm
 from barellm import quant
 from barellm.arch.config import config_from_metadata
 from barellm.arch.llama import ReferenceEngine
+from barellm.cache import open_model as open_model_file
 from barellm.cli import main
 from barellm.convert import CONVERTER_REVISION, SafetensorsFile, convert, permute_qk
 from barellm.errors import FormatError
-from barellm.formats import open_model_file
 from barellm.formats.blm import LAYOUT_INTERLEAVE8, LAYOUT_ROWS, BLMFile, verify
 from barellm.formats.gguf import GGUFFile
 from barellm.text.tokenizer import Tokenizer
@@ -295,7 +295,7 @@ def test_requantized_checkpoint_within_the_types_error_bounds(tmp_path, qtype):
 
 @pytest.mark.parametrize("breakage, message", [
     (lambda r: (r / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}'),
-     "only llama checkpoints"),
+     "checkpoints convert from: llama, qwen2"),
     (lambda r: (r / "config.json").write_text("{not json"), "cannot read it as JSON"),
     (lambda r: (r / "tokenizer.json").write_text(json.dumps(tokenizer_json("metaspace"))), "pre_tokenizer"),
     (lambda r: (r / "tokenizer.json").unlink(), "tokenizer.json: missing"),

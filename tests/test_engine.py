@@ -341,7 +341,8 @@ def test_gemma_ops_exact_and_invariant(gemma):
 @pytest.mark.parametrize("type_id,rows", [(8, 8195), (3, 12290), (12, 8200)])
 def test_parallel_repack_equals_one_call(engines, type_id, rows):
     """Big matrices are repacked in row ranges on several threads; the bytes are those of one bl_repack."""
-    from barellm.engine import LAYOUT_INTERLEAVE8, aligned_zeros
+    from barellm.engine import aligned_zeros
+    from barellm.kernels import LAYOUT_INTERLEAVE8
 
     e = engines(2, 16)
     cols = 256

@@ -138,7 +138,9 @@ def test_barrier_overhead():
     pool = nat.Pool(2)
     n, T = 16, 1
     x, y = aligned_zeros((T, n)), aligned_zeros((T, n))
-    ops = [{"kind": KIND_IDS["add"], "x": y, "x_stride": n, "out": x, "out_stride": n, "n": n}] * 300
+    ones = np.ones(n, np.float32)
+    ops = [{"kind": KIND_IDS["rmsnorm"], "x": y, "x_stride": n, "out": x, "out_stride": n, "w": ones, "eps": 1e-6,
+            "n": n}] * 300
     z = aligned_zeros(T, np.int32)
     plan = nat.Plan(pool, ops, z, z, z, z, T, T, 1, 1, 1)
     best = 1e9
@@ -191,3 +193,27 @@ def test_forked_child_runs_on_its_own_thread():
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
+
+
+def test_plan_refuses_unknown_and_missing_keys():
+    """A mistyped or forgotten key is an error naming the op and the key, never a silent zero."""
+    pool = nat.Pool(1)
+    n = 16
+    x, y = aligned_zeros((1, n)), aligned_zeros((1, n))
+    good = {"kind": KIND_IDS["rmsnorm"], "name": "blk.0.attn_norm", "x": y, "x_stride": n, "out": x,
+            "out_stride": n, "w": np.ones(n, np.float32), "eps": 1e-6, "n": n}
+    z = aligned_zeros(1, np.int32)
+    nat.Plan(pool, [good], z, z, z, z, 1, 1, 1, 1, 1)
+    with pytest.raises(ValueError, match=r"op 0 \(blk.0.attn_norm\): rmsnorm: unknown key 'epsilon'"):
+        nat.Plan(pool, [dict(good, epsilon=1e-6)], z, z, z, z, 1, 1, 1, 1, 1)
+    missing = dict(good)
+    del missing["eps"]
+    with pytest.raises(ValueError, match=r"op 0 \(blk.0.attn_norm\): rmsnorm: missing key 'eps'"):
+        nat.Plan(pool, [missing], z, z, z, z, 1, 1, 1, 1, 1)
+    with pytest.raises(ValueError, match="unknown op kind 99"):
+        nat.Plan(pool, [dict(good, kind=99)], z, z, z, z, 1, 1, 1, 1, 1)
+
+
+def test_op_kinds_come_from_the_executor():
+    assert set(KIND_IDS) == {"embed", "rmsnorm", "matmul", "rope_kv", "attention", "silu_mul"}
+    assert KIND_IDS == nat.OP_KINDS

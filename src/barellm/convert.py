@@ -13,13 +13,12 @@ Types (llama.cpp's conventions): 1-D tensors (the norms) are always float32; wit
 the embedding and the output projection included, takes the type, except a matrix whose rows are not a
 whole number of the type's blocks, which falls back to f16.
 
-`open_cached` is the transparent path: a GGUF file or a checkpoint is converted once into the model cache
-and opened from there afterwards (docs/format.md, "Cache").
+The model cache (cache.py) uses `convert` to turn a GGUF file or a checkpoint into a .blm once, and maps
+that afterwards (docs/format.md, "Cache").
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -35,12 +34,14 @@ from typing import Any
 import numpy as np
 
 from barellm import quant
-from barellm.errors import BarellmError, FormatError, ModelNotFound
+from barellm.arch.registry import ARCHITECTURES, Architecture, for_hf_model_type
+from barellm.errors import FormatError, ModelNotFound
+from barellm.files import sha256_file
 from barellm.formats import blm, sniff
 from barellm.progress import Progress
 
-__all__ = ["convert", "open_cached", "CacheError", "cached_path", "permute_qk", "SafetensorsFile", "CONVERTER_REVISION",
-           "TYPE_CHOICES", "register"]
+__all__ = ["convert", "permute_qk", "SafetensorsFile", "CONVERTER_REVISION", "TYPE_CHOICES", "LAYOUT_CHOICES",
+           "source_files", "sha256_files"]
 
 # Bumped whenever the conversion rules change what a file holds; the cache converts again on a mismatch.
 CONVERTER_REVISION = 1
@@ -83,6 +84,13 @@ def _from_gguf(path: Path) -> _Model:
     from barellm.formats.gguf import GGUFFile
 
     g = GGUFFile(path)
+    try:  # refuse what the engines would refuse at load, before anything is written
+        from barellm.arch.config import check_tensors, config_of
+
+        check_tensors(config_of(g), g.tensors)
+    except BaseException:
+        g.close()
+        raise
     # general.alignment describes the GGUF file's own layout, not the model
     md = {k: v for k, v in g.metadata.items() if k != "general.alignment"}
     types = {k: g.metadata_types[k] for k in md}
@@ -212,33 +220,24 @@ class SafetensorsFile:
 # --- Hugging Face checkpoints ----------------------------------------------------------------------------
 
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_HF_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
 _HF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
 # buffers some checkpoints carry that are computed, not learned
 _HF_SKIP = re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")
 
 
-def hf_name(name: str, n_layers: int) -> str | None:
-    """Our (GGUF's) name for a Hugging Face llama tensor; None for a buffer to skip; FormatError if unknown."""
+def hf_name(name: str, n_layers: int, arch: Architecture | None = None) -> str | None:
+    """Our (GGUF's) name for a Hugging Face tensor of an architecture (default llama); None for a buffer to
+    skip; FormatError if the architecture has no such tensor."""
+    arch = arch or ARCHITECTURES["llama"]
     if name in _HF_NAMES:
         return _HF_NAMES[name]
     if _HF_SKIP.fullmatch(name):
         return None
     m = _HF_LAYER.fullmatch(name)
-    if m and m.group(2) in _HF_LAYER_NAMES and int(m.group(1)) < n_layers:
-        return f"blk.{int(m.group(1))}.{_HF_LAYER_NAMES[m.group(2)]}"
-    raise FormatError(f"tensor {name!r} is not part of a llama checkpoint this converter knows")
+    if m and m.group(2) in arch.hf_layer_names and int(m.group(1)) < n_layers:
+        return f"blk.{int(m.group(1))}.{arch.hf_layer_names[m.group(2)]}"
+    raise FormatError(f"tensor {name!r} is not part of a {arch.name} checkpoint this converter knows")
 
 
 def permute_qk(rows: np.ndarray, n_heads: int) -> np.ndarray:
@@ -293,14 +292,16 @@ def _hf_files(root: Path) -> tuple[list[Path], list[Path]]:
     return weights, sorted(reads, key=lambda p: p.name)
 
 
-def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, Any], Architecture]:
     where = root / "config.json"
     if not isinstance(cfg, dict):
         raise FormatError(f"{where}: not a JSON object")
     archs = cfg.get("architectures") or []
-    if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in archs:
+    arch = for_hf_model_type(cfg.get("model_type"), [str(a) for a in archs] if isinstance(archs, list) else [])
+    if arch is None:
+        known = ", ".join(t for row in ARCHITECTURES.values() for t in row.hf_model_types)
         raise FormatError(f"{where}: model_type {cfg.get('model_type')!r} ({', '.join(map(str, archs)) or '?'}) is "
-                          "not supported; only llama checkpoints convert")
+                          f"not supported; checkpoints convert from: {known}")
 
     def num(key: str, default: Any = None, kind: type = int) -> Any:
         v = cfg.get(key, default)
@@ -308,36 +309,39 @@ def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], di
             raise FormatError(f"{where}: {key} is {v!r}, expected {'a number' if kind is float else 'an integer'}")
         return v
 
-    for flag in ("attention_bias", "mlp_bias"):
-        if cfg.get(flag):
-            raise FormatError(f"{where}: {flag} is set; llama checkpoints with biases are not supported")
+    if cfg.get("mlp_bias"):
+        raise FormatError(f"{where}: mlp_bias is set; MLP biases are not supported")
+    if bool(cfg.get("attention_bias", arch.attn_bias)) != arch.attn_bias:
+        raise FormatError(f"{where}: attention_bias is {cfg.get('attention_bias')!r}, but {arch.name} checkpoints "
+                          f"{'have' if arch.attn_bias else 'have no'} attention biases")
     scaling = cfg.get("rope_scaling")
     if scaling and (not isinstance(scaling, dict) or scaling.get("rope_type", scaling.get("type")) != "default"):
         raise FormatError(f"{where}: rope_scaling {scaling!r:.80} is not supported")
     act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise FormatError(f"{where}: hidden_act {act!r} is not supported (llama uses silu)")
+    if act != arch.act:
+        raise FormatError(f"{where}: hidden_act {act!r} is not supported ({arch.name} uses {arch.act})")
     dim, heads = num("hidden_size"), num("num_attention_heads")
     head_dim = cfg.get("head_dim") or (dim // heads if heads else 0)
+    p = arch.name + "."
     md: dict[str, Any] = {
-        "general.architecture": "llama",
+        "general.architecture": arch.name,
         "general.name": str(cfg.get("_name_or_path") or root.resolve().name),
-        "llama.context_length": num("max_position_embeddings", 2048),
-        "llama.embedding_length": dim,
-        "llama.block_count": num("num_hidden_layers"),
-        "llama.feed_forward_length": num("intermediate_size"),
-        "llama.attention.head_count": heads,
-        "llama.attention.head_count_kv": num("num_key_value_heads", heads),
-        "llama.rope.freq_base": float(num("rope_theta", 10000.0, float)),
-        "llama.attention.layer_norm_rms_epsilon": float(num("rms_norm_eps", 1e-6, float)),
-        "llama.rope.dimension_count": head_dim,
-        "llama.vocab_size": num("vocab_size"),
+        p + "context_length": num("max_position_embeddings", 2048),
+        p + "embedding_length": dim,
+        p + "block_count": num("num_hidden_layers"),
+        p + "feed_forward_length": num("intermediate_size"),
+        p + "attention.head_count": heads,
+        p + "attention.head_count_kv": num("num_key_value_heads", heads),
+        p + "rope.freq_base": float(num("rope_theta", 10000.0, float)),
+        p + "attention.layer_norm_rms_epsilon": float(num("rms_norm_eps", 1e-6, float)),
+        p + "rope.dimension_count": head_dim,
+        p + "vocab_size": num("vocab_size"),
     }
     if head_dim != dim // heads:
-        md["llama.attention.key_length"] = md["llama.attention.value_length"] = head_dim
+        md[p + "attention.key_length"] = md[p + "attention.value_length"] = head_dim
     types = {k: ("string" if isinstance(v, str) else "float32" if isinstance(v, float) else "uint32")
              for k, v in md.items()}
-    return md, types, cfg
+    return md, types, cfg, arch
 
 
 # The pre-tokenizers of tokenizer.json this converter recognizes, as tokenizer.ggml.pre names.
@@ -467,7 +471,8 @@ def _hf_tokenizer(root: Path, cfg: dict[str, Any], n_vocab: int) -> tuple[dict[s
 
 def _from_hf(root: Path) -> _Model:
     weights, reads = _hf_files(root)
-    md, types, cfg = _hf_config(_read_json(root / "config.json"), root)
+    md, types, cfg, arch = _hf_config(_read_json(root / "config.json"), root)
+    p = arch.name + "."
     files = [SafetensorsFile(p) for p in weights]
 
     def close() -> None:
@@ -475,12 +480,15 @@ def _from_hf(root: Path) -> _Model:
             f.close()
 
     try:
-        n_layers = md["llama.block_count"]
-        heads, kv_heads = md["llama.attention.head_count"], md["llama.attention.head_count_kv"]
+        n_layers = md[p + "block_count"]
+        heads, kv_heads = md[p + "attention.head_count"], md[p + "attention.head_count_kv"]
+        # GGUF llama files store Q and K rows permuted for the "norm" RoPE (see permute_qk); the others keep
+        # the checkpoint's order
+        permute = arch.rope_style == "norm"
         found: dict[str, tuple[SafetensorsFile, str]] = {}
         for f in files:
             for name in f.tensors:
-                ours = hf_name(name, n_layers)
+                ours = hf_name(name, n_layers, arch)
                 if ours is None:
                     continue
                 if ours in found:
@@ -498,12 +506,11 @@ def _from_hf(root: Path) -> _Model:
         md.update(tok_md)
         types.update(tok_types)
 
-        from barellm.arch.config import config_from_metadata
-        from barellm.arch.llama import check_tensors
+        from barellm.arch.config import check_tensors, config_from_metadata
 
         config = config_from_metadata(md, n_vocab, tied)
         check_tensors(config, {n: f.tensors[hn] for n, (f, hn) in found.items()})
-        order = list(_expected_order(n_layers, tied))
+        order = list(_expected_order(arch, n_layers, tied))
         tensors = []
         for ours in order:
             f, name = found[ours]
@@ -511,7 +518,8 @@ def _from_hf(root: Path) -> _Model:
             ttype = _ST_DTYPES[e.dtype][1]
             if ttype is None:
                 raise FormatError(f"{f.path}: tensor {name!r} is {e.dtype}; only F32, F16 and BF16 convert")
-            perm = heads if ours.endswith("attn_q.weight") else kv_heads if ours.endswith("attn_k.weight") else 0
+            perm = (heads if ours.endswith(("attn_q.weight", "attn_q.bias")) else
+                    kv_heads if ours.endswith(("attn_k.weight", "attn_k.bias")) else 0) if permute else 0
 
             def rows(f: SafetensorsFile = f, name: str = name, e: _STEntry = e, perm: int = perm) -> np.ndarray:
                 raw = f.raw(name)
@@ -524,7 +532,7 @@ def _from_hf(root: Path) -> _Model:
                 return permute_qk(x, perm) if perm else x
 
             tensors.append(_Tensor(ours, ttype, e.shape, rows, floats))
-        md["llama.vocab_size"] = n_vocab
+        md[p + "vocab_size"] = n_vocab
         from barellm.text.tokenizer import Tokenizer
 
         Tokenizer.from_metadata(md)  # refuse a vocabulary the runtime would refuse, now rather than at load
@@ -534,13 +542,12 @@ def _from_hf(root: Path) -> _Model:
     return _Model(md, types, tensors, "safetensors", reads, close, norms_f32=True)
 
 
-def _expected_order(n_layers: int, tied: bool) -> Iterator[str]:
+def _expected_order(arch: Architecture, n_layers: int, tied: bool) -> Iterator[str]:
     """GGUF's usual order: embedding, layers, final norm, output."""
     yield "token_embd.weight"
     for i in range(n_layers):
-        for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
-                  "ffn_down"):
-            yield f"blk.{i}.{n}.weight"
+        for n in arch.layer_tensors:
+            yield f"blk.{i}.{n}"
     yield "output_norm.weight"
     if not tied:
         yield "output.weight"
@@ -567,14 +574,17 @@ def target_type(name: str, src_type: int, shape: tuple[int, ...], requested: int
 
 def sha256_files(files: list[Path], progress: Progress | None = None) -> tuple[str, int]:
     """SHA256 of one file, or of the lines "<sha256>  <name>" of several; and the bytes read."""
-    from barellm.hub import sha256_file
-
     digests = [(p.name, sha256_file(p, progress)) for p in files]
     size = sum(p.stat().st_size for p in files)
     if len(files) == 1:
         return digests[0][1], size
     listing = "".join(f"{d}  {n}\n" for n, d in sorted(digests))
     return hashlib.sha256(listing.encode()).hexdigest(), size
+
+
+def source_files(src: Path) -> list[Path]:
+    """The files a conversion of src reads (what identifies the source's current state)."""
+    return _hf_files(src)[1] if src.is_dir() else [src]
 
 
 def _open_source(src: Path) -> _Model:
@@ -660,185 +670,3 @@ def _spec(t: _Tensor, requested: int | None, layout_mode: str, norms_f32: bool) 
         return rows
 
     return blm.TensorSpec(t.name, dst, t.shape, data, layout)
-
-
-# --- the model cache -------------------------------------------------------------------------------------
-
-
-class CacheError(BarellmError):
-    """The model cache cannot be written (read-only or full): the source itself may still be readable."""
-
-
-def cache_dir() -> Path:
-    from barellm.hub import home
-
-    return home() / "blm"
-
-
-def _source_files_for_key(src: Path) -> list[Path]:
-    if src.is_dir():
-        return _hf_files(src)[1]
-    return [src]
-
-
-def _stat_key(files: list[Path]) -> str:
-    """A name for the source's current state: absolute path, size, mtime and inode of every file read."""
-    parts = []
-    for p in files:
-        st = p.stat()
-        parts.append([str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino])
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:40]
-
-
-def cached_path(src: str | os.PathLike[str]) -> Path | None:
-    """The cached .blm of a source as the index records it, if there is one (nothing is converted)."""
-    src = Path(src)
-    sha = _index_lookup(cache_dir() / "index" / f"{_stat_key(_source_files_for_key(src))}.json")
-    path = cache_dir() / f"{sha}.blm" if sha else None
-    return path if path is not None and path.is_file() else None
-
-
-def _index_lookup(idx: Path) -> str | None:
-    try:
-        entry = json.loads(idx.read_text())
-        sha = entry["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None
-
-
-# The model cache stores weight matrices the way the native kernels read them, so that loading maps them
-# instead of repacking (SmolLM2: the engine's set-up 0.26 -> 0.11 s, and the matrices that are not fused
-# are used in place, shared with the page cache). The NumPy reference converts them back to rows.
-CACHE_LAYOUT = "kernels"
-
-
-def _usable(path: Path, sha: str) -> blm.BLMFile | None:
-    """The cached file opened, if it is intact and what this converter would write for that source now."""
-    try:
-        f = blm.BLMFile(path)
-    except (FormatError, ModelNotFound):
-        return None
-    p = f.provenance
-    if (p.get("source.sha256") == sha and p.get("converter.revision") == CONVERTER_REVISION
-            and p.get("convert.type") == "keep" and p.get("convert.layout") == CACHE_LAYOUT):
-        return f
-    f.close()
-    return None
-
-
-def _clean_stale_temps(directory: Path) -> None:
-    """Removes temp files whose writer is gone (killed mid-write): `.<name>.<pid>.<random>.tmp`."""
-    try:
-        entries = list(directory.glob(".*.tmp"))
-    except OSError:
-        return
-    for p in entries:
-        m = re.fullmatch(r"\..+\.(\d+)\.[0-9a-f]{8}\.tmp", p.name)
-        if not m:
-            continue
-        try:
-            os.kill(int(m.group(1)), 0)
-        except ProcessLookupError:
-            p.unlink(missing_ok=True)
-        except (PermissionError, OverflowError, OSError):
-            pass  # alive (someone else's) or unknowable: leave it
-
-
-def open_cached(src: str | os.PathLike[str]) -> blm.BLMFile:
-    """A GGUF file or checkpoint directory as a .blm from the cache, converting it the first time.
-
-    The index maps the source's (path, size, mtime, inode) to its SHA256, so a start that finds both the
-    index entry and the .blm neither hashes nor converts anything.
-    """
-    src = Path(src)
-    files = _source_files_for_key(src)
-    directory = cache_dir()
-    idx = directory / "index" / f"{_stat_key(files)}.json"
-    sha = _index_lookup(idx)
-    if sha is not None:
-        f = _usable(directory / f"{sha}.blm", sha)
-        if f is not None:
-            return f
-    show = sys.stderr.isatty()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "index").mkdir(exist_ok=True)
-    except OSError as e:
-        raise CacheError(f"{directory}: cannot create the model cache: {e.strerror}") from e
-    with Progress(sum(p.stat().st_size for p in files), f"hashing {src.name}", enabled=show) as bar:
-        sha, _ = sha256_files(files, bar)
-    out = directory / f"{sha}.blm"
-    f = _usable(out, sha)
-    if f is None:
-        _clean_stale_temps(directory)
-        if show:
-            print(f"barellm: converting {src} to {out} (once; later loads map it directly)", file=sys.stderr)
-        try:
-            convert(src, out, layout=CACHE_LAYOUT, source_sha256=sha, progress=show)
-        except (FormatError, ModelNotFound):
-            raise
-        except BarellmError as e:  # writing failed (the source was fine)
-            raise CacheError(str(e)) from e
-        f = blm.BLMFile(out)
-    from barellm.hub import _write_atomic
-
-    try:
-        _write_atomic(idx, json.dumps({"sha256": sha, "source": str(src.resolve())}).encode())
-    except OSError:
-        pass  # without the index entry the next start hashes the source again; it still works
-    return f
-
-
-# --- commands --------------------------------------------------------------------------------------------
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("convert", help="convert a .gguf file or a safetensors checkpoint into a .blm file",
-                       description="Converts SRC (a .gguf file, a Hugging Face llama checkpoint directory, or a "
-                                   "model name) into barellm's own format. The write is atomic.")
-    p.add_argument("src", metavar="SRC")
-    p.add_argument("-o", "--output", required=True, metavar="OUT.blm")
-    p.add_argument("--type", choices=TYPE_CHOICES, default=None,
-                   help="store every 2-D weight in this type (default: keep the source's types)")
-    p.add_argument("--layout", choices=LAYOUT_CHOICES, default="rows",
-                   help="rows: GGUF's row layout (default); kernels: weight matrices repacked for the kernels")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_convert)
-
-    p = sub.add_parser("verify", help="check every checksum of a .blm file",
-                       description="Checks a .blm file's header checksum and every tensor's CRC-32, and names any "
-                                   "tensor that fails. A model name or a .gguf path checks its cached .blm.")
-    p.add_argument("file", metavar="FILE")
-    p.set_defaults(func=cmd_verify)
-
-
-def cmd_convert(args: argparse.Namespace) -> int:
-    from barellm import hub
-
-    src = hub.resolve(args.src, pull_missing=False)
-    out = Path(args.output)
-    if out.exists() and out.is_dir():
-        raise BarellmError(f"{out}: is a directory")
-    convert(src, out, type=args.type, layout=args.layout, progress=False if args.quiet else None)
-    with blm.BLMFile(out) as f:
-        size = out.stat().st_size
-        print(f"{out}: {len(f.tensors)} tensors, {size / 1e6:.1f} MB, from {src.name} "
-              f"(sha256 {f.provenance['source.sha256'][:12]}…)")
-    return 0
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    from barellm import hub
-
-    path = hub.resolve(args.file, pull_missing=False)
-    if sniff(path) != "blm":
-        cached = cached_path(path)
-        if cached is None:
-            raise FormatError(f"{path}: not a .blm file and not converted yet (GGUF files carry no checksums); "
-                              "`barellm convert` it first")
-        path = cached
-    with Progress(path.stat().st_size, f"verifying {path.name}", enabled=sys.stderr.isatty()) as bar:
-        r = blm.verify(path, bar)
-    print(f"{path}: ok, header and {r.n_tensors} tensors ({r.nbytes / 1e6:.1f} MB) verified in {r.seconds:.2f} s")
-    return 0

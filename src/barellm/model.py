@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from barellm import hub
-from barellm.arch.config import ModelConfig, config_from_metadata
+from barellm.arch.config import ModelConfig, config_of
+from barellm.cpu import default_threads
 from barellm.errors import BarellmError, FormatError, InvalidRequest
 from barellm.sampling import Sampler, SamplingParams
 
@@ -49,9 +50,9 @@ class Piece:
 
 
 def _open_source(path: Path) -> Any:
-    from barellm.formats import open_model_file
+    from barellm.cache import open_model
 
-    return open_model_file(path)
+    return open_model(path)
 
 
 class Model:
@@ -73,9 +74,7 @@ class Model:
         self.source = _open_source(path)
         md = self.source.metadata
         self.metadata: dict[str, Any] = md
-        self.config: ModelConfig = config_from_metadata(
-            md, self.source.tensors["token_embd.weight"].shape[0] if "token_embd.weight" in self.source.tensors
-            else 0, tied_output="output.weight" not in self.source.tensors)
+        self.config: ModelConfig = config_of(self.source)
         n_ctx = context or min(self.config.context_length, 4096)
         if not (isinstance(n_ctx, int) and 16 <= n_ctx <= self.config.context_length):
             raise InvalidRequest(f"context must be an integer in 16..{self.config.context_length}, got {context!r}")
@@ -317,31 +316,6 @@ def _stop_prefix_len(text: str, stops: list[str], longest: int) -> int:
         if any(s.startswith(tail) for s in stops):
             return n
     return 0
-
-
-def default_threads() -> int:
-    """Physical cores: hyperthreads share the units these kernels saturate."""
-    env = os.environ.get("BARELLM_THREADS")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
-    try:
-        cores = set()
-        with open("/proc/cpuinfo") as f:
-            phys = core = None
-            for line in f:
-                if line.startswith("physical id"):
-                    phys = line.split(":")[1].strip()
-                elif line.startswith("core id"):
-                    core = line.split(":")[1].strip()
-                elif not line.strip():
-                    if core is not None:
-                        cores.add((phys, core))
-                    phys = core = None
-        if cores:
-            return min(len(cores), len(os.sched_getaffinity(0)))
-    except (OSError, AttributeError):
-        pass
-    return max(1, (os.cpu_count() or 2))
 
 
 def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = None, context: int | None = None,

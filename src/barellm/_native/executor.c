@@ -50,13 +50,6 @@ static void op_silu_mul(const bl_plan *p, const bl_op *op, int tid, int nth) {
     run_qjobs(op, t0, t1);
 }
 
-static void op_add(const bl_plan *p, const bl_op *op, int tid, int nth) {
-    int t0, t1;
-    bl_split(p->T, 1, tid, nth, &t0, &t1);
-    for (int t = t0; t < t1; t++)
-        bl_add(op->out + (size_t)t * op->out_stride, op->x + (size_t)t * op->x_stride, op->n);
-}
-
 #define PACK(seq, f, e) (((uint64_t)(seq) << 48) | ((uint64_t)(f) << 24) | (uint64_t)(e))
 #define SEQ(w) ((unsigned)((w) >> 48))
 #define FRONT(w) ((int)(((w) >> 24) & 0xFFFFFF))
@@ -111,6 +104,8 @@ static void matmul_rows(const bl_op *op, int T, int lo, int hi) {
         const int b = hi - pt->row0 < pt->w.rows ? hi - pt->row0 : pt->w.rows;
         if (a >= b) continue;
         bl_matmul(&pt->w, pt->xq, T, pt->out, pt->ldo, a, b);
+        if (pt->bias)
+            for (int t = 0; t < T; t++) bl_add(pt->out + (size_t)t * pt->ldo + a, pt->bias + a, b - a);
         if (pt->res)
             for (int t = 0; t < T; t++)
                 bl_add(pt->res + (size_t)t * pt->res_stride + a, pt->out + (size_t)t * pt->ldo + a, b - a);
@@ -217,7 +212,6 @@ static void exec_op(const bl_plan *p, const bl_op *op, int tid, int nth, unsigne
     case BL_OP_ROPE_KV: op_rope_kv(p, op, tid, nth); break;
     case BL_OP_ATTENTION: op_attention(p, op, tid, nth, seq); break;
     case BL_OP_SILU_MUL: op_silu_mul(p, op, tid, nth); break;
-    case BL_OP_ADD: op_add(p, op, tid, nth); break;
     default: break;
     }
 }

@@ -23,7 +23,6 @@ enum bl_op_kind {
     BL_OP_ROPE_KV = 4,  /* (rmsnorm each q and k head,) rotate q and k of x[t] in place; store k, v */
     BL_OP_ATTENTION = 5,/* out[t] = attention of the q heads of x[t] over the slot's cache */
     BL_OP_SILU_MUL = 6, /* out[t] = act(x[t]) * x2[t] (act: silu, or gelu_tanh if gelu); then the qjobs */
-    BL_OP_ADD = 7,      /* out[t] += x[t] */
 };
 
 #define BL_MAX_PARTS 4
@@ -42,6 +41,7 @@ typedef struct bl_mm_part { /* rows [row0, row0 + w.rows) of a matmul op's row s
     const void *xq;
     float *out;
     size_t ldo;
+    const float *bias;     /* if set: out[t * ldo + r] += bias[r] (before res) */
     float *res;            /* if set: res[t * res_stride + r] += out[t * ldo + r] */
     size_t res_stride;
     int row0;

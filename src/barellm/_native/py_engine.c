@@ -190,13 +190,85 @@ static int parse_matrix(PlanObject *self, PyObject *spec, bl_matrix *m) {
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
+/* The keys each op kind takes (engine.py builds the dicts): every required key must be there and no other
+ * key may be, so a misspelt or forgotten key is an error naming it, never a silent zero. */
+#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+typedef struct {
+    const char *name;
+    int kind;
+    const char *const *required, *const *optional;
+} op_keys;
+
+static const op_keys OP_KEYS[] = {
+    {"embed", BL_OP_EMBED, KEYS("out", "out_stride", "n", "table", "table_row_bytes", "scale_embed"), KEYS(NULL)},
+    {"rmsnorm", BL_OP_RMSNORM, KEYS("x", "x_stride", "w", "eps", "n", "out", "out_stride"),
+     KEYS("res", "res_stride", "qjobs")},
+    {"matmul", BL_OP_MATMUL, KEYS("parts", "qjobs"), KEYS("prequantized")},
+    {"rope_kv", BL_OP_ROPE_KV,
+     KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_f16", "out", "out_stride",
+          "rope_dim", "eps", "rope_style", "rope_cs"),
+     KEYS("q_norm", "k_norm")},
+    {"attention", BL_OP_ATTENTION,
+     KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_f16", "window", "x",
+          "x_stride", "out", "out_stride", "scale"),
+     KEYS(NULL)},
+    {"silu_mul", BL_OP_SILU_MUL, KEYS("x", "x2", "x_stride", "out", "out_stride", "n", "gelu"), KEYS("qjobs")},
+};
+static const char *const COMMON_KEYS[] = {"kind", "name", "rows_sel", NULL};
+static const char *const QJOB_REQUIRED[] = {"w", "x", "x_stride", "dst", "dst_stride", NULL};
+static const char *const PART_REQUIRED[] = {"w", "xq", "out", "ldo", NULL};
+static const char *const PART_OPTIONAL[] = {"res", "res_stride", "bias", NULL};
+
+static int in_list(const char *const *list, const char *key) {
+    for (; list && *list; list++)
+        if (strcmp(*list, key) == 0) return 1;
+    return 0;
+}
+
+/* Refuses a dict with an unknown key or without a required one; `what` names it in the error. */
+static int check_keys(PyObject *d, const char *what, const char *const *required, const char *const *optional,
+                      const char *const *common) {
+    if (!PyDict_Check(d)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a dict", what);
+        return -1;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(d, &pos, &key, &value)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        if (!k) {
+            PyErr_Format(PyExc_ValueError, "%s: keys must be strings", what);
+            return -1;
+        }
+        if (!in_list(required, k) && !in_list(optional, k) && !in_list(common, k)) {
+            PyErr_Format(PyExc_ValueError, "%s: unknown key '%s'", what, k);
+            return -1;
+        }
+    }
+    for (; *required; required++)
+        if (!PyDict_GetItemString(d, *required)) {
+            PyErr_Format(PyExc_ValueError, "%s: missing key '%s'", what, *required);
+            return -1;
+        }
+    return 0;
+}
+
 static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
     if (!PyDict_Check(d)) {
         PyErr_SetString(PyExc_TypeError, "each op must be a dict");
         return -1;
     }
     memset(op, 0, sizeof *op);
-    if (d_int(d, "kind", 0, &op->kind) || d_int(d, "rows_sel", 0, &op->rows_sel) ||
+    if (d_int(d, "kind", 0, &op->kind)) return -1;
+    const op_keys *spec = NULL;
+    for (size_t i = 0; i < sizeof OP_KEYS / sizeof OP_KEYS[0]; i++)
+        if (OP_KEYS[i].kind == op->kind) spec = &OP_KEYS[i];
+    if (!spec) {
+        PyErr_Format(PyExc_ValueError, "unknown op kind %d", op->kind);
+        return -1;
+    }
+    if (check_keys(d, spec->name, spec->required, spec->optional, COMMON_KEYS)) return -1;
+    if (d_int(d, "rows_sel", 0, &op->rows_sel) ||
         d_int(d, "prequantized", 0, &op->prequantized) || d_int(d, "n", 0, &op->n) ||
         d_size(d, "out_stride", &op->out_stride) || d_size(d, "x_stride", &op->x_stride) ||
         d_float(d, "eps", &op->eps) || d_int(d, "n_heads", 0, &op->n_heads) ||
@@ -242,9 +314,8 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
         for (int i = 0; i < op->n_qjobs; i++) {
             PyObject *j = PyList_GET_ITEM(qj, i);
             bl_qjob *q = &op->qjobs[i];
-            PyObject *w = PyDict_GetItemString(j, "w");
-            if (!w) { PyErr_SetString(PyExc_KeyError, "qjob needs w"); return -1; }
-            if (parse_matrix(self, w, &q->w) || d_ptr(self, j, "x", 0, &p)) return -1;
+            if (check_keys(j, "qjob", QJOB_REQUIRED, NULL, NULL)) return -1;
+            if (parse_matrix(self, PyDict_GetItemString(j, "w"), &q->w) || d_ptr(self, j, "x", 0, &p)) return -1;
             q->x = p;
             if (d_size(j, "x_stride", &q->x_stride) || d_ptr(self, j, "dst", 1, &q->dst) ||
                 d_size(j, "dst_stride", &q->dst_stride))
@@ -262,14 +333,24 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
         for (int i = 0; i < op->n_parts; i++) {
             PyObject *j = PyList_GET_ITEM(parts, i);
             bl_mm_part *pt = &op->parts[i];
-            PyObject *w = PyDict_GetItemString(j, "w");
-            if (!w) { PyErr_SetString(PyExc_KeyError, "part needs w"); return -1; }
-            if (parse_matrix(self, w, &pt->w) || d_ptr(self, j, "xq", 0, &p)) return -1;
+            if (check_keys(j, "matmul part", PART_REQUIRED, PART_OPTIONAL, NULL)) return -1;
+            if (parse_matrix(self, PyDict_GetItemString(j, "w"), &pt->w) || d_ptr(self, j, "xq", 0, &p)) return -1;
             pt->xq = p;
             if (d_ptr(self, j, "out", 1, &p)) return -1;
             pt->out = p;
             if (d_ptr(self, j, "res", 1, &p)) return -1;
             pt->res = p;
+            Py_ssize_t avail = 0;
+            PyObject *bias = PyDict_GetItemString(j, "bias");
+            if (bias && bias != Py_None) {
+                pt->bias = (const float *)plan_buf(self, bias, 0, &avail);
+                if (!pt->bias) return -1;
+                if (avail < (Py_ssize_t)sizeof(float) * pt->w.rows) {
+                    PyErr_Format(PyExc_ValueError, "matmul part %d: bias has %zd bytes for %d rows", i, avail,
+                                 pt->w.rows);
+                    return -1;
+                }
+            }
             if (d_size(j, "ldo", &pt->ldo) || d_size(j, "res_stride", &pt->res_stride)) return -1;
             pt->row0 = op->n_rows;
             op->n_rows += pt->w.rows;
@@ -344,8 +425,20 @@ static int Plan_init(PlanObject *self, PyObject *args, PyObject *kw) {
     }
     self->plan.n_ops = 0;
     for (int i = 0; i < n; i++) {
-        if (parse_op(self, PyList_GET_ITEM(ops, i), &self->plan.ops[i]) < 0) {
-            PyErr_Format(PyExc_ValueError, "op %d: %S", i, PyErr_Occurred() ? PyObject_Str(PyErr_Occurred()) : Py_None);
+        PyObject *d = PyList_GET_ITEM(ops, i);
+        if (parse_op(self, d, &self->plan.ops[i]) < 0) {
+            /* the same exception, its message prefixed with the op's index and name */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            PyObject *name = PyDict_Check(d) ? PyDict_GetItemString(d, "name") : NULL;
+            if (name)
+                PyErr_Format(type ? type : PyExc_ValueError, "op %d (%S): %S", i, name, value ? value : Py_None);
+            else
+                PyErr_Format(type ? type : PyExc_ValueError, "op %d: %S", i, value ? value : Py_None);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
             return -1;
         }
         self->plan.n_ops = i + 1;
@@ -756,6 +849,21 @@ int bl_engine_module_init(PyObject *m) {
         return -1;
     }
     PyModule_AddIntConstant(m, "KV_TILE", BL_KV_TILE);
+    PyObject *kinds = PyDict_New();
+    if (!kinds) return -1;
+    for (size_t i = 0; i < sizeof OP_KEYS / sizeof OP_KEYS[0]; i++) {
+        PyObject *v = PyLong_FromLong(OP_KEYS[i].kind);
+        if (!v || PyDict_SetItemString(kinds, OP_KEYS[i].name, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(kinds);
+            return -1;
+        }
+        Py_DECREF(v);
+    }
+    if (PyModule_AddObject(m, "OP_KINDS", kinds) < 0) {
+        Py_DECREF(kinds);
+        return -1;
+    }
     PyModule_AddIntConstant(m, "ATT_MAXQ", BL_ATT_MAXQ);
     return 0;
 }

@@ -1,14 +1,20 @@
-"""Model hyperparameters, read from file metadata (GGUF-style keys) and checked before use."""
+"""Model hyperparameters, read from file metadata (GGUF-style keys) and checked before use.
+
+What differs between architectures is a row of the registry (registry.py); this module reads the
+hyperparameters every llama-family file has under its architecture's prefix, and applies the row.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from barellm.arch.registry import ARCHITECTURES, Architecture, architecture
 from barellm.errors import FormatError
 
-SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,9 @@ class ModelConfig:
     rope_style: str
     context_length: int      # what the model was trained for
     tied_output: bool        # output projection shares the token embedding
-    # What the architectures beyond llama add (the defaults are llama's):
+    # What the architectures beyond llama add (the defaults are llama's; registry.py says which has what):
+    attn_bias: bool = False            # the Q, K, V projections add a bias (qwen2)
+    rope_freqs: bool = False           # rope_freqs.weight divides the RoPE frequencies (Llama 3.1 scaling)
     embed_scale: float = 1.0           # token embeddings are multiplied by this (gemma: sqrt(dim))
     act: str = "silu"                  # the gated MLP's activation: "silu" or "gelu_tanh"
     qk_norm: bool = False              # RMSNorm over each query and key head before RoPE
@@ -39,6 +47,11 @@ class ModelConfig:
     swa_pattern: int = 0               # every swa_pattern-th layer is global, the others local (0: all global)
     rope_theta_local: float = 0.0      # RoPE base of local layers (0: rope_theta)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> Architecture:
+        """The architecture's row in the registry."""
+        return ARCHITECTURES[self.arch]
 
     def is_local(self, layer: int) -> bool:
         """Whether a layer attends over the sliding window only."""
@@ -82,14 +95,14 @@ def _positive(key: str, value: int, limit: int) -> int:
     return value
 
 
-def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool) -> ModelConfig:
+def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, rope_freqs: bool = False) -> ModelConfig:
     """The config of a model file, with every hyperparameter range-checked.
 
-    n_vocab comes from the token embedding's shape, which is what the weights actually hold.
+    n_vocab comes from the token embedding's shape, which is what the weights actually hold; tied_output and
+    rope_freqs say whether the file has an output matrix of its own and a rope_freqs.weight.
     """
-    arch = _get(md, "general.architecture", str)
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise FormatError(f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    row = architecture(_get(md, "general.architecture", str))
+    arch = row.name
     p = arch + "."
     dim = _positive(p + "embedding_length", _get(md, p + "embedding_length", int), 1 << 16)
     n_layers = _positive(p + "block_count", _get(md, p + "block_count", int), 1024)
@@ -102,6 +115,9 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool) ->
     _positive(p + "attention.key_length", head_dim, 1024)
     if head_dim % 2:
         raise FormatError(f"head dimension {head_dim} is odd; RoPE needs pairs")
+    value_dim = _get(md, p + "attention.value_length", int, head_dim)
+    if value_dim != head_dim:
+        raise FormatError(f"attention.value_length {value_dim} differs from key_length {head_dim}; not supported")
     ffn_dim = _positive(p + "feed_forward_length", _get(md, p + "feed_forward_length", int), 1 << 18)
     rope_dim = _get(md, p + "rope.dimension_count", int, head_dim)
     if not 0 < rope_dim <= head_dim or rope_dim % 2:
@@ -111,18 +127,69 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool) ->
     if not (0 < eps < 1 and theta > 1):
         raise FormatError(f"norm epsilon {eps} or rope base {theta} out of range")
     ctx = _positive(p + "context_length", _get(md, p + "context_length", int, 2048), 1 << 24)
-    common = dict(
-        arch=arch, n_vocab=_positive("vocabulary size", n_vocab, 1 << 22), dim=dim, n_layers=n_layers,
-        n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, ffn_dim=ffn_dim, norm_eps=eps,
-        rope_theta=theta, rope_dim=rope_dim, context_length=ctx, tied_output=tied_output,
-    )
-    if arch == "gemma3":
+    scaling = _get(md, p + "rope.scaling.type", str, "none")
+    if scaling not in ("none", "linear") or (scaling == "linear" and _get(md, p + "rope.scaling.factor", float,
+                                                                            1.0) != 1.0):
+        raise FormatError(f"rope scaling {scaling!r} is not supported")
+    if rope_freqs and not row.rope_freqs:
+        raise FormatError(f"rope_freqs.weight is not part of a {arch} model")
+    window = 0
+    if row.swa_pattern:
         window = _get(md, p + "attention.sliding_window", int, 0)
         if not 0 <= window <= ctx:
             raise FormatError(f"attention.sliding_window {window} is out of range (0..{ctx})")
-        # As Gemma 3 defines them (and llama.cpp reads them): GGUF stores Q/K unpermuted, so RoPE
-        # rotates (i, i + d/2) pairs; five local layers with base 10000 for each global one.
-        return ModelConfig(**common, rope_style="neox", embed_scale=math.sqrt(dim), act="gelu_tanh",
-                           qk_norm=True, post_norms=True, sliding_window=window, swa_pattern=6,
-                           rope_theta_local=10000.0)
-    return ModelConfig(**common, rope_style="norm")
+    return ModelConfig(
+        arch=arch, n_vocab=_positive("vocabulary size", n_vocab, 1 << 22), dim=dim, n_layers=n_layers,
+        n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, ffn_dim=ffn_dim, norm_eps=eps,
+        rope_theta=theta, rope_dim=rope_dim, rope_style=row.rope_style, context_length=ctx,
+        tied_output=tied_output, attn_bias=row.attn_bias, rope_freqs=rope_freqs,
+        embed_scale=math.sqrt(dim) if row.embed_scale_sqrt_dim else 1.0, act=row.act, qk_norm=row.qk_norm,
+        post_norms=row.post_norms, sliding_window=window, swa_pattern=row.swa_pattern,
+        rope_theta_local=row.rope_theta_local,
+    )
+
+
+def config_of(source: Any) -> ModelConfig:
+    """The config of an opened model file (anything with .metadata and .tensors)."""
+    tensors: Mapping[str, Any] = source.tensors
+    embd = tensors.get("token_embd.weight")
+    if embd is None:
+        raise FormatError("tensor 'token_embd.weight' is missing")
+    return config_from_metadata(source.metadata, int(embd.shape[0]), tied_output="output.weight" not in tensors,
+                                rope_freqs="rope_freqs.weight" in tensors)
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model needs, with the shape it must have (NumPy order)."""
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (cfg.n_vocab, cfg.dim),
+        "output_norm.weight": (cfg.dim,),
+    }
+    if not cfg.tied_output:
+        shapes["output.weight"] = (cfg.n_vocab, cfg.dim)
+    if cfg.rope_freqs:
+        shapes["rope_freqs.weight"] = (cfg.rope_dim // 2,)
+    per_layer = {
+        "attn_norm.weight": (cfg.dim,), "ffn_norm.weight": (cfg.dim,),
+        "attn_q.weight": (cfg.q_dim, cfg.dim), "attn_k.weight": (cfg.kv_dim, cfg.dim),
+        "attn_v.weight": (cfg.kv_dim, cfg.dim), "attn_output.weight": (cfg.dim, cfg.q_dim),
+        "attn_q.bias": (cfg.q_dim,), "attn_k.bias": (cfg.kv_dim,), "attn_v.bias": (cfg.kv_dim,),
+        "attn_q_norm.weight": (cfg.head_dim,), "attn_k_norm.weight": (cfg.head_dim,),
+        "post_attention_norm.weight": (cfg.dim,), "post_ffw_norm.weight": (cfg.dim,),
+        "ffn_gate.weight": (cfg.ffn_dim, cfg.dim), "ffn_up.weight": (cfg.ffn_dim, cfg.dim),
+        "ffn_down.weight": (cfg.dim, cfg.ffn_dim),
+    }
+    for i in range(cfg.n_layers):
+        for name in cfg.spec.layer_tensors:
+            shapes[f"blk.{i}.{name}"] = per_layer[name]
+    return shapes
+
+
+def check_tensors(cfg: ModelConfig, tensors: Mapping[str, Any]) -> None:
+    """Refuses a file whose tensors do not match its own hyperparameters."""
+    for name, shape in expected_shapes(cfg).items():
+        info = tensors.get(name)
+        if info is None:
+            raise FormatError(f"tensor {name!r} is missing")
+        if tuple(info.shape) != shape:
+            raise FormatError(f"tensor {name!r} has shape {tuple(info.shape)}, expected {shape}")

@@ -4,9 +4,10 @@ This is the reference every optimized path is checked against, so it is written 
 function per step, the forward pass readable top to bottom. Weights are dequantized to float32 once
 at load; the KV cache is allocated once for the context size.
 
-Gemma 3 is llama with a few twists, each a flag of ModelConfig: scaled embeddings, RMSNorm over
-each query/key head, norms after attention and MLP, a GELU-gated MLP, and local layers that see a
-sliding window of keys with their own RoPE base.
+Every architecture of the registry (registry.py) is llama with a few twists, each a flag of ModelConfig:
+Q/K/V biases (qwen2), RMSNorm over each query/key head (qwen3, gemma3), RoPE frequency factors (Llama
+3.1), and Gemma 3's scaled embeddings, norms after attention and MLP, GELU-gated MLP and local layers that
+see a sliding window of keys with their own RoPE base.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from barellm.arch.config import ModelConfig
-from barellm.errors import FormatError, InvalidRequest
+from barellm.arch.config import ModelConfig, check_tensors
+from barellm.errors import InvalidRequest
 
 
 class WeightSource(Protocol):
@@ -27,44 +28,6 @@ class WeightSource(Protocol):
     tensors: dict[str, Any]
 
     def dequantize(self, name: str) -> np.ndarray: ...
-
-
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a llama model needs, with the shape it must have (NumPy order)."""
-    shapes: dict[str, tuple[int, ...]] = {
-        "token_embd.weight": (cfg.n_vocab, cfg.dim),
-        "output_norm.weight": (cfg.dim,),
-    }
-    if not cfg.tied_output:
-        shapes["output.weight"] = (cfg.n_vocab, cfg.dim)
-    for i in range(cfg.n_layers):
-        b = f"blk.{i}."
-        if cfg.qk_norm:
-            shapes.update({b + "attn_q_norm.weight": (cfg.head_dim,), b + "attn_k_norm.weight": (cfg.head_dim,)})
-        if cfg.post_norms:
-            shapes.update({b + "post_attention_norm.weight": (cfg.dim,), b + "post_ffw_norm.weight": (cfg.dim,)})
-        shapes.update({
-            b + "attn_norm.weight": (cfg.dim,),
-            b + "attn_q.weight": (cfg.q_dim, cfg.dim),
-            b + "attn_k.weight": (cfg.kv_dim, cfg.dim),
-            b + "attn_v.weight": (cfg.kv_dim, cfg.dim),
-            b + "attn_output.weight": (cfg.dim, cfg.q_dim),
-            b + "ffn_norm.weight": (cfg.dim,),
-            b + "ffn_gate.weight": (cfg.ffn_dim, cfg.dim),
-            b + "ffn_up.weight": (cfg.ffn_dim, cfg.dim),
-            b + "ffn_down.weight": (cfg.dim, cfg.ffn_dim),
-        })
-    return shapes
-
-
-def check_tensors(cfg: ModelConfig, tensors: dict[str, Any]) -> None:
-    """Refuses a file whose tensors do not match its own hyperparameters."""
-    for name, shape in expected_shapes(cfg).items():
-        info = tensors.get(name)
-        if info is None:
-            raise FormatError(f"tensor {name!r} is missing")
-        if tuple(info.shape) != shape:
-            raise FormatError(f"tensor {name!r} has shape {tuple(info.shape)}, expected {shape}")
 
 
 # --- the steps of the forward pass -------------------------------------------------------------
@@ -76,9 +39,19 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(ms + np.float32(eps))) * w
 
 
-def rope_tables(rope_dim: int, base: float, n_ctx: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [n_ctx, rope_dim/2] of position * theta_i, theta_i = base^(-2i/rope_dim)."""
+def rope_frequencies(rope_dim: int, base: float, factors: np.ndarray | None = None) -> np.ndarray:
+    """theta_i = base^(-2i/rope_dim) / factor_i (float64 [rope_dim/2]); the factors are a file's
+    rope_freqs.weight (Llama 3.1's scaling: low frequencies slowed down for long contexts)."""
     inv_freq = 1.0 / (base ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim))
+    if factors is not None:
+        inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
+    return inv_freq
+
+
+def rope_tables(rope_dim: int, base: float, n_ctx: int,
+                factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [n_ctx, rope_dim/2] of position * theta_i (rope_frequencies)."""
+    inv_freq = rope_frequencies(rope_dim, base, factors)
     angles = np.outer(np.arange(n_ctx, dtype=np.float64), inv_freq)
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
@@ -153,6 +126,9 @@ class LayerWeights:
     w_gate: np.ndarray
     w_up: np.ndarray
     w_down: np.ndarray
+    bq: np.ndarray | None = None
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
     q_norm: np.ndarray | None = None
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None
@@ -189,6 +165,9 @@ class ReferenceEngine:
                 w_gate=w(f"blk.{i}.ffn_gate.weight").T.copy(),
                 w_up=w(f"blk.{i}.ffn_up.weight").T.copy(),
                 w_down=w(f"blk.{i}.ffn_down.weight").T.copy(),
+                bq=optional(f"blk.{i}.attn_q.bias", cfg.attn_bias),
+                bk=optional(f"blk.{i}.attn_k.bias", cfg.attn_bias),
+                bv=optional(f"blk.{i}.attn_v.bias", cfg.attn_bias),
                 q_norm=optional(f"blk.{i}.attn_q_norm.weight", cfg.qk_norm),
                 k_norm=optional(f"blk.{i}.attn_k_norm.weight", cfg.qk_norm),
                 post_attn_norm=optional(f"blk.{i}.post_attention_norm.weight", cfg.post_norms),
@@ -200,7 +179,8 @@ class ReferenceEngine:
         self.n_slots = n_slots
         self.k_cache = np.zeros((n_slots, cfg.n_layers, self.n_ctx, cfg.n_kv_heads, cfg.head_dim), np.float32)
         self.v_cache = np.zeros_like(self.k_cache)
-        tables = {base: rope_tables(cfg.rope_dim, base, self.n_ctx)
+        factors = w("rope_freqs.weight") if cfg.rope_freqs else None
+        tables = {base: rope_tables(cfg.rope_dim, base, self.n_ctx, factors)
                   for base in {cfg.layer_rope_theta(i) for i in range(cfg.n_layers)}}
         self.rope = [tables[cfg.layer_rope_theta(i)] for i in range(cfg.n_layers)]
         self.act = ACTIVATIONS[cfg.act]
@@ -235,9 +215,12 @@ class ReferenceEngine:
         for i, L in enumerate(self.layers):
             # attention block
             xn = rmsnorm(x, L.attn_norm, eps)
-            q = (xn @ L.wq).reshape(T, cfg.n_heads, cfg.head_dim)
-            k = (xn @ L.wk).reshape(T, cfg.n_kv_heads, cfg.head_dim)
-            v = (xn @ L.wv).reshape(T, cfg.n_kv_heads, cfg.head_dim)
+            q, k, v = xn @ L.wq, xn @ L.wk, xn @ L.wv
+            if L.bq is not None and L.bk is not None and L.bv is not None:
+                q, k, v = q + L.bq, k + L.bk, v + L.bv
+            q = q.reshape(T, cfg.n_heads, cfg.head_dim)
+            k = k.reshape(T, cfg.n_kv_heads, cfg.head_dim)
+            v = v.reshape(T, cfg.n_kv_heads, cfg.head_dim)
             if L.q_norm is not None and L.k_norm is not None:
                 q, k = rmsnorm(q, L.q_norm, eps), rmsnorm(k, L.k_norm, eps)
             cos, sin = (table[start:end] for table in self.rope[i])

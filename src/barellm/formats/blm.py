@@ -32,7 +32,9 @@ import numpy as np
 
 from barellm import quant
 from barellm.errors import BarellmError, FormatError
+from barellm.files import atomic_write
 from barellm.formats.mapped import MappedFile
+from barellm.kernels import matrix_layout
 from barellm.progress import Progress
 
 __all__ = [
@@ -308,25 +310,18 @@ def layout_name(tag: int) -> str:
 def kernel_layout(name: str, type_id: int, shape: tuple[int, ...]) -> int:
     """The layout `convert --layout kernels` stores a tensor in.
 
-    Weight matrices take the layout the native engine's matmuls want (`engine.matrix_layout`, the engine's
-    one place for that decision, when the engine is importable; else interleave8 wherever the table allows
-    it). The token embedding stays in rows, since it is looked up a row at a time by token id; so does
-    everything that is not a matrix.
+    Weight matrices take the layout the native engine's matmuls want (`kernels.matrix_layout`, the one
+    place for that decision). The token embedding stays in rows, since it is looked up a row at a time by
+    token id; so does everything that is not a matrix.
     """
     shape = tuple(shape)
     if name == "token_embd.weight" or len(shape) != 2:
         return LAYOUT_ROWS
     try:
-        from barellm.engine import matrix_layout
-    except (ImportError, AttributeError):  # no engine, or a native core built without it
-        matrix_layout = None
-    if matrix_layout is not None:
-        try:
-            tag = int(matrix_layout(type_id, shape[0], shape[1]))
-        except (ValueError, OverflowError):  # a type or shape the kernels do not take
-            return LAYOUT_ROWS
-        return tag if tag in LAYOUTS and LAYOUTS[tag].check(type_id, shape) is None else LAYOUT_ROWS
-    return LAYOUT_INTERLEAVE8 if LAYOUTS[LAYOUT_INTERLEAVE8].check(type_id, shape) is None else LAYOUT_ROWS
+        tag = int(matrix_layout(type_id, shape[0], shape[1]))
+    except (ValueError, OverflowError):  # a type or shape the kernels do not take
+        return LAYOUT_ROWS
+    return tag if tag in LAYOUTS and LAYOUTS[tag].check(type_id, shape) is None else LAYOUT_ROWS
 
 
 # --- the reader -------------------------------------------------------------------------------------------
@@ -771,12 +766,6 @@ def _kv_section(values: Mapping[str, Any], types: Mapping[str, str] | None) -> b
     return bytes(out)
 
 
-def temp_path(path: Path) -> Path:
-    """The temporary file a write to `path` goes through: hidden, in the same directory (so the final rename
-    is atomic), named after the writing process so that leftovers of a killed writer can be recognized."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-
-
 def write_blm(path: str | os.PathLike[str], metadata: Mapping[str, Any], tensors: Iterable[TensorSpec], *,
               metadata_types: Mapping[str, str] | None = None, provenance: Mapping[str, Any] | None = None,
               provenance_types: Mapping[str, str] | None = None, alignment: int = DEFAULT_ALIGNMENT,
@@ -819,9 +808,8 @@ def write_blm(path: str | os.PathLike[str], metadata: Mapping[str, Any], tensors
     if len(metadata) > 0xFFFFFFFF or len(provenance or {}) > 0xFFFFFFFF or len(specs) > 0xFFFFFFFF:
         raise FormatError("too many metadata entries or tensors for one file")
 
-    tmp = temp_path(path)
     try:
-        with open(tmp, "wb") as f:
+        with atomic_write(path) as f:
             # Zeros where the header goes: until the very end the file has no magic, so a writer killed
             # part-way leaves a temp file that no reader mistakes for a model.
             f.write(b"\0" * data_offset)
@@ -854,27 +842,6 @@ def write_blm(path: str | os.PathLike[str], metadata: Mapping[str, Any], tensors
             f.flush()
             f.seek(0)
             f.write(pre)  # the magic goes in last
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise BarellmError(f"{path}: cannot write: {e.strerror or e}") from e
-        raise
-    _fsync_dir(path.parent)
+    except OSError as e:
+        raise BarellmError(f"{path}: cannot write: {e.strerror or e}") from e
     return path
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Makes a rename in `directory` durable (best effort: some filesystems refuse a directory fsync)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -15,7 +15,7 @@ from barellm.errors import BarellmError, InvalidRequest
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from barellm.cli import add_model_args
+    from barellm.arguments import add_model_args
 
     p = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server; concurrent requests share forward passes",

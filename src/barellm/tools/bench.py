@@ -303,7 +303,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-r", "--repetitions", type=int, default=5, metavar="R", help="timed runs per test (default 5)")
     p.add_argument("--engine", choices=["native", "reference"], default="native",
                    help="native: the C core (default); reference: the NumPy float32 forward")
-    from barellm.cli import add_activations_arg
+    from barellm.arguments import add_activations_arg
 
     add_activations_arg(p)
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
@@ -316,7 +316,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from barellm.model import default_threads
+    from barellm.cpu import default_threads
 
     prompts = [x for x in parse_int_list(args.n_prompt, "-p", 0) if x]
     gens = [x for x in parse_int_list(args.n_gen, "-n", 0) if x]

@@ -130,7 +130,10 @@ class ReferenceOps:
         for i, L in enumerate(e.layers):
             b = f"blk.{i}."
             xn = op(b + "attn_norm", rmsnorm(x, L.attn_norm, eps))
-            q, k, v = split(op(b + "qkv", join(xn @ L.wq, xn @ L.wk, xn @ L.wv)))
+            q, k, v = xn @ L.wq, xn @ L.wk, xn @ L.wv
+            if L.bq is not None and L.bk is not None and L.bv is not None:
+                q, k, v = q + L.bq, k + L.bk, v + L.bv
+            q, k, v = split(op(b + "qkv", join(q, k, v)))
             if L.q_norm is not None and L.k_norm is not None:   # inside the engine's rope op
                 q, k = rmsnorm(q, L.q_norm, eps), rmsnorm(k, L.k_norm, eps)
             cos, sin = (table[start:end] for table in e.rope[i])

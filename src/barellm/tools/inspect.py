@@ -34,15 +34,16 @@ def preview(value: Any, full: bool = False, width: int = 72) -> str:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from barellm import hub
+    from barellm.cache import open_model
     from barellm.errors import FormatError
-    from barellm.formats import open_model_file, sniff
+    from barellm.formats import sniff
     from barellm.quant import TYPES
 
     path = hub.resolve(args.file, pull_missing=False)
     kind = sniff(Path(path))
     if kind == "hf":
         raise FormatError(f"{path}: a checkpoint directory; `barellm convert` it and inspect the .blm")
-    src = open_model_file(Path(path), convert=False)  # the file itself, not its converted copy
+    src = open_model(Path(path), convert=False)  # the file itself, not its converted copy
     size = Path(path).stat().st_size
     print(f"file: {path}")
     print(f"format: {kind}" + (f" v{src.version}" if hasattr(src, "version") else "") + f", {size / 1e6:.1f} MB")

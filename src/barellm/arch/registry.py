@@ -1,0 +1,116 @@
+"""The architectures barellm runs, one row each: what an architecture adds to the llama forward pass.
+
+Every llama-family model is the same forward pass (pre-norm blocks, grouped-query attention with RoPE, a
+gated MLP) with a few switches flipped. A row says which ones, and where the architecture's facts live in
+files: the GGUF metadata prefix, the tensors beyond llama's, and for Hugging Face checkpoints their
+model_type and tensor names. The config reader (config.py), the NumPy reference (llama.py), the plan
+(plan.py), the native engine's support check (engine.py) and the converter (convert.py) all read this
+table; adding a llama-family architecture is a row here, plus kernels only where the math is new.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from barellm.errors import FormatError
+
+# Hugging Face tensor names inside a layer -> GGUF names, for every llama-family checkpoint
+HF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+HF_BIAS_NAMES = {
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+}
+HF_QK_NORM_NAMES = {
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One row of the table. The defaults are llama's."""
+
+    name: str                     # general.architecture, and the prefix of its metadata keys
+    # RoPE: "norm" rotates adjacent pairs (x[2i], x[2i+1]), the layout GGUF's llama files store Q and K in;
+    # "neox" rotates (x[i], x[i + rope_dim/2]), as the original checkpoints of every other family do.
+    rope_style: str = "norm"
+    rope_freqs: bool = False      # may carry rope_freqs.weight: per-pair factors dividing the RoPE frequencies
+                                  # (Llama 3.1's scaling, as llama.cpp stores it)
+    attn_bias: bool = False       # the Q, K and V projections add a bias
+    qk_norm: bool = False         # RMSNorm over each query and key head before RoPE
+    post_norms: bool = False      # RMSNorm on the attention and MLP outputs before the residual add
+    act: str = "silu"             # the gated MLP's activation: "silu" or "gelu_tanh"
+    embed_scale_sqrt_dim: bool = False  # token embeddings are multiplied by sqrt(dim)
+    swa_pattern: int = 0          # every swa_pattern-th layer is global, the others see a sliding window
+    rope_theta_local: float = 0.0  # RoPE base of the sliding-window layers (0: the global one)
+    norm: str = "rms"             # every norm is an RMSNorm (the only kind the engines have)
+    # Hugging Face checkpoints: config.json model_type (and architectures) this row converts from
+    hf_model_types: tuple[str, ...] = ()
+    hf_layer_names: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def layer_tensors(self) -> tuple[str, ...]:
+        """The tensor names of one layer (after `blk.{i}.`), llama's and this row's extras."""
+        names = ["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight"]
+        if self.attn_bias:
+            names += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
+        if self.qk_norm:
+            names += ["attn_q_norm.weight", "attn_k_norm.weight"]
+        if self.post_norms:
+            names += ["post_attention_norm.weight", "post_ffw_norm.weight"]
+        names += ["ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"]
+        return tuple(names)
+
+
+def _hf(*extra: dict[str, str]) -> dict[str, str]:
+    out = dict(HF_LAYER_NAMES)
+    for e in extra:
+        out.update(e)
+    return out
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    row.name: row
+    for row in (
+        Architecture("llama", rope_style="norm", rope_freqs=True, hf_model_types=("llama",),
+                     hf_layer_names=_hf()),
+        # Gemma 3 (as llama.cpp reads it): GGUF stores Q/K unpermuted, so RoPE rotates (i, i + d/2) pairs;
+        # five local layers with base 10000 for each global one.
+        Architecture("gemma3", rope_style="neox", qk_norm=True, post_norms=True, act="gelu_tanh",
+                     embed_scale_sqrt_dim=True, swa_pattern=6, rope_theta_local=10000.0),
+        Architecture("qwen2", rope_style="neox", attn_bias=True, hf_model_types=("qwen2",),
+                     hf_layer_names=_hf(HF_BIAS_NAMES)),
+        Architecture("qwen3", rope_style="neox", qk_norm=True, hf_model_types=("qwen3",),
+                     hf_layer_names=_hf(HF_QK_NORM_NAMES)),
+    )
+}
+
+
+def architecture(name: object) -> Architecture:
+    """The row of an architecture; FormatError naming the supported ones otherwise."""
+    row = ARCHITECTURES.get(name) if isinstance(name, str) else None
+    if row is None:
+        raise FormatError(f"architecture {name!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+    return row
+
+
+def for_hf_model_type(model_type: object, architectures: list[str]) -> Architecture | None:
+    """The row a Hugging Face config.json's model_type (or architectures list) converts as, if any."""
+    for row in ARCHITECTURES.values():
+        if model_type in row.hf_model_types:
+            return row
+    for row in ARCHITECTURES.values():
+        if any(a.lower().startswith(t) for t in row.hf_model_types for a in architectures):
+            return row
+    return None

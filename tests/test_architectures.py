@@ -1,0 +1,86 @@
+"""The architecture registry: every row runs on both engines, and what no row covers is refused early."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from barellm.arch import reference_engine
+from barellm.arch.config import config_of
+from barellm.arch.registry import ARCHITECTURES, architecture
+from barellm.convert import convert
+from barellm.engine import NativeEngine
+from barellm.errors import FormatError
+from barellm.formats.gguf import GGUFFile
+
+from conftest import DATA
+from gguf_writer import write_gguf
+
+
+@pytest.fixture(params=["qwen3-tiny", "llama3rope-tiny"])
+def synthetic(request):
+    src = GGUFFile(DATA / f"{request.param}.gguf")
+    gold = np.load(DATA / f"{request.param}.logits.npz")
+    yield request.param, src, gold["ids"].tolist(), gold["logits"]
+    src.close()
+
+
+@pytest.mark.parametrize("engine", ["reference", "native"])
+def test_synthetic_rows_match_llamacpp(synthetic, engine):
+    """qwen3 (per-head q/k norm, head size decoupled from dim / heads) and Llama 3.1's RoPE scaling on tiny
+    files, against llama.cpp's logits for the same ids: within 1e-2, top-1 identical at every position."""
+    name, src, ids, want = synthetic
+    cfg = config_of(src)
+    if name == "qwen3-tiny":
+        assert cfg.arch == "qwen3" and cfg.qk_norm and cfg.rope_style == "neox" and cfg.q_dim != cfg.dim
+    else:
+        assert cfg.arch == "llama" and cfg.rope_freqs and not cfg.tied_output
+    e = reference_engine(cfg, src, 256) if engine == "reference" else NativeEngine(cfg, src, n_ctx=256, threads=2)
+    got = e.forward(ids, 0, all_logits=True)
+    assert np.abs(got - want).max() < 1e-2
+    assert np.array_equal(got.argmax(1), want.argmax(1))
+
+
+def test_rope_factors_matter():
+    """The rope_freqs factors are really applied: without them the llama3rope logits part from llama.cpp's
+    several times further than with them."""
+    src = GGUFFile(DATA / "llama3rope-tiny.gguf")
+    gold = np.load(DATA / "llama3rope-tiny.logits.npz")
+    ids, want = gold["ids"].tolist(), gold["logits"]
+    import dataclasses
+
+    cfg = config_of(src)
+    with_factors = np.abs(reference_engine(cfg, src, 256).forward(ids, 0, all_logits=True) - want).max()
+    cfg = dataclasses.replace(cfg, rope_freqs=False)
+    without = np.abs(reference_engine(cfg, src, 256).forward(ids, 0, all_logits=True) - want).max()
+    assert without > 4 * with_factors
+
+
+def test_every_row_names_its_tensors():
+    for row in ARCHITECTURES.values():
+        names = row.layer_tensors
+        assert "attn_q.weight" in names and "ffn_down.weight" in names
+        assert ("attn_q.bias" in names) == row.attn_bias
+        assert ("attn_q_norm.weight" in names) == row.qk_norm
+
+
+def test_unknown_architecture_refused_by_name():
+    with pytest.raises(FormatError, match=r"architecture 'phi3' is not supported \(supported: llama, gemma3, qwen2"):
+        architecture("phi3")
+
+
+def test_unsupported_file_refused_before_conversion(tmp_path):
+    """A GGUF whose architecture no row covers is refused before a .blm is written: nothing is left behind."""
+    src = GGUFFile(DATA / "qwen3-tiny.gguf")
+    md = {k: v for k, v in src.metadata.items() if k != "general.alignment"}
+    md = {k.replace("qwen3.", "phi3."): v for k, v in md.items()}
+    md["general.architecture"] = "phi3"
+    tensors = [(n, src.dequantize(n), 0) for n in src.tensors]
+    src.close()
+    bad = tmp_path / "phi3.gguf"
+    write_gguf(bad, md, tensors)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(FormatError, match="architecture 'phi3' is not supported"):
+        convert(bad, out / "x.blm")
+    assert list(out.iterdir()) == []
