@@ -36,7 +36,7 @@ def _need_ray() -> None:
 def replica_options(args: argparse.Namespace) -> dict[str, Any]:
     """The options each replica builds its app from (those of `barellm serve`), with the thread count fixed
     here, as it is also the CPUs Ray reserves for each replica."""
-    from barellm.model import default_threads
+    from barellm.cpu import default_threads
 
     options = {k: v for k, v in vars(args).items() if k != "func"}
     options["threads"] = args.threads or default_threads()
