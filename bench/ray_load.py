@@ -49,6 +49,17 @@ def tree_rss_mb(root: int) -> float:
     return total
 
 
+def private_mb(pid: int) -> float:
+    """Memory only this process holds: its resident pages less those shared with others (the model file's
+    mapped pages are shared by every replica on a machine)."""
+    total = 0
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1])
+    return total / 1024
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -142,7 +153,7 @@ def main() -> int:
                      lambda h: True, env)
         try:
             row = measure(f"1 process x {args.threads} threads, {args.slots} slots", url, args, {"server": [proc.pid]})
-            row["rss_mb"] = {"server": rss_mb(proc.pid)}
+            row["rss_mb"] = {"server": rss_mb(proc.pid), "server_private": private_mb(proc.pid)}
             rows.append(row)
         finally:
             stop(proc)
@@ -160,6 +171,7 @@ def main() -> int:
                       ray_processes(proc.pid))
         health = httpx.get(f"{url}/health", timeout=30).json()
         row["rss_mb"] = {"replicas": [rss_mb(r["pid"]) for r in health["replicas"]],
+                         "replicas_private": [private_mb(r["pid"]) for r in health["replicas"]],
                          "ray_instance_total": tree_rss_mb(proc.pid)}
         row["startup_s"] = startup
         rows.append(row)
@@ -173,10 +185,11 @@ def main() -> int:
     for r in rows:
         mem = r["rss_mb"]
         if "server" in mem:
-            m = f"{mem['server']:.0f} MB"
+            m = f"{mem['server']:.0f} MB ({mem['server_private']:.0f} MB private)"
         else:
-            each = ", ".join(f"{x:.0f}" for x in mem["replicas"])
-            m = f"replicas {each} MB; Ray instance in all {mem['ray_instance_total']:.0f} MB"
+            pairs = zip(mem["replicas"], mem["replicas_private"], strict=True)
+            each = ", ".join(f"{x:.0f} ({y:.0f})" for x, y in pairs)
+            m = f"replicas {each} MB (private); everything under the Ray instance {mem['ray_instance_total']:.0f} MB"
         cpu = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_ms_per_token"].items())
         print(f"| {r['setup']} | {r['tokens_per_s']:.1f} | {r['ttft_median_s'] * 1000:.0f} ms | {r['errors']} | {cpu} "
               f"| {m} |")

@@ -141,13 +141,12 @@ def serve_on_ray(args: argparse.Namespace) -> int:
             print(f"barellm: warning: {wanted} replicas x {threads} threads need {wanted * threads} CPUs and the "
                   f"cluster has {cpus:g}; Ray will wait for more (lower --replicas or -t, or add machines)",
                   file=sys.stderr)
-        serve.start(http_options={"host": args.host, "port": args.port})
+        logging = {"log_level": args.log_level.upper(), "enable_access_log": args.log_level in ("info", "debug")}
+        serve.start(http_options={"host": args.host, "port": args.port}, logging_config=logging)
         try:
-            serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+            serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=logging)
         except RuntimeError as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise BarellmError(f"the replicas did not start: {first} (their logs are in Ray's log directory)"
-                               ) from None
+            raise BarellmError(f"the replicas did not start: {_failure(serve, e)}") from None
         print(f"barellm: serving {args.model or 'smollm2-135m'} on Ray: "
               f"{args.autoscale and f'{args.autoscale} (autoscaled)' or args.replicas or 1} replicas x {threads} "
               f"threads, {args.slots} slots each, on http://{args.host}:{args.port}/v1", file=sys.stderr)
@@ -162,6 +161,22 @@ def serve_on_ray(args: argparse.Namespace) -> int:
             print(f"barellm: could not remove the application: {e}", file=sys.stderr)
         ray.shutdown()
     return 0
+
+
+def _failure(serve: Any, error: Exception) -> str:
+    """Why the application failed to deploy, in one line: the replica's own error when it raised one."""
+    lines: list[str] = []
+    try:
+        status = serve.status().applications[APP_NAME]
+        for deployment in status.deployments.values():
+            lines += deployment.message.strip().splitlines()
+    except Exception:   # the status is only for a better message
+        pass
+    ours = [line.split(": ", 1)[1] for line in lines if line.startswith("barellm.errors.") and ": " in line]
+    if ours:
+        return ours[-1]
+    text = str(error).strip() or type(error).__name__
+    return f"{text.splitlines()[0]} (the replicas' logs are in Ray's log directory, /tmp/ray/session_latest)"
 
 
 def _stop_on_sigterm() -> Any:
