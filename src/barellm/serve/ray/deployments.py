@@ -61,7 +61,12 @@ class TargetedRouter(RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
-        want = pending_request.kwargs.get("route") if pending_request is not None else None
+        if pending_request is None:
+            return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+        # Ray retries at once, without a pause, until a router says it has offered all it will: this one
+        # always has, so a replica slow to answer its queue-length probe is not flooded with them
+        pending_request.routing_context.should_backoff = True
+        want = pending_request.kwargs.get("route")
         if want:
             for r in candidate_replicas:
                 if r.replica_id.unique_id == want:
@@ -572,20 +577,16 @@ def _ignore_result(task: asyncio.Future[Any]) -> None:
 
 
 def _ingress_app() -> Any:
-    """The ASGI app Ray Serve runs in the Router's process: it hands each request to the Router object."""
+    """The ASGI app Ray Serve runs in the Router's process: it hands each request to the Router object.
+    A Starlette app around it, as Ray Serve adds its own exception handlers to an ingress app."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
 
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                kind = message["type"].rsplit(".", 1)[-1]   # startup or shutdown
-                await send({"type": f"lifespan.{kind}.complete"})
-                if kind == "shutdown":
-                    return
+    async def forward(scope: dict[str, Any], receive: Any, send: Any) -> None:
         router = serve.get_replica_context().servable_object
         await router.asgi(scope, receive, send)
 
-    return app
+    return Starlette(routes=[Mount("", app=forward)])
 
 
 ReplicaDeployment = serve.deployment(name="barellm-replica")(Replica)
