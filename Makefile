@@ -6,14 +6,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= The capital of France is
 
-.PHONY: setup build run test test-slow test-asan lint bench clean
+.PHONY: setup build run test test-slow test-asan lint bench clean browser
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e ".[test,server,ray]"
+	$(PY) -m pip install -q -e ".[test,server,chat,ray]"
 	touch $@
 
 # rebuilds the C core in place, every object (setuptools would reuse objects whose headers changed)
@@ -26,10 +26,19 @@ run: build
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: build lint
+test: build lint browser
 	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m qwen2.5-coder-0.5b
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 	$(MAKE) test-asan
+
+# The web page test drives Debian's chromium through chromedriver. Installed here when missing and we may
+# (root with apt-get, as on CI); elsewhere the test is skipped unless CI requires it.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium and chromium-driver for the web page test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else echo "note: chromium/chromedriver missing: the web page test will be skipped (apt-get install chromium chromium-driver)"; fi
 
 test-slow: build
 	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b

@@ -98,7 +98,7 @@ def test_round_trip_metadata_types_and_tensors(sample):
     path, tensors = sample
     assert sniff(path) == "blm"
     with BLMFile(path) as f:
-        assert f.version == "1.0"
+        assert f.version == "1.1"
         assert f.metadata == METADATA
         assert f.metadata_types["u64"] == "uint64" and f.metadata_types["tokens"] == "array[string]"
         assert f.metadata_types["general.architecture"] == "string" and f.metadata_types["f32"] == "float32"
@@ -151,31 +151,34 @@ def test_missing_tensor_is_a_key_error_and_format_error(sample):
 # --- layouts ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tid", [2, 3, 8])
+@pytest.mark.parametrize("tid", [2, 3, 6, 8, 11, 12, 13, 14])
 @pytest.mark.parametrize("rows", [1, 7, 8, 9, 24])
-@pytest.mark.parametrize("cols", [32, 160])
-def test_interleave8_matches_the_native_repack_and_undoes_it(tid, rows, cols, monkeypatch):
-    x = np.random.default_rng(rows * cols + tid).standard_normal((rows, cols)).astype(np.float32)
-    q = _rows(tid, x)
+def test_interleave8_is_the_native_repack_and_undoes_it(tid, rows):
+    """The format's interleave8 is the kernels' own repacking (one implementation, in C), and converts back to
+    the same GGUF bytes; any bytes, so every bit of every field is carried."""
+    from barellm import _native, quant
+
+    qt = quant.TYPES[tid]
+    cols = qt.block_size * (5 if qt.block_size == 32 else 2)
+    q = np.random.default_rng(rows * cols + tid).integers(0, 256, rows * cols // qt.block_size * qt.block_bytes,
+                                                           dtype=np.uint8)
     lay = blm.LAYOUTS[blm.LAYOUT_INTERLEAVE8]
     packed = lay.from_rows(q, tid, (rows, cols))
-    assert packed.size == lay.nbytes(tid, (rows, cols))
+    assert packed.size == lay.nbytes(tid, (rows, cols)) == -(-rows // 8) * -(-8 * q.size // rows // 64) * 64
+    assert np.array_equal(np.frombuffer(_native.repack(tid, 1, rows, cols, q), np.uint8), packed)
     assert np.array_equal(lay.to_rows(packed, tid, (rows, cols)), q)
-    native = pytest.importorskip("barellm._native")
-    if not hasattr(native, "repack"):
-        pytest.skip("native core without repack")
-    assert np.array_equal(np.frombuffer(native.repack(tid, 1, rows, cols, q), np.uint8), packed)
-    # the NumPy fallback writes the same bytes as the kernels' own repacking
-    monkeypatch.setattr(native, "repack", None, raising=False)
-    monkeypatch.delattr(native, "repack")
-    assert np.array_equal(lay.from_rows(q, tid, (rows, cols)), packed)
 
 
 def test_kernel_layout_decision():
-    assert blm.kernel_layout("blk.0.attn_q.weight", 3, (576, 576)) == blm.LAYOUT_INTERLEAVE8
-    assert blm.kernel_layout("token_embd.weight", 8, (49152, 576)) == blm.LAYOUT_ROWS
-    assert blm.kernel_layout("blk.0.attn_norm.weight", 0, (576,)) == blm.LAYOUT_ROWS
-    assert blm.kernel_layout("blk.0.ffn_down.weight", 12, (576, 1536)) == blm.LAYOUT_ROWS  # q4_k: no layout
+    from barellm.convert import kernel_layout
+
+    assert kernel_layout("blk.0.attn_q.weight", 3, (576, 576), False) == blm.LAYOUT_INTERLEAVE8
+    assert kernel_layout("token_embd.weight", 8, (49152, 576), False) == blm.LAYOUT_ROWS  # only looked up
+    assert kernel_layout("token_embd.weight", 8, (49152, 576), True) == blm.LAYOUT_INTERLEAVE8  # also the output
+    assert kernel_layout("blk.0.attn_norm.weight", 0, (576,), True) == blm.LAYOUT_ROWS
+    for k_quant in (11, 12, 13, 14):  # the K-quants have their kernels' layout too
+        assert kernel_layout("blk.0.ffn_down.weight", k_quant, (576, 1536), False) == blm.LAYOUT_INTERLEAVE8
+    assert kernel_layout("blk.0.ffn_down.weight", 7, (576, 1536), False) == blm.LAYOUT_ROWS  # q5_1: no kernels
 
 
 def test_unknown_layout_tag_names_the_tensor_and_tag(sample):

@@ -158,12 +158,20 @@ def test_runtime_failures_are_invalid_requests():
     ([{"content": "hi"}], r"messages\[0\].role"),
     ([{"role": "user", "content": "a"}, {"role": "user"}], r"messages\[1\].content"),
     ([{"role": "user", "content": None}], r"messages\[0\].content must be a string"),
-    ([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "must be a string, got list"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "text only"),
+    ([{"role": "user", "content": [{"type": "text"}]}], r"messages\[0\].content\[0\] must be a text part"),
     ([{"role": 3, "content": "hi"}], "role must be a non-empty string"),
 ])
 def test_messages_are_validated(messages, message):
     with pytest.raises(InvalidRequest, match=message):
         ChatTemplate(builtin_template("chatml")).render(messages)
+
+
+def test_content_parts_are_text():
+    # OpenAI's content parts, as the server accepts them, render as their joined text
+    t = ChatTemplate(builtin_template("chatml"))
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]}]
+    assert t.render(parts) == t.render([{"role": "user", "content": "Hello, world"}])
 
 
 # --- the sandbox -----------------------------------------------------------------------------------------

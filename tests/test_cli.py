@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from barellm.cli import build_parser, main
+import barellm
+from barellm import hub
+from barellm.arguments import DEFAULT_MAX_TOKENS
+from barellm.cli import build_parser, commands, main, parse_args
+from barellm.commands import is_model
 
 from tiny_model import write_tiny_llama
+
+SRC = Path(__file__).resolve().parent.parent / "src"
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +82,188 @@ def test_errors_are_one_line_and_nonzero(tiny, capsys, argv, fragment):
 def test_bad_flag_is_a_usage_error():
     r = subprocess.run([sys.executable, "-m", "barellm.cli", "run", "--no-such-flag"], capture_output=True, text=True)
     assert r.returncode == 2 and "usage:" in r.stderr
+
+
+# --- run: options anywhere, [MODEL] [PROMPT], chat without a prompt ---------------------------------------
+
+
+def test_options_may_come_before_between_and_after_the_words(tiny, capsys):
+    outs = []
+    for argv in (["run", tiny, "-n", "5", "the cat", "--temperature", "0"],
+                 ["run", "-n", "5", tiny, "--temperature", "0", "the cat"],
+                 ["run", "--temperature", "0", "-n", "5", tiny, "the", "cat"]):
+        assert main(argv) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] == outs[2] and outs[0].startswith("the cat")
+    # every command reads its arguments intermixed
+    args = parse_args(build_parser(), ["perplexity", "model", "--chunks", "1", "text.txt", "-c", "64"])
+    assert args.words == ["model", "text.txt"] and args.chunks == 1 and args.ctx_size == 64
+
+
+def test_run_words_that_are_not_a_model_are_the_prompt(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(hub, "DEFAULT_MODEL", tiny)
+    assert main(["run", "the", "cat", "-n", "4", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("the cat")
+    assert is_model("smollm2-135m") and is_model("gemma3") and is_model(tiny) and is_model("/no/such.gguf")
+    assert not is_model("the") and not is_model("-")
+
+
+def test_run_dash_reads_the_prompt_from_stdin(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("the cat"))
+    assert main(["run", tiny, "-", "-n", "3", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("the cat")
+
+
+def test_run_a_model_without_a_prompt_opens_the_chat(tiny):
+    r = subprocess.run([sys.executable, "-m", "barellm.cli", "run", tiny, "-n", "4", "--temperature", "0"],
+                       input="hello\n/show history\n/bye\nnot read\n", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert tiny not in r.stdout                      # the name is not taken for the prompt
+    assert "history: 1 turn" in r.stderr and "user: hello" in r.stderr and "not read" not in r.stderr
+
+
+def test_run_notes_when_the_context_ends_the_output(tiny, capsys):
+    assert main(["run", tiny, "the cat sat on the mat", "-c", "32", "-n", "100", "--temperature", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "stopped at the context limit: 32 tokens" in err and err.count("\n") == 1
+    # stopped by -n, or by the end of generation: no note
+    assert main(["run", tiny, "the cat sat on the mat", "-c", "32", "-n", "5", "--temperature", "0"]) == 0
+    assert "context" not in capsys.readouterr().err
+
+
+def test_every_option_shows_its_default_in_help():
+    parser = build_parser()
+    missing = []
+    for name, p in commands(parser).items():
+        for action in p._actions:
+            if action.option_strings and action.nargs != 0 and not action.required:
+                if "default" not in p._get_formatter()._expand_help(action):
+                    missing.append(f"{name} {action.option_strings[-1]}")
+    assert not missing, missing
+    text = " ".join(commands(parser)["run"].format_help().split())
+    assert "-n MAX_TOKENS, --max-tokens MAX_TOKENS tokens to generate at most (default: 128)" in text
+    assert "--temperature TEMPERATURE, --temp TEMPERATURE 0 = greedy (default: 0.8)" in text
+
+
+def test_the_max_tokens_default_shown_is_the_models(tiny):
+    model = barellm.load(tiny)
+    c = model.complete("the cat", temperature=0)
+    assert c.finish_reason == "length" and len(c.token_ids) == DEFAULT_MAX_TOKENS
+
+
+# --- list, rm ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cache_with_tiny(tmp_path, monkeypatch, tiny):
+    """A model cache holding the tiny model, pulled as a registered model would be, and a registered base
+    model not pulled."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("BARELLM_HOME", str(home))
+    data = Path(tiny).read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    spec = hub.ModelSpec(name="tiny-chat", description="a tiny chat model", packages=("tiny-chat",),
+                         members=("tiny.gguf",), filename="tiny.gguf", sha256=sha)
+    monkeypatch.setitem(hub.REGISTRY, "tiny-chat", spec)
+    monkeypatch.setitem(hub.REGISTRY, "tiny-base", hub.ModelSpec(
+        name="tiny-base", description="a tiny base model", packages=("tiny-base",), members=("b.gguf",),
+        filename="b.gguf", sha256="0" * 64, instruct=False))
+    d = home / "models" / "tiny-chat"
+    d.mkdir(parents=True)
+    (d / "tiny.gguf").write_bytes(data)
+    (d / "manifest.json").write_text(json.dumps({"name": "tiny-chat", "file": "tiny.gguf", "sha256": sha}))
+    return home, d / "tiny.gguf"
+
+
+def _list_row(capsys, name: str) -> list[str]:
+    assert main(["list"]) == 0
+    [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(name + " ")]
+    return line.split()
+
+
+def test_list_shows_kind_size_on_disk_and_cache_state(cache_with_tiny, capsys):
+    home, model_file = cache_with_tiny
+    row = _list_row(capsys, "tiny-chat")
+    assert row[1] == "instruct" and row[2] == f"{model_file.stat().st_size / 1e6:.1f}" and row[4] == "pulled"
+    barellm.load("tiny-chat")   # converts it into the .blm cache
+    [blm] = (home / "blm").glob("*.blm")
+    row = _list_row(capsys, "tiny-chat")
+    assert row[2] == f"{(model_file.stat().st_size + blm.stat().st_size) / 1e6:.1f}"
+    assert row[4:6] == ["pulled,", "converted"] and " ".join(row[6:]) == "a tiny chat model"
+    row = _list_row(capsys, "tiny-base")
+    assert row[1:5] == ["base", "-", "no", "a"]
+    row = _list_row(capsys, "gemma3-270m")
+    assert row[1] == "base"
+
+
+def test_rm_frees_the_model_file_and_its_converted_blm(cache_with_tiny, capsys):
+    home, model_file = cache_with_tiny
+    barellm.load("tiny-chat")
+    assert list((home / "blm").glob("*.blm")) and list((home / "blm" / "index").glob("*.json"))
+    assert main(["rm", "tiny-chat"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("removed tiny-chat: ") and "freed" in out
+    assert not (home / "models" / "tiny-chat").exists() and hub.cached_path("tiny-chat") is None
+    assert not list((home / "blm").glob("*.blm")) and not list((home / "blm" / "index").glob("*.json"))
+    assert not [p for p in (home / "models").iterdir()]        # no temporary left behind
+    assert _list_row(capsys, "tiny-chat")[2:4] == ["-", "no"]
+    # a second rm has nothing to remove
+    assert main(["rm", "tiny-chat"]) == 1
+    assert "not cached" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["rm", "no-such-model"], "unknown model"),
+    (["rm", "{tiny}"], "takes a model name"),
+])
+def test_rm_refuses_what_is_not_a_cached_model(cache_with_tiny, tiny, capsys, argv, fragment):
+    assert main([a.replace("{tiny}", tiny) for a in argv]) == 1
+    assert fragment in capsys.readouterr().err
+    assert Path(tiny).is_file() and cache_with_tiny[1].is_file()
+
+
+def test_rm_leaves_a_pull_in_progress_alone_and_clears_a_dead_ones_leftovers(cache_with_tiny, capsys):
+    home, model_file = cache_with_tiny
+    live = model_file.parent / f".pull.{os.getpid()}.0123abcd.tmp"
+    live.mkdir()
+    assert main(["rm", "tiny-chat"]) == 1
+    assert "a pull is writing" in capsys.readouterr().err and model_file.is_file()
+    live.rmdir()
+    # what a removal killed after its rename leaves: a temporary directory of a process that is gone
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    leftover = home / "models" / f".tiny-chat.{int(dead.stdout)}.89abcdef.tmp"
+    leftover.mkdir()
+    (leftover / "tiny.gguf").write_bytes(b"GGUF")
+    assert main(["rm", "tiny-chat"]) == 0
+    assert not leftover.exists() and not model_file.exists()
+
+
+# --- the registry, pull without pip --------------------------------------------------------------------
+
+
+def test_registry_says_which_models_are_instruct_and_which_base():
+    assert hub.REGISTRY["smollm2-135m"].instruct and not hub.REGISTRY["gemma3-270m"].instruct
+    assert hub.is_instruct({"tokenizer.chat_template": "{{ messages }}"})
+    assert not hub.is_instruct({}) and not hub.is_instruct({"tokenizer.chat_template": " "})
+
+
+@pytest.mark.model
+def test_registry_kind_matches_the_files(smollm_gguf, gemma_gguf):
+    from barellm.formats.gguf import GGUFFile
+
+    for cached in hub.list_cached():
+        f = GGUFFile(cached.path)
+        assert hub.is_instruct(f.metadata) == hub.REGISTRY[cached.name].instruct, cached.name
+
+
+def test_pull_without_pip_says_pip_is_missing(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    code = ("from barellm import hub\nfrom barellm.errors import BarellmError\n"
+            "try:\n    hub.pull('smollm2-135m')\nexcept BarellmError as e:\n    print(e)\n")
+    env = {**os.environ, "PYTHONPATH": str(SRC), "BARELLM_HOME": str(tmp_path / "home")}
+    r = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"pip is not available in this Python ({python})" in r.stdout and "-m ensurepip" in r.stdout
+    assert not (tmp_path / "home" / "models" / "smollm2-135m" / "manifest.json").exists()

@@ -338,16 +338,15 @@ def test_gemma_ops_exact_and_invariant(gemma):
     assert np.array_equal(singles, got)
 
 
-@pytest.mark.parametrize("type_id,rows", [(8, 8195), (3, 12290), (12, 8200)])
-def test_parallel_repack_equals_one_call(engines, type_id, rows):
-    """Big matrices are repacked in row ranges on several threads; the bytes are those of one bl_repack."""
-    from barellm.engine import aligned_zeros
+@pytest.mark.parametrize("type_id,rows", [(8, 8195), (3, 12290), (12, 8200), (11, 8201)])
+def test_parallel_repack_equals_one_call(type_id, rows):
+    """Big matrices are repacked (and back) in row ranges on several threads; the bytes are those of one call."""
+    from barellm import kernels
     from barellm.kernels import LAYOUT_INTERLEAVE8
 
-    e = engines(2, 16)
     cols = 256
     src = np.random.default_rng(rows).integers(0, 256, nat.matrix_bytes(type_id, 0, rows, cols), dtype=np.uint8)
     want = np.frombuffer(nat.repack(type_id, LAYOUT_INTERLEAVE8, rows, cols, src.tobytes()), np.uint8)
-    got = aligned_zeros(nat.matrix_bytes(type_id, LAYOUT_INTERLEAVE8, rows, cols), np.uint8)
-    e._repack(type_id, LAYOUT_INTERLEAVE8, rows, cols, src, got)
-    assert np.array_equal(got, want)
+    got = kernels.repack(type_id, LAYOUT_INTERLEAVE8, rows, cols, src, threads=3)
+    assert np.array_equal(got, want) and got.ctypes.data % 64 == 0
+    assert np.array_equal(kernels.unrepack(type_id, LAYOUT_INTERLEAVE8, rows, cols, got, threads=3), src)

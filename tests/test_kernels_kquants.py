@@ -1,4 +1,4 @@
-"""The Q5_0, Q4_K and Q6_K matmul kernels (quant_kq*.c) against NumPy, on every type x layout x ISA path.
+"""The Q5_0, Q3_K, Q4_K, Q5_K and Q6_K matmul kernels (quant_kq*.c) against NumPy, on every type x layout x ISA path.
 
 What is checked:
 - row access: every row read back from either layout equals barellm.quant's decoding, bit for bit;
@@ -20,14 +20,14 @@ import pytest
 from barellm import _native as nat
 from barellm import quant
 
-Q5_0, Q8_0, Q4_K, Q6_K = 6, 8, 12, 14
+Q5_0, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K = 6, 8, 11, 12, 13, 14
 ROWS, I8 = 0, 1
 QK = 32
 EPS = 2.0**-23  # float32 machine epsilon (twice the unit roundoff)
 
-TYPES = (Q5_0, Q4_K, Q6_K)
-UNIT = {Q5_0: 32, Q4_K: 256, Q6_K: 256}
-UNIT_BYTES = {Q5_0: 22, Q4_K: 144, Q6_K: 210}
+TYPES = (Q5_0, Q3_K, Q4_K, Q5_K, Q6_K)
+UNIT = {Q5_0: 32, Q3_K: 256, Q4_K: 256, Q5_K: 256, Q6_K: 256}
+UNIT_BYTES = {Q5_0: 22, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
 CASES = [(t, lay) for t in TYPES for lay in (ROWS, I8)]
 ISAS = ["scalar"] + (["avx2"] if nat.cpu_info()["avx2_fma"] else [])
 
@@ -57,9 +57,11 @@ def make_weights(type_, rows, cols, rng, codec=False):
     b = rng.integers(0, 256, (nu, UNIT_BYTES[type_]), dtype=np.uint8)
     if type_ == Q5_0:
         b[:, 0:2] = _f16_bytes(rng.uniform(-0.05, 0.05, nu))
-    elif type_ == Q4_K:
+    elif type_ in (Q4_K, Q5_K):
         b[:, 0:2] = _f16_bytes(rng.uniform(0, 0.01, nu) * rng.choice([-1, 1], nu))
         b[:, 2:4] = _f16_bytes(rng.uniform(0, 0.02, nu))
+    elif type_ == Q3_K:
+        b[:, 108:110] = _f16_bytes(rng.uniform(-0.01, 0.01, nu))
     else:
         b[:, 208:210] = _f16_bytes(rng.uniform(-0.003, 0.003, nu))
     return b.reshape(rows, -1)
@@ -77,16 +79,32 @@ def decode_exact(raw, type_, rows, cols):
         q = np.concatenate([qs & 15, qs >> 4], axis=1) | (qh << 4)
         W = (q - 16) * d
         return W.reshape(rows, cols), np.abs(W).reshape(rows, cols)
-    if type_ == Q4_K:
+    if type_ in (Q4_K, Q5_K):
         d = b[:, 0:2].copy().view("<f2").astype(np.float64)
         dmin = b[:, 2:4].copy().view("<f2").astype(np.float64)
         s = b[:, 4:16].astype(np.int64)
         sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
         m = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
-        qs = b[:, 16:144].astype(np.int64).reshape(nu, 4, 32)
+        off = 48 if type_ == Q5_K else 16
+        qs = b[:, off:off + 128].astype(np.int64).reshape(nu, 4, 32)
         q = np.stack([qs & 15, qs >> 4], axis=2).reshape(nu, 8, 32)
+        if type_ == Q5_K:  # the fifth bit of sub-block j's value e: bit j of qh[e]
+            qh = b[:, 16:48].astype(np.int64).reshape(nu, 1, 32)
+            q = q | (((qh >> np.arange(8).reshape(1, 8, 1)) & 1) << 4)
         pos, neg = (d * sc)[:, :, None] * q, (dmin * m)[:, :, None] * np.ones_like(q)
         return (pos - neg).reshape(rows, cols), (np.abs(pos) + np.abs(neg)).reshape(rows, cols)
+    if type_ == Q3_K:
+        hm = b[:, 0:32].astype(np.int64).reshape(nu, 1, 1, 32)
+        qs = b[:, 32:96].astype(np.int64).reshape(nu, 2, 1, 32)
+        s = b[:, 96:108].astype(np.int64)
+        i = np.arange(16)
+        lo = np.where(i < 8, s[:, i % 8] & 15, s[:, i % 8] >> 4)
+        sc = (lo | ((s[:, 8 + i % 4] >> (2 * (i // 4))) & 3) << 4) - 32
+        d = b[:, 108:110].copy().view("<f2").astype(np.float64)
+        k = np.arange(4).reshape(1, 1, 4, 1)
+        q = ((qs >> (2 * k)) & 3) - 4 * (1 - ((hm >> (4 * np.arange(2).reshape(1, 2, 1, 1) + k)) & 1))
+        W = q.reshape(nu, 16, 16) * (d * sc)[:, :, None]
+        return W.reshape(rows, cols), np.abs(W).reshape(rows, cols)
     ql = b[:, 0:128].astype(np.int64).reshape(nu, 2, 2, 32)
     qh = b[:, 128:192].astype(np.int64).reshape(nu, 2, 1, 32)
     sc = b[:, 192:208].view(np.int8).astype(np.int64)
@@ -120,7 +138,7 @@ def matmul(type_, layout, rows, cols, w, x, **kw):
 
 def n_terms(type_, cols):
     """float operations in one output's chain (see quant_kq.h)"""
-    return cols // QK * (2 if type_ == Q4_K else 1)
+    return cols // QK * (2 if type_ in (Q4_K, Q5_K) else 1)
 
 
 def check_vs_numpy(got, raw, type_, rows, cols, x):
@@ -160,11 +178,9 @@ def test_rows_match_codec(type_, rows):
             np.testing.assert_array_equal(got, ref[r])
 
 
-SHAPES = {
-    Q5_0: [(1, 32), (7, 64), (8, 96), (13, 640), (29, 160), (40, 1024)],
-    Q4_K: [(1, 256), (7, 512), (8, 256), (13, 1024), (29, 768), (40, 2048)],
-    Q6_K: [(1, 256), (7, 512), (8, 256), (13, 1024), (29, 768), (40, 2048)],
-}
+K_SHAPES = [(1, 256), (7, 512), (8, 256), (13, 1024), (29, 768), (40, 2048)]
+SHAPES = {Q5_0: [(1, 32), (7, 64), (8, 96), (13, 640), (29, 160), (40, 1024)], Q3_K: K_SHAPES, Q4_K: K_SHAPES,
+          Q5_K: K_SHAPES, Q6_K: K_SHAPES}
 
 
 @pytest.mark.parametrize("type_,layout", CASES)
@@ -243,8 +259,10 @@ def test_extremes(isa, type_, layout):
         b = np.full((nu, UNIT_BYTES[type_]), fill, np.uint8)
         if type_ == Q5_0:
             b[:, 0:2] = _f16_bytes(np.full(nu, 0.5))
-        elif type_ == Q4_K:
+        elif type_ in (Q4_K, Q5_K):
             b[:, 0:4] = _f16_bytes(np.full(2 * nu, 0.25)).reshape(nu, 4)
+        elif type_ == Q3_K:
+            b[:, 108:110] = _f16_bytes(np.full(nu, 0.125))
         else:
             b[:, 208:210] = _f16_bytes(np.full(nu, -0.125))
         raw = b.reshape(rows, -1)
@@ -332,7 +350,7 @@ def gemma_tensors(gemma_gguf):
 
 @pytest.mark.model
 def test_gemma_tensors(gemma_tensors):
-    assert {t for t, _ in gemma_tensors.values()} == set(TYPES)
+    assert {t for t, _ in gemma_tensors.values()} == {Q5_0, Q4_K, Q6_K}
     rng = np.random.default_rng(0)
     for name, (type_, raw) in gemma_tensors.items():
         rows, cols = raw.shape[0], raw.shape[1] // UNIT_BYTES[type_] * UNIT[type_]

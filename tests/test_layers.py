@@ -20,7 +20,7 @@ LAYERS: list[list[str]] = [
     ["barellm.convert", "barellm.engine"],
     ["barellm.cache", "barellm.hub"],
     ["barellm.generation", "barellm.openai_format", "barellm.model"],
-    ["barellm.arguments", "barellm.serve", "barellm.tools", "barellm.commands"],
+    ["barellm.arguments", "barellm.serve", "barellm.tools", "barellm.chat_repl", "barellm.commands"],
     ["barellm.cli"],
 ]
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from barellm import _native as nat
+from barellm import kernels
 
 ISAS = ["scalar"] + (["avx2"] if nat.cpu_info()["avx2_fma"] else [])
 TILE = nat.KV_TILE
@@ -138,7 +139,7 @@ def test_gelu_mul(isa, n):
 def test_f16_conversion_exhaustive():
     bits = np.arange(65536, dtype=np.uint16)
     out = np.empty(65536, np.float32)
-    nat.dequant_rows(1, bits.view(np.uint8), 1, 65536, out)
+    kernels.dequantize_rows(1, 0, 1, 65536, bits.view(np.uint8), out=out.reshape(1, -1))
     ref = bits.view(np.float16).astype(np.float32)
     same = (out == ref) | (np.isnan(out) & np.isnan(ref))
     assert same.all()
@@ -162,10 +163,12 @@ def _random_blocks(qtype, nblocks, rng):
         raw[:, 2:4] = f16(np.abs(rng.uniform(0, 0.1, nblocks)))
     elif qtype == 14:
         raw[:, 208:210] = f16(d)
+    elif qtype == 11:
+        raw[:, 108:110] = f16(d)
     return raw, bs
 
 
-@pytest.mark.parametrize("qtype", [0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30])
+@pytest.mark.parametrize("qtype", [0, 1, 2, 3, 6, 7, 8, 11, 12, 13, 14, 30])
 def test_dequant_row(qtype):
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
@@ -183,17 +186,16 @@ def test_dequant_row(qtype):
         n = 4 * bs
         raw = raw.reshape(-1)
         ref = dequantize(raw, Q(qtype)).reshape(-1).astype(np.float32)
-    assert nat.type_row_bytes(qtype, n) == raw.size
-    out = np.empty(n, np.float32)
-    nat.dequant_rows(qtype, raw, 1, n, out)
+    assert kernels.row_bytes(qtype, n) == raw.size
+    out = kernels.dequantize_rows(qtype, 0, 1, n, raw).reshape(-1)
     np.testing.assert_allclose(out, ref, rtol=2.0**-23, atol=0)
 
 
 def test_dequant_unsupported():
-    assert nat.type_row_bytes(3, 33) == 0  # not a whole number of blocks
-    assert nat.type_row_bytes(99, 64) == 0
+    assert kernels.row_bytes(3, 33) == 0  # not a whole number of blocks
+    assert kernels.row_bytes(99, 64) == 0
     with pytest.raises(ValueError):
-        nat.dequant_rows(99, np.zeros(64, np.uint8), 1, 64, np.zeros(64, np.float32))
+        kernels.dequantize_rows(99, 0, 1, 64, np.zeros(64, np.uint8))
 
 
 def test_float_to_half():

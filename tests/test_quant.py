@@ -59,9 +59,10 @@ def test_table_matches_ggml_ids_names_and_sizes():
 
 
 def test_required_types_are_supported():
-    for name in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]:
+    for name in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q3_k", "q4_k", "q5_k", "q6_k"]:
         assert quant.by_name(name.upper()).supported
-    assert {t.name for t in ENCODABLE} == {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"}
+    assert {t.name for t in ENCODABLE} == {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q3_k",
+                                           "q5_k"}
     assert all(t.max_error is not None for t in ENCODABLE)
 
 
@@ -221,6 +222,7 @@ def test_dequantize_matches_reference_on_random_blocks(t: quant.QuantType):
         "q4_1": quant._BLOCK_Q4_1,
         "q5_0": quant._BLOCK_Q5_0,
         "q5_1": quant._BLOCK_Q5_1,
+        "q3_k": quant._BLOCK_Q3_K,
         "q4_k": quant._BLOCK_Q4_K,
         "q5_k": quant._BLOCK_Q5_K,
         "q6_k": quant._BLOCK_Q6_K,

@@ -30,6 +30,7 @@ MODEL_ID = "smollm2-135m"
 CONTEXT = 512
 SLOTS = 4
 TIMEOUT = 120          # the server's --timeout; no request may take longer than this (+ the router's grace)
+API_KEY = "ray-test-key-0123"
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "ray.md"
 
 
@@ -69,6 +70,9 @@ def test_route_keys_follow_messages_and_blocks() -> None:
     assert a == route_of("/v1/completions", b'{"prompt": ["%s"]}' % text.encode())
     assert len(a.keys) == 3 and a.anchor == a.keys[0]
     assert len(_keys("/v1/completions", b'{"prompt": [1, 2, 3]}')) == 1
+    # Ollama's routes, as the app serves them too
+    assert route_of("/api/chat", _chat_body(sys_prompt, "Hi")) == one
+    assert route_of("/api/generate", b'{"prompt": "%s"}' % text.encode()) == a
     # anything else routes by load only
     for path, body in [("/v1/chat/completions", b"{not json"), ("/v1/chat/completions", b"[1]"),
                        ("/tokenize", b'{"content": "hello"}'), ("/v1/completions", b'{"prompt": 5}')]:
@@ -217,7 +221,7 @@ class Service:
     log: Path
 
     def client(self, timeout: float = TIMEOUT) -> Any:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=timeout)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, max_retries=0, timeout=timeout)
 
     def health(self) -> dict[str, Any]:
         return httpx.get(f"{self.url}/health", timeout=60).json()
@@ -234,7 +238,7 @@ def ray_service(smollm_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
     cmd = [sys.executable, "-m", "barellm.cli", "serve", MODEL_ID, "--ray", "--address", "local",
            "--replicas", "2", "-t", "1", "--slots", str(SLOTS), "--context", str(CONTEXT), "--port", str(port),
-           "--timeout", str(TIMEOUT), "--log-level", "warning"]
+           "--timeout", str(TIMEOUT), "--api-key", API_KEY, "--log-level", "warning"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     service = Service(f"http://127.0.0.1:{port}", proc, log)
@@ -344,7 +348,8 @@ def test_health_and_metrics_report_every_replica(ray_service: Service) -> None:
     assert h["status"] == "ok" and h["replicas_ok"] == 2 and h["slots"] == 2 * SLOTS
     for r in h["replicas"]:
         assert r["status"] == "ok" and r["slots"] == SLOTS and r["threads"] == 1 and r["pid"] > 0
-    text = httpx.get(f"{ray_service.url}/metrics", timeout=60).text
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    text = httpx.get(f"{ray_service.url}/metrics", headers=auth, timeout=60).text
     for r in h["replicas"]:
         m = re.search(rf'^barellm_generated_tokens_total{{replica="{r["replica"]}"}} (\d+)$', text, re.M)
         assert m and int(m.group(1)) > 0, f"no generated tokens reported for {r['replica']}"
@@ -352,9 +357,20 @@ def test_health_and_metrics_report_every_replica(ray_service: Service) -> None:
     assert text.count("# TYPE barellm_generated_tokens_total counter") == 1
     assert re.search(r'^barellm_router_requests_total\{replica="\w+",reason="prefix"\} [1-9]', text, re.M)
     # errors keep the app's shape, and still name who answered
-    r = httpx.post(f"{ray_service.url}/v1/chat/completions", json={"model": MODEL_ID, "messages": []}, timeout=60)
+    names = {x["replica"] for x in h["replicas"]}
+    r = httpx.post(f"{ray_service.url}/v1/chat/completions", json={"model": MODEL_ID, "messages": []},
+                   headers=auth, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
-    assert r.headers["x-barellm-replica"] in {x["replica"] for x in h["replicas"]}
+    assert r.headers["x-barellm-replica"] in names
+    # the replicas' own guard sees the original request: its key and its Host header
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    r = httpx.post(f"{ray_service.url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 401 and r.headers["x-barellm-replica"] in names
+    r = httpx.post(f"{ray_service.url}/v1/chat/completions", json=body, timeout=60,
+                   headers={**auth, "Host": "rebound.example.com"})
+    assert r.status_code == 421
+    assert httpx.get(f"{ray_service.url}/metrics", timeout=60).status_code == 401
+    assert httpx.post(f"{ray_service.url}/v1/chat/completions", json=body, headers=auth, timeout=60).status_code == 200
 
 
 def _one(client: Any, i: int) -> tuple[str, float, str]:
@@ -393,7 +409,7 @@ def test_killed_replica_is_replaced_and_no_request_hangs(ray_service: Service) -
     assert all(outcome == "ok" for i, (outcome, _, _) in enumerate(results) if i % 2), \
         "a non-streamed request failed: it should have been served by the other replica"
     assert sum(outcome == "ok" for outcome, _, _ in results) >= 4
-    text = httpx.get(f"{ray_service.url}/metrics", timeout=60).text
+    text = httpx.get(f"{ray_service.url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60).text
     failures = re.findall(r"^barellm_router_replica_failures_total\{stage=\"\w+\"\} (\d+)$", text, re.M)
     assert sum(int(n) for n in failures) >= 1, "the router saw no replica fail"
     # the service keeps answering, and Ray brings a new replica in place of the killed one

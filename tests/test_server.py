@@ -409,7 +409,7 @@ def _hostile_requests() -> list[tuple[str, str, dict[str, Any]]]:
     for body in ({}, {"tokens": "x"}, {"tokens": [-1]}, {"tokens": [1.5]}, {"tokens": [10**9]}, {"tokens": [True]},
                  {"tokens": [1], "bogus": 1}, {"tokens": None}):
         out.append(("POST", "/detokenize", {"json": body}))
-    for path in ("/v1/nope", "/v2/chat/completions", "/", "/v1/models/other-model", "/v1/../etc/passwd",
+    for path in ("/v1/nope", "/v2/chat/completions", "/static/nope.js", "/v1/models/other-model", "/v1/../etc/passwd",
                  "/v1/chat/completions/x", "/metrics/x", "/%ff", "/v1/models/%ed%a0%80"):
         out.append(("GET", path, {}))
     for method, path in (("DELETE", "/v1/models"), ("POST", "/health"), ("GET", "/tokenize"), ("POST", "/metrics"),

@@ -1,8 +1,35 @@
-"""Command-line options the commands share (model loading, sampling)."""
+"""Command-line options the commands share (model loading, sampling, chat), and the help layout of them all."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+# Model.generate's default; the command line states it so that `--help` can show it
+DEFAULT_MAX_TOKENS = 128
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option that takes a value shows its default in --help: the value itself, or "none" where
+    leaving it out means "not set". A help text that already says what its default is stays as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.nargs == 0 or action.required or "default" in text
+                or action.default is argparse.SUPPRESS):
+            return text
+        shown = "none" if action.default is None or action.default == [] else "%(default)s"
+        return f"{text} (default: {shown})" if text else f"default: {shown}"
+
+
+class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """HelpFormatter, keeping the description's own line breaks (commands whose description is a docstring)."""
+
+
+def with_defaults_in_help(parser: argparse.ArgumentParser) -> None:
+    """Gives a parser the formatter that shows defaults, keeping a raw description raw."""
+    raw = issubclass(parser.formatter_class, argparse.RawDescriptionHelpFormatter)  # type: ignore[arg-type]
+    parser.formatter_class = RawDescriptionHelpFormatter if raw else HelpFormatter
 
 
 def add_activations_arg(p: argparse.ArgumentParser) -> None:
@@ -26,17 +53,27 @@ def add_model_args(p: argparse.ArgumentParser, *, engine: bool = True) -> None:
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-n", "--max-tokens", type=int, default=None, help="tokens to generate at most")
-    p.add_argument("--temperature", "--temp", type=float, default=None, help="0 = greedy (default 0.8)")
-    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens, 0 = off (default 40)")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, 1 = off (default 0.95)")
-    p.add_argument("--min-p", type=float, default=None, help="drop tokens below min_p x the top probability (0.05)")
-    p.add_argument("--repeat-penalty", type=float, default=None, help="penalize recent tokens, 1 = off (default)")
-    p.add_argument("--seed", type=int, default=None, help="makes a sampled run reproducible")
+    from barellm.sampling import SamplingParams
+
+    d = SamplingParams()
+    p.add_argument("-n", "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="tokens to generate at most")
+    p.add_argument("--temperature", "--temp", type=float, default=d.temperature, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=d.top_k, help="keep the k most likely tokens, 0 = off")
+    p.add_argument("--top-p", type=float, default=d.top_p, help="nucleus sampling mass, 1 = off")
+    p.add_argument("--min-p", type=float, default=d.min_p, help="drop tokens below min_p x the top probability")
+    p.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty, help="penalize recent tokens, 1 = off")
+    p.add_argument("--seed", type=int, default=None, help="makes a sampled run reproducible (default: random)")
     p.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
 
 
-def sampling_kwargs(args: argparse.Namespace) -> dict:
+def add_chat_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--system", default=None, help="a system message to start the conversation with")
+    p.add_argument("--template", default=None,
+                   help="a built-in chat template (chatml, gemma) to use instead of the file's; on a base model it "
+                        "turns the plain continuation into a chat (default: the file's template)")
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kw = {
         "max_tokens": args.max_tokens, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
         "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed, "stop": args.stop,

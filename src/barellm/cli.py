@@ -1,5 +1,8 @@
 """The `barellm` command. Each subcommand lives in the module that owns its subject; this file only
 builds the parser, turns barellm errors into one line on stderr and a non-zero exit, and dispatches.
+
+Options may come anywhere among a command's words, before or after them (`barellm run MODEL -n 5 "Hi"`),
+as in llama.cpp and Ollama: each command's parser reads its arguments intermixed.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ COMMAND_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from barellm.arguments import with_defaults_in_help
+
     parser = argparse.ArgumentParser(
         prog="barellm",
         description="A bare-metal LLM inference engine for CPUs. Models are given by name "
-                    "(smollm2-135m, the default; gemma3-270m) or by path to a .gguf or .blm file.",
+                    "(`barellm list` shows them; smollm2-135m is the default) or by path to a .gguf or .blm file.",
     )
     from barellm import __version__
 
@@ -35,12 +40,38 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for command in sub.choices.values():
+        with_defaults_in_help(command)
     return parser
+
+
+def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser of each command, by name."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """argv parsed with each command's options allowed before, between and after its positionals.
+
+    argparse cannot read a parser with subcommands intermixed, so the command's own parser reads what
+    follows the command name; anything else (no command, --version, --help, a typo) goes to the top parser,
+    which prints the usage or the error.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parsers = commands(parser)
+    if argv and argv[0] in parsers:
+        args = parsers[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+        return args
+    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -1,43 +1,63 @@
-"""The everyday commands: run, chat, pull, list, info, convert, verify."""
+"""The everyday commands: run, chat, pull, list, rm, info, convert, verify."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
 
-from barellm.errors import BarellmError, FormatError, InvalidRequest
+from barellm.errors import BarellmError, FormatError, InvalidRequest, ModelNotFound
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from barellm.arguments import add_model_args, add_sampling_args
+    from barellm.arguments import add_chat_args, add_model_args, add_sampling_args
 
-    p = sub.add_parser("run", help="generate a continuation of a prompt, streamed to stdout",
-                       description="Streams the continuation of PROMPT. MODEL defaults to smollm2-135m; "
-                                   "PROMPT '-' reads it from stdin.")
-    p.add_argument("words", nargs="+", metavar="[MODEL] PROMPT")
+    p = sub.add_parser("run", help="stream a continuation of a prompt; with a model and no prompt, chat",
+                       description="Streams the continuation of PROMPT (its words joined by spaces; '-' reads it "
+                                   "from stdin). MODEL is a name `barellm list` shows or a path to a model file, "
+                                   "and defaults to smollm2-135m; with a MODEL and no PROMPT, `run` opens the "
+                                   "interactive chat, as `barellm chat MODEL` does. Options may come anywhere.")
+    p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]",
+                   help="a known model name or an existing path first, then the prompt")
     add_model_args(p)
     add_sampling_args(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of the chat template")
-    p.add_argument("-v", "--verbose", action="store_true", help="print timings to stderr")
+    add_chat_args(p)
+    p.add_argument("-v", "--verbose", action="store_true", help="print timings and tokens/s to stderr")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("chat", help="interactive chat that keeps the history and applies the template",
-                       description="Chat with a model. Lines starting with / are commands: /reset, /exit.")
+                       description="Chat with a model, Ollama-style: /help lists the commands (/set, /show, "
+                                   "/clear, /bye), \"\"\" starts and ends a multi-line message, Ctrl-C stops a "
+                                   "reply and keeps the session, Ctrl-D or /bye ends it. Instruct models see the "
+                                   "conversation through their chat template; a base model (no template in its "
+                                   "file) continues the conversation as plain text. Piped input is read line by "
+                                   "line.")
     p.add_argument("model", nargs="?", default=None, help="model name or path (default smollm2-135m)")
     add_model_args(p)
     add_sampling_args(p)
-    p.add_argument("--system", default=None, help="a system message to start the conversation with")
-    p.add_argument("--template", default=None, help="a built-in chat template to use instead of the file's")
+    add_chat_args(p)
+    p.add_argument("-v", "--verbose", action="store_true", help="print tokens/s to stderr after each reply")
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("pull", help="fetch a model by name into the cache")
     p.add_argument("names", nargs="+", metavar="MODEL")
     p.set_defaults(func=cmd_pull)
 
-    p = sub.add_parser("list", help="models known by name, and which are cached")
+    p = sub.add_parser("list", help="models known by name: instruct or base, size on disk, cached or not",
+                       description="Lists the models known by name: whether each is an instruct (chat) model or a "
+                                   "base model, its size on disk (the pulled file plus its converted .blm), and "
+                                   "whether it is cached.")
     p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("rm", help="remove a model's cached files (the pulled file and its converted .blm)",
+                       description="Frees the disk space a model takes in the cache: the pulled file, its "
+                                   "manifest and its converted .blm. `barellm pull` fetches it again.")
+    p.add_argument("names", nargs="+", metavar="MODEL")
+    p.set_defaults(func=cmd_rm)
 
     p = sub.add_parser("info", help="CPU features found and the kernel path in use")
     p.set_defaults(func=cmd_info)
@@ -53,72 +73,67 @@ def _load(args: argparse.Namespace, model: str | None, **kw: object):
                         **kw)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from barellm.arguments import sampling_kwargs
+def is_model(word: str) -> bool:
+    """Whether the first word of `run` names a model: a known name or alias, an existing path, or a path
+    to a model file (which then fails to load with a clear error) rather than the start of a prompt."""
+    from barellm import hub
 
-    if len(args.words) > 2:
-        raise InvalidRequest("run takes [MODEL] PROMPT; quote the prompt")
-    model_name, prompt = (args.words if len(args.words) == 2 else (None, args.words[0]))
+    if word in hub.REGISTRY or word in hub.ALIASES:
+        return True
+    if word.endswith((".gguf", ".blm")):
+        return True
+    return word not in ("-", "") and Path(word).expanduser().exists()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from barellm import hub
+    from barellm.arguments import sampling_kwargs
+    from barellm.chat_repl import stream_reply
+
+    words = list(args.words)
+    model_name = words.pop(0) if words and is_model(words[0]) else None
+    if not words:
+        args.model = model_name
+        return cmd_chat(args)
+    prompt = " ".join(words)
     if prompt == "-":
         prompt = sys.stdin.read()
     t0 = time.perf_counter()
-    model = _load(args, model_name)
+    model = _load(args, model_name, chat_template=args.template)
     t_load = time.perf_counter() - t0
     kw = sampling_kwargs(args)
-    source = model.chat_stream([{"role": "user", "content": prompt}], **kw) if args.chat else model.stream(prompt, **kw)
-    n = 0
-    t_first = None
-    t0 = time.perf_counter()
-    if not args.chat:
+    if args.chat:
+        if not hub.is_instruct(model.metadata):
+            print(f"note: {model.path.name} is a base model (its file has no chat template); --chat wraps the prompt "
+                  "in a built-in template it was not tuned on", file=sys.stderr)
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        ids = model.chat_prompt(messages + [{"role": "user", "content": prompt}])
+    else:
+        ids = model.tokenize(prompt)
         sys.stdout.write(prompt)
-    for piece in source:
-        if t_first is None:
-            t_first = time.perf_counter() - t0
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-        n += 1
+    reply = stream_reply(model, ids, kw, sys.stdout)
     sys.stdout.write("\n")
+    sys.stdout.flush()
+    if reply.context_full:
+        print(f"note: stopped at the context limit: {model.n_ctx} tokens (prompt {len(ids)} + {reply.tokens} "
+              f"generated) before the {kw.get('max_tokens')} asked; -c/--context raises it (this model: up to "
+              f"{model.config.context_length})", file=sys.stderr)
     if args.verbose:
-        dt = time.perf_counter() - t0
-        print(f"[load {t_load:.2f} s, first token {t_first or 0:.3f} s, {n} pieces in {dt:.2f} s]", file=sys.stderr)
+        print(f"[load {t_load:.2f} s, prompt {len(ids)} tokens, first token {reply.first_token_seconds:.3f} s, "
+              f"{reply.tokens} tokens in {reply.seconds:.2f} s, {reply.tokens_per_second:.1f} tokens/s]",
+              file=sys.stderr)
     return 0
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from barellm.arguments import sampling_kwargs
+    from barellm.chat_repl import ChatSession, make_reader
 
     model = _load(args, args.model, chat_template=args.template)
-    kw = sampling_kwargs(args)
-    messages: list[dict[str, str]] = []
-    if args.system:
-        messages.append({"role": "system", "content": args.system})
-    interactive = sys.stdin.isatty()
-    if interactive:
-        print(f"{model.path.name} — /reset clears the history, /exit or Ctrl-D ends", file=sys.stderr)
-    while True:
-        try:
-            line = input("> " if interactive else "")
-        except EOFError:
-            break
-        text = line.strip()
-        if not text:
-            continue
-        if text in ("/exit", "/quit"):
-            break
-        if text == "/reset":
-            messages = messages[:1] if args.system else []
-            print("(history cleared)", file=sys.stderr)
-            continue
-        messages.append({"role": "user", "content": line})
-        reply = ""
-        for piece in model.chat_stream(messages, **kw):
-            reply += piece
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-        messages.append({"role": "assistant", "content": reply})
-    return 0
+    session = ChatSession(model, sampling_kwargs(args), system=args.system, template=args.template,
+                          verbose=args.verbose)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    return session.run(make_reader(), interactive=interactive)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -130,18 +145,103 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _converted(spec, model_file: Path | None) -> Path | None:
+    """The cached .blm of a registered model: as the cache's index records it, or by its content's name
+    (the cache names a conversion after its source's SHA256, which a registered model's file must have)."""
+    from barellm.cache import cache_dir, cached_path
+
+    if model_file is not None and model_file.is_file():
+        found = cached_path(model_file)
+        if found is not None:
+            return found
+    by_hash = cache_dir() / f"{spec.sha256}.blm"
+    return by_hash if by_hash.is_file() else None
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from barellm import hub
     from barellm.files import home
 
-    cached = {m.name: m for m in hub.list_cached()}
     print(f"cache: {home()}")
-    print(f"{'NAME':<16} {'SIZE':>9}  {'SHA256':<14} DESCRIPTION")
+    print(f"{'NAME':<22} {'KIND':<9} {'SIZE':>9}  {'CACHED':<18} DESCRIPTION")
     for name, spec in sorted(hub.REGISTRY.items()):
-        m = cached.get(name)
-        size = f"{m.size / 1e6:.1f} MB" if m else "-"
-        sha = m.sha256[:12] + "…" if m else "(not pulled)"
-        print(f"{name:<16} {size:>9}  {sha:<14} {spec.description}")
+        path = hub.cached_path(name)
+        blm = _converted(spec, path)
+        size = (path.stat().st_size if path is not None else 0) + (blm.stat().st_size if blm is not None else 0)
+        cached = ("pulled" if path is not None else "no") + (", converted" if blm is not None else "")
+        kind = "instruct" if spec.instruct else "base"
+        print(f"{name:<22} {kind:<9} {_mb(size) if size else '-':>9}  {cached:<18} {spec.description}")
+    return 0
+
+
+def remove_model(name: str) -> list[tuple[Path, int]]:
+    """Removes a registered model's files from the cache; returns what it removed, with sizes.
+
+    The model's directory is first renamed to a temporary name, in one step: from then on the model is not
+    cached, for this process and any other. A removal killed part-way leaves only names the next `rm`
+    (files.remove_stale_temps) clears, and a converted .blm with no model file, which `rm` also takes.
+    A process still running the model keeps its memory-mapped copy until it exits.
+    """
+    from barellm import hub
+    from barellm.cache import cache_dir
+    from barellm.files import fsync_dir, home, remove_stale_temps, temp_path
+
+    canonical = hub.ALIASES.get(name, name)
+    if canonical not in hub.REGISTRY:
+        if Path(name).expanduser().exists():
+            raise InvalidRequest(f"{name}: rm takes a model name (see `barellm list`), not a path; it only deletes "
+                                 "what barellm itself put in its cache")
+        raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(sorted(hub.REGISTRY))})")
+    spec = hub.REGISTRY[canonical]
+    models = home() / "models"
+    model_dir = models / spec.name
+    remove_stale_temps(models)   # what an earlier, killed rm left
+    if model_dir.is_dir():
+        remove_stale_temps(model_dir)
+        busy = [p.name for p in model_dir.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
+        if busy:
+            raise BarellmError(f"{canonical}: a pull is writing into {model_dir} ({busy[0]}); try again when it ends")
+    model_file = model_dir / spec.filename
+    blm = _converted(spec, model_file)
+    index = [p for p in (cache_dir() / "index").glob("*.json") if _indexes(p, model_file)]
+    if not model_dir.is_dir() and blm is None:
+        raise ModelNotFound(f"model {canonical!r} is not cached; nothing to remove")
+    removed: list[tuple[Path, int]] = []
+    if model_dir.is_dir():
+        size = sum(p.stat().st_size for p in model_dir.rglob("*") if p.is_file())
+        doomed = temp_path(model_dir)
+        os.replace(model_dir, doomed)
+        fsync_dir(models)
+        removed.append((model_file, size))
+        shutil.rmtree(doomed, ignore_errors=True)
+    if blm is not None:
+        size = blm.stat().st_size
+        blm.unlink(missing_ok=True)
+        removed.append((blm, size))
+    for p in index:
+        p.unlink(missing_ok=True)
+    return removed
+
+
+def _indexes(entry: Path, model_file: Path) -> bool:
+    """Whether a cache index entry records `model_file` as its source."""
+    import json
+
+    try:
+        return json.loads(entry.read_text()).get("source") == str(model_file.resolve())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    for name in args.names:
+        removed = remove_model(name)
+        total = sum(size for _, size in removed)
+        print(f"removed {name}: " + ", ".join(f"{p} ({_mb(size)})" for p, size in removed) + f"; freed {_mb(total)}")
     return 0
 
 

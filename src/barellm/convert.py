@@ -1,6 +1,6 @@
 """Conversion into barellm's own format: GGUF files and Hugging Face safetensors checkpoints -> .blm.
 
-    barellm convert SRC -o OUT.blm [--type f32|f16|bf16|q8_0|q4_0|q4_1] [--layout rows|kernels]
+    barellm convert SRC -o OUT.blm [--type f32|f16|bf16|q8_0|q4_0|q4_1|q3_k|q5_k] [--layout rows|kernels]
     barellm verify FILE
 
 A GGUF file keeps its tensors' types and bytes unless --type asks for another type, so a model converted
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from barellm import quant
+from barellm import kernels, quant
 from barellm.arch.registry import ARCHITECTURES, Architecture, for_hf_model_type
 from barellm.errors import FormatError, ModelNotFound
 from barellm.files import sha256_file
@@ -44,11 +44,13 @@ __all__ = ["convert", "permute_qk", "SafetensorsFile", "CONVERTER_REVISION", "TY
            "source_files", "sha256_files"]
 
 # Bumped whenever the conversion rules change what a file holds; the cache converts again on a mismatch.
-CONVERTER_REVISION = 1
-TYPE_CHOICES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1")
+# 2: every matrix with a kernel layout stored in it (the K-quants too, and a tied embedding), fused groups
+#    back to back.
+CONVERTER_REVISION = 2
+TYPE_CHOICES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q3_k", "q5_k")
 LAYOUT_CHOICES = ("rows", "kernels")
 # llama.cpp's llama_ftype for the types --type offers, for general.file_type
-_FILE_TYPES = {0: 0, 1: 1, 2: 2, 3: 3, 8: 7, 30: 32}
+_FILE_TYPES = {0: 0, 1: 1, 2: 2, 3: 3, 8: 7, 11: 11, 13: 16, 30: 32}
 F32, F16, BF16 = 0, 1, 30
 
 
@@ -601,7 +603,8 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *, type: s
     """Converts a GGUF file or a safetensors checkpoint directory into a .blm file at `out` (atomically).
 
     type: None keeps the source's types; else one of TYPE_CHOICES for every 2-D weight.
-    layout: "rows" (GGUF's row layout everywhere) or "kernels" (the layouts `blm.kernel_layout` picks).
+    layout: "rows" (GGUF's row layout everywhere) or "kernels" (the layouts `kernel_layout` picks, with each
+        fused group's parts back to back: see `fused_order`).
     progress: draw a progress bar on stderr (default: when stderr is a terminal).
     """
     src, out = Path(src), Path(out)
@@ -623,7 +626,10 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *, type: s
         if requested is not None and "general.file_type" in md and requested in _FILE_TYPES:
             md["general.file_type"] = _FILE_TYPES[requested]
             md_types["general.file_type"] = "uint32"
-        specs = [_spec(t, requested, layout, model.norms_f32) for t in model.tensors]
+        names = {t.name for t in model.tensors}
+        tied = "output.weight" not in names
+        tensors = fused_order(model.tensors) if layout == "kernels" else model.tensors
+        specs = [_spec(t, requested, layout, model.norms_f32, tied) for t in tensors]
         provenance = {
             "source.name": src.resolve().name,
             "source.format": model.source_format,
@@ -650,11 +656,54 @@ def _version() -> str:
     return __version__
 
 
-def _spec(t: _Tensor, requested: int | None, layout_mode: str, norms_f32: bool) -> blm.TensorSpec:
+# The matmuls the native engine fuses (plan.py: Q|K|V of a layer, gate|up): GGUF's names within a block.
+FUSED_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+
+
+def fused_order(tensors: list[_Tensor]) -> list[_Tensor]:
+    """The tensors with each fused group's parts moved together, in the group's order, where the first of them
+    was: written so (in the kernels' layout, whose groups of rows are whole cache lines), a group's parts lie
+    back to back in the file, and their span is the fused matrix itself (BLMFile.span)."""
+    by_name = {t.name: t for t in tensors}
+    groups: dict[str, list[str]] = {}
+    for t in tensors:
+        m = re.fullmatch(r"(blk\.\d+\.)(\w+)\.weight", t.name)
+        for group in FUSED_GROUPS:
+            if m and m.group(2) in group:
+                names = [f"{m.group(1)}{part}.weight" for part in group]
+                if all(n in by_name for n in names):
+                    for n in names:
+                        groups[n] = names
+    out, done = [], set()
+    for t in tensors:
+        if t.name in done:
+            continue
+        for n in groups.get(t.name, [t.name]):
+            out.append(by_name[n])
+            done.add(n)
+    return out
+
+
+def kernel_layout(name: str, type_id: int, shape: tuple[int, ...], tied: bool) -> int:
+    """The layout `convert --layout kernels` stores a tensor in.
+
+    Weight matrices take the layout the native engine's matmuls want (`kernels.matrix_layout`, the one place
+    for that decision). The token embedding does too when the output projection is tied to it (the engine
+    then uses one mapping for both the lookups and the output matmul); an untied one stays in rows, since it
+    is only looked up a row at a time by token id; so does everything that is not a matrix.
+    """
+    shape = tuple(shape)
+    if len(shape) != 2 or (name == "token_embd.weight" and not tied):
+        return blm.LAYOUT_ROWS
+    tag = kernels.matrix_layout(type_id, shape[0], shape[1])
+    return tag if tag in blm.LAYOUTS and blm.LAYOUTS[tag].check(type_id, shape) is None else blm.LAYOUT_ROWS
+
+
+def _spec(t: _Tensor, requested: int | None, layout_mode: str, norms_f32: bool, tied: bool) -> blm.TensorSpec:
     dst = target_type(t.name, t.type, t.shape, requested, norms_f32)
     if dst not in quant.TYPES or not quant.TYPES[dst].has_layout:
         raise FormatError(f"tensor {t.name!r}: cannot store type {dst}")
-    layout = blm.kernel_layout(t.name, dst, t.shape) if layout_mode == "kernels" else blm.LAYOUT_ROWS
+    layout = kernel_layout(t.name, dst, t.shape, tied) if layout_mode == "kernels" else blm.LAYOUT_ROWS
 
     def data() -> np.ndarray:
         if dst == t.type:

@@ -29,11 +29,13 @@ from typing import Any
 import numpy as np
 
 from barellm import _native as nat
+from barellm import kernels
 from barellm.arch.config import ModelConfig, check_tensors
 from barellm.arch.llama import rope_frequencies
 from barellm.cpu import default_threads
 from barellm.errors import FormatError, InvalidRequest
 from barellm.kernels import (
+    ACT_Q8,
     ACTIVATIONS,
     LAYOUT_ROWS,
     matmul_supported,
@@ -213,27 +215,36 @@ class NativeEngine:
 
     # --- weights ------------------------------------------------------------------------------
 
-    def _raw_rows(self, name: str) -> tuple[int, np.ndarray]:
-        """A tensor's bytes in GGUF's row layout: a view of the file, or a converted copy when the file stores
-        it repacked (a .blm written with --layout kernels)."""
+    def _stored(self, name: str) -> tuple[int, int, np.ndarray]:
+        """A tensor's (type, layout, bytes) as the file stores them: a read-only view of the mapping, no copy.
+        A GGUF file stores rows; a .blm file the layout its table names (the model cache: the kernels')."""
         info = self._source.tensors[name]
-        if getattr(info, "layout", LAYOUT_ROWS) != LAYOUT_ROWS:
-            return int(info.type), np.asarray(self._source.rows(name)).view(np.uint8)
-        return int(info.type), np.asarray(self._source.raw(name)).view(np.uint8)
+        layout = int(getattr(info, "layout", LAYOUT_ROWS))
+        data = self._source.stored(name) if hasattr(self._source, "stored") else self._source.raw(name)
+        return int(info.type), layout, np.asarray(data).view(np.uint8).reshape(-1)
 
-    def _stored_as(self, group: tuple[str, ...], type_id: int, layout: int, nbytes: int) -> np.ndarray | None:
-        """The group's bytes straight from the file when it stores them in `layout` already (a .blm written
-        with --layout kernels): a view of the mapping for one tensor (no copy, no repacking), one copy for a
-        fused group; None when the file stores them otherwise."""
-        if layout == LAYOUT_ROWS or not hasattr(self._source, "stored"):
-            return None
+    def _shape2(self, name: str) -> tuple[int, int]:
+        shape = tuple(self._source.tensors[name].shape)
+        cols = int(shape[-1]) if shape else 1
+        return (int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1), cols
+
+    def _stored_as(self, group: tuple[str, ...], type_id: int, layout: int, rows: int, cols: int) -> np.ndarray | None:
+        """The group's matrix straight from the file when the file stores it in `layout` already: a view of the
+        mapping when its parts lie back to back there (the model cache writes fused groups so: no copy, no
+        repacking), else one concatenation of the parts' views; None when the file stores them otherwise."""
+        nbytes = kernels.matrix_bytes(type_id, layout, rows, cols)
         infos = [self._source.tensors[n] for n in group]
-        if any(getattr(i, "layout", LAYOUT_ROWS) != layout for i in infos):
+        if layout == LAYOUT_ROWS and len(group) == 1:  # GGUF rows used as they are
+            data = self._stored(group[0])[2]
+            return data if data.ctypes.data % 32 == 0 and data.size == nbytes else None
+        if any(int(getattr(i, "layout", LAYOUT_ROWS)) != layout for i in infos):
             return None
-        align = nat.row_align(type_id, layout)
-        if any(int(i.shape[0]) % align for i in infos[:-1]):  # fused parts must end on whole row groups
+        if any(int(i.shape[0]) % kernels.layout_rows(layout) for i in infos[:-1]):  # parts end on whole groups
             return None
-        views = [np.asarray(self._source.stored(n)).view(np.uint8).reshape(-1) for n in group]
+        span = self._source.span(group) if hasattr(self._source, "span") else None
+        if span is not None and span.size == nbytes:
+            return span
+        views = [self._stored(n)[2] for n in group]
         if sum(v.size for v in views) != nbytes:
             return None
         if len(views) == 1:
@@ -243,17 +254,15 @@ class NativeEngine:
         return data
 
     def _dequant(self, name: str) -> np.ndarray:
-        """float32 copy of a tensor (debug path and unsupported types)."""
+        """float32 copy of a tensor (debug path and types the kernels lack)."""
         if name not in self._dequantized:
-            info = self._source.tensors[name]
-            shape = tuple(info.shape)
-            cols = shape[-1]
-            rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
-            type_id, raw = self._raw_rows(name)
+            shape = tuple(self._source.tensors[name].shape)
+            rows, cols = self._shape2(name)
+            type_id, layout, data = self._stored(name)
             out = aligned_zeros((rows, cols))
-            if nat.type_row_bytes(type_id, cols):
-                nat.dequant_rows(type_id, raw, rows, cols, out)
-            else:
+            if kernels.matrix_bytes(type_id, layout, rows, cols) == data.size and kernels.row_bytes(type_id, cols):
+                kernels.dequantize_rows(type_id, layout, rows, cols, data, out=out)
+            else:  # a type the native table does not know: the NumPy codec
                 out[:] = np.asarray(self._source.dequantize(name), dtype=np.float32).reshape(rows, cols)
             self._dequantized[name] = out.reshape(shape)
         return self._dequantized[name]
@@ -262,16 +271,13 @@ class NativeEngine:
         """float32 rows of a matrix (embedding lookups on the debug path, without dequantizing it all)."""
         if name in self._dequantized:
             return self._dequantized[name][rows]
-        (type_id, _, _, cols, raw), rb = self._table(name)
-        out = np.empty((len(rows), cols), np.float32)
-        for i, r in enumerate(rows):
-            nat.dequant_rows(type_id, raw[int(r) * rb:(int(r) + 1) * rb], 1, cols, out[i])
-        return out
+        type_id, layout, n, cols, data = self._table(name)
+        return kernels.dequantize_rows(type_id, layout, n, cols, data, which=rows)
 
     def _norm(self, name: str) -> np.ndarray:
         if name not in self._norms:
-            type_id, raw = self._raw_rows(name)
-            w = raw.view(np.float32) if type_id == F32 else self._dequant(name).reshape(-1)
+            type_id, layout, data = self._stored(name)
+            w = data.view(np.float32) if type_id == F32 and layout == LAYOUT_ROWS else self._dequant(name).reshape(-1)
             self._norms[name] = np.ascontiguousarray(w, dtype=np.float32)
         return self._norms[name]
 
@@ -300,58 +306,41 @@ class NativeEngine:
             rows = sum(int(self._source.tensors[n].shape[0]) for n in group)
             if matmul_supported(type_id, rows, cols):
                 layout = matrix_layout(type_id, rows, cols)
-                stored = self._stored_as(group, type_id, layout, nat.matrix_bytes(type_id, layout, rows, cols))
+                stored = self._stored_as(group, type_id, layout, rows, cols)
                 if stored is not None:
                     parts.append((type_id, layout, rows, cols, stored))
                     continue
-                raw = [self._raw_rows(n)[1] for n in group]
+                raw = [self._rows_of(n) for n in group]
                 src = raw[0] if len(raw) == 1 else np.concatenate(raw)
             else:  # a type the kernels lack: exact float32 rows
                 type_id = F32
                 src = np.concatenate([self._dequant(n).reshape(-1, cols) for n in group]).view(np.uint8)
             layout = matrix_layout(type_id, rows, cols)
-            nbytes = nat.matrix_bytes(type_id, layout, rows, cols)
-            if layout == LAYOUT_ROWS and len(group) == 1 and src.ctypes.data % 32 == 0:
-                data = src  # zero-copy view of the file
-            else:
-                data = aligned_zeros(nbytes, np.uint8)
-                self._repack(type_id, layout, rows, cols, np.ascontiguousarray(src).reshape(-1), data)
-                _release_pages([self._raw_rows(n)[1] for n in group])  # (embedding lookups fault rows back in)
+            data = aligned_zeros(kernels.matrix_bytes(type_id, layout, rows, cols), np.uint8)
+            kernels.repack(type_id, layout, rows, cols, src, out=data, threads=self.threads)
+            _release_pages([self._stored(n)[2] for n in group])  # (embedding lookups fault rows back in)
             parts.append((type_id, layout, rows, cols, data))
         self._matrices[names] = parts
         return parts
 
-    def _repack(self, type_id: int, layout: int, rows: int, cols: int, src: np.ndarray, dst: np.ndarray) -> None:
-        """bl_repack, split over the worker threads for big matrices (a tied output matrix, Gemma's 178 MB,
-        is most of a load's time otherwise). The repacked layouts hold rows in independent groups of 8, so
-        row ranges starting on a group convert on their own (the native call releases the GIL)."""
-        parts = min(self.threads, rows // 4096) if layout != LAYOUT_ROWS else 1
-        if parts < 2:
-            nat.repack_into(type_id, layout, rows, cols, src, dst)
-            return
-        from concurrent.futures import ThreadPoolExecutor
+    def _rows_of(self, name: str) -> np.ndarray:
+        """A tensor's bytes in GGUF rows: the file's view, or a converted copy of another stored layout."""
+        type_id, layout, data = self._stored(name)
+        if layout == LAYOUT_ROWS:
+            return data
+        rows, cols = self._shape2(name)
+        return kernels.unrepack(type_id, layout, rows, cols, data, threads=self.threads)
 
-        src_row = nat.matrix_bytes(type_id, LAYOUT_ROWS, 1, cols)
-        group = nat.matrix_bytes(type_id, layout, 8, cols)
-        cuts = [rows * k // parts // 8 * 8 for k in range(parts)] + [rows]
-
-        def one(k: int) -> None:
-            r0, r1 = cuts[k], cuts[k + 1]
-            nat.repack_into(type_id, layout, r1 - r0, cols, src[r0 * src_row:r1 * src_row],
-                            dst[r0 // 8 * group:])
-
-        with ThreadPoolExecutor(parts) as pool:
-            list(pool.map(one, range(parts)))
-
-    def _table(self, name: str) -> tuple[tuple[int, int, int, int, np.ndarray], int]:
-        """The embedding table in GGUF rows, for row lookups (not the matmul copy)."""
-        info = self._source.tensors[name]
-        rows, cols = int(info.shape[0]), int(info.shape[1])
-        type_id, raw = self._raw_rows(name)
-        rb = nat.type_row_bytes(type_id, cols)
-        if not rb:
-            type_id, raw, rb = F32, self._dequant(name).reshape(-1).view(np.uint8), 4 * cols
-        return (type_id, LAYOUT_ROWS, rows, cols, raw), rb
+    def _table(self, name: str) -> tuple[int, int, int, int, np.ndarray]:
+        """The embedding table as the embed op reads it: the matrix as stored (any layout the kernels know,
+        so a tied table stored in the kernels' layout serves the lookups and the output matmul from one
+        mapping), or exact float32 rows for a type without kernels."""
+        rows, cols = self._shape2(name)
+        type_id, layout, data = self._stored(name)
+        readable = kernels.matrix_bytes(type_id, layout, rows, cols) == data.size
+        if not (kernels.act_supported(type_id, ACT_Q8) and readable):
+            type_id, layout, data = F32, LAYOUT_ROWS, self._dequant(name).reshape(-1).view(np.uint8)
+        return type_id, layout, rows, cols, data
 
     # --- compiling ----------------------------------------------------------------------------
 
@@ -372,9 +361,9 @@ class NativeEngine:
         cfg = self.cfg
         d: dict[str, Any] = {"kind": KIND_IDS[op.kind], "name": op.name, "rows_sel": int(op.rows == "selected")}
         if isinstance(op, Embed):
-            table, rb = self._table(op.table)
+            table = self._table(op.table)
             d.update(out=self._spec(op.out), out_stride=self._stride(op.out), n=cfg.dim, table=table,
-                     table_row_bytes=rb, scale_embed=float(np.float32(op.scale)))
+                     scale_embed=float(np.float32(op.scale)))
         elif isinstance(op, RMSNorm):
             d.update(x=self._spec(op.src), x_stride=self._stride(op.src), w=self._norm(op.weight), eps=op.eps,
                      n=self._widths[op.src])

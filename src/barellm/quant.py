@@ -95,6 +95,9 @@ _BLOCK_Q4_K = np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)), 
 _BLOCK_Q5_K = np.dtype(
     [("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)), ("qh", "u1", (QK_K // 8,)), ("qs", "u1", (QK_K // 2,))]
 )
+_BLOCK_Q3_K = np.dtype(
+    [("hmask", "u1", (QK_K // 8,)), ("qs", "u1", (QK_K // 4,)), ("scales", "u1", (12,)), ("d", "<f2")]
+)
 _BLOCK_Q6_K = np.dtype(
     [("ql", "u1", (QK_K // 2,)), ("qh", "u1", (QK_K // 4,)), ("scales", "i1", (QK_K // 16,)), ("d", "<f2")]
 )
@@ -230,6 +233,32 @@ def _dec_q5_k(b: np.ndarray, out: np.ndarray) -> None:
     o -= m1
 
 
+def _q3_k_scales(scales: np.ndarray) -> np.ndarray:
+    """The 16 six-bit scales of Q3_K super-blocks, minus 32: scale i takes its low 4 bits from byte i % 8
+    (the low nibble for i < 8, the high one after) and its top 2 from bits 2 (i / 4), +1 of byte 8 + i % 4."""
+    s = scales.astype(np.int16)
+    lo = np.concatenate([s[:, 0:8] & 0x0F, s[:, 0:8] >> 4], axis=-1)
+    hi = np.concatenate([(s[:, 8:12] >> (2 * k)) & 3 for k in range(4)], axis=-1)
+    return (lo | (hi << 4)) - 32
+
+
+_Q3_K_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+_Q3_K_HBITS = (4 * np.arange(2).reshape(1, 2, 1, 1) + np.arange(4).reshape(1, 1, 4, 1)).astype(np.uint8)
+
+
+def _dec_q3_k(b: np.ndarray, out: np.ndarray) -> None:
+    # Value 128 h + 32 k + l: 2 bits at 2k of qs[32 h + l], minus 4 unless bit 4h + k of hmask[l] is set;
+    # ggml computes dl = d * (sc - 32) first, then dl * q.
+    n = b.shape[0]
+    low = (b["qs"].reshape(n, 2, 1, 32) >> _Q3_K_SHIFTS) & 3
+    high = (b["hmask"].reshape(n, 1, 1, 32) >> _Q3_K_HBITS) & 1
+    q = low.astype(np.int8) - ((1 - high) * 4).astype(np.int8)
+    dl = _f16(b["d"])[:, None] * _q3_k_scales(b["scales"]).astype(_F32)
+    o = out.reshape(n, 16, 16)
+    o[...] = q.reshape(n, 16, 16)
+    o *= dl[:, :, None]
+
+
 _Q6_K_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
 
 
@@ -360,6 +389,201 @@ def _pack_q5(out: np.ndarray, q: np.ndarray) -> None:
     out["qs"] = (q[:, : QK // 2] & 0x0F) | ((q[:, QK // 2 :] & 0x0F) << 4)
 
 
+# --- Q5_K (ggml's quantize_row_q5_K_ref) ---------------------------------------------------------------
+# The same search as ggml's, evaluated in float32 with each C expression's operations in its order (no fused
+# multiply-adds); the loops over a sub-block's 32 values stay sequential (the sums are order-dependent) and
+# run over all sub-blocks at once.
+
+
+def _nearest_int(v: np.ndarray) -> np.ndarray:
+    """ggml's nearest_int: round half to even (it adds 1.5 * 2^23), as np.rint does on float32. ggml asserts
+    |v| <= 4194303; every caller clamps the result to a few bits, so larger values are clamped here first."""
+    return np.rint(np.clip(v, -4194303, 4194303)).astype(np.int32)
+
+
+def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float,
+                      nstep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ggml's make_qkx2_quants (use_mad false) on rows of x: (scale, the_min, L) per row."""
+    n = x.shape[1]
+    mn, mx = x.min(axis=1), x.max(axis=1)
+    sum_w, sum_x = w[:, 0].copy(), w[:, 0] * x[:, 0]
+    for i in range(1, n):
+        sum_w += w[:, i]
+        sum_x += w[:, i] * x[:, i]
+    mn = np.minimum(mn, _F32(0))
+    flat = mx == mn
+    rng_ = np.where(flat, _F32(1), mx - mn)
+    iscale = _F32(nmax) / rng_
+    scale = _F32(1) / iscale
+    L = np.clip(_nearest_int(iscale[:, None] * (x - mn[:, None])), 0, nmax)
+    best = np.zeros_like(sum_w)
+    for i in range(n):
+        diff = scale * L[:, i].astype(_F32) + mn - x[:, i]
+        best += w[:, i] * (diff * diff)
+    for step in range(nstep + 1):
+        iscale = (_F32(rmin) + _F32(rdelta) * _F32(step) + _F32(nmax)) / rng_
+        Laux = np.clip(_nearest_int(iscale[:, None] * (x - mn[:, None])), 0, nmax)
+        lf = Laux.astype(_F32)
+        sum_l = np.zeros_like(sum_w)
+        sum_l2 = np.zeros_like(sum_w)
+        sum_xl = np.zeros_like(sum_w)
+        for i in range(n):
+            wl = w[:, i] * lf[:, i]
+            sum_l += wl
+            sum_l2 += wl * lf[:, i]
+            sum_xl += wl * x[:, i]
+        D = sum_w * sum_l2 - sum_l * sum_l
+        ok = D > 0
+        Ds = np.where(ok, D, _F32(1))
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / Ds
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / Ds
+        pos = this_min > 0
+        this_min = np.where(pos, _F32(0), this_min)
+        this_scale = np.where(pos, sum_xl / np.where(sum_l2 != 0, sum_l2, _F32(1)), this_scale)
+        cur = np.zeros_like(sum_w)
+        for i in range(n):
+            diff = this_scale * lf[:, i] + this_min - x[:, i]
+            cur += w[:, i] * (diff * diff)
+        better = ok & (cur < best) & ~flat
+        L = np.where(better[:, None], Laux, L)
+        best = np.where(better, cur, best)
+        scale = np.where(better, this_scale, scale)
+        mn = np.where(better, this_min, mn)
+    scale = np.where(flat, _F32(0), scale)
+    L = np.where(flat[:, None], 0, L)
+    return scale.astype(_F32), (-mn).astype(_F32), L
+
+
+def _pack_k4_scales(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """8 six-bit scales and mins per super-block into Q4_K/Q5_K's 12 bytes (the inverse of _k4_scales_mins)."""
+    out = np.zeros((ls.shape[0], 12), np.uint8)
+    out[:, 0:4] = ls[:, 0:4] | ((ls[:, 4:8] >> 4) << 6)
+    out[:, 4:8] = lm[:, 0:4] | ((lm[:, 4:8] >> 4) << 6)
+    out[:, 8:12] = (ls[:, 4:8] & 0x0F) | ((lm[:, 4:8] & 0x0F) << 4)
+    return out
+
+
+def _q5_k_encode(xb: np.ndarray) -> np.ndarray:
+    n = xb.shape[0]
+    xs = xb.reshape(n * 8, 32)
+    sum_x2 = np.zeros(n * 8, _F32)
+    for i in range(32):
+        sum_x2 += xs[:, i] * xs[:, i]
+    av_x = np.sqrt(sum_x2 / _F32(32))
+    weights = av_x[:, None] + np.abs(xs)
+    scales, mins, L = _make_qkx2_quants(xs, weights, 31, -0.5, 0.1, 15)
+    scales, mins, L = scales.reshape(n, 8), mins.reshape(n, 8), L.reshape(n, 8, 32)
+    max_scale = np.maximum(scales.max(axis=1), _F32(0))
+    max_min = np.maximum(mins.max(axis=1), _F32(0))
+    inv_scale = np.where(max_scale > 0, _F32(63) / np.where(max_scale > 0, max_scale, _F32(1)), _F32(0))
+    inv_min = np.where(max_min > 0, _F32(63) / np.where(max_min > 0, max_min, _F32(1)), _F32(0))
+    # nearest_int's int is stored in a uint8 (wrapping), then capped at 63
+    ls = np.minimum(_nearest_int(inv_scale[:, None] * scales).astype(np.uint8), 63)
+    lm = np.minimum(_nearest_int(inv_min[:, None] * mins).astype(np.uint8), 63)
+    out = np.zeros(n, dtype=_BLOCK_Q5_K)
+    out["scales"] = _pack_k4_scales(ls, lm)
+    out["d"] = max_scale / _F32(63)
+    out["dmin"] = max_min / _F32(63)
+    sc, m = _k4_scales_mins(out["scales"])
+    d = _f16(out["d"])[:, None] * sc.astype(_F32)
+    dm = _f16(out["dmin"])[:, None] * m.astype(_F32)
+    requant = np.clip(_nearest_int((xb.reshape(n, 8, 32) + dm[:, :, None]) / np.where(d != 0, d, _F32(1))[:, :, None]),
+                      0, 31)
+    L = np.where((d != 0)[:, :, None], requant, L).astype(np.uint8)  # a zero scale keeps the search's values
+    out["qh"] = np.bitwise_or.reduce((L >> 4) << np.arange(8, dtype=np.uint8).reshape(1, 8, 1), axis=1)
+    lq = (L & 0x0F).reshape(n, 4, 2, 32)
+    out["qs"] = (lq[:, :, 0] | (lq[:, :, 1] << 4)).reshape(n, 128)
+    return out
+
+
+def _q5_k_from_float(x: np.ndarray) -> np.ndarray:
+    xb = _as_blocks(x, QK_K)
+    step = max(1, _CHUNK_VALUES // QK_K)
+    out = np.empty(xb.shape[0], dtype=_BLOCK_Q5_K)
+    for start in range(0, xb.shape[0], step):
+        out[start:start + step] = _q5_k_encode(xb[start:start + step])
+    return out.view(np.uint8)
+
+
+# --- Q3_K (ggml's quantize_row_q3_K_ref) ---------------------------------------------------------------
+
+_GROUP_MAX_EPS = _F32(1e-15)
+
+
+def _make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's make_q3_quants with do_rmse on rows of x: (scale, L in 0..2 nmax - 1) per row. Each pass over a
+    row's values updates its sums as it goes (sequential); a pass that changes nothing leaves the state as
+    it was, so running all five passes equals ggml's early exit."""
+    n = x.shape[1]
+    i_max = np.abs(x).argmax(axis=1)  # the first of equal magnitudes, as ggml's strict >
+    mx = x[np.arange(x.shape[0]), i_max]
+    zero = np.abs(mx) < _GROUP_MAX_EPS
+    iscale = _F32(-nmax) / np.where(zero, _F32(1), mx)
+    L = np.clip(_nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
+    sumlx = np.zeros(x.shape[0], _F32)
+    suml2 = np.zeros(x.shape[0], _F32)
+    for i in range(n):
+        w = x[:, i] * x[:, i]
+        lf = L[:, i].astype(_F32)
+        sumlx += w * x[:, i] * lf
+        suml2 += w * lf * lf
+    for _ in range(5):
+        for i in range(n):
+            w = x[:, i] * x[:, i]
+            li = L[:, i].astype(_F32)
+            slx = sumlx - w * x[:, i] * li
+            pos = slx > 0
+            sl2 = suml2 - w * li * li
+            new_l = np.clip(_nearest_int(x[:, i] * sl2 / np.where(pos, slx, _F32(1))), -nmax, nmax - 1)
+            nf = new_l.astype(_F32)
+            slx2 = slx + w * x[:, i] * nf
+            sl22 = sl2 + w * nf * nf
+            take = pos & (new_l != L[:, i]) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+            L[:, i] = np.where(take, new_l, L[:, i])
+            sumlx = np.where(take, slx2, sumlx)
+            suml2 = np.where(take, sl22, suml2)
+    scale = np.where(zero, _F32(0), sumlx / np.where(suml2 != 0, suml2, _F32(1)))
+    return scale.astype(_F32), np.where(zero[:, None], 0, L + nmax)
+
+
+def _q3_k_encode(xb: np.ndarray) -> np.ndarray:
+    n = xb.shape[0]
+    scales, L = _make_q3_quants(xb.reshape(n * 16, 16), 4)
+    scales, L = scales.reshape(n, 16), L.reshape(n, 16, 16)
+    j_max = np.abs(scales).argmax(axis=1)
+    max_scale = scales[np.arange(n), j_max]
+    has = max_scale != 0
+    iscale = _F32(-32) / np.where(has, max_scale, _F32(1))
+    ls = (np.clip(_nearest_int(iscale[:, None] * scales), -32, 31) + 32).astype(np.uint8)
+    packed = np.zeros((n, 12), np.uint8)
+    packed[:, 0:8] = (ls[:, 0:8] & 0x0F) | ((ls[:, 8:16] & 0x0F) << 4)
+    for j in range(16):
+        packed[:, 8 + j % 4] |= (ls[:, j] >> 4) << (2 * (j // 4))
+    packed[~has] = 0
+    out = np.zeros(n, dtype=_BLOCK_Q3_K)
+    out["scales"] = packed
+    out["d"] = np.where(has, _F32(1) / iscale, _F32(0))
+    d = _f16(out["d"])[:, None] * _q3_k_scales(packed).astype(_F32)
+    requant = np.clip(_nearest_int(xb.reshape(n, 16, 16) / np.where(d != 0, d, _F32(1))[:, :, None]), -4, 3) + 4
+    L = np.where((d != 0)[:, :, None], requant, L).reshape(n, 256)  # a zero scale keeps the search's values
+    high = L > 3
+    L = np.where(high, L - 4, L).astype(np.uint8)
+    out["hmask"] = np.bitwise_or.reduce(high.reshape(n, 8, 32).astype(np.uint8) << np.arange(8, dtype=np.uint8)
+                                        .reshape(1, 8, 1), axis=1)
+    lq = L.reshape(n, 2, 4, 32)
+    out["qs"] = (lq[:, :, 0] | (lq[:, :, 1] << 2) | (lq[:, :, 2] << 4) | (lq[:, :, 3] << 6)).reshape(n, 64)
+    return out
+
+
+def _q3_k_from_float(x: np.ndarray) -> np.ndarray:
+    xb = _as_blocks(x, QK_K)
+    step = max(1, _CHUNK_VALUES // QK_K)
+    out = np.empty(xb.shape[0], dtype=_BLOCK_Q3_K)
+    for start in range(0, xb.shape[0], step):
+        out[start:start + step] = _q3_k_encode(xb[start:start + step])
+    return out.view(np.uint8)
+
+
 # --- error bounds --------------------------------------------------------------------------------------
 # Each bound is the codec's rounding step plus what storing the scale (and minimum) in float16 costs:
 # with d the exact float32 scale and dh its float16, a value q*d is decoded as q*dh, off by |q|*|d - dh|.
@@ -412,6 +636,34 @@ def _q5_1_max_error(xb: np.ndarray) -> np.ndarray:
     return d / 2 + 31 * _fp16_error(d) + _fp16_error(lo) + _slack(xb)
 
 
+def _q5_k_max_error(xb: np.ndarray) -> np.ndarray:
+    """Q5_K's last step, exactly: each value is within half a step of its sub-block's grid
+    {d_j q - dm_j : q = 0..31} (d_j = d sc_j, dm_j = dmin m_j, as stored), or clipped to the grid's ends. The
+    grid itself is what ggml's scale search (and the 6-bit scales) make of the block; this bound takes it as
+    encoded."""
+    n = xb.shape[0]
+    enc = _q5_k_encode(np.ascontiguousarray(xb, dtype=_F32))
+    sc, m = _k4_scales_mins(enc["scales"])
+    d = (_f16(enc["d"])[:, None] * sc.astype(_F32)).astype(np.float64)
+    dm = (_f16(enc["dmin"])[:, None] * m.astype(_F32)).astype(np.float64)
+    x = xb.reshape(n, 8, 32).astype(np.float64)
+    lo, hi = -dm, 31 * d - dm
+    clip = np.maximum(np.maximum(lo - x.min(axis=2), x.max(axis=2) - hi), 0)
+    return (np.maximum(d / 2, clip) * (1 + 2.0**-20) + _slack(xb)[:, None]).max(axis=1).astype(_F32)
+
+
+def _q3_k_max_error(xb: np.ndarray) -> np.ndarray:
+    """Q3_K's last step, exactly (as Q5_K's): each value within half a step of its 16-value group's grid
+    {d_j q : q = -4..3} (d_j = d (sc_j - 32), as stored), or clipped to the grid's ends."""
+    n = xb.shape[0]
+    enc = _q3_k_encode(np.ascontiguousarray(xb, dtype=_F32))
+    d = (_f16(enc["d"])[:, None] * _q3_k_scales(enc["scales"]).astype(_F32)).astype(np.float64)
+    x = xb.reshape(n, 16, 16).astype(np.float64)
+    lo, hi = np.minimum(-4 * d, 3 * d), np.maximum(-4 * d, 3 * d)
+    clip = np.maximum(np.maximum(lo - x.min(axis=2), x.max(axis=2) - hi), 0)
+    return (np.maximum(np.abs(d) / 2, clip) * (1 + 2.0**-20) + _slack(xb)[:, None]).max(axis=1).astype(_F32)
+
+
 def _exact(xb: np.ndarray) -> np.ndarray:
     return np.zeros(xb.shape[0], dtype=_F32)
 
@@ -430,9 +682,9 @@ _ROWS: list[QuantType] = [
     QuantType(8, "q8_0", QK, 34, _dequantizer(_BLOCK_Q8_0, QK, _dec_q8_0), _q8_0_from_float, _q8_0_max_error),
     QuantType(9, "q8_1", QK, 36),
     QuantType(10, "q2_k", QK_K, 84),
-    QuantType(11, "q3_k", QK_K, 110),
+    QuantType(11, "q3_k", QK_K, 110, _dequantizer(_BLOCK_Q3_K, QK_K, _dec_q3_k), _q3_k_from_float, _q3_k_max_error),
     QuantType(12, "q4_k", QK_K, 144, _dequantizer(_BLOCK_Q4_K, QK_K, _dec_q4_k)),
-    QuantType(13, "q5_k", QK_K, 176, _dequantizer(_BLOCK_Q5_K, QK_K, _dec_q5_k)),
+    QuantType(13, "q5_k", QK_K, 176, _dequantizer(_BLOCK_Q5_K, QK_K, _dec_q5_k), _q5_k_from_float, _q5_k_max_error),
     QuantType(14, "q6_k", QK_K, 210, _dequantizer(_BLOCK_Q6_K, QK_K, _dec_q6_k)),
     QuantType(15, "q8_k", QK_K, 292),
     QuantType(16, "iq2_xxs", QK_K, 66),

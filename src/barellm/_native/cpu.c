@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "barellm.h"
+#include "kernels.h"
 
 static int g_isa = -1;
 
@@ -25,13 +25,18 @@ static enum bl_isa detect(void) {
 }
 
 enum bl_isa bl_isa(void) {
-    if (g_isa < 0) g_isa = (int)detect();
+    if (g_isa < 0) {
+        g_isa = (int)detect();
+        bl_kernels_resolve(g_isa);
+    }
     return (enum bl_isa)g_isa;
 }
 
+/* the kernels are looked up in the traits table once per change of path, not per call */
 void bl_set_isa(enum bl_isa isa) {
     if (isa == BL_ISA_AVX2 && !bl_cpu_has_avx2_fma()) isa = BL_ISA_SCALAR;
     g_isa = (int)isa;
+    bl_kernels_resolve(g_isa);
 }
 
 const char *bl_isa_name(enum bl_isa isa) {

@@ -21,9 +21,8 @@ static void op_embed(const bl_plan *p, const bl_op *op, int tid, int nth) {
     int t0, t1;
     bl_split(p->T, 1, tid, nth, &t0, &t1);
     for (int t = t0; t < t1; t++) {
-        const char *row = (const char *)op->table.data + (size_t)p->tokens[t] * op->table_row_bytes;
         float *out = op->out + (size_t)t * op->out_stride;
-        bl_dequant_row(op->table.type, row, out, op->n);
+        bl_dequantize_row(&op->table, p->tokens[t], out); /* any layout: a tied table may be stored repacked */
         if (op->scale_embed != 0.0f && op->scale_embed != 1.0f)
             for (int i = 0; i < op->n; i++) out[i] *= op->scale_embed;
     }

@@ -70,7 +70,6 @@ typedef struct bl_op {
     bl_qjob qjobs[BL_MAX_QJOBS];
     /* embedding */
     bl_matrix table;
-    size_t table_row_bytes;
     /* rope, kv, attention */
     int n_heads, n_kv_heads, head_dim, rope_dim, rope_style, n_ctx;
     const float *rope_cs;  /* [n_ctx][rope_dim]: cos then sin of each position */

@@ -19,17 +19,20 @@
 
 #include "barellm.h"
 
+/* Byte layouts of a weight matrix, one id per layout family; what the bytes of a (type, layout) pair are is
+ * the type's business (quant_internal.h, quant_kq.h). */
 enum bl_layout {
-    BL_LAYOUT_ROWS = 0,
-    BL_LAYOUT_INTERLEAVE8 = 1,   /* Q4_0, Q4_1, Q8_0: 8 rows interleaved per group, block by block
-                                    (see quant_internal.h); Q5_0, Q4_K, Q6_K likewise (quant_kq.h);
-                                    rows padded to a multiple of 8 */
+    BL_LAYOUT_ROWS = 0,          /* GGUF's: rows one after another */
+    BL_LAYOUT_INTERLEAVE8 = 1,   /* rows in groups of 8, interleaved for the SIMD loops; each group
+                                    round_up(8 * row bytes, 64) bytes, the last padded with zero rows */
+    BL_LAYOUT_COUNT
 };
 
 /* Activation types of the quantized kernels (layouts in quant_internal.h). */
 enum bl_act {
     BL_ACT_Q8 = 0,     /* blocks of 32: int8 q, scale amax / 127 */
     BL_ACT_Q8X2 = 1,   /* blocks of 32: q = 254 * hi + lo (hi, lo int8), scale amax / 32258 */
+    BL_ACT_COUNT
 };
 
 typedef struct bl_matrix {
@@ -39,6 +42,34 @@ typedef struct bl_matrix {
     const void *data;  /* 64-byte aligned where possible */
     int act;           /* enum bl_act (float weights take f32 activations and need BL_ACT_Q8 here) */
 } bl_matrix;
+
+typedef void (*bl_matmul_fn)(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1);
+
+/* The type-and-layout traits table: one row per weight type, everything the core knows about it. The rest
+ * of the core asks this table (bl_traits) and nothing else about a type. */
+typedef struct bl_type_traits {
+    const char *name;      /* NULL: a type the core does not know */
+    int block_size;        /* values per block (a row is a whole number of blocks) */
+    int block_bytes;       /* bytes per block in GGUF rows */
+    int acts;              /* activation types the matmul kernels take, bits 1 << enum bl_act; 0: no kernels */
+    int int_acts;          /* 1: activations are integer blocks (bl_act_q8); 0: the f32 vector itself */
+    int layout;            /* the layout the matmul kernels read fastest (what a model file should store) */
+    /* n values (whole blocks) of GGUF blocks to f32: the type's one dequantizer */
+    void (*dequant)(const uint8_t *src, float *out, int n);
+    /* BL_LAYOUT_INTERLEAVE8: one group from 8 GGUF rows (rows[l] NULL: a zero row), and block b of row l
+     * of a group back in GGUF form (block_bytes bytes) */
+    void (*pack8)(int cols, const uint8_t *const rows[8], uint8_t *group);
+    void (*unpack8)(const uint8_t *group, int cols, int l, int b, uint8_t *block);
+    bl_matmul_fn matmul[2][BL_LAYOUT_COUNT]; /* per enum bl_isa and layout; NULL: none */
+} bl_type_traits;
+
+#define BL_TYPE_COUNT 40
+
+/* The row of a type (a ggml type id); NULL for ids outside the table or types the core does not know. */
+BL_API const bl_type_traits *bl_traits(int type);
+
+/* The matmul kernels of the ISA path in use, resolved once from the table (called by bl_set_isa). */
+BL_API void bl_kernels_resolve(int isa);
 
 /* Whether the kernels for `type` take activations of type `act`. */
 BL_API int bl_act_supported(int type, int act);
@@ -56,12 +87,21 @@ BL_API void bl_quantize_act(const bl_matrix *w, const float *x, size_t x_stride,
 /* out[t * ldo + r] = sum_k W[r, k] * x[t, k] for r in [r0, r1), t in [0, T); xq from bl_quantize_act. */
 BL_API void bl_matmul(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1);
 
-/* Repacking: bytes needed for W in `layout`, and the copy itself (0 on success, -1 if unsupported). */
+/* Sizes: bytes of one GGUF row of cols values (0 if the type is unknown or cols not a whole number of
+ * blocks); rows per group of a layout (a matmul's row ranges start at multiples of it); bytes of one group;
+ * bytes of W in `layout` (0 if the type has no such layout). */
+BL_API size_t bl_row_bytes(int type, int cols);
+BL_API int bl_layout_rows(int layout);
+BL_API size_t bl_group_bytes(int type, int layout, int cols);
 BL_API size_t bl_matrix_bytes(int type, int layout, int rows, int cols);
-BL_API int bl_repack(int type, int layout, int rows, int cols, const void *src, void *dst);
 
-/* Row r of W as f32 (out[cols]), from any layout (embedding lookups in a repacked tied matrix);
- * 0 on success, -1 if r or the type/layout is out of range. */
+/* Repacking: GGUF rows into `layout`, and back (0 on success, -1 if unsupported). Rows move in whole
+ * groups, so a range of groups converts on its own. */
+BL_API int bl_repack(int type, int layout, int rows, int cols, const void *src, void *dst);
+BL_API int bl_unrepack(int type, int layout, int rows, int cols, const void *src, void *dst);
+
+/* Row r of W as f32 (out[cols]), from any layout (embedding lookups in a repacked tied matrix): the type's
+ * dequantizer on the row's blocks; 0 on success, -1 if r or the type/layout is out of range. */
 BL_API int bl_dequantize_row(const bl_matrix *w, int r, float *out);
 
 #endif

@@ -39,6 +39,7 @@ static int add_methods(PyObject *m, PyMethodDef *defs) {
 }
 
 PyMODINIT_FUNC PyInit__native(void) {
+    bl_isa(); /* picks the kernel path and resolves its kernels from the traits table, before any thread runs */
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     if (add_methods(m, core_methods) < 0 || add_methods(m, bl_kernel_methods) < 0 ||

@@ -44,10 +44,6 @@ BL_API void bl_silu_mul(const float *gate, const float *up, float *out, int n);
 BL_API void bl_gelu_mul(const float *gate, const float *up, float *out, int n);
 /* x += y. */
 BL_API void bl_add(float *x, const float *y, int n);
-/* One row of n values of a weight matrix stored in `type` (rows layout) to f32; 0, or -1 if the type is
- * not supported. */
-BL_API int bl_dequant_row(int type, const void *src, float *dst, int n);
-BL_API size_t bl_type_row_bytes(int type, int n); /* 0 if unsupported or n is not a whole block count */
 
 /* Writes one position's key and value rows (n_kv_heads * head_dim each) into a (slot, layer) cache. */
 BL_API void bl_kv_store(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads,

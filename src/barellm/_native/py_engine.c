@@ -200,7 +200,7 @@ typedef struct {
 } op_keys;
 
 static const op_keys OP_KEYS[] = {
-    {"embed", BL_OP_EMBED, KEYS("out", "out_stride", "n", "table", "table_row_bytes", "scale_embed"), KEYS(NULL)},
+    {"embed", BL_OP_EMBED, KEYS("out", "out_stride", "n", "table", "scale_embed"), KEYS(NULL)},
     {"rmsnorm", BL_OP_RMSNORM, KEYS("x", "x_stride", "w", "eps", "n", "out", "out_stride"),
      KEYS("res", "res_stride", "qjobs")},
     {"matmul", BL_OP_MATMUL, KEYS("parts", "qjobs"), KEYS("prequantized")},
@@ -275,7 +275,7 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
         d_int(d, "n_kv_heads", 0, &op->n_kv_heads) || d_int(d, "head_dim", 0, &op->head_dim) ||
         d_int(d, "rope_dim", 0, &op->rope_dim) || d_int(d, "rope_style", 0, &op->rope_style) ||
         d_int(d, "n_ctx", 0, &op->n_ctx) || d_size(d, "slot_stride", &op->slot_stride) ||
-        d_float(d, "scale", &op->scale) || d_size(d, "table_row_bytes", &op->table_row_bytes) ||
+        d_float(d, "scale", &op->scale) ||
         d_int(d, "kv_f16", 0, &op->kv_f16) || d_int(d, "window", 0, &op->window) ||
         d_size(d, "res_stride", &op->res_stride) || d_int(d, "gelu", 0, &op->gelu) ||
         d_float(d, "scale_embed", &op->scale_embed))
@@ -671,34 +671,6 @@ static PyObject *py_add(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* dequant_rows(type, raw, rows, n, out) */
-static PyObject *py_dequant_rows(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *ro, *oo;
-    int type, rows, n;
-    if (!PyArg_ParseTuple(args, "iOiiO", &type, &ro, &rows, &n, &oo)) return NULL;
-    size_t rb = bl_type_row_bytes(type, n);
-    if (!rb) {
-        PyErr_Format(PyExc_ValueError, "type %d with rows of %d values is not supported", type, n);
-        return NULL;
-    }
-    views vs = {.n = 0};
-    char *raw = vbuf(&vs, ro, 0, (Py_ssize_t)rows * rb, 1, "raw");
-    float *out = raw ? vbuf(&vs, oo, 1, (Py_ssize_t)rows * n, 4, "out") : NULL;
-    if (out)
-        for (int r = 0; r < rows; r++) bl_dequant_row(type, raw + r * rb, out + (size_t)r * n, n);
-    views_release(&vs);
-    if (!out) return NULL;
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_type_row_bytes(PyObject *self, PyObject *args) {
-    (void)self;
-    int type, n;
-    if (!PyArg_ParseTuple(args, "ii", &type, &n)) return NULL;
-    return PyLong_FromSize_t(bl_type_row_bytes(type, n));
-}
-
 /* kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_f16=0) */
 static PyObject *py_kv_store(PyObject *self, PyObject *args) {
     (void)self;
@@ -777,32 +749,6 @@ static PyObject *py_float_to_half(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* repack_into(type, layout, rows, cols, src_rows, dst): bl_repack into a caller-owned (aligned) buffer */
-static PyObject *py_repack_into(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *so, *dobj;
-    int type, layout, rows, cols;
-    if (!PyArg_ParseTuple(args, "iiiiOO", &type, &layout, &rows, &cols, &so, &dobj)) return NULL;
-    size_t need = bl_matrix_bytes(type, layout, rows, cols), src = bl_matrix_bytes(type, BL_LAYOUT_ROWS, rows, cols);
-    if (!need || !src) {
-        PyErr_Format(PyExc_ValueError, "type %d layout %d [%d, %d] is not supported", type, layout, rows, cols);
-        return NULL;
-    }
-    views vs = {.n = 0};
-    char *s = vbuf(&vs, so, 0, (Py_ssize_t)src, 1, "src");
-    char *d = s ? vbuf(&vs, dobj, 1, (Py_ssize_t)need, 1, "dst") : NULL;
-    int rc = -1;
-    if (d) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = bl_repack(type, layout, rows, cols, s, d);
-        Py_END_ALLOW_THREADS
-        if (rc) PyErr_SetString(PyExc_ValueError, "repack failed");
-    }
-    views_release(&vs);
-    if (rc) return NULL;
-    Py_RETURN_NONE;
-}
-
 static PyObject *py_pool_stats(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -824,13 +770,10 @@ PyMethodDef bl_engine_methods[] = {
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate, up, out, n)"},
     {"gelu_mul", py_gelu_mul, METH_VARARGS, "gelu_mul(gate, up, out, n)"},
     {"add", py_add, METH_VARARGS, "add(x, y, n): x += y"},
-    {"dequant_rows", py_dequant_rows, METH_VARARGS, "dequant_rows(type, raw, rows, n, out)"},
-    {"type_row_bytes", py_type_row_bytes, METH_VARARGS, "type_row_bytes(type, n): 0 if unsupported"},
     {"kv_store", py_kv_store, METH_VARARGS, "kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_f16=0)"},
     {"attend", py_attend, METH_VARARGS,
      "attend(q, pos, kc, vc, out, nq, head_dim, n_ctx, scale, kv_f16=0, window=0): one kv head"},
     {"float_to_half", py_float_to_half, METH_VARARGS, "float_to_half(x_f32, out_u16, n): round to nearest even"},
-    {"repack_into", py_repack_into, METH_VARARGS, "repack_into(type, layout, rows, cols, src_rows, dst)"},
     {"pool_stats", py_pool_stats, METH_NOARGS, "{'barrier_sleeps': n, 'idle_sleeps': n} so far"},
     {"alloc_count", py_alloc_count, METH_NOARGS, "native heap allocations so far"},
     {NULL, NULL, 0, NULL},

@@ -25,13 +25,13 @@ static int check_matrix(bl_matrix *m, int type, int layout, int rows, int cols, 
         PyErr_Format(PyExc_ValueError, "matrix shape (%d, %d) must be positive", rows, cols);
         return -1;
     }
-    if (bl_block_size(type) == 0) {
+    const bl_type_traits *t = bl_traits(type);
+    if (!t || !t->acts) {
         PyErr_Format(PyExc_ValueError, "type %d is not supported by the matmul kernels", type);
         return -1;
     }
-    if (cols % bl_block_size(type)) {
-        PyErr_Format(PyExc_ValueError, "cols = %d is not a multiple of the block size %d", cols,
-                     bl_block_size(type));
+    if (cols % t->block_size) {
+        PyErr_Format(PyExc_ValueError, "cols = %d is not a multiple of the block size %d", cols, t->block_size);
         return -1;
     }
     if (bl_matrix_bytes(type, layout, rows, cols) == 0) {
@@ -110,13 +110,154 @@ static int check_range(const bl_matrix *m, int *r0, int *r1) {
 
 /* ---- functions ---- */
 
+/* a (type, layout, shape) the table can store, kernels or not */
+static int check_storage(int type, int layout, int rows, int cols) {
+    const bl_type_traits *t = bl_traits(type);
+    if (!t) {
+        PyErr_Format(PyExc_ValueError, "type %d is not in the kernels' table", type);
+        return -1;
+    }
+    if (rows <= 0 || cols <= 0 || cols % t->block_size) {
+        PyErr_Format(PyExc_ValueError, "matrix shape (%d, %d) is not positive whole %s blocks of %d", rows, cols,
+                     t->name, t->block_size);
+        return -1;
+    }
+    if (bl_matrix_bytes(type, layout, rows, cols) == 0) {
+        PyErr_Format(PyExc_ValueError, "layout %d is not supported for type %d", layout, type);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *py_matrix_bytes(PyObject *self, PyObject *args) {
     (void)self;
     int type, layout, rows, cols;
-    bl_matrix m;
     if (!PyArg_ParseTuple(args, "iiii", &type, &layout, &rows, &cols)) return NULL;
-    if (check_matrix(&m, type, layout, rows, cols, BL_ACT_Q8) < 0) return NULL;
+    if (check_storage(type, layout, rows, cols) < 0) return NULL;
     return PyLong_FromSize_t(bl_matrix_bytes(type, layout, rows, cols));
+}
+
+/* type_info(type) -> dict of the table's row, or None for a type the table does not know */
+static PyObject *py_type_info(PyObject *self, PyObject *args) {
+    (void)self;
+    int type;
+    if (!PyArg_ParseTuple(args, "i", &type)) return NULL;
+    const bl_type_traits *t = bl_traits(type);
+    if (!t) Py_RETURN_NONE;
+    PyObject *acts = PyList_New(0), *layouts = PyList_New(0);
+    for (int a = 0; acts && a < BL_ACT_COUNT; a++)
+        if (t->acts >> a & 1) {
+            PyObject *v = PyLong_FromLong(a);
+            if (!v || PyList_Append(acts, v) < 0) Py_CLEAR(acts);
+            Py_XDECREF(v);
+        }
+    for (int l = 0; layouts && l < BL_LAYOUT_COUNT; l++)
+        if (bl_group_bytes(type, l, t->block_size)) {
+            PyObject *v = PyLong_FromLong(l);
+            if (!v || PyList_Append(layouts, v) < 0) Py_CLEAR(layouts);
+            Py_XDECREF(v);
+        }
+    if (!acts || !layouts) {
+        Py_XDECREF(acts);
+        Py_XDECREF(layouts);
+        return NULL;
+    }
+    return Py_BuildValue("{s:s,s:i,s:i,s:N,s:O,s:i,s:N}", "name", t->name, "block_size", t->block_size,
+                         "block_bytes", t->block_bytes, "acts", acts, "int_acts", t->int_acts ? Py_True : Py_False,
+                         "layout", t->layout, "layouts", layouts);
+}
+
+static PyObject *py_row_bytes(PyObject *self, PyObject *args) {
+    (void)self;
+    int type, cols;
+    if (!PyArg_ParseTuple(args, "ii", &type, &cols)) return NULL;
+    return PyLong_FromSize_t(bl_row_bytes(type, cols));
+}
+
+static PyObject *py_group_bytes(PyObject *self, PyObject *args) {
+    (void)self;
+    int type, layout, cols;
+    if (!PyArg_ParseTuple(args, "iii", &type, &layout, &cols)) return NULL;
+    return PyLong_FromSize_t(bl_group_bytes(type, layout, cols));
+}
+
+static PyObject *py_layout_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    int layout;
+    if (!PyArg_ParseTuple(args, "i", &layout)) return NULL;
+    if (layout < 0 || layout >= BL_LAYOUT_COUNT) return PyErr_Format(PyExc_ValueError, "unknown layout %d", layout);
+    return PyLong_FromLong(bl_layout_rows(layout));
+}
+
+/* exactly n bytes of a buffer (writable or not) */
+static int get_exact(PyObject *obj, Py_buffer *view, int writable, size_t n, const char *what) {
+    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) return -1;
+    if ((size_t)view->len != n) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd bytes, expected %zu", what, view->len, n);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* repack_into(type, layout, rows, cols, src_rows, dst) / unrepack_into(type, layout, rows, cols, src, dst_rows):
+ * GGUF rows to `layout` and back, into a caller-owned buffer, without the GIL */
+static PyObject *repack_dir(PyObject *args, int back) {
+    int type, layout, rows, cols;
+    PyObject *so, *dobj;
+    if (!PyArg_ParseTuple(args, "iiiiOO", &type, &layout, &rows, &cols, &so, &dobj)) return NULL;
+    if (check_storage(type, layout, rows, cols) < 0) return NULL;
+    const size_t packed = bl_matrix_bytes(type, layout, rows, cols), plain = bl_matrix_bytes(type, BL_LAYOUT_ROWS, rows, cols);
+    Py_buffer sv, dv;
+    if (get_exact(so, &sv, 0, back ? packed : plain, "src") < 0) return NULL;
+    if (get_exact(dobj, &dv, 1, back ? plain : packed, "dst") < 0) {
+        PyBuffer_Release(&sv);
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = back ? bl_unrepack(type, layout, rows, cols, sv.buf, dv.buf) : bl_repack(type, layout, rows, cols, sv.buf, dv.buf);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&dv);
+    if (rc) return PyErr_Format(PyExc_ValueError, "cannot convert type %d between rows and layout %d", type, layout);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_repack_into(PyObject *self, PyObject *args) {
+    (void)self;
+    return repack_dir(args, 0);
+}
+
+static PyObject *py_unrepack_into(PyObject *self, PyObject *args) {
+    (void)self;
+    return repack_dir(args, 1);
+}
+
+/* dequantize_rows(type, layout, rows, cols, w, out, r0=0, r1=rows): rows [r0, r1) of W into out (f32,
+ * (r1 - r0) * cols values), from any layout, with the type's one dequantizer */
+static PyObject *py_dequantize_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    int type, layout, rows, cols, r0 = 0, r1 = -1;
+    PyObject *wo, *oo;
+    if (!PyArg_ParseTuple(args, "iiiiOO|ii", &type, &layout, &rows, &cols, &wo, &oo, &r0, &r1)) return NULL;
+    if (check_storage(type, layout, rows, cols) < 0) return NULL;
+    if (!bl_traits(type)->dequant) return PyErr_Format(PyExc_ValueError, "type %d has no dequantizer", type);
+    if (r1 < 0) r1 = rows;
+    if (r0 < 0 || r0 > r1 || r1 > rows) return PyErr_Format(PyExc_ValueError, "rows [%d, %d) not within [0, %d)", r0, r1, rows);
+    Py_buffer wv, ov;
+    if (get_exact(wo, &wv, 0, bl_matrix_bytes(type, layout, rows, cols), "w") < 0) return NULL;
+    if (get_exact(oo, &ov, 1, (size_t)(r1 - r0) * (size_t)cols * 4, "out") < 0) {
+        PyBuffer_Release(&wv);
+        return NULL;
+    }
+    const bl_matrix m = {type, layout, rows, cols, wv.buf, BL_ACT_Q8};
+    Py_BEGIN_ALLOW_THREADS
+    for (int r = r0; r < r1; r++) bl_dequantize_row(&m, r, (float *)ov.buf + (size_t)(r - r0) * cols);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&wv);
+    PyBuffer_Release(&ov);
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_act_row_bytes(PyObject *self, PyObject *args) {
@@ -151,7 +292,9 @@ static PyObject *py_repack(PyObject *self, PyObject *args) {
     bl_matrix m;
     Py_buffer wv;
     if (!PyArg_ParseTuple(args, "iiiiO", &type, &layout, &rows, &cols, &wobj)) return NULL;
-    if (check_matrix(&m, type, BL_LAYOUT_ROWS, rows, cols, BL_ACT_Q8) < 0 || get_weights(wobj, &m, &wv) < 0) return NULL;
+    if (check_storage(type, BL_LAYOUT_ROWS, rows, cols) < 0) return NULL;
+    m = (bl_matrix){type, BL_LAYOUT_ROWS, rows, cols, NULL, BL_ACT_Q8};
+    if (get_weights(wobj, &m, &wv) < 0) return NULL;
     size_t n = bl_matrix_bytes(type, layout, rows, cols);
     if (n == 0) {
         PyBuffer_Release(&wv);
@@ -275,7 +418,8 @@ static PyObject *py_dequantize_row(PyObject *self, PyObject *args) {
     bl_matrix m;
     Py_buffer wv;
     if (!PyArg_ParseTuple(args, "iiiiOi", &type, &layout, &rows, &cols, &wobj, &r)) return NULL;
-    if (check_matrix(&m, type, layout, rows, cols, BL_ACT_Q8) < 0) return NULL;
+    if (check_storage(type, layout, rows, cols) < 0) return NULL;
+    m = (bl_matrix){type, layout, rows, cols, NULL, BL_ACT_Q8};
     if (r < 0 || r >= rows) return PyErr_Format(PyExc_ValueError, "row %d not within [0, %d)", r, rows);
     if (get_weights(wobj, &m, &wv) < 0) return NULL;
     float *out;
@@ -349,6 +493,17 @@ done:
 }
 
 PyMethodDef bl_kernel_methods[] = {
+    {"type_info", py_type_info, METH_VARARGS,
+     "type_info(type) -> the traits table's row as a dict (name, block_size, block_bytes, acts, int_acts, layout,\n"
+     "layouts), or None for a type it does not know."},
+    {"row_bytes", py_row_bytes, METH_VARARGS, "row_bytes(type, cols) -> bytes of one GGUF row; 0 if unsupported."},
+    {"group_bytes", py_group_bytes, METH_VARARGS,
+     "group_bytes(type, layout, cols) -> bytes of one group of layout_rows(layout) rows; 0 if unsupported."},
+    {"layout_rows", py_layout_rows, METH_VARARGS, "layout_rows(layout) -> rows per group of the layout."},
+    {"repack_into", py_repack_into, METH_VARARGS, "repack_into(type, layout, rows, cols, src_rows, dst)"},
+    {"unrepack_into", py_unrepack_into, METH_VARARGS, "unrepack_into(type, layout, rows, cols, src, dst_rows)"},
+    {"dequantize_rows", py_dequantize_rows, METH_VARARGS,
+     "dequantize_rows(type, layout, rows, cols, w, out_f32, r0=0, r1=rows): rows [r0, r1) of W as float32."},
     {"matrix_bytes", py_matrix_bytes, METH_VARARGS,
      "matrix_bytes(type, layout, rows, cols) -> bytes of W[rows, cols] stored in that type and layout."},
     {"act_row_bytes", py_act_row_bytes, METH_VARARGS,

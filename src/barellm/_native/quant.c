@@ -1,121 +1,173 @@
-/* Quantized matmul: dispatch to the ISA paths, sizes, repacking, row access.
- * The layouts and the exact float work per output are described in quant_internal.h. */
+/* The type-and-layout traits table (kernels.h's bl_type_traits), and the entry points of kernels.h, which
+ * only ever ask the table: sizes, repacking both ways, row access, activation conversion, matmul dispatch.
+ * Adding a weight type means adding its row here (and its kernels); nothing else in the core changes. */
 #include <stdint.h>
 #include <string.h>
 
 #include "quant_internal.h"
 
-static int layout_ok(int type, int layout) {
-    if (layout == BL_LAYOUT_ROWS) return bl_block_size(type) != 0;
-    if (layout == BL_LAYOUT_INTERLEAVE8) return bl_is_quant(type);
+#define ACT(a) (1 << BL_ACT_##a)
+#define I8 BL_LAYOUT_INTERLEAVE8
+/* matmul[isa][layout]: {{scalar rows, scalar interleave8}, {avx2 rows, avx2 interleave8}} */
+#define MM_ROWS(t) {{bl_mm_##t##_scalar, NULL}, {bl_mm_##t##_avx2, NULL}}
+#define MM_BOTH(t) {{bl_mm_##t##_scalar, bl_mm_##t##_scalar}, {bl_mm_##t##_avx2, bl_mm_##t##_avx2}}
+#define MM_SPLIT(t) {{bl_mm_##t##_scalar, bl_mm_##t##_scalar}, {bl_mm_##t##_rows_avx2, bl_mm_##t##_avx2}}
+#define PACK(t) bl_dequant_##t, bl_pack8_##t, bl_unpack8_##t
+
+static const bl_type_traits TRAITS[BL_TYPE_COUNT] = {
+    /*            name    block  bytes acts              int  layout          dequant, pack8, unpack8  matmul */
+    [BL_F32]  = {"f32",   1,     4,    ACT(Q8),          0,   BL_LAYOUT_ROWS, bl_dequant_f32, NULL, NULL, MM_ROWS(f32)},
+    [BL_F16]  = {"f16",   1,     2,    ACT(Q8),          0,   BL_LAYOUT_ROWS, bl_dequant_f16, NULL, NULL, MM_ROWS(f16)},
+    [BL_BF16] = {"bf16",  1,     2,    0,                0,   BL_LAYOUT_ROWS, bl_dequant_bf16, NULL, NULL, {{0}}},
+    [BL_Q4_0] = {"q4_0",  32,    18,   ACT(Q8) | ACT(Q8X2), 1, I8,           PACK(q4_0), MM_SPLIT(q4_0)},
+    [BL_Q4_1] = {"q4_1",  32,    20,   ACT(Q8) | ACT(Q8X2), 1, I8,           PACK(q4_1), MM_SPLIT(q4_1)},
+    [BL_Q5_0] = {"q5_0",  32,    22,   ACT(Q8),          1,   I8,             PACK(q5_0), MM_BOTH(q5_0)},
+    [BL_Q5_1] = {"q5_1",  32,    24,   0,                1,   BL_LAYOUT_ROWS, bl_dequant_q5_1, NULL, NULL, {{0}}},
+    [BL_Q8_0] = {"q8_0",  32,    34,   ACT(Q8) | ACT(Q8X2), 1, I8,           PACK(q8_0), MM_SPLIT(q8_0)},
+    [BL_Q3_K] = {"q3_k",  256,   110,  ACT(Q8),          1,   I8,             PACK(q3_k), MM_BOTH(q3_k)},
+    [BL_Q4_K] = {"q4_k",  256,   144,  ACT(Q8),          1,   I8,             PACK(q4_k), MM_BOTH(q4_k)},
+    [BL_Q5_K] = {"q5_k",  256,   176,  ACT(Q8),          1,   I8,             PACK(q5_k), MM_BOTH(q5_k)},
+    [BL_Q6_K] = {"q6_k",  256,   210,  ACT(Q8),          1,   I8,             PACK(q6_k), MM_BOTH(q6_k)},
+};
+
+const bl_type_traits *bl_traits(int type) {
+    if (type < 0 || type >= BL_TYPE_COUNT || !TRAITS[type].name) return NULL;
+    return &TRAITS[type];
+}
+
+/* ---- the kernels of the ISA in use, resolved once ---- */
+
+typedef void (*act_fn)(const float *x, int cols, uint8_t *row);
+static bl_matmul_fn g_matmul[BL_TYPE_COUNT][BL_LAYOUT_COUNT];
+static act_fn g_act[BL_ACT_COUNT];
+static int g_resolved = -1;
+
+void bl_kernels_resolve(int isa) {
+    const int avx2 = isa == BL_ISA_AVX2;
+    for (int t = 0; t < BL_TYPE_COUNT; t++)
+        for (int l = 0; l < BL_LAYOUT_COUNT; l++) g_matmul[t][l] = TRAITS[t].matmul[avx2][l];
+    g_act[BL_ACT_Q8] = avx2 ? bl_act_q8_avx2 : bl_act_q8_scalar;
+    g_act[BL_ACT_Q8X2] = avx2 ? bl_act_q8x2_avx2 : bl_act_q8x2_scalar;
+    g_resolved = isa;
+}
+
+static inline void ensure_resolved(void) {
+    if (__builtin_expect(g_resolved < 0, 0)) bl_kernels_resolve(bl_isa());
+}
+
+/* ---- sizes ---- */
+
+size_t bl_row_bytes(int type, int cols) {
+    const bl_type_traits *t = bl_traits(type);
+    if (!t || cols <= 0 || cols % t->block_size) return 0;
+    return (size_t)(cols / t->block_size) * (size_t)t->block_bytes;
+}
+
+int bl_layout_rows(int layout) { return layout == BL_LAYOUT_INTERLEAVE8 ? 8 : 1; }
+
+static int layout_ok(const bl_type_traits *t, int layout) {
+    if (layout == BL_LAYOUT_ROWS) return 1;
+    if (layout == BL_LAYOUT_INTERLEAVE8) return t->pack8 != NULL;
     return 0;
 }
 
-int bl_matmul_row_align(const bl_matrix *w) { return w->layout == BL_LAYOUT_INTERLEAVE8 ? 8 : 1; }
-
-int bl_act_supported(int type, int act) {
-    if (act == BL_ACT_Q8) return bl_block_size(type) != 0;
-    if (act == BL_ACT_Q8X2) return type == BL_Q4_0 || type == BL_Q4_1 || type == BL_Q8_0;
-    return 0;
-}
-
-size_t bl_act_row_bytes(const bl_matrix *w, int cols) {
-    if (bl_is_quant(w->type)) return w->act == BL_ACT_Q8X2 ? bl_act_q8x2_bytes(cols) : bl_act_q8_bytes(cols);
-    return bl_round_up((size_t)cols * 4, 64);
-}
-
-void bl_quantize_act(const bl_matrix *w, const float *x, size_t x_stride, int T, void *out) {
-    if (T <= 0) return;
-    if (bl_isa() == BL_ISA_AVX2) bl_quantize_act_avx2(w, x, x_stride, T, out);
-    else bl_quantize_act_scalar(w, x, x_stride, T, out);
-}
-
-void bl_matmul(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
-    if (T <= 0 || r0 >= r1) return;
-    if (bl_is_kq(w->type)) bl_matmul_kq(w, xq, T, out, ldo, r0, r1);
-    else if (bl_isa() == BL_ISA_AVX2) bl_matmul_avx2(w, xq, T, out, ldo, r0, r1);
-    else bl_matmul_scalar(w, xq, T, out, ldo, r0, r1);
+size_t bl_group_bytes(int type, int layout, int cols) {
+    const bl_type_traits *t = bl_traits(type);
+    const size_t rb = bl_row_bytes(type, cols);
+    if (!t || !rb || !layout_ok(t, layout)) return 0;
+    return layout == BL_LAYOUT_ROWS ? rb : bl_round_up(8 * rb, 64);
 }
 
 size_t bl_matrix_bytes(int type, int layout, int rows, int cols) {
-    size_t rb = bl_row_bytes(type, cols);
-    if (rows <= 0 || rb == 0 || !layout_ok(type, layout)) return 0;
-    if (layout == BL_LAYOUT_ROWS) return (size_t)rows * rb;
-    return (size_t)((rows + 7) / 8) * bl_i8_group_bytes(type, cols);
+    const size_t gb = bl_group_bytes(type, layout, cols);
+    if (rows <= 0 || !gb) return 0;
+    const int g = bl_layout_rows(layout);
+    return (size_t)((rows + g - 1) / g) * gb;
 }
 
+int bl_matmul_row_align(const bl_matrix *w) { return bl_layout_rows(w->layout); }
+
+int bl_act_supported(int type, int act) {
+    const bl_type_traits *t = bl_traits(type);
+    return t && act >= 0 && act < BL_ACT_COUNT && (t->acts >> act & 1);
+}
+
+/* ---- repacking and row access ---- */
+
 int bl_repack(int type, int layout, int rows, int cols, const void *src, void *dst) {
-    size_t bytes = bl_matrix_bytes(type, layout, rows, cols);
+    const size_t bytes = bl_matrix_bytes(type, layout, rows, cols);
     if (bytes == 0) return -1;
     if (layout == BL_LAYOUT_ROWS) {
         memcpy(dst, src, bytes);
         return 0;
     }
-    if (bl_is_kq(type)) return bl_repack_kq(type, rows, cols, src, dst);
-    /* ROWS -> INTERLEAVE8 */
-    const uint8_t *s = (const uint8_t *)src;
-    uint8_t *d = (uint8_t *)dst;
-    memset(d, 0, bytes); /* padding rows: d = m = 0, q = 0 */
-    const size_t rb = bl_row_bytes(type, cols), gb = bl_i8_group_bytes(type, cols);
-    const size_t nb = (size_t)cols / BL_QK, bb = rb / nb, qb = bl_i8_qs_block(type);
-    const size_t nq = type == BL_Q8_0 ? 32 : 16;      /* quant bytes per row block */
-    const size_t hdr = type == BL_Q4_1 ? 4 : 2;       /* f16 d (+ f16 m) ahead of the quants */
-    for (int r = 0; r < rows; r++) {
-        uint8_t *g = d + (size_t)(r / 8) * gb;
-        const size_t l = (size_t)(r % 8);
-        for (size_t b = 0; b < nb; b++) {
-            const uint8_t *blk = s + (size_t)r * rb + b * bb;
-            for (size_t i = 0; i < nq; i++) g[b * qb + (i / 4) * 32 + l * 4 + i % 4] = blk[hdr + i];
-            memcpy(g + nb * qb + (b * 8 + l) * 2, blk, 2);
-            if (type == BL_Q4_1) memcpy(g + nb * (qb + 16) + (b * 8 + l) * 2, blk + 2, 2);
-        }
+    const bl_type_traits *t = bl_traits(type);
+    const size_t rb = bl_row_bytes(type, cols), gb = bl_group_bytes(type, layout, cols);
+    for (int r = 0; r < rows; r += 8) {
+        const uint8_t *p[8];
+        for (int l = 0; l < 8; l++) p[l] = r + l < rows ? (const uint8_t *)src + (size_t)(r + l) * rb : NULL;
+        t->pack8(cols, p, (uint8_t *)dst + (size_t)(r / 8) * gb);
     }
     return 0;
 }
 
+int bl_unrepack(int type, int layout, int rows, int cols, const void *src, void *dst) {
+    const size_t bytes = bl_matrix_bytes(type, layout, rows, cols);
+    if (bytes == 0) return -1;
+    if (layout == BL_LAYOUT_ROWS) {
+        memcpy(dst, src, bytes);
+        return 0;
+    }
+    const bl_type_traits *t = bl_traits(type);
+    const bl_matrix w = {type, layout, rows, cols, src, BL_ACT_Q8};
+    const int nb = cols / t->block_size;
+    uint8_t *d = (uint8_t *)dst;
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < nb; b++, d += t->block_bytes) {
+            uint8_t buf[BL_MAX_BLOCK];
+            memcpy(d, bl_load_block(t, &w, r, b, buf), (size_t)t->block_bytes);
+        }
+    return 0;
+}
+
 int bl_dequantize_row(const bl_matrix *w, int r, float *out) {
-    const int cols = w->cols;
-    if (r < 0 || r >= w->rows || bl_matrix_bytes(w->type, w->layout, w->rows, cols) == 0) return -1;
-    if (bl_is_kq(w->type)) return bl_dequantize_row_kq(w, r, out);
-    const uint8_t *base = (const uint8_t *)w->data;
-    if (w->type == BL_F32) {
-        memcpy(out, base + (size_t)r * cols * 4, (size_t)cols * 4);
+    const bl_type_traits *t = bl_traits(w->type);
+    if (!t || r < 0 || r >= w->rows || bl_matrix_bytes(w->type, w->layout, w->rows, w->cols) == 0) return -1;
+    if (w->layout == BL_LAYOUT_ROWS) {
+        t->dequant((const uint8_t *)w->data + (size_t)r * bl_row_bytes(w->type, w->cols), out, w->cols);
         return 0;
     }
-    if (w->type == BL_F16) {
-        for (int k = 0; k < cols; k++) out[k] = bl_f16_to_f32(bl_rd16(base + ((size_t)r * cols + k) * 2));
-        return 0;
-    }
-    const size_t rb = bl_row_bytes(w->type, cols), nb = (size_t)cols / BL_QK, bb = rb / nb;
-    const size_t nq = w->type == BL_Q8_0 ? 32 : 16, qb = bl_i8_qs_block(w->type);
-    const size_t gb = bl_i8_group_bytes(w->type, cols), l = (size_t)(r % 8);
-    const uint8_t *g = base + (size_t)(r / 8) * gb;
-    for (size_t b = 0; b < nb; b++) {
-        uint8_t q[32];
-        uint16_t dh, mh = 0;
-        if (w->layout == BL_LAYOUT_ROWS) {
-            const uint8_t *blk = base + (size_t)r * rb + b * bb;
-            dh = bl_rd16(blk);
-            if (w->type == BL_Q4_1) mh = bl_rd16(blk + 2);
-            memcpy(q, blk + (w->type == BL_Q4_1 ? 4 : 2), nq);
-        } else {
-            for (size_t i = 0; i < nq; i++) q[i] = g[b * qb + (i / 4) * 32 + l * 4 + i % 4];
-            dh = bl_rd16(g + nb * qb + (b * 8 + l) * 2);
-            if (w->type == BL_Q4_1) mh = bl_rd16(g + nb * (qb + 16) + (b * 8 + l) * 2);
-        }
-        const float dd = bl_f16_to_f32(dh), m = bl_f16_to_f32(mh);
-        float *o = out + b * BL_QK;
-        for (int i = 0; i < 16 && w->type != BL_Q8_0; i++) {
-            const int lo = q[i] & 15, hi = q[i] >> 4;
-            if (w->type == BL_Q4_0) {
-                o[i] = (float)(lo - 8) * dd;
-                o[i + 16] = (float)(hi - 8) * dd;
-            } else {
-                o[i] = (float)lo * dd + m;
-                o[i + 16] = (float)hi * dd + m;
-            }
-        }
-        for (int i = 0; i < 32 && w->type == BL_Q8_0; i++) o[i] = (float)(int8_t)q[i] * dd;
+    const int nb = w->cols / t->block_size;
+    for (int b = 0; b < nb; b++) {
+        uint8_t buf[BL_MAX_BLOCK];
+        t->dequant(bl_load_block(t, w, r, b, buf), out + (size_t)b * t->block_size, t->block_size);
     }
     return 0;
+}
+
+/* ---- activations and matmuls ---- */
+
+size_t bl_act_row_bytes(const bl_matrix *w, int cols) {
+    const bl_type_traits *t = bl_traits(w->type);
+    if (t && t->int_acts) return w->act == BL_ACT_Q8X2 ? bl_act_q8x2_bytes(cols) : bl_act_q8_bytes(cols);
+    return bl_round_up((size_t)cols * 4, 64);
+}
+
+void bl_quantize_act(const bl_matrix *w, const float *x, size_t x_stride, int T, void *out) {
+    if (T <= 0) return;
+    ensure_resolved();
+    const int cols = w->cols;
+    const size_t ob = bl_act_row_bytes(w, cols);
+    const act_fn f = bl_traits(w->type)->int_acts ? g_act[w->act] : NULL;
+    for (int t = 0; t < T; t++) {
+        uint8_t *o = (uint8_t *)out + (size_t)t * ob;
+        if (f) f(x + (size_t)t * x_stride, cols, o);
+        else memcpy(o, x + (size_t)t * x_stride, (size_t)cols * 4);
+    }
+}
+
+void bl_matmul(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
+    if (T <= 0 || r0 >= r1) return;
+    ensure_resolved();
+    g_matmul[w->type][w->layout](w, xq, T, out, ldo, r0, r1);
 }

@@ -71,7 +71,7 @@ AI float block_amax(const __m256 *v) {
     return _mm_cvtss_f32(m);
 }
 
-static void quantize_row_q8(const float *x, int cols, uint8_t *row) {
+void bl_act_q8_avx2(const float *x, int cols, uint8_t *row) {
     const int nb = cols / BL_QK;
     for (int b = 0; b < nb; b++) {
         const float *xb = x + b * BL_QK;
@@ -94,7 +94,7 @@ static void quantize_row_q8(const float *x, int cols, uint8_t *row) {
     }
 }
 
-static void quantize_row_q8x2(const float *x, int cols, uint8_t *row) {
+void bl_act_q8x2_avx2(const float *x, int cols, uint8_t *row) {
     const int nb = cols / BL_QK;
     const __m256 c254 = _mm256_set1_ps(254.0f);
     const __m256i qmax = _mm256_set1_epi32(BL_Q8X2_MAX), qmin = _mm256_set1_epi32(-BL_Q8X2_MAX);
@@ -120,17 +120,6 @@ static void quantize_row_q8x2(const float *x, int cols, uint8_t *row) {
         memcpy(row + (size_t)nb * 64 + (size_t)b * 4, &d, 4);
         memcpy(row + (size_t)nb * 68 + (size_t)b * 4, &sf, 4);
         memcpy(row + (size_t)nb * 72 + (size_t)b * 4, &isum, 4);
-    }
-}
-
-void bl_quantize_act_avx2(const bl_matrix *w, const float *x, size_t x_stride, int T, void *out) {
-    const int cols = w->cols;
-    const size_t ob = bl_act_row_bytes(w, cols);
-    for (int t = 0; t < T; t++) {
-        uint8_t *o = (uint8_t *)out + (size_t)t * ob;
-        if (bl_is_quant(w->type) && w->act == BL_ACT_Q8X2) quantize_row_q8x2(x + (size_t)t * x_stride, cols, o);
-        else if (bl_is_quant(w->type)) quantize_row_q8(x + (size_t)t * x_stride, cols, o);
-        else memcpy(o, x + (size_t)t * x_stride, (size_t)cols * 4);
     }
 }
 
@@ -419,20 +408,21 @@ G2_FN(q80x2_g2, tile_q8_g2(1, g, gb, nb, xa, o, n2, pf, pfs))
 typedef void (*tile_fn)(const uint8_t *, int, const uint8_t *, size_t, float *, size_t, int, const uint8_t *,
                         size_t);
 
-static void matmul_i8(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
+/* the matmul of one type (a constant: each caller below is its own specialization) */
+AI void matmul_i8(const int type, const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
     static const tile_fn q40[8] = {q40_1, q40_2, q40_3, q40_4, q40_5, q40_6, q40_7, q40_8},
                          q41[8] = {q41_1, q41_2, q41_3, q41_4, q41_5, q41_6, q41_7, q41_8},
                          q80[4] = {q80_1, q80_2, q80_3, q80_4};
     static const tile_fn q40x2[3] = {q40x2_1, q40x2_2, q40x2_3}, q41x2[3] = {q41x2_1, q41x2_2, q41x2_3},
                          q80x2[3] = {q80x2_1, q80x2_2, q80x2_3};
     const int x2 = w->act == BL_ACT_Q8X2;
-    const tile_fn *fns = w->type == BL_Q4_0 ? (x2 ? q40x2 : q40) : w->type == BL_Q4_1 ? (x2 ? q41x2 : q41)
+    const tile_fn *fns = type == BL_Q4_0 ? (x2 ? q40x2 : q40) : type == BL_Q4_1 ? (x2 ? q41x2 : q41)
                                                                                       : (x2 ? q80x2 : q80);
     /* tokens per tile: 8 for Q4 (~7% faster than 4 here), 4 for Q8_0 (its int32 sums need more registers),
      * 3 with Q8X2 activations (two sums per token: 3 was ~30% faster than 4, which spills, and level with 2) */
-    const int ntmax = x2 ? 3 : w->type == BL_Q8_0 ? 4 : 8;
+    const int ntmax = x2 ? 3 : type == BL_Q8_0 ? 4 : 8;
     const int nb = w->cols / BL_QK;
-    const size_t gb = bl_i8_group_bytes(w->type, w->cols), xb = bl_act_row_bytes(w, w->cols);
+    const size_t gb = bl_i8_group_bytes(type, w->cols), xb = bl_act_row_bytes(w, w->cols);
     /* prefetch BL_PF_BYTES ahead, spread over the blocks of a tile (each block prefetches its share pfs of a
      * group's bytes, so every line of the range gets its prefetch); only a group's first token tile does it */
     const size_t pfs = (gb + (size_t)nb - 1) / (size_t)nb;
@@ -440,7 +430,7 @@ static void matmul_i8(const bl_matrix *w, const void *xq, int T, float *out, siz
     int r = r0;
     if (T == 1) { /* decode: 16 rows per tile (Q4: ~25% faster from cache) */
         void (*g2fn)(const uint8_t *, size_t, int, const uint8_t *, float *, int, const uint8_t *, size_t) =
-            w->type == BL_Q4_0 ? (x2 ? q40x2_g2 : q40_g2) : w->type == BL_Q4_1 ? (x2 ? q41x2_g2 : q41_g2)
+            type == BL_Q4_0 ? (x2 ? q40x2_g2 : q40_g2) : type == BL_Q4_1 ? (x2 ? q41x2_g2 : q41_g2)
                                                                               : (x2 ? q80x2_g2 : q80_g2);
         for (; r + 8 < r1; r += 16) {
             const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
@@ -521,13 +511,14 @@ ROWS8_FN(rows8_q40x2, BL_Q4_0, 1)
 ROWS8_FN(rows8_q41x2, BL_Q4_1, 1)
 ROWS8_FN(rows8_q80x2, BL_Q8_0, 1)
 
-static void matmul_rows_quant(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
+AI void matmul_rows_quant(const int type, const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0,
+                          int r1) {
     const int x2 = w->act == BL_ACT_Q8X2;
     void (*fn)(const uint8_t *const *, int, bl_act_q8, float *, int) =
-        w->type == BL_Q4_0 ? (x2 ? rows8_q40x2 : rows8_q40) : w->type == BL_Q4_1 ? (x2 ? rows8_q41x2 : rows8_q41)
+        type == BL_Q4_0 ? (x2 ? rows8_q40x2 : rows8_q40) : type == BL_Q4_1 ? (x2 ? rows8_q41x2 : rows8_q41)
                                                                                   : (x2 ? rows8_q80x2 : rows8_q80);
     const int nb = w->cols / BL_QK;
-    const size_t rb = bl_row_bytes(w->type, w->cols), xb = bl_act_row_bytes(w, w->cols);
+    const size_t rb = bl_row_bytes(type, w->cols), xb = bl_act_row_bytes(w, w->cols);
     for (int r = r0; r < r1; r += 8) {
         const int n = r1 - r < 8 ? r1 - r : 8;
         const uint8_t *p[8];
@@ -598,12 +589,12 @@ FTILE_FN(f16_4x1, BL_F16, 4, 1)
 FTILE_FN(f16_1x2, BL_F16, 1, 2)
 FTILE_FN(f16_1x1, BL_F16, 1, 1)
 
-static void matmul_float(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
+AI void matmul_float(const int type, const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
     typedef void (*fn)(const uint8_t *const *, const float *const *, int, float *const *);
-    const int f16 = w->type == BL_F16, cols = w->cols;
+    const int f16 = type == BL_F16, cols = w->cols;
     const fn fns[2][2] = {{f16 ? f16_1x1 : f32_1x1, f16 ? f16_1x2 : f32_1x2},
                           {f16 ? f16_4x1 : f32_4x1, f16 ? f16_4x2 : f32_4x2}};
-    const size_t rb = bl_row_bytes(w->type, cols), xb = bl_act_row_bytes(w, cols);
+    const size_t rb = bl_row_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
     for (int r = r0; r < r1;) {
         const int R = r1 - r >= 4 ? 4 : 1;
         const uint8_t *wr[4];
@@ -623,8 +614,11 @@ static void matmul_float(const bl_matrix *w, const void *xq, int T, float *out, 
     }
 }
 
-void bl_matmul_avx2(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
-    if (!bl_is_quant(w->type)) matmul_float(w, xq, T, out, ldo, r0, r1);
-    else if (w->layout == BL_LAYOUT_INTERLEAVE8) matmul_i8(w, xq, T, out, ldo, r0, r1);
-    else matmul_rows_quant(w, xq, T, out, ldo, r0, r1);
-}
+void bl_mm_f32_avx2(BL_MM_ARGS) { matmul_float(BL_F32, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_f16_avx2(BL_MM_ARGS) { matmul_float(BL_F16, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q4_0_avx2(BL_MM_ARGS) { matmul_i8(BL_Q4_0, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q4_1_avx2(BL_MM_ARGS) { matmul_i8(BL_Q4_1, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q8_0_avx2(BL_MM_ARGS) { matmul_i8(BL_Q8_0, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q4_0_rows_avx2(BL_MM_ARGS) { matmul_rows_quant(BL_Q4_0, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q4_1_rows_avx2(BL_MM_ARGS) { matmul_rows_quant(BL_Q4_1, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q8_0_rows_avx2(BL_MM_ARGS) { matmul_rows_quant(BL_Q8_0, w, xq, T, out, ldo, r0, r1); }

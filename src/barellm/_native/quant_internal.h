@@ -41,8 +41,12 @@
  *               multiple of 8); out = ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7))
  * so the scalar and the AVX2 paths agree bit for bit, for any T and any row split.
  *
- * Q5_0, Q4_K and Q6_K (bl_is_kq) take the same activations; their layouts and float work are described in
+ * Q5_0, Q3_K, Q4_K, Q5_K and Q6_K take the same activations; their layouts and float work are described in
  * quant_kq.h and their kernels live in quant_kq*.c.
+ *
+ * Which kernel runs for a matrix is the traits table's business (quant.c, kernels.h's bl_type_traits): each
+ * type's row names its dequantizer, its packing into BL_LAYOUT_INTERLEAVE8 and back, and its matmul per ISA
+ * and layout, declared below; bl_kernels_resolve() picks the ISA's column once.
  */
 #ifndef BARELLM_QUANT_INTERNAL_H
 #define BARELLM_QUANT_INTERNAL_H
@@ -57,44 +61,8 @@ static inline size_t bl_round_up(size_t n, size_t a) { return (n + a - 1) / a * 
 
 #define BL_QK_K 256 /* elements per super-block of the K-quants */
 
-/* the types of quant_kq*.c */
-static inline int bl_is_kq(int type) { return type == BL_Q5_0 || type == BL_Q4_K || type == BL_Q6_K; }
-
-/* quantized weights: 8-bit activation blocks (bl_act_q8) */
-static inline int bl_is_quant(int type) {
-    return type == BL_Q4_0 || type == BL_Q4_1 || type == BL_Q8_0 || bl_is_kq(type);
-}
-
-/* elements per block (cols must be a multiple of it); 0 if the type has no kernels */
-static inline int bl_block_size(int type) {
-    switch (type) {
-    case BL_F32: case BL_F16: return 1;
-    case BL_Q4_0: case BL_Q4_1: case BL_Q8_0: case BL_Q5_0: return BL_QK;
-    case BL_Q4_K: case BL_Q6_K: return BL_QK_K;
-    default: return 0;
-    }
-}
-
-/* bytes of one GGUF row of `cols` values; 0 if the type is not handled or cols does not fit its blocks */
-static inline size_t bl_row_bytes(int type, int cols) {
-    if (cols <= 0) return 0;
-    switch (type) {
-    case BL_F32: return (size_t)cols * 4;
-    case BL_F16: return (size_t)cols * 2;
-    case BL_Q4_0: return cols % BL_QK ? 0 : (size_t)(cols / BL_QK) * 18;
-    case BL_Q4_1: return cols % BL_QK ? 0 : (size_t)(cols / BL_QK) * 20;
-    case BL_Q8_0: return cols % BL_QK ? 0 : (size_t)(cols / BL_QK) * 34;
-    case BL_Q5_0: return cols % BL_QK ? 0 : (size_t)(cols / BL_QK) * 22;
-    case BL_Q4_K: return cols % BL_QK_K ? 0 : (size_t)(cols / BL_QK_K) * 144;
-    case BL_Q6_K: return cols % BL_QK_K ? 0 : (size_t)(cols / BL_QK_K) * 210;
-    default: return 0;
-    }
-}
-
-static inline size_t bl_i8_group_bytes(int type, int cols) { return bl_round_up(8 * bl_row_bytes(type, cols), 64); }
-
-/* bytes of quants per block of 8 rows in the interleaved layout */
-static inline size_t bl_i8_qs_block(int type) { return type == BL_Q8_0 ? 256 : 128; }
+/* the interleaved layout's group of 8 rows */
+static inline size_t bl_i8_group_bytes(int type, int cols) { return bl_group_bytes(type, BL_LAYOUT_INTERLEAVE8, cols); }
 
 static inline size_t bl_act_q8_bytes(int cols) {
     size_t nb = (size_t)cols / BL_QK;
@@ -161,14 +129,58 @@ static inline float bl_f16_to_f32(uint16_t h) {
     return f;
 }
 
-/* per-ISA entry points, called by quant.c after it has checked the arguments */
-void bl_quantize_act_scalar(const bl_matrix *w, const float *x, size_t x_stride, int T, void *out);
-void bl_matmul_scalar(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1);
-void bl_quantize_act_avx2(const bl_matrix *w, const float *x, size_t x_stride, int T, void *out);
-void bl_matmul_avx2(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1);
-/* quant_kq.c: the bl_is_kq types (matmul dispatches to the ISA itself) */
-void bl_matmul_kq(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1);
-int bl_repack_kq(int type, int rows, int cols, const void *src, void *dst);
-int bl_dequantize_row_kq(const bl_matrix *w, int r, float *out);
+/* Block b of row r of W in GGUF form (the type's block_bytes bytes), from either layout: a pointer into W
+ * for rows, else the block unpacked into buf (which must hold the largest block, BL_MAX_BLOCK bytes). */
+#define BL_MAX_BLOCK 292
+static inline const uint8_t *bl_load_block(const bl_type_traits *t, const bl_matrix *w, int r, int b, uint8_t *buf) {
+    if (w->layout == BL_LAYOUT_ROWS)
+        return (const uint8_t *)w->data + (size_t)r * bl_row_bytes(w->type, w->cols) + (size_t)b * t->block_bytes;
+    t->unpack8((const uint8_t *)w->data + (size_t)(r / 8) * bl_i8_group_bytes(w->type, w->cols), w->cols, r % 8, b,
+               buf);
+    return buf;
+}
+
+/* The per-ISA kernels the traits table points at (quant_scalar.c, quant_avx2.c, quant_kq_scalar.c,
+ * quant_kq_avx2.c). Activation rows: one vector of cols values into its integer blocks. Matmuls: as
+ * bl_matmul, for the type in the name and the layout(s) the table gives them. */
+#define BL_MM_ARGS const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1
+#define BL_KERNELS_DECLARE(isa)                                                                          \
+    void bl_act_q8_##isa(const float *x, int cols, uint8_t *row);                                        \
+    void bl_act_q8x2_##isa(const float *x, int cols, uint8_t *row);                                      \
+    void bl_mm_f32_##isa(BL_MM_ARGS);                                                                    \
+    void bl_mm_f16_##isa(BL_MM_ARGS);                                                                    \
+    void bl_mm_q4_0_##isa(BL_MM_ARGS);                                                                   \
+    void bl_mm_q4_1_##isa(BL_MM_ARGS);                                                                   \
+    void bl_mm_q8_0_##isa(BL_MM_ARGS);                                                                   \
+    void bl_mm_q5_0_##isa(BL_MM_ARGS);                                                                   \
+    void bl_mm_q3_k_##isa(BL_MM_ARGS);                                                                   \
+    void bl_mm_q4_k_##isa(BL_MM_ARGS);                                                                   \
+    void bl_mm_q5_k_##isa(BL_MM_ARGS);                                                                   \
+    void bl_mm_q6_k_##isa(BL_MM_ARGS);
+BL_KERNELS_DECLARE(scalar)
+BL_KERNELS_DECLARE(avx2)
+/* AVX2 Q4_0, Q4_1, Q8_0 read GGUF rows with kernels of their own */
+void bl_mm_q4_0_rows_avx2(BL_MM_ARGS);
+void bl_mm_q4_1_rows_avx2(BL_MM_ARGS);
+void bl_mm_q8_0_rows_avx2(BL_MM_ARGS);
+
+/* quant_rows.c: the dequantizers, and Q4_0, Q4_1, Q8_0's interleaved layout */
+#define BL_ROWS_DECLARE(t)                                                                               \
+    void bl_dequant_##t(const uint8_t *src, float *out, int n);                                         \
+    void bl_pack8_##t(int cols, const uint8_t *const rows[8], uint8_t *group);                           \
+    void bl_unpack8_##t(const uint8_t *group, int cols, int l, int b, uint8_t *block);
+BL_ROWS_DECLARE(q4_0)
+BL_ROWS_DECLARE(q4_1)
+BL_ROWS_DECLARE(q8_0)
+/* quant_kq.c: the other types' interleaved layouts (quant_kq.h) */
+BL_ROWS_DECLARE(q5_0)
+BL_ROWS_DECLARE(q3_k)
+BL_ROWS_DECLARE(q4_k)
+BL_ROWS_DECLARE(q5_k)
+BL_ROWS_DECLARE(q6_k)
+void bl_dequant_f32(const uint8_t *src, float *out, int n);
+void bl_dequant_f16(const uint8_t *src, float *out, int n);
+void bl_dequant_bf16(const uint8_t *src, float *out, int n);
+void bl_dequant_q5_1(const uint8_t *src, float *out, int n);
 
 #endif

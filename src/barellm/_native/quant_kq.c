@@ -1,4 +1,5 @@
-/* Q5_0, Q4_K, Q6_K: repacking, row access and the choice of ISA (layouts in quant_kq.h). */
+/* Q5_0 and the K-quants: their interleaved layouts both ways, and the K-quants' dequantizers (layouts in
+ * quant_kq.h). The traits table (quant.c) points here. */
 #include <stdint.h>
 #include <string.h>
 
@@ -70,23 +71,28 @@ static void q6k_unpack(const uint8_t P[192], uint8_t *blk) {
 
 /* The fields of one GGUF unit as the interleaved layout orders them. */
 typedef struct {
-    const uint8_t *q, *sc, *d, *dmin;
-    size_t nq, nsc;
+    const uint8_t *q, *qh, *sc, *d, *dmin;
+    size_t nq, nqh, nsc;
     uint8_t qbuf[192]; /* Q5_0, Q6_K: the packed values */
 } kq_fields;
 
-static void fields_of(int type, const uint8_t *blk, kq_fields *f) {
-    f->sc = f->dmin = NULL;
-    f->nsc = 0;
-    if (type == BL_Q5_0) {
-        q5_pack(blk, f->qbuf);
-        f->d = blk, f->q = f->qbuf, f->nq = 20;
-    } else if (type == BL_Q4_K) {
-        f->d = blk, f->dmin = blk + 2, f->sc = blk + 4, f->nsc = 12, f->q = blk + 16, f->nq = 128;
-    } else {
-        q6k_pack(blk, f->qbuf);
-        f->q = f->qbuf, f->nq = 192, f->sc = blk + 192, f->nsc = 16, f->d = blk + 208;
-    }
+static void fields_q5_0(const uint8_t *blk, kq_fields *f) {
+    q5_pack(blk, f->qbuf);
+    f->q = f->qbuf, f->nq = 20, f->d = blk;
+}
+static void fields_q4_k(const uint8_t *blk, kq_fields *f) {
+    f->d = blk, f->dmin = blk + 2, f->sc = blk + 4, f->nsc = 12, f->q = blk + 16, f->nq = 128;
+}
+static void fields_q5_k(const uint8_t *blk, kq_fields *f) {
+    fields_q4_k(blk, f);
+    f->qh = blk + 16, f->nqh = 32, f->q = blk + 48;
+}
+static void fields_q6_k(const uint8_t *blk, kq_fields *f) {
+    q6k_pack(blk, f->qbuf);
+    f->q = f->qbuf, f->nq = 192, f->sc = blk + 192, f->nsc = 16, f->d = blk + 208;
+}
+static void fields_q3_k(const uint8_t *blk, kq_fields *f) {
+    f->qh = blk, f->nqh = 32, f->q = blk + 32, f->nq = 64, f->sc = blk + 96, f->nsc = 12, f->d = blk + 108;
 }
 
 /* n bytes of row l into an 8-row interleaved field at dst (and back) */
@@ -98,17 +104,19 @@ static void get8(uint8_t *dst, const uint8_t *src, size_t l, size_t n) {
     for (size_t g = 0; g < n / 4; g++) memcpy(dst + 4 * g, src + 32 * g + 4 * l, 4);
 }
 
-void kq_interleave_group(int type, int cols, const uint8_t *const rows[8], uint8_t *g) {
-    const size_t nu = (size_t)(cols / kq_unit(type)), ub = kq_unit_bytes(type);
-    const kq_fields8 F = kq_fields8_of(type);
-    memset(g, 0, bl_i8_group_bytes(type, cols));
+/* One group from 8 GGUF rows of nu units (rows[l] NULL: a zero row). */
+static void interleave(const kq_fields8 F, void (*fields)(const uint8_t *, kq_fields *), size_t nu,
+                       const uint8_t *const rows[8], uint8_t *g) {
+    const size_t ub = F.unit / 8;
+    memset(g, 0, bl_round_up(nu * F.unit, 64));
     for (size_t l = 0; l < 8; l++) {
         if (!rows[l]) continue;
         for (size_t u = 0; u < nu; u++) {
-            kq_fields f;
-            fields_of(type, rows[l] + u * ub, &f);
+            kq_fields f = {0};
+            fields(rows[l] + u * ub, &f);
             uint8_t *gu = g + u * F.unit;
             put8(gu + F.q, l, f.q, f.nq);
+            if (f.nqh) put8(gu + F.qh, l, f.qh, f.nqh);
             if (f.nsc) put8(gu + F.sc, l, f.sc, f.nsc);
             memcpy(gu + F.d + 2 * l, f.d, 2);
             if (f.dmin) memcpy(gu + F.d + 16 + 2 * l, f.dmin, 2);
@@ -116,87 +124,117 @@ void kq_interleave_group(int type, int cols, const uint8_t *const rows[8], uint8
     }
 }
 
-void kq_load_unit(const bl_matrix *w, int r, int u, uint8_t *blk) {
-    const int type = w->type;
-    const size_t ub = kq_unit_bytes(type);
-    if (w->layout == BL_LAYOUT_ROWS) {
-        memcpy(blk, (const uint8_t *)w->data + (size_t)r * bl_row_bytes(type, w->cols) + (size_t)u * ub, ub);
-        return;
-    }
-    const size_t l = (size_t)(r % 8);
-    const kq_fields8 F = kq_fields8_of(type);
-    const uint8_t *gu = (const uint8_t *)w->data + (size_t)(r / 8) * bl_i8_group_bytes(type, w->cols) + u * F.unit;
-    const uint8_t *gq = gu + F.q, *gs = gu + F.sc, *gd = gu + F.d + 2 * l;
-    if (type == BL_Q5_0) {
-        uint8_t P[20];
-        get8(P, gq, l, 20);
-        memcpy(blk, gd, 2);
-        q5_unpack(P, blk);
-    } else if (type == BL_Q4_K) {
-        memcpy(blk, gd, 2);
-        memcpy(blk + 2, gd + 16, 2);
-        get8(blk + 4, gs, l, 12);
-        get8(blk + 16, gq, l, 128);
-    } else {
-        uint8_t P[192];
-        get8(P, gq, l, 192);
-        q6k_unpack(P, blk);
-        get8(blk + 192, gs, l, 16);
-        memcpy(blk + 208, gd, 2);
-    }
+/* Unit u of row l of a group back in GGUF form. */
+void bl_unpack8_q5_0(const uint8_t *g, int cols, int l, int u, uint8_t *blk) {
+    const uint8_t *gu = g + (size_t)u * KQ_Q5_0.unit;
+    uint8_t P[20];
+    (void)cols;
+    get8(P, gu + KQ_Q5_0.q, (size_t)l, 20);
+    memcpy(blk, gu + KQ_Q5_0.d + 2 * l, 2);
+    q5_unpack(P, blk);
 }
 
-int bl_repack_kq(int type, int rows, int cols, const void *src, void *dst) {
-    const size_t rb = bl_row_bytes(type, cols), gb = bl_i8_group_bytes(type, cols);
-    for (int r = 0; r < rows; r += 8) {
-        const uint8_t *p[8];
-        for (int l = 0; l < 8; l++) p[l] = r + l < rows ? (const uint8_t *)src + (size_t)(r + l) * rb : NULL;
-        kq_interleave_group(type, cols, p, (uint8_t *)dst + (size_t)(r / 8) * gb);
-    }
-    return 0;
+void bl_unpack8_q4_k(const uint8_t *g, int cols, int l, int u, uint8_t *blk) {
+    const uint8_t *gu = g + (size_t)u * KQ_Q4_K.unit;
+    (void)cols;
+    memcpy(blk, gu + KQ_Q4_K.d + 2 * l, 2);
+    memcpy(blk + 2, gu + KQ_Q4_K.d + 16 + 2 * l, 2);
+    get8(blk + 4, gu + KQ_Q4_K.sc, (size_t)l, 12);
+    get8(blk + 16, gu + KQ_Q4_K.q, (size_t)l, 128);
 }
 
-int bl_dequantize_row_kq(const bl_matrix *w, int r, float *out) {
-    const int type = w->type, nu = w->cols / kq_unit(type);
-    uint8_t blk[210];
-    for (int u = 0; u < nu; u++) {
-        kq_load_unit(w, r, u, blk);
-        float *o = out + (size_t)u * kq_unit(type);
-        if (type == BL_Q5_0) {
-            const float d = bl_f16_to_f32(bl_rd16(blk));
-            const uint32_t qh = (uint32_t)bl_rd32(blk + 2);
-            for (int i = 0; i < 16; i++) {
-                const int lo = (blk[6 + i] & 15) | (int)((qh >> i) & 1) << 4;
-                const int hi = (blk[6 + i] >> 4) | (int)((qh >> (i + 16)) & 1) << 4;
-                o[i] = (float)(lo - 16) * d;
-                o[i + 16] = (float)(hi - 16) * d;
-            }
-        } else if (type == BL_Q4_K) { /* as ggml: d * sc and dmin * m first, then d1 * q - m1 */
-            const float d = bl_f16_to_f32(bl_rd16(blk)), dmin = bl_f16_to_f32(bl_rd16(blk + 2));
-            uint8_t sc[8], m[8];
-            kq_q4k_scales(blk + 4, sc, m);
-            for (int j = 0; j < 8; j++) {
-                const float d1 = d * (float)sc[j], m1 = dmin * (float)m[j];
-                for (int e = 0; e < 32; e++) {
-                    const uint8_t b = blk[16 + 32 * (j / 2) + e];
-                    const float p = d1 * (float)(j & 1 ? b >> 4 : b & 15); /* no contraction: as ggml */
-                    o[32 * j + e] = p - m1;
-                }
-            }
-        } else {
-            const float d = bl_f16_to_f32(bl_rd16(blk + 208));
-            for (int E = 0; E < 256; E++) {
-                const int h = E / 128, k = (E / 32) % 4, l = E % 32;
-                const uint8_t qb = blk[64 * h + 32 * (k & 1) + l];
-                const int q = (k < 2 ? qb & 15 : qb >> 4) | ((blk[128 + 32 * h + l] >> (2 * k)) & 3) << 4;
-                o[E] = d * (float)(int8_t)blk[192 + E / 16] * (float)(q - 32);
+void bl_unpack8_q5_k(const uint8_t *g, int cols, int l, int u, uint8_t *blk) {
+    const uint8_t *gu = g + (size_t)u * KQ_Q5_K.unit;
+    (void)cols;
+    memcpy(blk, gu + KQ_Q5_K.d + 2 * l, 2);
+    memcpy(blk + 2, gu + KQ_Q5_K.d + 16 + 2 * l, 2);
+    get8(blk + 4, gu + KQ_Q5_K.sc, (size_t)l, 12);
+    get8(blk + 16, gu + KQ_Q5_K.qh, (size_t)l, 32);
+    get8(blk + 48, gu + KQ_Q5_K.q, (size_t)l, 128);
+}
+
+void bl_unpack8_q6_k(const uint8_t *g, int cols, int l, int u, uint8_t *blk) {
+    const uint8_t *gu = g + (size_t)u * KQ_Q6_K.unit;
+    uint8_t P[192];
+    (void)cols;
+    get8(P, gu + KQ_Q6_K.q, (size_t)l, 192);
+    q6k_unpack(P, blk);
+    get8(blk + 192, gu + KQ_Q6_K.sc, (size_t)l, 16);
+    memcpy(blk + 208, gu + KQ_Q6_K.d + 2 * l, 2);
+}
+
+void bl_unpack8_q3_k(const uint8_t *g, int cols, int l, int u, uint8_t *blk) {
+    const uint8_t *gu = g + (size_t)u * KQ_Q3_K.unit;
+    (void)cols;
+    get8(blk, gu + KQ_Q3_K.qh, (size_t)l, 32);
+    get8(blk + 32, gu + KQ_Q3_K.q, (size_t)l, 64);
+    get8(blk + 96, gu + KQ_Q3_K.sc, (size_t)l, 12);
+    memcpy(blk + 108, gu + KQ_Q3_K.d + 2 * l, 2);
+}
+
+void bl_pack8_q5_0(int cols, const uint8_t *const rows[8], uint8_t *g) {
+    interleave(KQ_Q5_0, fields_q5_0, (size_t)cols / BL_QK, rows, g);
+}
+void bl_pack8_q4_k(int cols, const uint8_t *const rows[8], uint8_t *g) {
+    interleave(KQ_Q4_K, fields_q4_k, (size_t)cols / BL_QK_K, rows, g);
+}
+void bl_pack8_q5_k(int cols, const uint8_t *const rows[8], uint8_t *g) {
+    interleave(KQ_Q5_K, fields_q5_k, (size_t)cols / BL_QK_K, rows, g);
+}
+void bl_pack8_q6_k(int cols, const uint8_t *const rows[8], uint8_t *g) {
+    interleave(KQ_Q6_K, fields_q6_k, (size_t)cols / BL_QK_K, rows, g);
+}
+void bl_pack8_q3_k(int cols, const uint8_t *const rows[8], uint8_t *g) {
+    interleave(KQ_Q3_K, fields_q3_k, (size_t)cols / BL_QK_K, rows, g);
+}
+
+/* ---- the K-quants' dequantizers (as ggml's dequantize_row_*: the same float32 operations, in order) ---- */
+
+/* Q4_K and Q5_K: d * sc and dmin * m first, then d1 * q - m1 (no contraction: this file has no FMA) */
+static void dequant_q45_k(const uint8_t *blk, float *o, int n, int q5) {
+    for (int u = 0; u < n / BL_QK_K; u++, blk += q5 ? 176 : 144, o += BL_QK_K) {
+        const float d = bl_f16_to_f32(bl_rd16(blk)), dmin = bl_f16_to_f32(bl_rd16(blk + 2));
+        const uint8_t *qh = blk + 16, *qs = blk + (q5 ? 48 : 16);
+        uint8_t sc[8], m[8];
+        kq_q4k_scales(blk + 4, sc, m);
+        for (int j = 0; j < 8; j++) {
+            const float d1 = d * (float)sc[j], m1 = dmin * (float)m[j];
+            for (int e = 0; e < 32; e++) {
+                const uint8_t b = qs[32 * (j / 2) + e];
+                const int q = (j & 1 ? b >> 4 : b & 15) | (q5 ? ((qh[e] >> j) & 1) << 4 : 0);
+                const float p = d1 * (float)q;
+                o[32 * j + e] = p - m1;
             }
         }
     }
-    return 0;
 }
 
-void bl_matmul_kq(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
-    if (bl_isa() == BL_ISA_AVX2) bl_matmul_kq_avx2(w, xq, T, out, ldo, r0, r1);
-    else bl_matmul_kq_scalar(w, xq, T, out, ldo, r0, r1);
+void bl_dequant_q4_k(const uint8_t *blk, float *o, int n) { dequant_q45_k(blk, o, n, 0); }
+void bl_dequant_q5_k(const uint8_t *blk, float *o, int n) { dequant_q45_k(blk, o, n, 1); }
+
+void bl_dequant_q6_k(const uint8_t *blk, float *o, int n) {
+    for (int u = 0; u < n / BL_QK_K; u++, blk += 210, o += BL_QK_K) {
+        const float d = bl_f16_to_f32(bl_rd16(blk + 208));
+        for (int E = 0; E < 256; E++) {
+            const int h = E / 128, k = (E / 32) % 4, l = E % 32;
+            const uint8_t qb = blk[64 * h + 32 * (k & 1) + l];
+            const int q = (k < 2 ? qb & 15 : qb >> 4) | ((blk[128 + 32 * h + l] >> (2 * k)) & 3) << 4;
+            o[E] = d * (float)(int8_t)blk[192 + E / 16] * (float)(q - 32);
+        }
+    }
+}
+
+/* Q3_K: dl = d * (sc - 32), then dl * q */
+void bl_dequant_q3_k(const uint8_t *blk, float *o, int n) {
+    for (int u = 0; u < n / BL_QK_K; u++, blk += 110, o += BL_QK_K) {
+        const float d = bl_f16_to_f32(bl_rd16(blk + 108));
+        int8_t sc[16];
+        kq_q3k_scales(blk + 96, sc);
+        for (int E = 0; E < 256; E++) {
+            const int h = E / 128, k = (E / 32) % 4, l = E % 32;
+            const int q = ((blk[32 + 32 * h + l] >> (2 * k)) & 3) - ((blk[l] >> (4 * h + k)) & 1 ? 0 : 4);
+            const float dl = d * (float)sc[E / 16];
+            o[E] = dl * (float)q;
+        }
+    }
 }

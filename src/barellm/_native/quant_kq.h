@@ -1,8 +1,8 @@
-/* Private to quant_kq*.c: Q5_0, Q4_K and Q6_K (bl_is_kq), their layouts and the float work per output.
+/* Private to quant_kq*.c: Q5_0, Q3_K, Q4_K, Q5_K and Q6_K, their layouts and the float work per output.
  *
  * The activations are quant_internal.h's bl_act_q8 (int8 blocks of 32, per block f32 d, s and i32 sq):
  * every type here splits into pieces of 32 values that line up with those blocks. A "unit" is the type's
- * block (Q5_0: 32 values) or super-block (Q4_K, Q6_K: 256 values = 8 activation blocks).
+ * block (Q5_0: 32 values) or super-block (the K-quants: 256 values = 8 activation blocks).
  *
  * GGUF rows (BL_LAYOUT_ROWS), per unit:
  *   Q5_0  22 bytes: f16 d, u32 qh (LE), u8 qs[16]
@@ -12,6 +12,13 @@
  *         8 sub-blocks j of 32 with 6-bit sc_j, m_j packed in scales (ggml's get_scale_min_k4);
  *         sub-block j's value e: q = qs[32 * (j / 2) + e], low nibble for even j, high for odd;
  *         value = d * sc_j * q - dmin * m_j
+ *   Q5_K  176 bytes: f16 d, f16 dmin, u8 scales[12] (as Q4_K), u8 qh[32], u8 qs[128]
+ *         as Q4_K with a fifth bit: q = nibble | (bit j of qh[e]) << 4 (q < 32)
+ *   Q3_K  110 bytes: u8 hmask[32], u8 qs[64], u8 scales[12], f16 d
+ *         value E = 128 h + 32 k + l (h < 2, k < 4, l < 32): u = ((qs[32 h + l] >> 2k) & 3) | (bit 4h + k of
+ *         hmask[l]) << 2 (u < 8), q = u - 4; 16 scales of 6 bits, sc_i = (low 4 bits: nibble i % 8 of
+ *         scales[i % 8], the low one for i < 8) | (bits 2 (i / 4), +1 of scales[8 + i % 4]) << 4;
+ *         value = d * (sc_{E / 16} - 32) * q
  *   Q6_K  210 bytes: u8 ql[128], u8 qh[64], i8 scales[16], f16 d
  *         value E = 128 h + 32 k + l (h < 2, k < 4, l < 32):
  *         q = nibble | ((qh[32 h + l] >> 2k) & 3) << 4, nibble = low (k = 0, 1) or high (k = 2, 3) half
@@ -39,18 +46,30 @@
  *              (bits 6-7)
  *         1536 8 x 16 interleaved scales (as GGUF)
  *         1664 8 x f16 d
+ *   Q5_K  (1408 = 8 x 176)
+ *         0    8 x 128 interleaved qs (as Q4_K)
+ *         1024 8 x 32 interleaved qh (as GGUF: granule j holds bytes 4j..4j+3, the fifth bits of values
+ *              e = 4j + i of all 8 sub-blocks)
+ *         1280 8 x 12 interleaved scales (as GGUF)
+ *         1376 8 x f16 d, 1392 8 x f16 dmin
+ *   Q3_K  (880 = 8 x 110)
+ *         0    8 x 64 interleaved qs (as GGUF: granule 8h + j holds the 2-bit fields of l = 4j..4j+3, half h)
+ *         512  8 x 32 interleaved hmask (as GGUF)
+ *         768  8 x 12 interleaved scales (as GGUF)
+ *         864  8 x f16 d
  *
  * The float work for one output (t, r), in this order in every kernel of every ISA (b the activation
  * block, xd = d of the activation, sq its sum; each integer below is exact in int32 and converted once):
  *   Q5_0  acc = 0; for b: acc = fma((float)(dot(q, qx_b) - 16 * sq_b), d_b * xd_b, acc); out = acc
- *   Q4_K  acc = 0, accm = 0; for unit u:
+ *   Q4_K, Q5_K  acc = 0, accm = 0; for unit u:
  *             pu = 0, mu = 0; for sub-block j (b = 8u + j):
  *                 pu = fma((float)(sc_j * dot(q, qx_b)), xd_b, pu)
  *                 mu = fma((float)m_j, s_b, mu)                      (s_b = xd_b * sq_b, the activation's s)
  *             acc = fma(pu, d_u, acc), accm = fma(mu, dmin_u, accm)
  *         out = acc - accm
- *   Q6_K  acc = 0; for unit u:
- *             pu = 0; for block k < 8 (b = 8u + k), halves of 16 with scales sa = scales[2k], sb = scales[2k + 1]:
+ *   Q6_K, Q3_K  acc = 0; for unit u:
+ *             pu = 0; for block k < 8 (b = 8u + k), halves of 16 with scales sa = scales[2k], sb = scales[2k + 1]
+ *             (Q3_K: sc_2k - 32, sc_2k+1 - 32, and q - 4 in place of q - 32):
  *                 pu = fma((float)(sa * dot(q - 32, qx)[0:16] + sb * dot(q - 32, qx)[16:32]), xd_b, pu)
  *             acc = fma(pu, d_u, acc)
  *         out = acc
@@ -61,23 +80,18 @@
 
 #include "quant_internal.h"
 
-/* values per unit, bytes per unit of a GGUF row */
-static inline int kq_unit(int type) { return type == BL_Q5_0 ? BL_QK : BL_QK_K; }
-static inline size_t kq_unit_bytes(int type) { return type == BL_Q5_0 ? 22 : type == BL_Q4_K ? 144 : 210; }
-
 /* Where the fields of unit u of an interleaved group are: at u * unit + the field's offset. */
 typedef struct {
     size_t q;    /* the (packed) values */
-    size_t sc;   /* Q4_K, Q6_K scales (Q5_0: none) */
-    size_t d;    /* f16 d (Q4_K: 8 d then 8 dmin) */
-    size_t unit; /* bytes of one unit of 8 rows: 8 * kq_unit_bytes() */
+    size_t qh;   /* Q5_K: the fifth bits; Q3_K: hmask */
+    size_t sc;   /* the K-quants' scales (Q5_0: none) */
+    size_t d;    /* f16 d (Q4_K, Q5_K: 8 d then 8 dmin) */
+    size_t unit; /* bytes of one unit of 8 rows: 8 * the type's block bytes */
 } kq_fields8;
 
-static inline kq_fields8 kq_fields8_of(int type) {
-    if (type == BL_Q5_0) return (kq_fields8){0, 160, 160, 176};
-    if (type == BL_Q4_K) return (kq_fields8){0, 1024, 1120, 1152};
-    return (kq_fields8){0, 1536, 1664, 1680};
-}
+static const kq_fields8 KQ_Q5_0 = {0, 0, 160, 160, 176}, KQ_Q4_K = {0, 0, 1024, 1120, 1152},
+                        KQ_Q5_K = {0, 1024, 1280, 1376, 1408}, KQ_Q6_K = {0, 0, 1536, 1664, 1680},
+                        KQ_Q3_K = {0, 512, 768, 864, 880};
 
 /* Q4_K: the 6-bit scales and mins of a unit from its 12 scale bytes (ggml's get_scale_min_k4) */
 static inline void kq_q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
@@ -89,14 +103,12 @@ static inline void kq_q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) 
     }
 }
 
-/* Unit u of row r in GGUF form (kq_unit_bytes(type) bytes), from either layout. */
-void kq_load_unit(const bl_matrix *w, int r, int u, uint8_t *blk);
-
-/* One interleaved group from 8 GGUF rows (rows[l] NULL: a zero row); g has bl_i8_group_bytes() bytes. */
-void kq_interleave_group(int type, int cols, const uint8_t *const rows[8], uint8_t *g);
-
-/* per-ISA matmuls, called by bl_matmul_kq */
-void bl_matmul_kq_scalar(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1);
-void bl_matmul_kq_avx2(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1);
+/* Q3_K: the 16 scales (sc - 32, signed) of a unit from its 12 scale bytes */
+static inline void kq_q3k_scales(const uint8_t *s, int8_t sc[16]) {
+    for (int i = 0; i < 16; i++) {
+        const int lo = i < 8 ? s[i] & 15 : s[i - 8] >> 4, hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        sc[i] = (int8_t)((lo | hi << 4) - 32);
+    }
+}
 
 #endif

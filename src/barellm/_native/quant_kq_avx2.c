@@ -1,4 +1,4 @@
-/* AVX2/FMA kernels for Q5_0, Q4_K and Q6_K. They do the float work of quant_kq.h in exactly the scalar
+/* AVX2/FMA kernels for Q5_0 and the K-quants (Q3_K, Q4_K, Q5_K, Q6_K). They do the float work of quant_kq.h in exactly the scalar
  * path's order (every float operation an explicit intrinsic, so no contraction can differ); the integer
  * work is exact, so its order is free.
  *
@@ -13,8 +13,11 @@
  *   Q5_0  q < 32: |pair| <= 2 * 31 * 128 = 7936, 4 pairs a madd;
  *   Q4_K  q < 16: |pair| <= 3840, the 8 vectors of a sub-block (30720) a madd, with the scale as the
  *         madd's other operand (sc * dot in one step);
+ *   Q5_K  q < 32: |pair| <= 7936, 4 vectors a madd (31744), with the sub-block's scale;
  *   Q6_K  q < 64: |pair| <= 16128, 2 pairs a madd, again with the 16-value half's scale; the -32 offset
- *         is taken off once per block as 32 * (sa * sum(qx[0:16]) + sb * sum(qx[16:32])).
+ *         is taken off once per block as 32 * (sa * sum(qx[0:16]) + sb * sum(qx[16:32]));
+ *   Q3_K  u = q + 4 < 8: |pair| <= 1792, a 16-value half (4 vectors) a madd with its scale; the -4 offset
+ *         taken off as Q6_K's -32.
  */
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
@@ -297,6 +300,160 @@ AI void tile_q6_k(const int NT, const tile_args *A) {
     STORE(A, NT);
 }
 
+/* ---- Q5_K ---- */
+
+AI void tile_q5_k(const int NT, const tile_args *A) {
+    const int nu = A->nu, nb = nu * 8;
+    const size_t U = 1408; /* KQ_Q5_K: qs 0, qh 1024, scales 1280, d 1376 (dmin 1392) */
+    const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
+    TOKENS(A, NT);
+    /* acc: the scales chain */
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *gu = A->g + (size_t)u * U;
+        __m256i SL, SH;
+        q4k_scales8(gu + 1280, 0, &SL, &SH);
+        __m256i scj[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) scj[j] = _mm256_shuffle_epi8(j < 4 ? SL : SH, pick(j & 3, -128, j & 3, -128));
+        __m256 pu[MAXNT];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+        for (int c = 0; c < 4; c++) {
+            prefetch_part(A, &pdone, u, c, 4);
+            const uint8_t *q = gu + 256 * c;
+#pragma GCC unroll 2
+            for (int hi = 0; hi < 2; hi++) {
+                const int j = 2 * c + hi, b = 8 * u + j;
+                const __m256i bit = _mm256_set1_epi8((char)(1 << j)); /* sub-block j's fifth bits */
+                const __m256i sc = scj[j];
+                __m256i s[MAXNT], i32[MAXNT];
+#pragma GCC unroll 8
+                for (int jj = 0; jj < 8; jj++) {
+                    const __m256i v = load(q + 32 * jj), h = load(gu + 1024 + 32 * jj);
+                    const __m256i lo4 = hi ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+                    const __m256i h5 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), m16);
+                    const __m256i n = _mm256_or_si256(lo4, h5);
+#pragma GCC unroll 4
+                    for (int t = 0; t < NT; t++) {
+                        const __m256i p = _mm256_maddubs_epi16(n, bcast32(xq[t] + (size_t)b * 32 + 4 * jj));
+                        s[t] = jj & 3 ? _mm256_add_epi16(s[t], p) : p;
+                        if ((jj & 3) == 3) {
+                            const __m256i m = _mm256_madd_epi16(s[t], sc);
+                            i32[t] = jj == 3 ? m : _mm256_add_epi32(i32[t], m);
+                        }
+                    }
+                }
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++)
+                    pu[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[t]), _mm256_set1_ps(xd[t][b]), pu[t]);
+            }
+        }
+        const __m256 dw = f16x8(gu + 1376);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
+    }
+    /* accm: the mins chain, a pass of its own (as Q4_K's) */
+    __m256 accm[MAXNT];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) accm[t] = _mm256_setzero_ps();
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *gu = A->g + (size_t)u * U;
+        __m256i ML, MH;
+        q4k_scales8(gu + 1280, 1, &ML, &MH);
+        __m256 mf[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            mf[j] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(j < 4 ? ML : MH, pick(j & 3, -128, -128, -128)));
+        const __m256 dm = f16x8(gu + 1392);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m256 mu = _mm256_setzero_ps();
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) mu = _mm256_fmadd_ps(mf[j], _mm256_set1_ps(xs[t][8 * u + j]), mu);
+            accm[t] = _mm256_fmadd_ps(mu, dm, accm[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_sub_ps(acc[t], accm[t]);
+    STORE(A, NT);
+}
+
+/* ---- Q3_K ---- */
+
+/* The 16 scales (sc - 32) of a unit's 8 rows from its 3 interleaved scale vectors: byte k of each lane of
+ * v[i] is scale 4i + k of that row (see kq_q3k_scales). */
+AI void q3k_scales8(const uint8_t *s, __m256i v[4]) {
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+    const __m256i SA = load(s), SB = load(s + 32), SC = load(s + 64);
+    const __m256i lo[4] = {_mm256_and_si256(SA, m4), _mm256_and_si256(SB, m4),
+                           _mm256_and_si256(_mm256_srli_epi16(SA, 4), m4), _mm256_and_si256(_mm256_srli_epi16(SB, 4), m4)};
+    const __m256i hi[4] = {_mm256_and_si256(SC, m3), _mm256_and_si256(_mm256_srli_epi16(SC, 2), m3),
+                           _mm256_and_si256(_mm256_srli_epi16(SC, 4), m3), _mm256_and_si256(_mm256_srli_epi16(SC, 6), m3)};
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) v[i] = _mm256_sub_epi8(_mm256_or_si256(lo[i], _mm256_slli_epi16(hi[i], 4)), k32);
+}
+
+AI void tile_q3_k(const int NT, const tile_args *A) {
+    const int nu = A->nu, nb = nu * 8;
+    const size_t U = 880; /* KQ_Q3_K: qs 0, hmask 512, scales 768, d 864 */
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    TOKENS(A, NT);
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *gu = A->g + (size_t)u * U;
+        __m256i SV[4];
+        q3k_scales8(gu + 768, SV);
+        __m256 pu[MAXNT];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+        for (int kb = 0; kb < 8; kb++) {
+            const int b = 8 * u + kb, h = kb / 4, k = kb % 4, o = 2 * (kb & 1);
+            prefetch_part(A, &pdone, u, kb, 8);
+            /* scales 2 kb, 2 kb + 1 as int16 pairs (sign-extended from the high byte) */
+            const __m256i sv = SV[kb / 2];
+            const __m256i sa = _mm256_srai_epi16(_mm256_shuffle_epi8(sv, pick(-128, o, -128, o)), 8);
+            const __m256i sb = _mm256_srai_epi16(_mm256_shuffle_epi8(sv, pick(-128, o + 1, -128, o + 1)), 8);
+            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k))); /* the block's hmask bit */
+            const __m128i sh = _mm_cvtsi32_si128(2 * k);
+            __m256i i32[MAXNT];
+#pragma GCC unroll 2
+            for (int a = 0; a < 2; a++) {
+                __m256i s[MAXNT];
+#pragma GCC unroll 4
+                for (int j4 = 0; j4 < 4; j4++) {
+                    const int jj = 4 * a + j4;
+                    const __m256i qv = load(gu + 32 * (8 * h + jj)), hv = load(gu + 512 + 32 * jj);
+                    const __m256i un = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(qv, sh), m3),
+                                                       _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hv, bit), bit), m4));
+#pragma GCC unroll 4
+                    for (int t = 0; t < NT; t++) {
+                        const __m256i p = _mm256_maddubs_epi16(un, bcast32(xq[t] + (size_t)b * 32 + 4 * jj));
+                        s[t] = j4 ? _mm256_add_epi16(s[t], p) : p;
+                    }
+                }
+                const __m256i sc = a ? sb : sa;
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    const __m256i p = _mm256_madd_epi16(s[t], sc);
+                    i32[t] = a ? _mm256_add_epi32(i32[t], p) : p;
+                }
+            }
+            const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(sv, pick(-128, o, -128, o + 1)), 8);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
+                const __m256i i = _mm256_sub_epi32(i32[t], _mm256_slli_epi32(corr, 2));
+                pu[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[t]);
+            }
+        }
+        const __m256 dw = f16x8(gu + 864);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
+    }
+    STORE(A, NT);
+}
+
 #define TILE_FN(name, tile, NT)                                                                          \
     static void name(const tile_args *A) { tile(NT, A); }
 TILE_FN(q50_1, tile_q5_0, 1)
@@ -311,10 +468,18 @@ TILE_FN(q6k_1, tile_q6_k, 1)
 TILE_FN(q6k_2, tile_q6_k, 2)
 TILE_FN(q6k_3, tile_q6_k, 3)
 TILE_FN(q6k_4, tile_q6_k, 4)
+TILE_FN(q5k_1, tile_q5_k, 1)
+TILE_FN(q5k_2, tile_q5_k, 2)
+TILE_FN(q5k_3, tile_q5_k, 3)
+TILE_FN(q5k_4, tile_q5_k, 4)
+TILE_FN(q3k_1, tile_q3_k, 1)
+TILE_FN(q3k_2, tile_q3_k, 2)
+TILE_FN(q3k_3, tile_q3_k, 3)
+TILE_FN(q3k_4, tile_q3_k, 4)
 
 typedef void (*tile_fn)(const tile_args *);
 
-/* Q6_K's per-block half sums of the activations, packed as int16 pairs */
+/* Q6_K's and Q3_K's per-block half sums of the activations, packed as int16 pairs */
 static void half_sums(const void *xq, int T, size_t xb, int cols, int32_t *xp) {
     const int nb = cols / BL_QK;
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
@@ -331,29 +496,29 @@ static void half_sums(const void *xq, int T, size_t xb, int cols, int32_t *xp) {
     }
 }
 
-void bl_matmul_kq_avx2(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
-    static const tile_fn q50[MAXNT] = {q50_1, q50_2, q50_3, q50_4}, q4k[MAXNT] = {q4k_1, q4k_2, q4k_3, q4k_4},
-                         q6k[MAXNT] = {q6k_1, q6k_2, q6k_3, q6k_4};
+/* fns: the type's tiles for 1..MAXNT tokens; half: whether they take the activations' half sums (xp) */
+static void matmul_kq(const tile_fn *fns, const int half, const bl_matrix *w, const void *xq, int T, float *out,
+                      size_t ldo, int r0, int r1) {
+    const bl_type_traits *tr = bl_traits(w->type);
     const int type = w->type, cols = w->cols, nb = cols / BL_QK;
-    const tile_fn *fns = type == BL_Q5_0 ? q50 : type == BL_Q4_K ? q4k : q6k;
     const size_t gb = bl_i8_group_bytes(type, cols), rb = bl_row_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
     const int rows_layout = w->layout == BL_LAYOUT_ROWS;
     int32_t xp_stack[1024];
     int32_t *xp = NULL;
     uint8_t *scratch = NULL;
-    if (type == BL_Q6_K) {
+    if (half) {
         const size_t n = (size_t)T * (size_t)nb;
         xp = n <= 1024 ? xp_stack : malloc(n * sizeof *xp);
     }
     if (rows_layout) scratch = aligned_alloc(64, gb);
-    if ((type == BL_Q6_K && !xp) || (rows_layout && !scratch)) { /* out of memory: the same bits, slowly */
+    if ((half && !xp) || (rows_layout && !scratch)) { /* out of memory: the same bits, slowly */
         if (xp != xp_stack) free(xp);
         free(scratch);
-        bl_matmul_kq_scalar(w, xq, T, out, ldo, r0, r1);
+        tr->matmul[BL_ISA_SCALAR][w->layout](w, xq, T, out, ldo, r0, r1);
         return;
     }
     if (xp) half_sums(xq, T, xb, cols, xp);
-    tile_args A = {NULL, cols / kq_unit(type), NULL, xb, NULL, NULL, ldo, 8, NULL, 0};
+    tile_args A = {NULL, cols / tr->block_size, NULL, xb, NULL, NULL, ldo, 8, NULL, 0};
     A.pfs = (gb + (size_t)A.nu - 1) / (size_t)A.nu;
     const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
     for (int r = r0; r < r1; r += 8) {
@@ -361,7 +526,7 @@ void bl_matmul_kq_avx2(const bl_matrix *w, const void *xq, int T, float *out, si
         if (rows_layout) {
             const uint8_t *p[8];
             for (int l = 0; l < 8; l++) p[l] = l < A.nvalid ? (const uint8_t *)w->data + (size_t)(r + l) * rb : NULL;
-            kq_interleave_group(type, cols, p, scratch);
+            tr->pack8(cols, p, scratch);
             A.g = scratch;
         } else {
             A.g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
@@ -378,3 +543,13 @@ void bl_matmul_kq_avx2(const bl_matrix *w, const void *xq, int T, float *out, si
     if (xp != xp_stack) free(xp);
     free(scratch);
 }
+
+static const tile_fn Q50[MAXNT] = {q50_1, q50_2, q50_3, q50_4}, Q3K[MAXNT] = {q3k_1, q3k_2, q3k_3, q3k_4},
+                     Q4K[MAXNT] = {q4k_1, q4k_2, q4k_3, q4k_4}, Q5K[MAXNT] = {q5k_1, q5k_2, q5k_3, q5k_4},
+                     Q6K[MAXNT] = {q6k_1, q6k_2, q6k_3, q6k_4};
+
+void bl_mm_q5_0_avx2(BL_MM_ARGS) { matmul_kq(Q50, 0, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q3_k_avx2(BL_MM_ARGS) { matmul_kq(Q3K, 1, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q4_k_avx2(BL_MM_ARGS) { matmul_kq(Q4K, 0, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q5_k_avx2(BL_MM_ARGS) { matmul_kq(Q5K, 0, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q6_k_avx2(BL_MM_ARGS) { matmul_kq(Q6K, 1, w, xq, T, out, ldo, r0, r1); }

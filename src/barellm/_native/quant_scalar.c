@@ -17,7 +17,7 @@ static float block_amax(const float *xb) {
     return amax;
 }
 
-static void quantize_row_q8(const float *x, int cols, void *row) {
+void bl_act_q8_scalar(const float *x, int cols, uint8_t *row) {
     const int nb = cols / BL_QK;
     uint8_t *p = (uint8_t *)row;
     int8_t *qs = (int8_t *)p;
@@ -39,7 +39,7 @@ static void quantize_row_q8(const float *x, int cols, void *row) {
     }
 }
 
-static void quantize_row_q8x2(const float *x, int cols, void *row) {
+void bl_act_q8x2_scalar(const float *x, int cols, uint8_t *row) {
     const int nb = cols / BL_QK;
     uint8_t *p = (uint8_t *)row;
     int8_t *hi = (int8_t *)p, *lo = hi + (size_t)nb * 32;
@@ -63,53 +63,30 @@ static void quantize_row_q8x2(const float *x, int cols, void *row) {
     }
 }
 
-void bl_quantize_act_scalar(const bl_matrix *w, const float *x, size_t x_stride, int T, void *out) {
-    const int cols = w->cols;
-    const size_t ob = bl_act_row_bytes(w, cols);
-    for (int t = 0; t < T; t++) {
-        uint8_t *o = (uint8_t *)out + (size_t)t * ob;
-        if (bl_is_quant(w->type) && w->act == BL_ACT_Q8X2) quantize_row_q8x2(x + (size_t)t * x_stride, cols, o);
-        else if (bl_is_quant(w->type)) quantize_row_q8(x + (size_t)t * x_stride, cols, o);
-        else memcpy(o, x + (size_t)t * x_stride, (size_t)cols * 4);
-    }
-}
-
 /* ---- quantized weights ---- */
 
+/* one block of Q4_0, Q4_1 or Q8_0 from either layout */
 typedef struct {
     uint8_t q[32];  /* GGUF order: Q8_0 int8[32]; Q4 16 bytes of nibbles */
     float d, m;
 } wblock;
 
-static void load_block(const bl_matrix *w, int r, int b, wblock *o) {
-    const int type = w->type, nb = w->cols / BL_QK;
-    const size_t nq = type == BL_Q8_0 ? 32 : 16;
-    const uint8_t *base = (const uint8_t *)w->data;
-    uint16_t dh, mh = 0;
-    if (w->layout == BL_LAYOUT_ROWS) {
-        const size_t rb = bl_row_bytes(type, w->cols);
-        const uint8_t *blk = base + (size_t)r * rb + (size_t)b * (rb / nb);
-        dh = bl_rd16(blk);
-        if (type == BL_Q4_1) mh = bl_rd16(blk + 2);
-        memcpy(o->q, blk + (type == BL_Q4_1 ? 4 : 2), nq);
-    } else { /* BL_LAYOUT_INTERLEAVE8 */
-        const size_t qb = bl_i8_qs_block(type), l = (size_t)(r % 8);
-        const uint8_t *g = base + (size_t)(r / 8) * bl_i8_group_bytes(type, w->cols);
-        for (size_t i = 0; i < nq; i++) o->q[i] = g[(size_t)b * qb + (i / 4) * 32 + l * 4 + i % 4];
-        dh = bl_rd16(g + nb * qb + ((size_t)b * 8 + l) * 2);
-        if (type == BL_Q4_1) mh = bl_rd16(g + nb * (qb + 16) + ((size_t)b * 8 + l) * 2);
-    }
-    o->d = bl_f16_to_f32(dh);
-    o->m = bl_f16_to_f32(mh);
+static void load_block(const bl_type_traits *t, const bl_matrix *w, int r, int b, wblock *o) {
+    uint8_t buf[BL_MAX_BLOCK];
+    const uint8_t *blk = bl_load_block(t, w, r, b, buf);
+    const int q41 = w->type == BL_Q4_1;
+    memcpy(o->q, blk + (q41 ? 4 : 2), w->type == BL_Q8_0 ? 32 : 16);
+    o->d = bl_f16_to_f32(bl_rd16(blk));
+    o->m = q41 ? bl_f16_to_f32(bl_rd16(blk + 2)) : 0.0f;
 }
 
-static float dot_quant(const bl_matrix *w, int r, const void *xrow) {
+static float dot_quant(const bl_type_traits *tr, const bl_matrix *w, int r, const void *xrow) {
     const int type = w->type, nb = w->cols / BL_QK;
     const bl_act_q8 a = bl_act_view(xrow, w->cols, w->act);
     float acc = 0.0f, accm = 0.0f;
     for (int b = 0; b < nb; b++) {
         wblock wb;
-        load_block(w, r, b, &wb);
+        load_block(tr, w, r, b, &wb);
         int32_t qx[32]; /* the block's activation integers (Q8X2: 254 * hi + lo) */
         for (int i = 0; i < 32; i++)
             qx[i] = a.lo ? 254 * a.qs[b * BL_QK + i] + a.lo[b * BL_QK + i] : a.qs[b * BL_QK + i];
@@ -145,13 +122,19 @@ static float dot_float(const bl_matrix *w, int r, const float *x) {
     return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
 }
 
-void bl_matmul_scalar(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
+static void matmul(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
+    const bl_type_traits *tr = bl_traits(w->type);
     const size_t xb = bl_act_row_bytes(w, w->cols);
-    const int q = bl_is_quant(w->type);
     for (int r = r0; r < r1; r++) {
         for (int t = 0; t < T; t++) {
             const void *xrow = (const uint8_t *)xq + (size_t)t * xb;
-            out[(size_t)t * ldo + r] = q ? dot_quant(w, r, xrow) : dot_float(w, r, (const float *)xrow);
+            out[(size_t)t * ldo + r] = tr->int_acts ? dot_quant(tr, w, r, xrow) : dot_float(w, r, (const float *)xrow);
         }
     }
 }
+
+void bl_mm_f32_scalar(BL_MM_ARGS) { matmul(w, xq, T, out, ldo, r0, r1); }
+void bl_mm_f16_scalar(BL_MM_ARGS) { matmul(w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q4_0_scalar(BL_MM_ARGS) { matmul(w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q4_1_scalar(BL_MM_ARGS) { matmul(w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q8_0_scalar(BL_MM_ARGS) { matmul(w, xq, T, out, ldo, r0, r1); }

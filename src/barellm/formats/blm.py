@@ -30,21 +30,20 @@ from typing import Any
 
 import numpy as np
 
-from barellm import quant
+from barellm import kernels, quant
 from barellm.errors import BarellmError, FormatError
 from barellm.files import atomic_write
 from barellm.formats.mapped import MappedFile
-from barellm.kernels import matrix_layout
 from barellm.progress import Progress
 
 __all__ = [
     "MAGIC", "MAJOR", "MINOR", "LAYOUTS", "LAYOUT_ROWS", "LAYOUT_INTERLEAVE8", "Layout", "TensorInfo",
-    "TensorSpec", "BLMFile", "VerifyResult", "write_blm", "verify", "kernel_layout", "layout_by_name",
+    "TensorSpec", "BLMFile", "VerifyResult", "write_blm", "verify", "layout_by_name",
     "infer_type",
 ]
 
 MAGIC = b"BARELLM\0"
-MAJOR, MINOR = 1, 0
+MAJOR, MINOR = 1, 1
 PAGE = 4096
 DEFAULT_ALIGNMENT = 64
 MIN_ALIGNMENT, MAX_ALIGNMENT = 64, PAGE
@@ -194,14 +193,11 @@ def _encode_kv(out: bytearray, key: str, value: Any, type_name: str) -> None:
 
 # --- layouts ----------------------------------------------------------------------------------------------
 # One row per layout tag: which tensors it can hold, how many bytes it takes, and how to turn it back into
-# GGUF rows (dequantize needs that) and into it from rows (the converter needs that). The kernels define
-# the byte layouts (_native/quant_internal.h); this table is the only place Python knows about them.
+# GGUF rows (dequantize needs that) and into it from rows (the converter needs that). The native kernels'
+# traits table defines the byte layouts (barellm.kernels); this table only names them for the file format.
 
-LAYOUT_ROWS = 0
-LAYOUT_INTERLEAVE8 = 1
-
-# ggml type -> (block bytes, bytes ahead of the quants in a block, quant bytes per block)
-_I8_TYPES = {2: (18, 2, 16), 3: (20, 4, 16), 8: (34, 2, 32)}
+LAYOUT_ROWS = kernels.LAYOUT_ROWS
+LAYOUT_INTERLEAVE8 = kernels.LAYOUT_INTERLEAVE8
 
 
 @dataclass(frozen=True)
@@ -227,71 +223,34 @@ def _identity(data: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndar
     return data
 
 
-def _i8_check(type_id: int, shape: tuple[int, ...]) -> str | None:
-    if type_id not in _I8_TYPES:
-        return f"holds only q4_0, q4_1 and q8_0 tensors, not {quant.type_name(type_id)}"
-    if len(shape) != 2:
-        return f"holds only matrices, not a tensor of shape {shape}"
-    rows, cols = shape
-    if not (0 < rows <= INT32_MAX and 0 < cols <= INT32_MAX):
-        return f"needs a matrix shape within 1..{INT32_MAX}, not {shape}"
-    return None
+def _packed_layout(tag: int) -> Layout:
+    """A layout of the kernels' table: only matrices of the types the table gives it."""
 
+    def check(type_id: int, shape: tuple[int, ...]) -> str | None:
+        if not kernels.has_layout(type_id, tag):
+            holders = [t.name for t in quant.TYPES.values() if kernels.has_layout(t.id, tag)]
+            return f"holds only {', '.join(holders)} tensors, not {quant.type_name(type_id)}"
+        if len(shape) != 2:
+            return f"holds only matrices, not a tensor of shape {shape}"
+        if not all(0 < d <= INT32_MAX for d in shape):
+            return f"needs a matrix shape within 1..{INT32_MAX}, not {shape}"
+        return None
 
-def _i8_geometry(type_id: int, shape: tuple[int, ...]) -> tuple[int, int, int, int, int, int, int]:
-    rows, cols = shape
-    bb, hdr, nq = _I8_TYPES[type_id]
-    nb = cols // quant.QK
-    rb = nb * bb
-    gb = _round_up(8 * rb, 64)          # one group of 8 rows, padded to a cache line
-    return rows, nb, bb, hdr, nq, gb, -(-rows // 8)
+    def nbytes(type_id: int, shape: tuple[int, ...]) -> int:
+        return kernels.matrix_bytes(type_id, tag, shape[0], shape[1])
 
+    def to_rows(data: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
+        return kernels.unrepack(type_id, tag, shape[0], shape[1], data)
 
-def _i8_nbytes(type_id: int, shape: tuple[int, ...]) -> int:
-    *_, gb, groups = _i8_geometry(type_id, shape)
-    return groups * gb
+    def from_rows(data: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
+        return kernels.repack(type_id, tag, shape[0], shape[1], data)
 
-
-def _i8_to_rows(data: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
-    rows, nb, bb, hdr, nq, gb, groups = _i8_geometry(type_id, shape)
-    g = data.reshape(groups, gb)
-    qs_end = nb * nq * 8
-    out = np.empty((groups, 8, nb, bb), dtype=np.uint8)
-    # quants: block b of the group is nq/4 vectors of 32 bytes; lane l (4 bytes) of vector j is bytes 4j..4j+3
-    # of row l's quants in that block
-    q = g[:, :qs_end].reshape(groups, nb, nq // 4, 8, 4)
-    out[..., hdr:] = q.transpose(0, 3, 1, 2, 4).reshape(groups, 8, nb, nq)
-    d = g[:, qs_end:qs_end + nb * 16].reshape(groups, nb, 8, 2)
-    out[..., 0:2] = d.transpose(0, 2, 1, 3)
-    if hdr == 4:  # q4_1's minimums follow the scales
-        m = g[:, qs_end + nb * 16:qs_end + nb * 32].reshape(groups, nb, 8, 2)
-        out[..., 2:4] = m.transpose(0, 2, 1, 3)
-    return out.reshape(groups * 8, nb * bb)[:rows].reshape(-1)
-
-
-def _i8_from_rows(data: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
-    try:  # the kernels' own repacking when the native core is built: the layout is theirs to define
-        from barellm import _native
-
-        return np.frombuffer(_native.repack(type_id, LAYOUT_INTERLEAVE8, shape[0], shape[1], data), dtype=np.uint8)
-    except (ImportError, AttributeError):
-        pass
-    rows, nb, bb, hdr, nq, gb, groups = _i8_geometry(type_id, shape)
-    src = np.zeros((groups * 8, nb, bb), dtype=np.uint8)  # padding rows are zero, as bl_repack writes them
-    src[:rows] = data.reshape(rows, nb, bb)
-    src = src.reshape(groups, 8, nb, bb)
-    g = np.zeros((groups, gb), dtype=np.uint8)
-    qs_end = nb * nq * 8
-    g[:, :qs_end] = src[..., hdr:].reshape(groups, 8, nb, nq // 4, 4).transpose(0, 2, 3, 1, 4).reshape(groups, -1)
-    g[:, qs_end:qs_end + nb * 16] = src[..., 0:2].transpose(0, 2, 1, 3).reshape(groups, -1)
-    if hdr == 4:
-        g[:, qs_end + nb * 16:qs_end + nb * 32] = src[..., 2:4].transpose(0, 2, 1, 3).reshape(groups, -1)
-    return g.reshape(-1)
+    return Layout(tag, kernels.layout_name(tag), check, nbytes, to_rows, from_rows)
 
 
 LAYOUTS: dict[int, Layout] = {
     LAYOUT_ROWS: Layout(LAYOUT_ROWS, "rows", _rows_check, _rows_nbytes, _identity, _identity),
-    LAYOUT_INTERLEAVE8: Layout(LAYOUT_INTERLEAVE8, "interleave8", _i8_check, _i8_nbytes, _i8_to_rows, _i8_from_rows),
+    LAYOUT_INTERLEAVE8: _packed_layout(LAYOUT_INTERLEAVE8),
 }
 
 
@@ -305,23 +264,6 @@ def layout_by_name(name: str) -> Layout:
 def layout_name(tag: int) -> str:
     layout = LAYOUTS.get(tag)
     return layout.name if layout else f"layout {tag}"
-
-
-def kernel_layout(name: str, type_id: int, shape: tuple[int, ...]) -> int:
-    """The layout `convert --layout kernels` stores a tensor in.
-
-    Weight matrices take the layout the native engine's matmuls want (`kernels.matrix_layout`, the one
-    place for that decision). The token embedding stays in rows, since it is looked up a row at a time by
-    token id; so does everything that is not a matrix.
-    """
-    shape = tuple(shape)
-    if name == "token_embd.weight" or len(shape) != 2:
-        return LAYOUT_ROWS
-    try:
-        tag = int(matrix_layout(type_id, shape[0], shape[1]))
-    except (ValueError, OverflowError):  # a type or shape the kernels do not take
-        return LAYOUT_ROWS
-    return tag if tag in LAYOUTS and LAYOUTS[tag].check(type_id, shape) is None else LAYOUT_ROWS
 
 
 # --- the reader -------------------------------------------------------------------------------------------
@@ -626,6 +568,17 @@ class BLMFile(MappedFile):
     def stored(self, name: str) -> np.ndarray:
         """The tensor's bytes as stored, in layout `.layout`: a read-only uint8 view of the mapping (no copy)."""
         return self._bytes(name)
+
+    def span(self, names: Iterable[str]) -> np.ndarray | None:
+        """The bytes of several tensors as one read-only view (no copy), when the file stores them back to back
+        in that order with nothing between: how a writer stores a fused group (Q|K|V, gate|up) as one matrix.
+        None otherwise."""
+        infos = [self._info(n) for n in names]
+        if not infos or any(a.offset + a.nbytes != b.offset for a, b in zip(infos, infos[1:], strict=False)):
+            return None
+        if self._data is None:
+            raise ValueError(f"{self._name}: the file is closed")
+        return self._data[infos[0].offset:infos[-1].offset + infos[-1].nbytes]
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes in GGUF's row layout, as GGUFFile.raw gives them: a read-only view (no copy).

@@ -7,6 +7,7 @@ Importing this package stays cheap and works without Starlette: only the command
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", default=None, help="model name or path (default smollm2-135m)")
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1; 0.0.0.0 exposes the server to the network)")
+                   help="address to listen on (default 127.0.0.1; 0.0.0.0 exposes the server to the network: "
+                        "see --api-key)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     p.add_argument("--slots", type=int, default=4,
                    help="sequences generated side by side, each with its own KV cache (default 4)")
@@ -39,6 +41,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--alias", action="append", default=[], metavar="NAME",
                    help="another model name requests may use (repeatable)")
     p.add_argument("--template", default=None, help="a built-in chat template to use instead of the file's")
+    p.add_argument("--api-key", default=os.environ.get("BARELLM_API_KEY") or None, metavar="KEY",
+                   help="requests must send 'Authorization: Bearer KEY' (default: the environment variable "
+                        "BARELLM_API_KEY, which keeps the key out of the process list; unset: no key)")
+    p.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
+                   help="a Host header name requests may carry (repeatable; '*' for any). Default: the loopback "
+                        "names when --host is loopback, else any")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a browser origin allowed to call the API, e.g. https://app.example.com (repeatable; "
+                        "'*' for any). Default: none, and no CORS headers are sent")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     g = p.add_argument_group("replicas on a Ray cluster (pip install 'barellm[ray]'; see docs/ray.md)")
     g.add_argument("--ray", action="store_true",
@@ -77,6 +88,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise InvalidRequest(f"--timeout must be >= 0 seconds, got {args.timeout}")
     if args.prefill_chunk < 1:
         raise InvalidRequest(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
+    if args.api_key is not None and len(args.api_key) < 8:
+        raise InvalidRequest("--api-key must be at least 8 characters long")
     if args.threads is not None and args.threads < 1:
         raise InvalidRequest(f"-t/--threads must be >= 1, got {args.threads}")
     ray_only = [name for name, value in (("--address", args.address), ("--replicas", args.replicas),
@@ -110,12 +123,14 @@ def build_app(args: argparse.Namespace, *, replica: str | None = None) -> Any:
     replica on a Ray cluster runs. replica: the name its responses carry (default: host and process id)."""
     import barellm
     from barellm.serve.app import create_app
+    from barellm.serve.security import default_allowed_hosts
 
+    allowed = args.allowed_host if args.allowed_host else default_allowed_hosts(args.host)
     model = barellm.load(args.model, threads=args.threads, context=args.context, engine=args.engine,
                          chat_template=args.template, slots=args.slots, activations=args.activations)
     return create_app(model, model_id=served_id(args.model, model.path), aliases=args.alias,
                       max_queue=args.queue, timeout=args.timeout or None, prefill_chunk=args.prefill_chunk,
-                      replica=replica)
+                      api_key=args.api_key, allowed_hosts=allowed, cors_origins=args.cors_origin, replica=replica)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -132,10 +147,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            "pip install 'barellm[server]'") from None
 
     from barellm.serve.app import run
+    from barellm.serve.security import is_loopback
 
     app = build_app(args)
     model = app.state.server.model
     print(f"barellm: serving {app.state.server.model_id} ({model!r}, {args.slots} slots) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    if not is_loopback(args.host) and args.api_key is None:
+        print("barellm: warning: listening beyond loopback without --api-key: anyone who can reach this port "
+              "can use the model", file=sys.stderr)
     run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

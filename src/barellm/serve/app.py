@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,19 +20,20 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from barellm import __version__
+from barellm import __version__, openai_format
 from barellm.errors import InvalidRequest
-from barellm.serve import schemas
+from barellm.serve import openapi_doc, schemas
 from barellm.serve.metrics import Metrics, endpoint_label
-from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, QueueFull, Scheduler, TokenLogprob
+from barellm.serve.relay import RelayResponse, read_body, submit
+from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
-
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint
+from barellm.serve.security import MAX_HEADER_BYTES, Guard
 
 
 def _run_sync(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
@@ -87,21 +87,6 @@ class ServerState:
 
 # --- body and errors -----------------------------------------------------------------------------
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
-    body = bytearray()
-    try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
-    except ClientDisconnect:
-        raise bad("the client went away while sending the body") from None
-    return schemas.parse_json(bytes(body))
-
-
 def error_response(state: ServerState, path: str, err: ApiError, headers: dict[str, str] | None = None
                    ) -> Response:
     state.metrics.error(endpoint_label(path), err.type)
@@ -117,7 +102,7 @@ class Formatter:
         self.state = state
         self.req = req
         self.chat = req.kind == "chat"
-        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.id = openai_format.new_id(self.chat)
         self.created = int(time.time())
         self.offset = prompt_chars    # text_offset of the next token (legacy logprobs count from the prompt)
 
@@ -158,82 +143,44 @@ class Formatter:
                 a[k].extend(b[k])
         return a
 
-    def usage(self, done: Event) -> dict[str, Any]:
-        return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-                "total_tokens": done.prompt_tokens + done.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+    # the objects themselves are built by openai_format, which Model's create_* methods use too
 
-    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_id,
-                "system_fingerprint": self.state.fingerprint, "choices": choices}
+    def usage(self, done: Event) -> dict[str, Any]:
+        return openai_format.usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
+
+    def _ids(self) -> dict[str, Any]:
+        return {"created": self.created, "fingerprint": self.state.fingerprint}
 
     def whole(self, text: str, logprobs: dict[str, Any] | None, done: Event) -> dict[str, Any]:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                      "logprobs": logprobs, "finish_reason": done.finish_reason}
-            body = self._envelope("chat.completion", [choice])
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": done.finish_reason}
-            body = self._envelope("text_completion", [choice])
-        body["usage"] = self.usage(done)
-        return body
+        build = openai_format.chat_completion if self.chat else openai_format.text_completion
+        assert done.finish_reason is not None
+        return build(self.id, self.state.model_id, text, done.finish_reason, self.usage(done), logprobs=logprobs,
+                     **self._ids())
 
     def chunk(self, text: str | None, logprobs: dict[str, Any] | None, finish_reason: str | None = None,
               role: bool = False) -> dict[str, Any]:
         if self.chat:
-            delta: dict[str, Any] = {}
-            if role:
-                delta = {"role": "assistant", "content": ""}
-            elif text is not None:
-                delta = {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-            body = self._envelope("chat.completion.chunk", [choice])
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
-            body = self._envelope("text_completion", [choice])
-        if self.req.include_usage:
-            body["usage"] = None   # OpenAI's shape: null on every chunk but the last
-        return body
+            return openai_format.chat_chunk(self.id, self.state.model_id, text=text, role=role,
+                                            finish_reason=finish_reason, logprobs=logprobs,
+                                            with_usage=self.req.include_usage, **self._ids())
+        return openai_format.text_chunk(self.id, self.state.model_id, text=text or "", finish_reason=finish_reason,
+                                        logprobs=logprobs, with_usage=self.req.include_usage, **self._ids())
 
     def usage_chunk(self, done: Event) -> dict[str, Any]:
-        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = self.usage(done)
-        return body
+        return openai_format.usage_chunk(self.id, self.state.model_id, self.chat, self.usage(done), **self._ids())
 
 
 def _sse(obj: Any) -> dict[str, Any]:
     return {"type": "http.response.body", "body": _utf8(f"data: {_dumps(obj)}\n\n"), "more_body": True}
 
 
-class GenerationResponse(Response):
-    """Relays a job's events; cancels the job when the client disconnects or the response ends early."""
+class GenerationResponse(RelayResponse):
+    """Relays a job's events in OpenAI's shapes: one JSON body, or server-sent events."""
 
     def __init__(self, state: ServerState, job: Job, events: asyncio.Queue[Event | None], fmt: Formatter,
                  path: str) -> None:
-        self.state = state
-        self.job = job
-        self.events = events
+        super().__init__(state, job, events, path)
         self.fmt = fmt
-        self.path = path
-        self.background = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def watch() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    self.state.scheduler.cancel(self.job)
-                    self.events.put_nowait(None)
-                    return
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await self._respond(scope, receive, send)
-        except (OSError, ClientDisconnect):
-            pass   # the connection broke while writing: the finally below frees the slot
-        finally:
-            watcher.cancel()
-            self.state.scheduler.cancel(self.job)   # no-op once the job is done
 
     async def _error(self, scope: Scope, receive: Receive, send: Send, ev: Event) -> None:
         err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
@@ -299,37 +246,13 @@ def _state(request: Request) -> ServerState:
 async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[int], prompt_chars: int
                     ) -> Response:
     state = _state(request)
-    if not prompt_ids:
-        raise bad("the prompt is empty (it encodes to no tokens)", "prompt" if req.kind == "completion" else "messages")
-    room = state.n_ctx - len(prompt_ids)
-    if room < 1:
-        raise bad(f"the prompt has {len(prompt_ids)} tokens; this server's context holds {state.n_ctx}, "
-                  "including the reply", "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
-    max_tokens = req.max_tokens
-    if max_tokens is None:
-        max_tokens = room if req.kind == "chat" else min(room, COMPLETIONS_DEFAULT_MAX_TOKENS)
-    elif max_tokens > room:
-        raise bad(f"the prompt has {len(prompt_ids)} tokens and max_tokens is {max_tokens}: together over the "
-                  f"context of {state.n_ctx} tokens", "max_tokens", "context_length_exceeded")
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue[Event | None] = asyncio.Queue()
-
-    def emit(ev: Event) -> None:   # scheduler thread
-        loop.call_soon_threadsafe(events.put_nowait, ev)
-
-    job = Job(prompt=prompt_ids, params=req.params, max_tokens=max_tokens, emit=emit, stops=req.stops,
-              top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt)
-    try:
-        state.scheduler.submit(job)
-    except QueueFull as e:
-        raise ApiError(429, f"the server is busy: {e}; retry later", type="rate_limit_error",
-                       code="queue_full") from None
+    job, events = submit(state, req, prompt_ids)
     return GenerationResponse(state, job, events, Formatter(state, req, prompt_chars), request.url.path)
 
 
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
-    req = schemas.chat_request(await read_json(request, state.max_body))
+    req = schemas.chat_request(await read_body(request, state.max_body))
     state.check_model(req.model)
     assert req.messages is not None
     try:
@@ -341,7 +264,7 @@ async def chat_completions(request: Request) -> Response:
 
 async def completions(request: Request) -> Response:
     state = _state(request)
-    req = schemas.completion_request(await read_json(request, state.max_body), state.n_vocab)
+    req = schemas.completion_request(await read_body(request, state.max_body), state.n_vocab)
     state.check_model(req.model)
     if isinstance(req.prompt, str):
         try:
@@ -379,12 +302,12 @@ async def metrics(request: Request) -> Response:
 
 async def tokenize(request: Request) -> Response:
     state = _state(request)
-    text, add_special, parse_special, with_pieces = schemas.tokenize_request(await read_json(request, state.max_body))
+    req = schemas.tokenize_request(await read_body(request, state.max_body))
     try:
-        ids = await _run_sync(state.model.tokenize, text, add_special, parse_special)
+        ids = await _run_sync(state.model.tokenize, req.content, req.add_special, req.parse_special)
     except InvalidRequest as e:
         raise bad(str(e), "content") from None
-    if with_pieces:
+    if req.with_pieces:
         tok = state.tokenizer
         return _JSON({"tokens": [{"id": i, "piece": tok.token_bytes(i).decode("utf-8", errors="replace")}
                                  for i in ids]})
@@ -393,12 +316,20 @@ async def tokenize(request: Request) -> Response:
 
 async def detokenize(request: Request) -> Response:
     state = _state(request)
-    ids = schemas.detokenize_request(await read_json(request, state.max_body), state.n_vocab)
+    ids = schemas.detokenize_request(await read_body(request, state.max_body), state.n_vocab)
     try:
         text = await _run_sync(state.model.detokenize, ids)
     except InvalidRequest as e:
         raise bad(str(e), "tokens") from None
     return _JSON({"content": text})
+
+
+async def embeddings(request: Request) -> Response:
+    state = _state(request)
+    req = schemas.parse(schemas.EmbeddingRequest, await read_body(request, state.max_body))
+    state.check_model(req.model)
+    raise ApiError(400, "embeddings are not supported by this server (it serves text generation only)",
+                   code="unsupported_endpoint")
 
 
 async def openapi(request: Request) -> Response:
@@ -483,12 +414,19 @@ def process_name() -> str:
 
 def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str] = (), max_queue: int = 64,
                timeout: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-               max_body: int = schemas.MAX_BODY_BYTES, replica: str | None = None) -> Starlette:
+               max_body: int = schemas.MAX_BODY_BYTES, api_key: str | None = None,
+               allowed_hosts: Iterable[str] | None = None, cors_origins: Iterable[str] = (),
+               replica: str | None = None) -> Starlette:
     """The app for a loaded model (barellm.load(..., slots=N): one slot per concurrent sequence).
 
-    The scheduler thread starts and stops with the app's lifespan. replica: the name every response
-    carries in X-Barellm-Replica (default: host and process id).
+    api_key: requests must send 'Authorization: Bearer KEY' (but /health and the chat page at /);
+    allowed_hosts: the Host header names accepted (None: any; security.default_allowed_hosts(bind) gives
+    the command's default); cors_origins: browser origins allowed to call the API ("*": any; none: no CORS
+    headers at all); replica: the name every response carries in X-Barellm-Replica (default: host and
+    process id). The scheduler thread starts and stops with the app's lifespan.
     """
+    from barellm.serve import ollama, webui  # their handlers build on this module's
+
     state = ServerState(model, model_id=model_id, aliases=aliases, max_queue=max_queue, timeout=timeout,
                         prefill_chunk=prefill_chunk, max_body=max_body)
 
@@ -508,6 +446,7 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -515,20 +454,36 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        *ollama.routes(),
+        *webui.routes(),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error})
     app.state.server = state
-    app.state.openapi = schemas.openapi(__version__)
+    app.state.openapi = openapi_doc.openapi(__version__, ollama.MODELS, ollama.PATHS)
+    # outermost last: every answer is counted, CORS headers go on the guard's refusals too
+    app.add_middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts)
+    origins = list(cors_origins)
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"], max_age=600)
     app.add_middleware(_CountRequests, metrics=state.metrics)
     app.add_middleware(_ReplicaHeader, name=replica or process_name())
     return app
+
+
+def server_config(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info"
+                  ) -> Any:
+    """uvicorn's settings for app: no Server header, and a cap on a request's header block while it
+    arrives (the Guard checks the complete headers too, whatever HTTP parser uvicorn picked)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5,
+                          server_header=False, h11_max_incomplete_event_size=2 * MAX_HEADER_BYTES)
 
 
 def run(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info") -> None:
     """Serves app with uvicorn until interrupted."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=5, server_header=False)
-    uvicorn.Server(config).run()
+    uvicorn.Server(server_config(app, host, port, log_level)).run()

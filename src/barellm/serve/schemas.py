@@ -1,29 +1,45 @@
-"""Request validation for the OpenAI-compatible endpoints, the error shape, and the OpenAPI document.
+"""The HTTP API's request bodies as pydantic models, and the error shape.
 
-Every check raises ApiError, which the app turns into OpenAI's error object
-{"error": {"message", "type", "param", "code"}} with a 4xx status. Validation is strict about what it
-knows: a field of the wrong type or out of range, or an unknown field (OpenAI answers those with 400,
-and silently ignoring a misspelt "max_token" would hide the mistake), is an error. Fields of OpenAI's
-API that barellm does not implement are accepted only with their "off" value (tools: [], n: 1, ...).
+A body is parsed and validated in one pass (pydantic's Rust JSON parser), strictly: a field of the wrong
+JSON type (no "10" for 10, no true for 1), out of range, or unknown is a 400 that names it (OpenAI answers
+unknown fields with 400 too, and silently ignoring a misspelt "max_token" would hide the mistake). Fields
+of OpenAI's API that barellm does not implement yet (tools, response_format, logit_bias, n > 1, suffix,
+...) are modelled with their real shape, so a malformed one is named like any other, and then refused
+unless they hold their neutral value: implementing one means deleting its refusal.
+
+The models only check what a request says. What needs the model (token ids within the vocabulary, the
+prompt fitting the context) and what spans fields is checked in to_generation() and by the app.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar, Union
 
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+)
+from pydantic_core import PydanticCustomError
+
+from barellm.errors import InvalidRequest
 from barellm.sampling import SamplingParams
+from barellm.text.chat import message_text
 
 MAX_BODY_BYTES = 1 << 20
 MAX_STOPS = 16
 MAX_STOP_CHARS = 1000
 MAX_MESSAGES = 4096
 MAX_TOP_LOGPROBS = 20
-MAX_JSON_DEPTH = 64
 INT64 = 1 << 63
+UINT31 = 1 << 31
 
 
 class ApiError(Exception):
@@ -44,38 +60,22 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> ApiE
     return ApiError(400, message, param=param, code=code)
 
 
-# --- JSON ----------------------------------------------------------------------------------------
+# --- field types -----------------------------------------------------------------------------------
 
-def parse_json(raw: bytes) -> dict[str, Any]:
-    if not raw.strip():
-        raise bad("the request body is empty; send a JSON object", code="invalid_json")
-    try:
-        body = json.loads(raw)
-    except RecursionError:
-        raise bad("the JSON body is nested too deeply", code="invalid_json") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad(f"the body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise bad(f"the body must be a JSON object, got {_json_type(body)}", code="invalid_json")
-    if _depth(body) > MAX_JSON_DEPTH:
-        raise bad("the JSON body is nested too deeply", code="invalid_json")
-    return body
+def _integral(v: Any) -> Any:
+    # JSON has one number type: 16.0 means 16 (1.5 stays a float and fails the integer check)
+    if isinstance(v, float) and v.is_integer() and abs(v) < INT64:
+        return int(v)
+    return v
 
 
-def _depth(x: Any, limit: int = MAX_JSON_DEPTH + 1) -> int:
-    # iterative, so a hostile body cannot exhaust the stack here either
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(x, 1)]
-    while stack:
-        v, d = stack.pop()
-        deepest = max(deepest, d)
-        if deepest >= limit:
-            return deepest
-        if isinstance(v, dict):
-            stack.extend((c, d + 1) for c in v.values())
-        elif isinstance(v, list):
-            stack.extend((c, d + 1) for c in v)
-    return deepest
+Int = Annotated[int, BeforeValidator(_integral)]
+Prob = Annotated[float, Field(ge=0, le=1)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+
+# A union's branch is chosen from the value (its JSON type, or its "type" field), so only that branch is
+# validated and an error is about it alone. Branch tags start with "~": they show in an error's location,
+# where _where() leaves them out.
 
 
 def _json_type(v: Any) -> str:
@@ -92,85 +92,305 @@ def _json_type(v: Any) -> str:
     return "object"
 
 
-# --- field readers -------------------------------------------------------------------------------
+def _by_json_type(v: Any) -> str | None:
+    return {"string": "~string", "array": "~array", "object": "~object"}.get(_json_type(v))
 
-def _text(v: Any, param: str) -> str:
-    """A string that can be encoded as UTF-8 (JSON allows lone surrogates; the tokenizer does not)."""
-    if not isinstance(v, str):
-        raise bad(f"{param} must be a string, got {_json_type(v)}", param)
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad(f"{param} contains a lone UTF-16 surrogate", param) from None
+
+def _by_type_field(v: Any) -> str | None:
+    return f"~{v['type']}" if isinstance(v, dict) and isinstance(v.get("type"), str) else None
+
+
+def _tagged(*branches: type[BaseModel], what: str) -> Any:
+    """A union of objects told apart by their "type" field (each branch's Literal)."""
+    return Annotated[Union[tuple(Annotated[b, Tag(f"~{b.model_fields['type'].annotation.__args__[0]}")]  # noqa: UP007
+                                 for b in branches)],
+                     Discriminator(_by_type_field, custom_error_type="type_error", custom_error_message=what)]
+
+
+def _either(string: Any, array: Any, what: str) -> Any:
+    """A value that is a string or an array (of whatever array says): OpenAI's usual 'one or many'."""
+    return Annotated[Union[Annotated[string, Tag("~string")], Annotated[array, Tag("~array")]],  # noqa: UP007
+                     Discriminator(_by_json_type, custom_error_type="type_error", custom_error_message=what)]
+
+
+T = TypeVar("T")
+
+
+def _off(name: str, neutral: Callable[[Any], bool], what: str) -> AfterValidator:
+    """A field barellm does not implement (yet): its neutral values pass, anything else is refused."""
+    def check(v: T) -> T:
+        if v is not None and not neutral(v):
+            raise PydanticCustomError("unsupported_parameter", f"{name} is not supported by this server ({what})")
+        return v
+    return AfterValidator(check)
+
+
+def _empty(v: Any) -> bool:
+    return v in ([], {}, "") or v is False
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, hide_input_in_errors=True)
+
+
+# --- coming features: their shapes, refused for now --------------------------------------------------
+
+class FunctionDef(_Body):
+    name: str = Field(max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class ToolChoiceFunction(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Body):
+    name: str = Field(max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextFormat(_Body):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Body):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(_Body):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = _tagged(TextFormat, JsonObjectFormat, JsonSchemaResponseFormat,
+                         what='must be an object with "type": "text", "json_object" or "json_schema"')
+
+
+# --- messages ----------------------------------------------------------------------------------------
+
+class TextPart(_Body):
+    type: Literal["text"] = Field(description="this model reads text only")
+    text: str
+
+
+Content = _either(str, list[TextPart], "must be a string or an array of text parts")
+Role = Literal["system", "developer", "user", "assistant"]
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def _echoed(name: str) -> Any:
+    """A key a client sends back from an earlier response: accepted while it says nothing."""
+    return Annotated[Any, _off(name, _empty, "send it empty or leave it out")]
+
+
+class Message(_Body):
+    role: Role = Field(description="developer is read as system; tool messages are not supported")
+    content: Content
+    name: str | None = None
+    refusal: _echoed("refusal") = None
+    tool_calls: _echoed("tool_calls") = None
+    function_call: _echoed("function_call") = None
+    audio: _echoed("audio") = None
+    annotations: _echoed("annotations") = None
+    reasoning_content: _echoed("reasoning_content") = None
+
+
+# --- generation requests -------------------------------------------------------------------------------
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+Stop = _either(Annotated[str, Field(max_length=MAX_STOP_CHARS)],
+               Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOPS)],
+               "must be a string or an array of strings")
+
+
+class _Sampling(_Body):
+    model: str | None = Field(None, description="the served model's id, a file name of it, or an --alias")
+    max_tokens: Annotated[Int, Field(ge=1, le=UINT31)] | None = Field(
+        None, description="tokens to generate at most; prompt + max_tokens must fit the context")
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = Field(None, description="0 = greedy; default 0.8")
+    top_p: Prob | None = Field(None, description="default 0.95")
+    top_k: Annotated[Int, Field(ge=0, le=UINT31)] | None = Field(None, description="0 = off; default 40")
+    min_p: Prob | None = Field(None, description="0 = off; default 0.05")
+    repeat_penalty: Annotated[float, Field(ge=1e-6, le=10)] | None = Field(
+        None, description="llama.cpp's rule; 1 = off (the default)")
+    repeat_last_n: Annotated[Int, Field(ge=-1, le=UINT31)] | None = Field(
+        None, description="tokens the penalties look back over; -1 = all; default 64")
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    seed: Annotated[Int, Field(ge=-INT64, le=(1 << 64) - 1)] | None = Field(
+        None, description="makes a sampled generation reproducible")
+    stop: Stop | None = Field(None, description="generation ends before the first occurrence (not included)")
+    n: Annotated[Annotated[Int, Field(ge=1, le=128)] | None,
+                 _off("n", lambda v: v == 1, "one choice per request: n must be 1")] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, description="accepted and ignored")
+    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]] | None,
+                          _off("logit_bias", _empty, "send null or {}")] = None
+    metadata: dict[str, Any] | None = Field(None, description="accepted and ignored")
+    store: bool | None = Field(None, description="accepted and ignored")
+    service_tier: str | None = Field(None, description="accepted and ignored")
+    return_tokens_as_token_ids: bool = Field(False, description='logprobs name tokens "token_id:<id>"')
+    cache_prompt: bool = Field(True, description="reuse the longest cached prefix of the prompt; "
+                                                 "false prefills it all")
+
+    def params(self) -> SamplingParams:
+        top_p = self.top_p
+        if top_p == 0.0:
+            top_p = 1e-9   # OpenAI allows 0: keep only the most likely token
+        params = SamplingParams().with_(
+            temperature=self.temperature, top_p=top_p, top_k=self.top_k, min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty)
+        # NumPy's generator wants a non-negative seed; OpenAI takes any 64-bit one
+        seed = None if self.seed is None else self.seed % (1 << 64)
+        try:
+            return SamplingParams(**{**params.__dict__, "seed": seed}).validated()
+        except InvalidRequest as e:
+            raise bad(str(e)) from None
+
+    def stops(self) -> list[str]:
+        v = self.stop
+        stops = [v] if isinstance(v, str) else list(v or [])
+        return [s for s in stops if s]
+
+    def generation(self, kind: str) -> GenerationRequest:
+        if self.stream_options is not None and not self.stream:
+            raise bad("stream_options is only allowed when stream is true", "stream_options")
+        return GenerationRequest(
+            kind=kind, model=self.model, params=self.params(), max_tokens=self.max_tokens, stops=self.stops(),
+            stream=self.stream, include_usage=bool(self.stream_options and self.stream_options.include_usage),
+            tokens_as_ids=self.return_tokens_as_token_ids, cache_prompt=self.cache_prompt)
+
+
+ToolChoice = Annotated[Union[Annotated[Literal["none", "auto", "required"], Tag("~string")],  # noqa: UP007
+                             Annotated[ToolChoiceFunction, Tag("~object")]],
+                       Discriminator(_by_json_type, custom_error_type="type_error",
+                                     custom_error_message='must be "none", "auto", "required" or '
+                                                          '{"type": "function", ...}')]
+FunctionCall = Annotated[Union[Annotated[Literal["none", "auto"], Tag("~string")],  # noqa: UP007
+                               Annotated[NamedFunction, Tag("~object")]],
+                         Discriminator(_by_json_type, custom_error_type="type_error",
+                                       custom_error_message='must be "none", "auto" or {"name": ...}')]
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_completion_tokens: Annotated[Int, Field(ge=1, le=UINT31)] | None = Field(
+        None, description="the same as max_tokens")
+    logprobs: bool = False
+    top_logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: Annotated[list[Tool] | None, _off("tools", _empty, "send [] or leave it out")] = None
+    tool_choice: Annotated[ToolChoice | None, _off("tool_choice", lambda v: v == "none", "no tools")] = None
+    parallel_tool_calls: bool | None = None
+    functions: Annotated[list[FunctionDef] | None, _off("functions", _empty, "no tools")] = None
+    function_call: Annotated[FunctionCall | None, _off("function_call", lambda v: v == "none", "no tools")] = None
+    response_format: Annotated[ResponseFormat | None,
+                               _off("response_format", lambda v: v.type == "text", 'only {"type": "text"}')] = None
+    modalities: Annotated[list[Literal["text", "audio"]] | None,
+                          _off("modalities", lambda v: v == ["text"], 'only ["text"]')] = None
+    reasoning_effort: str | None = Field(None, description="accepted and ignored")
+
+    def to_generation(self) -> GenerationRequest:
+        req = self.generation("chat")
+        if self.max_completion_tokens is not None:
+            if req.max_tokens is not None and req.max_tokens != self.max_completion_tokens:
+                raise bad("max_tokens and max_completion_tokens disagree; send one", "max_completion_tokens")
+            req.max_tokens = self.max_completion_tokens
+        if self.logprobs:
+            req.top_logprobs = self.top_logprobs or 0
+        elif self.top_logprobs is not None:
+            raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+        req.messages = [{"role": ROLES[m.role], "content": _text_of(m.content)} for m in self.messages]
+        return req
+
+
+def _text_of(content: str | list[TextPart]) -> str:
+    # the rule for parts is text.chat's, which Model.chat applies too
+    return message_text(content if isinstance(content, str) else [p.model_dump() for p in content])
+
+
+def _one_prompt(v: Any) -> Any:
+    # OpenAI's batch forms: a list of strings or of token lists; one of them is one prompt
+    if isinstance(v, list) and v and all(isinstance(x, (str, list)) for x in v):
+        if len(v) > 1:
+            raise PydanticCustomError("unsupported_parameter",
+                                      "one prompt per request: this server returns one choice per request")
+        return v[0]
     return v
 
 
-def _bool(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
-    v = body.get(name)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise bad(f"{name} must be a boolean, got {_json_type(v)}", name)
-    return v
+TokenId = Annotated[int, Field(ge=0)]
+Prompt = Annotated[_either(str, Annotated[list[TokenId], Field(min_length=1)],
+                           "must be a string or an array of token ids"), BeforeValidator(_one_prompt)]
 
 
-def _int(body: Mapping[str, Any], name: str, lo: int, hi: int) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, float) and v.is_integer() and abs(v) < INT64:
-        v = int(v)   # JSON has one number type; 16.0 means 16
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise bad(f"{name} must be an integer, got {_json_type(v)}", name)
-    if not lo <= v <= hi:
-        raise bad(f"{name} must be in {lo}..{hi}, got {v}", name)
-    return v
+class CompletionRequest(_Sampling):
+    prompt: Prompt
+    logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    best_of: Annotated[Annotated[Int, Field(ge=1, le=128)] | None,
+                       _off("best_of", lambda v: v == 1, "one choice per request: best_of must be 1")] = None
+    echo: Annotated[bool | None, _off("echo", lambda v: v is False, "echo is not implemented")] = None
+    suffix: Annotated[str | None, _off("suffix", _empty, "no fill-in-the-middle")] = None
+
+    def to_generation(self, n_vocab: int) -> GenerationRequest:
+        req = self.generation("completion")
+        req.top_logprobs = self.logprobs
+        if isinstance(self.prompt, list):
+            _check_ids(self.prompt, n_vocab, "prompt")
+        req.prompt = self.prompt
+        return req
 
 
-def _num(body: Mapping[str, Any], name: str, lo: float, hi: float) -> float | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        raise bad(f"{name} must be a number, got {_json_type(v)}", name)
-    v = float(v)
-    if not math.isfinite(v) or not lo <= v <= hi:
-        raise bad(f"{name} must be in [{lo:g}, {hi:g}], got {v}", name)
-    return v
+class EmbeddingRequest(_Body):
+    input: _either(str, list[Any], "must be a string or an array")
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: Annotated[Int, Field(ge=1)] | None = None
+    user: str | None = None
 
 
-def _off(body: Mapping[str, Any], name: str, allowed: tuple[Any, ...], what: str) -> None:
-    """A field barellm does not implement: only its neutral values pass."""
-    v = body.get(name)
-    if v is None or any(v == a and type(v) is type(a) for a in allowed):
-        return
-    raise bad(f"{name} is not supported by this server ({what})", name, "unsupported_parameter")
+class TokenizeRequest(_Body):
+    content: str
+    add_special: bool = Field(True, description="apply the model's BOS rule")
+    parse_special: bool = Field(True, description="read special-token text as those tokens")
+    with_pieces: bool = Field(False, description="answer {id, piece} objects instead of bare ids")
+    model: str | None = None
 
 
-def _stops(body: Mapping[str, Any]) -> list[str]:
-    v = body.get("stop")
-    if v is None:
-        return []
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list):
-        raise bad(f"stop must be a string or an array of strings, got {_json_type(v)}", "stop")
-    if len(v) > MAX_STOPS:
-        raise bad(f"stop takes at most {MAX_STOPS} strings, got {len(v)}", "stop")
-    out = []
-    for i, s in enumerate(v):
-        s = _text(s, f"stop[{i}]")
-        if len(s) > MAX_STOP_CHARS:
-            raise bad(f"stop[{i}] is longer than {MAX_STOP_CHARS} characters", "stop")
-        if s:
-            out.append(s)
-    return out
+class DetokenizeRequest(_Body):
+    tokens: list[Int]
+    model: str | None = None
 
 
-# --- requests ------------------------------------------------------------------------------------
+def _check_ids(ids: list[int], n_vocab: int, param: str) -> None:
+    for i, t in enumerate(ids):
+        if not 0 <= t < n_vocab:
+            raise bad(f"{param}[{i}] = {t} is outside the vocabulary (0..{n_vocab - 1})", param)
+
 
 @dataclass
 class GenerationRequest:
+    """What the scheduler path needs of a request, whichever API it came through."""
+
     kind: str                                  # "chat" or "completion"
     model: str | None
     params: SamplingParams
@@ -183,390 +403,92 @@ class GenerationRequest:
     cache_prompt: bool = True                  # reuse a slot's cached prefix (llama.cpp server's extension)
     messages: list[dict[str, str]] | None = None
     prompt: str | list[int] | None = None
+    short_default: bool = True                 # no max_tokens on a completion: 16 tokens (OpenAI's), else the rest
+    clamp_max_tokens: bool = False             # max_tokens past the context: cut to fit (Ollama's) instead of a 400
 
 
-_COMMON = {
-    "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
-    "stop", "seed", "presence_penalty", "frequency_penalty", "logprobs", "n", "stream", "stream_options",
-    "user", "logit_bias", "metadata", "store", "service_tier", "return_tokens_as_token_ids", "cache_prompt",
-}
-CHAT_FIELDS = _COMMON | {
-    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-    "functions", "function_call", "response_format", "modalities", "reasoning_effort",
-}
-COMPLETION_FIELDS = _COMMON | {"prompt", "best_of", "echo", "suffix"}
+# --- parsing bodies and naming what is wrong ------------------------------------------------------
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-# keys a client echoes back from an earlier response; accepted when empty
-_ECHOED_KEYS = {"refusal", "tool_calls", "function_call", "audio", "annotations", "reasoning_content"}
+M = TypeVar("M", bound=BaseModel)
 
 
-def _common(body: dict[str, Any], kind: str, allowed: set[str]) -> GenerationRequest:
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise bad(f"unrecognized request argument: {unknown[0]}", unknown[0], "unknown_parameter")
-    model = body.get("model")
-    if model is not None:
-        model = _text(model, "model")
-    if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
-        raise bad("n must be 1: this server returns one choice per request", "n")
-    if body.get("user") is not None:
-        _text(body["user"], "user")
-    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
-        raise bad("metadata must be an object", "metadata")
-    _bool(body, "store")
-    if body.get("service_tier") is not None:
-        _text(body["service_tier"], "service_tier")
-    lb = body.get("logit_bias")
-    if lb is not None and (not isinstance(lb, dict) or lb):
-        raise bad("logit_bias is not supported by this server (send null or {})", "logit_bias",
-                  "unsupported_parameter")
-
-    temperature = _num(body, "temperature", 0.0, 2.0)
-    top_p = _num(body, "top_p", 0.0, 1.0)
-    if top_p == 0.0:
-        top_p = 1e-9   # OpenAI allows 0: keep only the most likely token
-    top_k = _int(body, "top_k", 0, 1 << 31)
-    min_p = _num(body, "min_p", 0.0, 1.0)
-    repeat_penalty = _num(body, "repeat_penalty", 1e-6, 10.0)
-    repeat_last_n = _int(body, "repeat_last_n", -1, 1 << 31)
-    presence = _num(body, "presence_penalty", -2.0, 2.0)
-    frequency = _num(body, "frequency_penalty", -2.0, 2.0)
-    seed = _int(body, "seed", -INT64, (1 << 64) - 1)
-    params = SamplingParams().with_(
-        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n, presence_penalty=presence, frequency_penalty=frequency,
-    )
-    # NumPy's generator wants a non-negative seed; OpenAI takes any 64-bit one
-    params = SamplingParams(**{**params.__dict__, "seed": None if seed is None else seed % (1 << 64)})
+def parse(model: type[M], raw: bytes) -> M:
+    """The body validated as model, or an ApiError (400) that names the first thing wrong."""
+    if not raw.strip():
+        raise bad("the request body is empty; send a JSON object", code="invalid_json")
     try:
-        params.validated()
-    except ValueError as e:
-        raise bad(str(e)) from None
-
-    stream = _bool(body, "stream")
-    include_usage = False
-    so = body.get("stream_options")
-    if so is not None:
-        if not isinstance(so, dict):
-            raise bad(f"stream_options must be an object, got {_json_type(so)}", "stream_options")
-        if not stream:
-            raise bad("stream_options is only allowed when stream is true", "stream_options")
-        extra = sorted(set(so) - {"include_usage", "continuous_usage_stats"})
-        if extra:
-            raise bad(f"unrecognized stream_options field: {extra[0]}", "stream_options")
-        include_usage = _bool(so, "include_usage")
-        _bool(so, "continuous_usage_stats")
-    return GenerationRequest(
-        kind=kind, model=model, params=params, max_tokens=_int(body, "max_tokens", 1, 1 << 31),
-        stops=_stops(body), stream=stream, include_usage=include_usage,
-        tokens_as_ids=_bool(body, "return_tokens_as_token_ids"), cache_prompt=_bool(body, "cache_prompt", True),
-    )
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        first = errors[0]
+        if first["type"] == "missing":
+            # a misspelt field also leaves the real one missing: the misspelling is the news
+            first = next((x for x in errors if x["type"] == "extra_forbidden"
+                          and x["loc"][:-1] == first["loc"][:-1]), first)
+        raise _api_error(first) from None
 
 
-def chat_request(body: dict[str, Any]) -> GenerationRequest:
-    req = _common(body, "chat", CHAT_FIELDS)
-    mct = _int(body, "max_completion_tokens", 1, 1 << 31)
-    if mct is not None:
-        if req.max_tokens is not None and req.max_tokens != mct:
-            raise bad("max_tokens and max_completion_tokens disagree; send one", "max_completion_tokens")
-        req.max_tokens = mct
-    if _bool(body, "logprobs"):
-        req.top_logprobs = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
-    elif body.get("top_logprobs") is not None:
-        _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
-        raise bad("top_logprobs needs logprobs: true", "top_logprobs")
-    tools = body.get("tools")
-    if tools is not None and tools != []:
-        raise bad("tools are not supported by this server", "tools", "unsupported_parameter")
-    _off(body, "tool_choice", ("none",), "no tools")
-    _bool(body, "parallel_tool_calls")
-    _off(body, "functions", ([],), "no tools")
-    _off(body, "function_call", ("none",), "no tools")
-    _off(body, "response_format", ({"type": "text"},), 'only {"type": "text"}')
-    _off(body, "modalities", (["text"],), 'only ["text"]')
-    if body.get("reasoning_effort") is not None:
-        _text(body["reasoning_effort"], "reasoning_effort")
-    req.messages = messages(body.get("messages"))
-    return req
-
-
-def messages(v: Any) -> list[dict[str, str]]:
-    if v is None:
-        raise bad("messages is required", "messages")
-    if not isinstance(v, list):
-        raise bad(f"messages must be an array, got {_json_type(v)}", "messages")
-    if not v:
-        raise bad("messages must not be empty", "messages")
-    if len(v) > MAX_MESSAGES:
-        raise bad(f"at most {MAX_MESSAGES} messages, got {len(v)}", "messages")
-    out = []
-    for i, m in enumerate(v):
-        p = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad(f"{p} must be an object with role and content, got {_json_type(m)}", p)
-        role = m.get("role")
-        if not isinstance(role, str):
-            raise bad(f"{p}.role must be a string, got {_json_type(role)}", f"{p}.role")
-        if role not in ROLES:
-            raise bad(f"{p}.role {role!r} is not supported (use {', '.join(ROLES)})", f"{p}.role")
-        for k in m:
-            if k in ("role", "content"):
-                continue
-            if k == "name":
-                _text(m[k], f"{p}.name")
-            elif k in _ECHOED_KEYS:
-                if m[k] not in (None, [], ""):
-                    raise bad(f"{p}.{k} is not supported by this server", f"{p}.{k}", "unsupported_parameter")
-            else:
-                raise bad(f"unrecognized field {p}.{k}", f"{p}.{k}")
-        out.append({"role": ROLES[role], "content": _content(m.get("content"), f"{p}.content")})
+def _where(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not part.startswith("~"):
+            out += f".{part}" if out else str(part)
     return out
 
 
-def _content(v: Any, p: str) -> str:
-    if isinstance(v, str):
-        return _text(v, p)
-    if v is None:
-        raise bad(f"{p} is required", p)
-    if not isinstance(v, list):
-        raise bad(f"{p} must be a string or an array of text parts, got {_json_type(v)}", p)
-    parts = []
-    for j, part in enumerate(v):
-        q = f"{p}[{j}]"
-        if not isinstance(part, dict):
-            raise bad(f"{q} must be an object, got {_json_type(part)}", q)
-        kind = part.get("type")
-        if kind != "text":
-            raise bad(f"{q}.type must be \"text\" (this model reads text only), got {kind!r}"[:300], f"{q}.type")
-        extra = sorted(set(part) - {"type", "text"})
-        if extra:
-            raise bad(f"unrecognized field {q}.{extra[0]}", f"{q}.{extra[0]}")
-        parts.append(_text(part.get("text"), f"{q}.text"))
-    return "".join(parts)
+def _api_error(err: Any) -> ApiError:
+    where = _where(err["loc"])
+    kind = err["type"]
+    msg: str = err["msg"]
+    if kind == "json_invalid":
+        return bad(f"the body is not valid JSON: {err.get('ctx', {}).get('error', msg)}", code="invalid_json")
+    if not where:
+        if kind == "model_type":
+            return bad("the body must be a JSON object", code="invalid_json")
+        return bad(msg)
+    if kind == "extra_forbidden":
+        if "." in where or "[" in where:
+            return bad(f"unrecognized field {where}", where, "unknown_parameter")
+        return bad(f"unrecognized request argument: {where}", where, "unknown_parameter")
+    if kind == "missing":
+        return bad(f"{where} is required", where)
+    if kind == "unsupported_parameter":
+        return bad(msg, where, "unsupported_parameter")
+    got = f", got {_json_type(err['input'])}" if "input" in err else ""
+    if kind == "type_error":
+        return bad(f"{where} {msg}{got}", where)
+    ctx = err.get("ctx") or {}
+    if kind in ("too_short", "too_long"):
+        bound = f"at least {ctx.get('min_length')}" if kind == "too_short" else f"at most {ctx.get('max_length')}"
+        n = ctx.get("min_length" if kind == "too_short" else "max_length")
+        return bad(f"{where} must have {bound} item{'' if n == 1 else 's'}, got {ctx.get('actual_length')}", where)
+    bounds = {"greater_than_equal": ("ge", ">="), "less_than_equal": ("le", "<="), "greater_than": ("gt", ">"),
+              "less_than": ("lt", "<")}
+    if kind in bounds:   # pydantic prints large bounds as floats
+        key, op = bounds[kind]
+        return bad(f"{where} must be {op} {ctx.get(key)}, got {err.get('input')}", where)
+    if msg.startswith("Input should be "):
+        if kind.endswith("_type"):
+            msg += got
+        return bad(f"{where} should be {msg[len('Input should be '):]}", where)
+    return bad(f"{where}: {msg[:1].lower()}{msg[1:]}", where)
 
 
-def completion_request(body: dict[str, Any], n_vocab: int) -> GenerationRequest:
-    req = _common(body, "completion", COMPLETION_FIELDS)
-    lp = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
-    req.top_logprobs = lp
-    if body.get("best_of") not in (None, 1) or isinstance(body.get("best_of"), bool):
-        raise bad("best_of must be 1: this server returns one choice per request", "best_of")
-    _off(body, "echo", (False,), "echo is not implemented")
-    _off(body, "suffix", ("",), "no fill-in-the-middle")
-    req.prompt = prompt(body.get("prompt"), n_vocab)
-    return req
+def chat_request(raw: bytes) -> GenerationRequest:
+    return parse(ChatCompletionRequest, raw).to_generation()
 
 
-def prompt(v: Any, n_vocab: int) -> str | list[int]:
-    """A string, a list of token ids, or (OpenAI's batch forms) a one-element list of either."""
-    if v is None:
-        raise bad("prompt is required", "prompt")
-    if isinstance(v, str):
-        return _text(v, "prompt")
-    if not isinstance(v, list):
-        raise bad(f"prompt must be a string or an array of token ids, got {_json_type(v)}", "prompt")
-    if len(v) == 1 and isinstance(v[0], (str, list)):
-        return prompt(v[0], n_vocab)    # a batch of one
-    if v and all(isinstance(x, (str, list)) for x in v):
-        raise bad("one prompt per request: this server returns one choice per request", "prompt")
-    if not v:
-        raise bad("prompt must not be empty", "prompt")
-    for i, t in enumerate(v):
-        if not isinstance(t, int) or isinstance(t, bool):
-            raise bad(f"prompt[{i}] must be a token id (an integer), got {_json_type(t)}", "prompt")
-        if not 0 <= t < n_vocab:
-            raise bad(f"prompt[{i}] = {t} is outside the vocabulary (0..{n_vocab - 1})", "prompt")
-    return list(v)
+def completion_request(raw: bytes, n_vocab: int) -> GenerationRequest:
+    return parse(CompletionRequest, raw).to_generation(n_vocab)
 
 
-def tokenize_request(body: dict[str, Any]) -> tuple[str, bool, bool, bool]:
-    unknown = sorted(set(body) - {"content", "add_special", "parse_special", "with_pieces", "model"})
-    if unknown:
-        raise bad(f"unrecognized request argument: {unknown[0]}", unknown[0], "unknown_parameter")
-    if body.get("model") is not None:
-        _text(body["model"], "model")
-    if "content" not in body:
-        raise bad("content is required", "content")
-    return (_text(body["content"], "content"), _bool(body, "add_special", True), _bool(body, "parse_special", True),
-            _bool(body, "with_pieces"))
+def tokenize_request(raw: bytes) -> TokenizeRequest:
+    return parse(TokenizeRequest, raw)
 
 
-def detokenize_request(body: dict[str, Any], n_vocab: int) -> list[int]:
-    unknown = sorted(set(body) - {"tokens", "model"})
-    if unknown:
-        raise bad(f"unrecognized request argument: {unknown[0]}", unknown[0], "unknown_parameter")
-    if body.get("model") is not None:
-        _text(body["model"], "model")
-    toks = body.get("tokens")
-    if not isinstance(toks, list):
-        raise bad(f"tokens must be an array of token ids, got {_json_type(toks)}", "tokens")
-    for i, t in enumerate(toks):
-        if not isinstance(t, int) or isinstance(t, bool):
-            raise bad(f"tokens[{i}] must be an integer, got {_json_type(t)}", "tokens")
-        if not 0 <= t < n_vocab:
-            raise bad(f"tokens[{i}] = {t} is outside the vocabulary (0..{n_vocab - 1})", "tokens")
-    return toks
-
-
-# --- OpenAPI -------------------------------------------------------------------------------------
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-_NUM = {"type": "number"}
-_INT = {"type": "integer"}
-_STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOPS}],
-         "nullable": True, "description": "generation ends before the first occurrence (not included)"}
-_SAMPLING = {
-    "model": {"type": "string", "description": "the served model's id, a file name of it, or an --alias; optional"},
-    "max_tokens": {**_INT, "minimum": 1, "nullable": True,
-                   "description": "tokens to generate at most; prompt + max_tokens must fit the context"},
-    "temperature": {**_NUM, "minimum": 0, "maximum": 2, "default": 0.8, "description": "0 = greedy"},
-    "top_p": {**_NUM, "minimum": 0, "maximum": 1, "default": 0.95},
-    "top_k": {**_INT, "minimum": 0, "default": 40, "description": "barellm extension; 0 = off"},
-    "min_p": {**_NUM, "minimum": 0, "maximum": 1, "default": 0.05, "description": "barellm extension; 0 = off"},
-    "repeat_penalty": {**_NUM, "exclusiveMinimum": 0, "maximum": 10, "default": 1.0,
-                       "description": "barellm extension (llama.cpp's rule); 1 = off"},
-    "repeat_last_n": {**_INT, "minimum": -1, "default": 64, "description": "tokens the penalties look back over"},
-    "presence_penalty": {**_NUM, "minimum": -2, "maximum": 2, "default": 0},
-    "frequency_penalty": {**_NUM, "minimum": -2, "maximum": 2, "default": 0},
-    "seed": {**_INT, "nullable": True, "description": "makes a sampled generation reproducible"},
-    "stop": _STOP,
-    "n": {**_INT, "enum": [1], "default": 1},
-    "stream": {"type": "boolean", "default": False},
-    "stream_options": {"type": "object", "nullable": True,
-                       "properties": {"include_usage": {"type": "boolean", "default": False}}},
-    "user": {"type": "string", "description": "accepted and ignored"},
-    "return_tokens_as_token_ids": {"type": "boolean", "default": False,
-                                   "description": 'logprobs name tokens "token_id:<id>"'},
-    "cache_prompt": {"type": "boolean", "default": True,
-                     "description": "reuse the longest cached prefix of the prompt; false prefills it all"},
-}
-_USAGE = {
-    "type": "object",
-    "properties": {
-        "prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT,
-        "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {
-            **_INT, "description": "prompt tokens whose KV cache entries were reused"}}},
-    },
-}
-_ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
-    "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": "string", "nullable": True},
-    "code": {"type": "string", "nullable": True}}}}}
-
-
-def _json_body(schema: str) -> dict[str, Any]:
-    return {"required": True, "content": {"application/json": {"schema": _ref(schema)}}}
-
-
-def _responses(ok: str, ok_schema: dict[str, Any], *, stream: bool = False, errors: tuple[int, ...] = (400,)
-               ) -> dict[str, Any]:
-    content: dict[str, Any] = {"application/json": {"schema": ok_schema}}
-    if stream:
-        content["text/event-stream"] = {"schema": {"type": "string", "description":
-                                                   "with stream: true, `data: {chunk}` events, then `data: [DONE]`"}}
-    out: dict[str, Any] = {"200": {"description": ok, "content": content}}
-    for code in errors:
-        out[str(code)] = {"description": {400: "invalid request", 404: "unknown model", 413: "body over 1 MiB",
-                                          429: "the queue is full", 503: "waited past the time limit"}[code],
-                          "content": {"application/json": {"schema": _ref("Error")}}}
-    return out
-
-
-def openapi(version: str) -> dict[str, Any]:
-    gen_errors = (400, 404, 413, 429, 503)
-    return {
-        "openapi": "3.0.3",
-        "info": {"title": "barellm", "version": version,
-                 "description": "An OpenAI-compatible server for one model; concurrent requests are batched."},
-        "paths": {
-            "/v1/chat/completions": {"post": {
-                "summary": "Chat completion (streaming with stream: true)", "operationId": "createChatCompletion",
-                "requestBody": _json_body("ChatCompletionRequest"),
-                "responses": _responses("a chat.completion object", _ref("ChatCompletion"), stream=True,
-                                        errors=gen_errors)}},
-            "/v1/completions": {"post": {
-                "summary": "Text completion (streaming with stream: true)", "operationId": "createCompletion",
-                "requestBody": _json_body("CompletionRequest"),
-                "responses": _responses("a text_completion object", _ref("Completion"), stream=True,
-                                        errors=gen_errors)}},
-            "/v1/models": {"get": {"summary": "The served model", "operationId": "listModels",
-                                   "responses": _responses("a list of models", _ref("ModelList"), errors=())}},
-            "/v1/models/{model}": {"get": {
-                "summary": "One model", "operationId": "retrieveModel",
-                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "responses": _responses("the model", _ref("Model"), errors=(404,))}},
-            "/tokenize": {"post": {
-                "summary": "Text to token ids", "operationId": "tokenize", "requestBody": _json_body("TokenizeRequest"),
-                "responses": _responses("token ids", {"type": "object", "properties": {"tokens": {
-                    "type": "array", "items": {"oneOf": [_INT, {"type": "object", "properties": {
-                        "id": _INT, "piece": {"type": "string"}}}]}}}})}},
-            "/detokenize": {"post": {
-                "summary": "Token ids to text", "operationId": "detokenize",
-                "requestBody": _json_body("DetokenizeRequest"),
-                "responses": _responses("the text", {"type": "object",
-                                                     "properties": {"content": {"type": "string"}}})}},
-            "/health": {"get": {"summary": "Liveness and load", "operationId": "health",
-                                "responses": _responses("ok", {"type": "object"}, errors=())}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "operationId": "metrics", "responses": {
-                "200": {"description": "text exposition format 0.0.4",
-                        "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
-            "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi",
-                                      "responses": _responses("OpenAPI 3.0", {"type": "object"}, errors=())}},
-        },
-        "components": {"schemas": {
-            "Error": _ERROR,
-            "Usage": _USAGE,
-            "Message": {"type": "object", "required": ["role", "content"], "properties": {
-                "role": {"type": "string", "enum": sorted(ROLES)},
-                "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
-                    "type": "object", "required": ["type", "text"],
-                    "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}}]},
-                "name": {"type": "string"}}},
-            "ChatCompletionRequest": {"type": "object", "required": ["messages"], "additionalProperties": False,
-                                      "properties": {
-                "messages": {"type": "array", "minItems": 1, "items": _ref("Message")},
-                **_SAMPLING,
-                "max_completion_tokens": {**_INT, "minimum": 1, "nullable": True,
-                                          "description": "the same as max_tokens"},
-                "logprobs": {"type": "boolean", "default": False},
-                "top_logprobs": {**_INT, "minimum": 0, "maximum": MAX_TOP_LOGPROBS, "nullable": True},
-            }},
-            "CompletionRequest": {"type": "object", "required": ["prompt"], "additionalProperties": False,
-                                  "properties": {
-                "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": _INT, "minItems": 1}]},
-                **_SAMPLING,
-                "logprobs": {**_INT, "minimum": 0, "maximum": MAX_TOP_LOGPROBS, "nullable": True},
-                "echo": {"type": "boolean", "enum": [False]},
-                "best_of": {**_INT, "enum": [1]},
-            }},
-            "ChatCompletion": {"type": "object", "properties": {
-                "id": {"type": "string"}, "object": {"type": "string", "enum": ["chat.completion"]},
-                "created": _INT, "model": {"type": "string"}, "system_fingerprint": {"type": "string"},
-                "choices": {"type": "array", "items": {"type": "object", "properties": {
-                    "index": _INT, "message": {"type": "object", "properties": {
-                        "role": {"type": "string"}, "content": {"type": "string"}}},
-                    "logprobs": {"type": "object", "nullable": True},
-                    "finish_reason": {"type": "string", "enum": ["stop", "length"]}}}},
-                "usage": _ref("Usage")}},
-            "Completion": {"type": "object", "properties": {
-                "id": {"type": "string"}, "object": {"type": "string", "enum": ["text_completion"]},
-                "created": _INT, "model": {"type": "string"}, "system_fingerprint": {"type": "string"},
-                "choices": {"type": "array", "items": {"type": "object", "properties": {
-                    "index": _INT, "text": {"type": "string"}, "logprobs": {"type": "object", "nullable": True},
-                    "finish_reason": {"type": "string", "enum": ["stop", "length"]}}}},
-                "usage": _ref("Usage")}},
-            "Model": {"type": "object", "properties": {"id": {"type": "string"}, "object": {"type": "string"},
-                                                       "created": _INT, "owned_by": {"type": "string"}}},
-            "ModelList": {"type": "object", "properties": {"object": {"type": "string"},
-                                                           "data": {"type": "array", "items": _ref("Model")}}},
-            "TokenizeRequest": {"type": "object", "required": ["content"], "properties": {
-                "content": {"type": "string"}, "add_special": {"type": "boolean", "default": True},
-                "parse_special": {"type": "boolean", "default": True},
-                "with_pieces": {"type": "boolean", "default": False}}},
-            "DetokenizeRequest": {"type": "object", "required": ["tokens"], "properties": {
-                "tokens": {"type": "array", "items": _INT}}},
-        }},
-    }
+def detokenize_request(raw: bytes, n_vocab: int) -> list[int]:
+    ids = parse(DetokenizeRequest, raw).tokens
+    _check_ids(ids, n_vocab, "tokens")
+    return ids

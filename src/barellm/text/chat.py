@@ -23,7 +23,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from barellm.errors import FormatError, InvalidRequest
 
-__all__ = ["ChatTemplate", "builtin_template", "builtin_names", "template_for", "validate_messages"]
+__all__ = ["ChatTemplate", "builtin_template", "builtin_names", "message_text", "template_for", "validate_messages"]
 
 _BUILTINS = ("chatml", "gemma")
 _MAX_REPEAT = 1 << 20  # characters or items one '*' may produce
@@ -92,8 +92,27 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def message_text(content: Any, where: str = "content") -> str:
+    """A message's text: a string as it is, or OpenAI's content parts ([{"type": "text", "text": ...}, ...])
+    joined with nothing between them; InvalidRequest for anything else (images and audio included: the
+    models read text only)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (str, bytes)) or not isinstance(content, Sequence):
+        raise InvalidRequest(f"{where} must be a string or a list of text parts, got {type(content).__name__}")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            raise InvalidRequest(f"{where}[{j}] must be a text part {{\"type\": \"text\", \"text\": str}} "
+                                 f"(this model reads text only), got {str(kind)[:50]!r}")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
 def validate_messages(messages: Any) -> list[dict[str, Any]]:
-    """messages as a list of dicts, each with a str role and a str content; InvalidRequest otherwise."""
+    """messages as a list of dicts, each with a str role and a content that is a string or OpenAI's text
+    parts (made a string here); InvalidRequest otherwise."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise InvalidRequest(f"messages must be a list of {{role, content}} objects, got {type(messages).__name__}")
     out = []
@@ -103,10 +122,7 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
         role = m.get("role")
         if not isinstance(role, str) or not role:
             raise InvalidRequest(f"messages[{i}].role must be a non-empty string, got {role!r}")
-        content = m.get("content")
-        if not isinstance(content, str):
-            raise InvalidRequest(f"messages[{i}].content must be a string, got {type(content).__name__}")
-        out.append(dict(m))
+        out.append({**m, "content": message_text(m.get("content"), f"messages[{i}].content")})
     return out
 
 

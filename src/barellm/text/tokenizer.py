@@ -20,7 +20,6 @@ import functools
 import heapq
 import json
 import operator
-import os
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping
@@ -103,7 +102,7 @@ def _unicode_classes() -> dict[str, str]:
     Building them takes a few tenths of a second, so they are kept in the model cache, one file per
     Unicode version, and later starts read them back.
     """
-    from barellm.files import home
+    from barellm.files import home, write_bytes_atomic
 
     cache = home() / f"unicode-classes-{unicodedata.unidata_version}.json"
     try:
@@ -125,9 +124,7 @@ def _unicode_classes() -> dict[str, str]:
     classes = {"L": body("L"), "N": body("N"), "P": body("P")}
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(classes), encoding="utf-8")
-        os.replace(tmp, cache)
+        write_bytes_atomic(cache, json.dumps(classes).encode("utf-8"))
     except OSError:
         pass  # a read-only cache only costs the rebuild next time
     return classes
@@ -224,6 +221,31 @@ def _make_splitter(regexes: tuple[str, ...]) -> Callable[[str], list[str]]:
         return pieces
 
     return split
+
+
+# --- checks done once per vocabulary ---------------------------------------------------------------------
+
+def _checked_once(what: tuple[str, list[str], list[str]], check: Callable[[], None]) -> None:
+    """Runs `check` (which raises on a broken file) unless it has passed before for exactly these lists on this
+    machine: a note named by their SHA256 in the cache says so. A start then skips checks that cost a
+    Python loop over the whole vocabulary; a changed or new file is checked in full."""
+    import hashlib
+
+    from barellm.files import home, write_bytes_atomic
+
+    h = hashlib.sha256(what[0].encode())
+    for items in what[1:]:
+        h.update(len(items).to_bytes(8, "little"))
+        h.update("\0".join(items).encode("utf-8", "surrogatepass"))
+    note = home() / "checked" / h.hexdigest()
+    if note.is_file():
+        return
+    check()
+    try:
+        note.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(note, b"")
+    except OSError:
+        pass  # a read-only cache only costs the check next time
 
 
 # --- metadata helpers ----------------------------------------------------------------------------------------
@@ -454,24 +476,16 @@ class Tokenizer:
         self._split = _make_splitter(regexes)
         merges = _array(md, "merges", str, None, required=True)
         assert merges is not None
-        vocab = self._token_to_id
-        # The first space after the first character separates the halves (a half may itself be " "). The
-        # whole list is split and checked with whole-list operations: Qwen's 151,387 merges one by one in a
-        # Python loop took 2.7 s of start-up.
-        heads = [line[:1] for line in merges]
-        tails = [line[1:].partition(" ") for line in merges]
-        firsts = list(map(operator.add, heads, map(operator.itemgetter(0), tails)))
-        seconds = list(map(operator.itemgetter(2), tails))
-        if not all(map(operator.itemgetter(1), tails)) or not vocab.keys() >= {*firsts, *seconds,
-                                                                              *map(operator.add, firsts, seconds)}:
-            self._check_merges(merges)
-        # the first rank of a pair wins: built back to front, as the token ids are
+        # Ranks are keyed by the merge's own text "a b" (the first space after the first character separates
+        # the halves; a half may itself be " "), so building them is one dict of the lines: Qwen's 151,387
+        # merges split into pairs one by one took most of a second of start-up. Byte-level symbols never hold
+        # a space, so "a" + " " + "b" finds exactly the line of the pair (a, b).
         n = len(merges)
-        pairs = zip(reversed(firsts), reversed(seconds), strict=True)
-        self._ranks = dict(zip(pairs, range(n - 1, -1, -1), strict=True))
+        self._ranks = dict(zip(reversed(merges), range(n - 1, -1, -1), strict=True))  # the first rank wins
+        _checked_once(("bpe-merges", self._tokens, merges), lambda: self._check_merges(merges))
 
     def _check_merges(self, merges: list[str]) -> None:
-        """Names the first malformed merge (the slow path of _init_bpe, taken only for a broken file)."""
+        """Every merge is two tokens separated by a space, and both halves and their join are tokens."""
         vocab = self._token_to_id
         for rank, line in enumerate(merges):
             cut = line.find(" ", 1)
@@ -482,7 +496,6 @@ class Tokenizer:
                 if part not in vocab:
                     raise FormatError(f"tokenizer.ggml.merges[{rank}]: {line!r} refers to {part!r}, which is "
                                       "not in the vocabulary")
-        raise AssertionError("a merge failed the whole-list check but passes one by one")
 
     def _init_spm(self, md: Mapping[str, Any]) -> None:
         scores = _array(md, "scores", (float, int), self.vocab_size)
@@ -619,7 +632,7 @@ class Tokenizer:
             prv = list(range(-1, n - 1))
             heap: list[tuple[int, int, int, str, str]] = []
             for i in range(n - 1):
-                r = ranks.get((syms[i], syms[i + 1]))
+                r = ranks.get(syms[i] + " " + syms[i + 1])
                 if r is not None:
                     heap.append((r, i, i + 1, syms[i], syms[i + 1]))
             heapq.heapify(heap)
@@ -637,11 +650,11 @@ class Tokenizer:
                     prv[nx] = left
                 p = prv[left]
                 if p >= 0:
-                    r = ranks.get((syms[p], syms[left]))
+                    r = ranks.get(syms[p] + " " + syms[left])
                     if r is not None:
                         heapq.heappush(heap, (r, p, left, syms[p], syms[left]))
                 if nx >= 0:
-                    r = ranks.get((syms[left], syms[nx]))
+                    r = ranks.get(syms[left] + " " + syms[nx])
                     if r is not None:
                         heapq.heappush(heap, (r, left, nx, syms[left], syms[nx]))
         ids: list[int] = []

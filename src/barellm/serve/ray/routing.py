@@ -51,7 +51,7 @@ class Route:
 
 def _prompt_pieces(path: str, body: dict[str, Any]) -> tuple[list[str], int]:
     """The prompt in pieces that later requests repeat exactly, and how many pieces make its anchor."""
-    if path.endswith("/chat/completions"):
+    if path.endswith("/chat/completions") or path == "/api/chat":   # OpenAI's and Ollama's chat
         messages = body.get("messages")
         if not isinstance(messages, list):
             return [], 0
@@ -61,7 +61,7 @@ def _prompt_pieces(path: str, body: dict[str, Any]) -> tuple[list[str], int]:
         first_user = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
                           len(messages) - 1)
         return pieces, first_user + 1
-    if path.endswith("/completions"):
+    if path.endswith("/completions") or path == "/api/generate":
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
             prompt = prompt[0]

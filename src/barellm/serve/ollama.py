@@ -1,0 +1,429 @@
+"""Ollama-compatible routes, so tools that speak Ollama's API use this server unchanged.
+
+/api/chat and /api/generate become the same GenerationRequest the OpenAI routes make and go down the
+same path to the scheduler (app.submit); only the answer's shape differs: newline-delimited JSON objects
+(or one object with "stream": false), errors as {"error": "..."}.
+
+Options map onto barellm's sampling parameters by name (temperature, top_k, top_p, min_p, seed, stop,
+repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty; num_predict is max_tokens, -1 and -2
+the rest of the context). The rules for the others:
+- num_ctx: the context is fixed when the server starts; a request asking for at most that much is served
+  (the setting is ignored), one asking for more is refused, rather than silently cut short.
+- options that tune how Ollama's runtime loads and runs a model (num_batch, num_gpu, num_thread, use_mmap,
+  ...) are ignored: they do not change what is generated.
+- sampling methods barellm does not implement (mirostat, typical_p, tfs_z) are refused unless off.
+- anything else is an unknown option: a 400 naming it, as on the OpenAI routes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from barellm import __version__
+from barellm.errors import InvalidRequest
+from barellm.serve import schemas
+from barellm.serve.relay import RelayResponse, read_body, submit
+from barellm.serve.scheduler import Event
+from barellm.serve.schemas import (
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    ApiError,
+    GenerationRequest,
+    Int,
+    Penalty,
+    Prob,
+    _Body,
+    _empty,
+    _off,
+    bad,
+)
+
+# The Ollama release whose API these routes follow; tools read /api/version to decide what to send.
+OLLAMA_API_VERSION = "0.6.0"
+
+
+class OllamaOptions(_Body):
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_k: Annotated[Int, Field(ge=0, le=1 << 31)] | None = None
+    top_p: Prob | None = None
+    min_p: Prob | None = None
+    num_predict: Annotated[Int, Field(ge=-2, le=1 << 31)] | None = Field(
+        None, description="tokens to generate at most; -1 or -2: the rest of the context")
+    seed: Annotated[Int, Field(ge=-schemas.INT64, le=(1 << 64) - 1)] | None = None
+    stop: Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOPS)] | None = None
+    repeat_penalty: Annotated[float, Field(ge=1e-6, le=10)] | None = None
+    repeat_last_n: Annotated[Int, Field(ge=-1, le=1 << 31)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    num_ctx: Annotated[Int, Field(ge=1)] | None = Field(
+        None, description="served if at most the server's context (then ignored), else refused")
+    # how Ollama's runtime loads and runs a model: ignored
+    num_keep: Int | None = None
+    num_batch: Int | None = None
+    num_gpu: Int | None = None
+    main_gpu: Int | None = None
+    num_thread: Int | None = None
+    numa: bool | None = None
+    low_vram: bool | None = None
+    f16_kv: bool | None = None
+    logits_all: bool | None = None
+    vocab_only: bool | None = None
+    use_mmap: bool | None = None
+    use_mlock: bool | None = None
+    embedding_only: bool | None = None
+    penalize_newline: bool | None = None
+    # sampling methods barellm does not implement: accepted when off
+    mirostat: Annotated[Int | None, _off("mirostat", lambda v: v == 0, "send 0")] = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    typical_p: Annotated[float | None, _off("typical_p", lambda v: v == 1, "send 1.0")] = None
+    tfs_z: Annotated[float | None, _off("tfs_z", lambda v: v == 1, "send 1.0")] = None
+
+
+def _no(name: str, what: str) -> Any:
+    return _off(name, _empty, what)
+
+
+class _OllamaGenerate(_Body):
+    model: str = Field(min_length=1)
+    stream: bool = True
+    options: OllamaOptions | None = None
+    format: Annotated[Any, _no("format", "structured output is not implemented")] = None
+    keep_alive: float | str | None = Field(None, description="accepted and ignored: the model stays loaded")
+    think: Annotated[bool | str | None, _no("think", "this server has no thinking mode")] = None
+    logprobs: Annotated[bool | None, _no("logprobs", "not on the Ollama routes; /v1 has them")] = None
+    top_logprobs: Annotated[Int | None, _no("top_logprobs", "not on the Ollama routes; /v1 has them")] = None
+
+    def generation(self, state: Any, kind: str) -> GenerationRequest:
+        o = self.options or OllamaOptions()
+        if o.num_ctx is not None and o.num_ctx > state.n_ctx:
+            raise bad(f"num_ctx {o.num_ctx} is more than this server's context of {state.n_ctx} tokens "
+                      "(set when it starts: barellm serve -c N)", "options.num_ctx")
+        sampling = schemas._Sampling(
+            temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p, seed=o.seed, stop=o.stop,
+            repeat_penalty=o.repeat_penalty, repeat_last_n=o.repeat_last_n, presence_penalty=o.presence_penalty,
+            frequency_penalty=o.frequency_penalty, stream=self.stream)
+        req = sampling.generation(kind)
+        req.model = self.model
+        req.max_tokens = o.num_predict if o.num_predict is not None and o.num_predict >= 0 else None
+        if req.max_tokens == 0:
+            req.max_tokens = None   # Ollama reads 0 as no limit set
+        req.short_default = False   # Ollama generates until the end of the turn or of the context
+        req.clamp_max_tokens = True
+        return req
+
+
+class OllamaMessage(_Body):
+    role: Literal["system", "user", "assistant"] = Field(description="tool messages are not supported")
+    content: str = ""
+    images: Annotated[list[Any] | None, _no("images", "this model reads text only")] = None
+    tool_calls: Annotated[list[Any] | None, _no("tool_calls", "no tools")] = None
+    tool_name: Annotated[str | None, _no("tool_name", "no tools")] = None
+    thinking: str | None = Field(None, description="accepted and ignored")
+
+
+class OllamaChatRequest(_OllamaGenerate):
+    messages: list[OllamaMessage] = Field(default_factory=list, max_length=schemas.MAX_MESSAGES)
+    tools: Annotated[list[Any] | None, _no("tools", "no tools")] = None
+
+
+class OllamaGenerateRequest(_OllamaGenerate):
+    prompt: str = ""
+    system: str | None = None
+    raw: bool = Field(False, description="true: the prompt as it is, no chat template")
+    context: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="token ids an earlier response returned: the conversation so far")
+    suffix: Annotated[str | None, _no("suffix", "no fill-in-the-middle")] = None
+    template: Annotated[str | None, _no("template", "the model's chat template is used")] = None
+    images: Annotated[list[Any] | None, _no("images", "this model reads text only")] = None
+
+
+class OllamaShowRequest(_Body):
+    model: str | None = None
+    name: str | None = None   # older clients
+    verbose: bool | None = None
+
+
+MODELS = [OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest]
+_NDJSON = "with stream true (the default): one JSON object per line, the last with done: true"
+PATHS: dict[str, Any] = {
+    "/api/chat": {"post": {"summary": "Ollama: chat", "operationId": "ollamaChat", "tags": ["ollama"],
+                           "requestBody": {"required": True, "content": {"application/json": {
+                               "schema": {"$ref": "#/components/schemas/OllamaChatRequest"}}}},
+                           "responses": {"200": {"description": _NDJSON}}}},
+    "/api/generate": {"post": {"summary": "Ollama: completion", "operationId": "ollamaGenerate", "tags": ["ollama"],
+                               "requestBody": {"required": True, "content": {"application/json": {
+                                   "schema": {"$ref": "#/components/schemas/OllamaGenerateRequest"}}}},
+                               "responses": {"200": {"description": _NDJSON}}}},
+    "/api/show": {"post": {"summary": "Ollama: the model's details", "operationId": "ollamaShow", "tags": ["ollama"],
+                           "requestBody": {"required": True, "content": {"application/json": {
+                               "schema": {"$ref": "#/components/schemas/OllamaShowRequest"}}}},
+                           "responses": {"200": {"description": "details, template, model_info"}}}},
+    "/api/tags": {"get": {"summary": "Ollama: the served model", "operationId": "ollamaTags", "tags": ["ollama"],
+                          "responses": {"200": {"description": "{models: [...]}"}}}},
+    "/api/version": {"get": {"summary": "Ollama: the API version followed", "operationId": "ollamaVersion",
+                             "tags": ["ollama"], "responses": {"200": {"description": "{version}"}}}},
+}
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _line(obj: Any) -> bytes:
+    return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8", errors="replace")
+
+
+def _error(status: int, message: str) -> Response:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _state(request: Request) -> Any:
+    return request.app.state.server
+
+
+def _tag(state: Any) -> str:
+    return f"{state.model_id}:latest"
+
+
+def _check_model(state: Any, name: str) -> None:
+    # Ollama's names carry a tag; ":latest" is the one this server lists
+    state.check_model(name[: -len(":latest")] if name.lower().endswith(":latest") else name)
+
+
+def _details(state: Any) -> dict[str, Any]:
+    model = state.model
+    md = getattr(model, "metadata", {}) or {}
+    arch = str(md.get("general.architecture", getattr(getattr(model, "config", None), "arch", "unknown")))
+    tensors = getattr(getattr(model, "source", None), "tensors", {}) or {}
+    n_params = sum(int(getattr(t, "n_elements", 0)) for t in tensors.values())
+    types: dict[str, int] = {}
+    for t in tensors.values():
+        if len(getattr(t, "shape", ())) == 2:
+            name = str(getattr(t, "type_name", "?")).upper()
+            types[name] = types.get(name, 0) + int(t.nbytes)
+    size = f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M"
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+            "parameter_size": md.get("general.size_label") or size,
+            "quantization_level": max(types, key=lambda k: types[k]) if types else "unknown"}
+
+
+def _modified(state: Any) -> str:
+    return datetime.fromtimestamp(state.created, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+# --- the generation answer -------------------------------------------------------------------------
+
+class OllamaResponse(RelayResponse):
+    """Relays a job's events as Ollama's objects: one per line while streaming, or one in all."""
+
+    def __init__(self, state: Any, job: Any, events: Any, req: GenerationRequest, path: str,
+                 chat: bool, model_name: str, prompt_ids: list[int]) -> None:
+        super().__init__(state, job, events, path)
+        self.req = req
+        self.chat = chat
+        self.model_name = model_name
+        self.prompt_ids = prompt_ids
+        self.t0 = time.perf_counter_ns()
+
+    def _piece(self, text: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model_name, "created_at": _now()}
+        if self.chat:
+            out["message"] = {"role": "assistant", "content": text}
+        else:
+            out["response"] = text
+        out["done"] = False
+        return out
+
+    def _final(self, text: str, done: Event, t_start: int, t_first: int | None, ids: list[int]) -> dict[str, Any]:
+        out = self._piece(text)
+        now = time.perf_counter_ns()
+        first = t_first if t_first is not None else now
+        out.update(done=True, done_reason=done.finish_reason, total_duration=now - self.t0, load_duration=0,
+                   prompt_eval_count=done.prompt_tokens, prompt_eval_duration=first - t_start,
+                   eval_count=done.completion_tokens, eval_duration=now - first)
+        if not self.chat:
+            out["context"] = self.prompt_ids + ids
+        return out
+
+    async def _error(self, scope: Scope, receive: Receive, send: Send, ev: Event) -> None:
+        self.state.metrics.error("other", ev.error_type)
+        await _error(ev.status, ev.message)(scope, receive, send)
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ev = await self.events.get()
+        if ev is None:
+            return
+        if ev.kind == "error":
+            await self._error(scope, receive, send, ev)
+            return
+        t_start = time.perf_counter_ns()
+        t_first: int | None = None
+        parts: list[str] = []
+        ids: list[int] = []
+        if self.req.stream:
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no")]})
+        while True:
+            ev = await self.events.get()
+            if ev is None:
+                return
+            if ev.kind == "delta":
+                t_first = t_first if t_first is not None else time.perf_counter_ns()
+                ids += ev.token_ids
+                if self.req.stream:
+                    if ev.text:
+                        await send({"type": "http.response.body", "body": _line(self._piece(ev.text)),
+                                    "more_body": True})
+                else:
+                    parts.append(ev.text)
+            elif ev.kind == "done":
+                final = self._final("".join(parts), ev, t_start, t_first, ids)
+                if self.req.stream:
+                    await send({"type": "http.response.body", "body": _line(final), "more_body": False})
+                else:
+                    await JSONResponse(final)(scope, receive, send)
+                return
+            elif ev.kind == "error":
+                if not self.req.stream:
+                    await self._error(scope, receive, send, ev)
+                    return
+                self.state.metrics.error("other", ev.error_type)
+                await send({"type": "http.response.body", "body": _line({"error": ev.message}), "more_body": False})
+                return
+
+
+# --- handlers --------------------------------------------------------------------------------------
+
+def _ollama_errors(handler: Any) -> Any:
+    """Ollama's error shape, {"error": "message"}, for whatever the shared code refuses."""
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            _state(request).metrics.error("other", e.type)
+            return _error(e.status, e.message)
+    wrapped.__name__ = handler.__name__
+    return wrapped
+
+
+def _loaded(state: Any, chat: bool) -> Response:
+    """Ollama answers a request with nothing to generate by loading the model: done at once."""
+    out: dict[str, Any] = {"model": "", "created_at": _now()}
+    out.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
+    out.update(done=True, done_reason="load")
+    return JSONResponse(out)
+
+
+@_ollama_errors
+async def chat(request: Request) -> Response:
+    state = _state(request)
+    body = schemas.parse(OllamaChatRequest, await read_body(request, state.max_body))
+    _check_model(state, body.model)
+    req = body.generation(state, "chat")
+    if not body.messages:
+        return _loaded(state, chat=True)
+    req.messages = [{"role": m.role, "content": m.content} for m in body.messages]
+    try:
+        ids = await _run(state.model.chat_prompt, req.messages)
+    except InvalidRequest as e:
+        raise bad(str(e), "messages") from None
+    job, events = submit(state, req, ids)
+    return OllamaResponse(state, job, events, req, request.url.path, True, body.model, ids)
+
+
+@_ollama_errors
+async def generate(request: Request) -> Response:
+    state = _state(request)
+    body = schemas.parse(OllamaGenerateRequest, await read_body(request, state.max_body))
+    _check_model(state, body.model)
+    req = body.generation(state, "completion")
+    if not body.prompt and not body.context:
+        return _loaded(state, chat=False)
+    try:
+        if body.raw:
+            ids = await _run(state.model.tokenize, body.prompt, not body.context)
+        else:
+            messages = ([{"role": "system", "content": body.system}] if body.system else []) + \
+                [{"role": "user", "content": body.prompt}]
+            ids = await _run(state.model.chat_prompt, messages)
+            if body.context:   # the conversation goes on: no second BOS
+                bos = state.tokenizer.bos_id
+                ids = ids[1:] if ids and ids[0] == bos else ids
+    except InvalidRequest as e:
+        raise bad(str(e), "prompt") from None
+    if body.context:
+        schemas._check_ids(body.context, state.n_vocab, "context")
+        ids = list(body.context) + ids
+    job, events = submit(state, req, ids)
+    return OllamaResponse(state, job, events, req, request.url.path, False, body.model, ids)
+
+
+async def _run(fn: Any, *args: Any) -> Any:
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(fn, *args)
+
+
+async def tags(request: Request) -> Response:
+    state = _state(request)
+    path = getattr(state.model, "path", None)
+    size = path.stat().st_size if path is not None and path.exists() else 0
+    return JSONResponse({"models": [{
+        "name": _tag(state), "model": _tag(state), "modified_at": _modified(state), "size": size,
+        "digest": _digest(state), "details": _details(state)}]})
+
+
+def _digest(state: Any) -> str:
+    # a stable id for the file (Ollama's is the sha256 of the weights; hashing gigabytes per request is not)
+    import hashlib
+
+    path = getattr(state.model, "path", "")
+    stamp = f"{path}:{state.created}".encode()
+    return hashlib.sha256(stamp).hexdigest()
+
+
+@_ollama_errors
+async def show(request: Request) -> Response:
+    state = _state(request)
+    body = schemas.parse(OllamaShowRequest, await read_body(request, state.max_body))
+    name = body.model or body.name
+    if not name:
+        raise bad("model is required", "model")
+    _check_model(state, name)
+    details = _details(state)
+    md = getattr(state.model, "metadata", {}) or {}
+    arch = details["family"]
+    info = {k: v for k, v in md.items() if isinstance(v, (str, int, float, bool)) and not k.startswith("tokenizer.")}
+    info[f"{arch}.context_length"] = state.n_ctx
+    template = getattr(getattr(state.model, "template", None), "source", "")
+    return JSONResponse({
+        "modelfile": f"# served by barellm {__version__}\nFROM {getattr(state.model, 'path', '')}\n",
+        "parameters": "", "template": template, "details": details, "model_info": info,
+        "capabilities": ["completion"], "modified_at": _modified(state)})
+
+
+async def version(request: Request) -> Response:
+    return JSONResponse({"version": OLLAMA_API_VERSION})
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/api/chat", chat, methods=["POST"]),
+        Route("/api/generate", generate, methods=["POST"]),
+        Route("/api/show", show, methods=["POST"]),
+        Route("/api/tags", tags, methods=["GET"]),
+        Route("/api/version", version, methods=["GET"]),
+    ]

@@ -1,0 +1,256 @@
+"""The OpenAPI document of the server, generated from the pydantic models: the request bodies (schemas.py)
+and the response shapes below. The app builds its responses as plain dicts (barellm.openai_format); the
+tests hold them to these models, which forbid fields they do not list."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import models_json_schema
+
+from barellm.serve.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+)
+
+# --- responses -------------------------------------------------------------------------------------
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(_Out):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class Error(_Out):
+    error: ErrorDetail
+
+
+class PromptTokensDetails(_Out):
+    cached_tokens: int = Field(description="prompt tokens whose KV cache entries were reused")
+
+
+class Usage(_Out):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class TopLogprob(_Out):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprobOut(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Out):
+    content: list[TokenLogprobOut]
+
+
+class AssistantMessage(_Out):
+    role: Literal["assistant"]
+    content: str
+    refusal: None = None
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class ChatChoice(_Out):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(_Out):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class Delta(_Out):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(_Out):
+    index: int
+    delta: Delta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionChunk(_Out):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = Field(None, description="with stream_options.include_usage: null on every chunk "
+                                                  "but the last, whose choices are empty")
+
+
+class CompletionLogprobs(_Out):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(_Out):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class Completion(_Out):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(_Out):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    context_length: int
+    n_vocab: int
+    slots: int
+
+
+class ModelList(_Out):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class TokenPiece(_Out):
+    id: int
+    piece: str
+
+
+class Tokens(_Out):
+    tokens: list[int] | list[TokenPiece]
+
+
+class Text(_Out):
+    content: str
+
+
+class Health(_Out):
+    status: Literal["ok"]
+    slots: int
+    slots_in_use: int
+    queue_depth: int
+
+
+_MODELS: list[type[BaseModel]] = [
+    ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest, EmbeddingRequest,
+    Error, ChatCompletion, ChatCompletionChunk, Completion, ModelCard, ModelList, Tokens, Text, Health,
+]
+
+
+# --- OpenAPI -------------------------------------------------------------------------------------
+
+ERROR_STATUSES = {400: "invalid request", 401: "missing or wrong API key (with --api-key)", 404: "unknown model",
+                  413: "body over 1 MiB", 415: "the body is not sent as application/json", 429: "the queue is full",
+                  503: "waited past the time limit"}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def json_body(schema: str) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(schema)}}}
+
+
+def responses(ok: str, schema: str | None, *, stream: str | None = None, errors: tuple[int, ...] = (400,),
+              media: str = "application/json") -> dict[str, Any]:
+    content: dict[str, Any] = {media: {"schema": _ref(schema) if schema else {"type": "string"}}}
+    if stream:
+        content["text/event-stream"] = {"schema": {"type": "string", "description": stream}}
+    out: dict[str, Any] = {"200": {"description": ok, "content": content}}
+    for code in errors:
+        out[str(code)] = {"description": ERROR_STATUSES[code],
+                          "content": {"application/json": {"schema": _ref("Error")}}}
+    return out
+
+
+_GEN_ERRORS = (400, 401, 404, 413, 415, 429, 503)
+_SSE = "with stream: true, `data: {chunk}` events (the chunk object), then `data: [DONE]`"
+PATHS: dict[str, Any] = {
+    "/v1/chat/completions": {"post": {
+        "summary": "Chat completion (streaming with stream: true)", "operationId": "createChatCompletion",
+        "requestBody": json_body("ChatCompletionRequest"),
+        "responses": responses("a chat.completion object; streamed, chat.completion.chunk events", "ChatCompletion",
+                               stream=_SSE, errors=_GEN_ERRORS)}},
+    "/v1/completions": {"post": {
+        "summary": "Text completion (streaming with stream: true)", "operationId": "createCompletion",
+        "requestBody": json_body("CompletionRequest"),
+        "responses": responses("a text_completion object", "Completion", stream=_SSE, errors=_GEN_ERRORS)}},
+    "/v1/embeddings": {"post": {
+        "summary": "Not implemented: answered 400 unsupported_endpoint", "operationId": "createEmbedding",
+        "requestBody": json_body("EmbeddingRequest"), "responses": responses("never", "Error")}},
+    "/v1/models": {"get": {"summary": "The served model", "operationId": "listModels",
+                           "responses": responses("a list of models", "ModelList", errors=(401,))}},
+    "/v1/models/{model}": {"get": {
+        "summary": "One model", "operationId": "retrieveModel",
+        "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": responses("the model", "ModelCard", errors=(401, 404))}},
+    "/tokenize": {"post": {"summary": "Text to token ids", "operationId": "tokenize",
+                           "requestBody": json_body("TokenizeRequest"), "responses": responses("token ids", "Tokens")}},
+    "/detokenize": {"post": {"summary": "Token ids to text", "operationId": "detokenize",
+                             "requestBody": json_body("DetokenizeRequest"),
+                             "responses": responses("the text", "Text")}},
+    "/health": {"get": {"summary": "Liveness and load", "operationId": "health",
+                        "responses": responses("ok", "Health", errors=())}},
+    "/metrics": {"get": {"summary": "Prometheus metrics", "operationId": "metrics",
+                         "responses": responses("text exposition format 0.0.4", None, errors=(401,),
+                                                media="text/plain")}},
+    "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi",
+                              "responses": {"200": {"description": "OpenAPI 3.1",
+                                                    "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+}
+
+
+def openapi(version: str, extra_models: Sequence[type[BaseModel]] = (), extra_paths: Mapping[str, Any] | None = None
+            ) -> dict[str, Any]:
+    """The OpenAPI 3.1 document: the paths above (and another API family's), every schema generated from
+    the models."""
+    _, defs = models_json_schema([(m, "validation") for m in [*_MODELS, *extra_models]],
+                                 ref_template="#/components/schemas/{model}")
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "barellm", "version": version,
+                 "description": "An OpenAI-compatible server for one model; concurrent requests are batched."},
+        "paths": {**PATHS, **(extra_paths or {})},
+        "components": {"schemas": defs.get("$defs", {}),
+                       "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer",
+                                                      "description": "needed when started with --api-key"}}},
+        "security": [{"apiKey": []}, {}],
+    }

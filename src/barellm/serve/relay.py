@@ -1,0 +1,100 @@
+"""From a validated request to the scheduler and back, whichever API the request came through: reading the
+body, submitting the job (the one path every generation takes), and relaying its events to the client while
+watching the connection, so a client that goes away cancels its job at once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from barellm.serve.scheduler import Event, Job, QueueFull
+from barellm.serve.schemas import ApiError, GenerationRequest, bad
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused past limit bytes (by its declared length first, then as it arrives)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    except ClientDisconnect:
+        raise bad("the client went away while sending the body") from None
+    return bytes(body)
+
+
+def submit(state: Any, req: GenerationRequest, prompt_ids: list[int]
+           ) -> tuple[Job, asyncio.Queue[Event | None]]:
+    """Checks the prompt against the context and queues the job: the one path every API's generation
+    requests take to the scheduler. Returns the job and the queue its events arrive on."""
+    if not prompt_ids:
+        raise bad("the prompt is empty (it encodes to no tokens)", "prompt" if req.kind == "completion" else "messages")
+    room = state.n_ctx - len(prompt_ids)
+    if room < 1:
+        raise bad(f"the prompt has {len(prompt_ids)} tokens; this server's context holds {state.n_ctx}, "
+                  "including the reply", "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
+    max_tokens = req.max_tokens
+    if max_tokens is None:
+        max_tokens = room if req.kind == "chat" or not req.short_default else min(room, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    elif max_tokens > room:
+        if not req.clamp_max_tokens:
+            raise bad(f"the prompt has {len(prompt_ids)} tokens and max_tokens is {max_tokens}: together over the "
+                      f"context of {state.n_ctx} tokens", "max_tokens", "context_length_exceeded")
+        max_tokens = room
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Event | None] = asyncio.Queue()
+
+    def emit(ev: Event) -> None:   # scheduler thread
+        loop.call_soon_threadsafe(events.put_nowait, ev)
+
+    job = Job(prompt=prompt_ids, params=req.params, max_tokens=max_tokens, emit=emit, stops=req.stops,
+              top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt)
+    try:
+        state.scheduler.submit(job)
+    except QueueFull as e:
+        raise ApiError(429, f"the server is busy: {e}; retry later", type="rate_limit_error",
+                       code="queue_full") from None
+    return job, events
+
+
+class RelayResponse(Response):
+    """Relays a job's events (_respond, per API); cancels the job when the client disconnects or the
+    response ends early."""
+
+    def __init__(self, state: Any, job: Job, events: asyncio.Queue[Event | None], path: str) -> None:
+        self.state = state
+        self.job = job
+        self.events = events
+        self.path = path
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.state.scheduler.cancel(self.job)
+                    self.events.put_nowait(None)
+                    return
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await self._respond(scope, receive, send)
+        except (OSError, ClientDisconnect):
+            pass   # the connection broke while writing: the finally below frees the slot
+        finally:
+            watcher.cancel()
+            self.state.scheduler.cancel(self.job)   # no-op once the job is done
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError

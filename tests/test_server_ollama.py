@@ -1,0 +1,168 @@
+"""The Ollama-compatible routes, driven by the `ollama` client package against a real `barellm serve`
+process on the default model."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+ollama = pytest.importorskip("ollama")
+
+MODEL = "smollm2-135m"
+CHAT = [{"role": "user", "content": "Name three colors."}]
+GREEDY = {"temperature": 0, "num_predict": 12}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url(smollm_gguf: Path) -> Iterator[str]:
+    """`barellm serve` on the default model (pulled by the fixture), in its own process."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", MODEL, "--port", str(port), "--slots", "2",
+                             "-c", "512", "--log-level", "warning"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "the server exited"
+            assert time.monotonic() < deadline, "the server did not start"
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.model
+def test_list_version_show(url: str) -> None:
+    client = ollama.Client(host=url)
+    models = client.list().models
+    assert [m.model for m in models] == [f"{MODEL}:latest"]
+    d = models[0].details
+    assert d.format == "gguf" and d.family == "llama" and d.quantization_level == "Q4_1"
+    assert models[0].size > 10**7 and models[0].modified_at is not None
+    assert httpx.get(f"{url}/api/version").json()["version"].count(".") == 2
+    shown = client.show(MODEL)
+    assert "<|im_start|>" in shown.template and shown.details.family == "llama"
+    assert shown.modelinfo["llama.context_length"] == 512
+    with pytest.raises(ollama.ResponseError) as e:
+        client.show("no-such-model")
+    assert e.value.status_code == 404
+
+
+@pytest.mark.model
+def test_chat_streamed_and_not(url: str) -> None:
+    client = ollama.Client(host=url)
+    whole = client.chat(model=MODEL, messages=CHAT, options=GREEDY, stream=False)
+    assert whole.done and whole.message.role == "assistant" and whole.message.content
+    assert whole.done_reason in ("stop", "length") and 1 <= whole.eval_count <= 12
+    assert whole.prompt_eval_count > 5 and whole.total_duration > 0
+    parts = list(client.chat(model=f"{MODEL}:latest", messages=CHAT, options=GREEDY, stream=True))
+    assert all(not p.done for p in parts[:-1]) and parts[-1].done
+    assert parts[-1].done_reason == whole.done_reason and parts[-1].eval_count == whole.eval_count
+    assert len(parts) > 2
+    assert "".join(p.message.content for p in parts) == whole.message.content
+    # the same request through the OpenAI route: the same scheduler path, the same greedy reply
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "messages": CHAT, "temperature": 0, "max_tokens": 12}).json()
+    assert r["choices"][0]["message"]["content"] == whole.message.content
+    assert r["usage"]["completion_tokens"] == whole.eval_count
+
+
+@pytest.mark.model
+def test_generate(url: str) -> None:
+    client = ollama.Client(host=url)
+    raw = client.generate(model=MODEL, prompt="The capital of France is", raw=True, options={"temperature": 0,
+                                                                                          "num_predict": 6})
+    assert raw.done and raw.eval_count == 6 and raw.done_reason == "length"
+    comp = httpx.post(f"{url}/v1/completions", timeout=120, json={
+        "model": MODEL, "prompt": "The capital of France is", "temperature": 0, "max_tokens": 6}).json()
+    assert raw.response == comp["choices"][0]["text"]
+    # templated (the chat template around the prompt), streamed, and the context carries on
+    parts = list(client.generate(model=MODEL, prompt="Say hello.", system="Be brief.", stream=True,
+                                 options={"temperature": 0, "num_predict": 8}))
+    assert parts[-1].done and parts[-1].context
+    text = "".join(p.response for p in parts)
+    tokens = httpx.post(f"{url}/tokenize", json={"content": text, "add_special": False}).json()["tokens"]
+    assert parts[-1].context[-len(tokens):] == tokens or parts[-1].done_reason == "stop"
+    more = client.generate(model=MODEL, prompt="Again.", context=parts[-1].context,
+                           options={"temperature": 0, "num_predict": 4})
+    assert more.prompt_eval_count > len(parts[-1].context)
+    # nothing to generate: Ollama's way of loading the model
+    assert client.generate(model=MODEL).done_reason == "load"
+
+
+@pytest.mark.model
+def test_ndjson_shape(url: str) -> None:
+    with httpx.stream("POST", f"{url}/api/chat", timeout=120, json={
+            "model": MODEL, "messages": CHAT, "options": {"temperature": 0, "num_predict": 4}}) as r:
+        assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"
+        lines = [json.loads(line) for line in r.iter_lines() if line]
+    for obj in lines[:-1]:
+        assert set(obj) == {"model", "created_at", "message", "done"} and obj["done"] is False
+        assert obj["created_at"].endswith("Z") and obj["message"]["role"] == "assistant"
+    assert set(lines[-1]) == {"model", "created_at", "message", "done", "done_reason", "total_duration",
+                              "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count",
+                              "eval_duration"}
+    r = httpx.post(f"{url}/api/generate", timeout=120, json={
+        "model": MODEL, "prompt": "Hi", "stream": False, "options": {"num_predict": 2}})
+    assert r.headers["content-type"] == "application/json" and r.json()["done"] is True
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(("options", "status", "words"), [
+    ({"num_ctx": 100000}, 400, "num_ctx"),
+    ({"mirostat": 2}, 400, "mirostat"),
+    ({"typical_p": 0.5}, 400, "typical_p"),
+    ({"temprature": 0.5}, 400, "temprature"),
+    ({"temperature": "hot"}, 400, "temperature"),
+    ({"top_p": 2}, 400, "top_p"),
+])
+def test_options_refused(url: str, options: dict[str, Any], status: int, words: str) -> None:
+    client = ollama.Client(host=url)
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model=MODEL, messages=CHAT, options=options)
+    assert e.value.status_code == status and words in e.value.error
+
+
+@pytest.mark.model
+def test_options_applied(url: str) -> None:
+    client = ollama.Client(host=url)
+    base = {"num_predict": 10, "temperature": 0}
+    plain = client.generate(model=MODEL, prompt="1, 2, 3, 4,", raw=True, options=base).response
+    stop = plain.strip()[:2]
+    cut = client.generate(model=MODEL, prompt="1, 2, 3, 4,", raw=True, options={**base, "stop": [stop]})
+    assert cut.response == plain[:plain.index(stop)] and cut.done_reason == "stop"
+    # runtime options are ignored; a num_ctx within the server's context is served
+    same = client.generate(model=MODEL, prompt="1, 2, 3, 4,", raw=True, options={
+        **base, "num_ctx": 256, "num_thread": 1, "num_gpu": 0, "use_mmap": True, "mirostat": 0})
+    assert same.response == plain
+    seeded = {"num_predict": 10, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0, "seed": 7}
+    a = client.generate(model=MODEL, prompt="Once upon a time", raw=True, options=seeded).response
+    b = client.generate(model=MODEL, prompt="Once upon a time", raw=True, options=seeded).response
+    assert a == b

@@ -1,0 +1,182 @@
+"""The chat page at / in a real headless browser (Debian's chromium and chromedriver, driven by Selenium)
+against the real app on the default model: a message sent through the form streams a reply into the
+page, the stop button ends a reply and frees the server's slot, and model text never becomes markup.
+
+Where no browser is installed the browser tests are skipped, except under CI (CI or
+BARELLM_REQUIRE_BROWSER set), where that is a failure: `make test` installs them when run as root."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from test_server import serving  # noqa: E402
+
+REQUIRED = bool(os.environ.get("BARELLM_REQUIRE_BROWSER") or os.environ.get("CI"))
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "webui.png"
+
+
+def _browser() -> tuple[str, str]:
+    """Paths of chromium and chromedriver; skips (or fails under CI) when either is missing."""
+    chrome = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    driver = shutil.which("chromedriver")
+    missing = [name for name, path in (("chromium", chrome), ("chromedriver", driver)) if path is None]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("selenium (pip)")
+    if missing:
+        msg = f"the web page test needs {', '.join(missing)}: apt-get install chromium chromium-driver"
+        if REQUIRED:
+            pytest.fail(msg + " (CI must not skip this test)")
+        pytest.skip(msg)
+    assert chrome is not None and driver is not None
+    return chrome, driver
+
+
+@pytest.fixture(scope="module")
+def site(smollm_gguf: Path) -> Iterator[tuple[str, Any]]:
+    import barellm
+    from barellm.serve.app import create_app
+
+    model = barellm.load(smollm_gguf, slots=2, context=1024)
+    app = create_app(model, model_id="smollm2-135m")
+    with serving(app) as url:
+        yield url, app
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    chrome, driver_path = _browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chrome
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1200,800"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait(what: str, cond: Callable[[], Any], timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _replies(driver: Any) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, ".message.assistant")
+
+
+def _send(driver: Any, text: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    n = len(_replies(driver))
+    driver.find_element(By.ID, "prompt").send_keys(text)
+    driver.find_element(By.ID, "send").click()
+    return _wait("the reply to appear", lambda: len(_replies(driver)) > n and _replies(driver)[-1])
+
+
+def test_page_is_served_with_a_strict_policy(site: tuple[str, Any]) -> None:
+    url, _ = site
+    r = httpx.get(url + "/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    csp = r.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "script-src 'self'" in csp and "connect-src 'self'" in csp
+    assert "<script" in r.text and "http" not in r.text.split("<body>")[0].replace("http-equiv", "")
+    for name, kind in (("chat.js", "javascript"), ("chat.css", "css")):
+        r = httpx.get(f"{url}/static/{name}")
+        assert r.status_code == 200 and kind in r.headers["content-type"]
+    assert httpx.get(f"{url}/static/index.html").status_code == 404
+    assert httpx.get(f"{url}/static/../app.py").status_code == 404
+
+
+@pytest.mark.model
+def test_chat_streams_into_the_page_and_stop_works(site: tuple[str, Any], browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    url, app = site
+    metrics = app.state.server.metrics
+    browser.get(url + "/")
+    _wait("the model name", lambda: browser.find_element(By.ID, "model").text == "smollm2-135m", 30)
+    temperature = browser.find_element(By.ID, "temperature")
+    browser.execute_script("arguments[0].value = '0'; arguments[0].dispatchEvent(new Event('input'))", temperature)
+    browser.find_element(By.ID, "max-tokens").send_keys("40")
+
+    reply = _send(browser, "Write a Python function that adds two numbers, in a code block.")
+    _wait("the reply to finish", lambda: reply.get_attribute("data-state") != "streaming")
+    assert reply.get_attribute("data-state") == "done"
+    text = reply.get_attribute("data-text")
+    assert text and int(reply.get_attribute("data-chunks")) >= 2, "the reply did not stream in pieces"
+    if "```" in text:   # the model's code block is shown as code
+        assert reply.find_elements(By.CSS_SELECTOR, "pre code")
+    history = browser.execute_script("return window.barellmChat.conversation")
+    assert [m["role"] for m in history] == ["user", "assistant"] and history[1]["content"] == text
+    # the page sent the settings: greedy with 40 tokens at most, as the server saw it
+    assert metrics.generated_tokens <= 40
+    if SCREENSHOT.parent.is_dir() and os.environ.get("BARELLM_UPDATE_SCREENSHOT"):
+        browser.save_screenshot(str(SCREENSHOT))
+
+    # a long reply, stopped while it streams: the page says so, and the server frees the slot
+    browser.find_element(By.ID, "max-tokens").clear()
+    cancelled = metrics.finished["cancelled"]
+    reply = _send(browser, "Write a very long story about a dragon who learns to cook.")
+    _wait("a few pieces of the reply", lambda: int(reply.get_attribute("data-chunks")) >= 3)
+    stop = browser.find_element(By.ID, "stop")
+    assert stop.is_enabled()
+    stop.click()
+    _wait("the reply to stop", lambda: reply.get_attribute("data-state") == "stopped", 30)
+    assert "stopped" in reply.get_attribute("class")
+    _wait("the server to cancel the generation", lambda: metrics.finished["cancelled"] == cancelled + 1, 30)
+    _wait("the slot to be free", lambda: app.state.server.scheduler.slots_in_use == 0, 30)
+    assert not stop.is_enabled() and browser.find_element(By.ID, "send").is_enabled()
+    shown = len(reply.get_attribute("data-text"))
+    time.sleep(0.5)
+    assert len(reply.get_attribute("data-text")) == shown   # nothing more arrives
+
+
+def test_model_text_never_becomes_markup(site: tuple[str, Any], browser: Any) -> None:
+    url, _ = site
+    browser.get(url + "/")
+    hostile = ("<img src=x onerror=\"window.pwned=1\"> **bold** `a<b>c`\n\n"
+               "```html\n<script>window.pwned=1</script>\n<b>not bold</b>\n```\n"
+               "<iframe src=\"javascript:window.pwned=1\"></iframe>\n```\nunclosed <i>fence")
+    out = browser.execute_script("""
+        const box = document.createElement('div');
+        box.appendChild(window.barellmChat.render(arguments[0]));
+        document.body.appendChild(box);
+        return {tags: [...box.querySelectorAll('*')].map(e => e.tagName.toLowerCase()),
+                strong: [...box.querySelectorAll('strong')].map(e => e.textContent),
+                code: [...box.querySelectorAll('pre code')].map(e => e.textContent),
+                inline: [...box.querySelectorAll('p code')].map(e => e.textContent),
+                langs: [...box.querySelectorAll('pre .lang')].map(e => e.textContent),
+                text: box.textContent};
+    """, hostile)
+    assert set(out["tags"]) <= {"p", "strong", "code", "pre", "span"}, out["tags"]
+    assert out["strong"] == ["bold"] and out["inline"] == ["a<b>c"]
+    assert out["code"] == ["<script>window.pwned=1</script>\n<b>not bold</b>", "unclosed <i>fence"]
+    assert out["langs"] == ["html"]
+    assert "<img src=x" in out["text"] and "<iframe" in out["text"]
+    time.sleep(0.2)
+    assert browser.execute_script("return window.pwned === undefined")
