@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from barellm.errors import BarellmError, InvalidRequest
 
@@ -53,6 +54,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a browser origin allowed to call the API, e.g. https://app.example.com (repeatable; "
                         "'*' for any). Default: none, and no CORS headers are sent")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    g = p.add_argument_group("replicas on a Ray cluster (pip install 'barellm[ray]'; see docs/ray.md)")
+    g.add_argument("--ray", action="store_true",
+                   help="serve replicas of the model on a Ray cluster behind one endpoint, each with its own "
+                        "slots and threads; a chat's next turn goes to the replica that holds its prompt")
+    g.add_argument("--address", default=None,
+                   help="the Ray cluster to join (default: $RAY_ADDRESS or one started on this machine with "
+                        "`ray start`, else a new local one that ends with this command)")
+    g.add_argument("--replicas", type=int, default=None, help="replicas to run (default 1)")
+    g.add_argument("--autoscale", default=None, metavar="MIN,MAX",
+                   help="let Ray run between MIN and MAX replicas, following the load, instead of --replicas")
+    g.add_argument("--routers", type=int, default=None,
+                   help="router processes in front of the replicas (default 1); each relays a few hundred "
+                        "streamed tokens/s")
     p.set_defaults(func=cmd_serve)
 
 
@@ -65,13 +79,8 @@ def served_id(model: str | None, path: Path) -> str:
     return name if name in hub.REGISTRY else path.stem
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    try:
-        import starlette  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as e:
-        raise BarellmError(f"barellm serve needs Starlette and uvicorn ({e.name} is missing): "
-                           "pip install 'barellm[server]'") from None
+def check_args(args: argparse.Namespace) -> None:
+    """Refuses option values no server could run with, before anything is loaded."""
     if not 0 <= args.port <= 65535:
         raise InvalidRequest(f"--port must be in 0..65535, got {args.port}")
     if not 1 <= args.slots <= 256:
@@ -84,22 +93,71 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise InvalidRequest(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
     if not 0 <= args.stream_interval <= 10:
         raise InvalidRequest(f"--stream-interval must be in 0..10 seconds, got {args.stream_interval}")
-
-    import barellm
-    from barellm.serve.app import create_app, run
-    from barellm.serve.security import default_allowed_hosts, is_loopback
-
-    allowed = args.allowed_host if args.allowed_host else default_allowed_hosts(args.host)
     if args.api_key is not None and len(args.api_key) < 8:
         raise InvalidRequest("--api-key must be at least 8 characters long")
+    if args.threads is not None and args.threads < 1:
+        raise InvalidRequest(f"-t/--threads must be >= 1, got {args.threads}")
+    ray_only = [name for name, value in (("--address", args.address), ("--replicas", args.replicas),
+                                         ("--autoscale", args.autoscale), ("--routers", args.routers))
+                if value is not None]
+    if ray_only and not args.ray:
+        raise InvalidRequest(f"{', '.join(ray_only)} {'applies' if len(ray_only) == 1 else 'apply'} only with --ray")
+    if args.replicas is not None and args.autoscale is not None:
+        raise InvalidRequest("give either --replicas or --autoscale, not both")
+    if args.replicas is not None and args.replicas < 1:
+        raise InvalidRequest(f"--replicas must be >= 1, got {args.replicas}")
+    if args.routers is not None and args.routers < 1:
+        raise InvalidRequest(f"--routers must be >= 1, got {args.routers}")
+    if args.autoscale is not None:
+        autoscale_bounds(args.autoscale)
 
+
+def autoscale_bounds(text: str) -> tuple[int, int]:
+    """--autoscale MIN,MAX as two integers, 0 <= MIN <= MAX, MAX >= 1."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise InvalidRequest(f"--autoscale takes MIN,MAX (two replica counts, e.g. 1,4), got {text!r}")
+    lo, hi = (int(p) for p in parts)
+    if hi < 1 or lo > hi:
+        raise InvalidRequest(f"--autoscale needs 0 <= MIN <= MAX and MAX >= 1, got {text!r}")
+    return lo, hi
+
+
+def build_app(args: argparse.Namespace, *, replica: str | None = None) -> Any:
+    """Loads the model and builds the app the options describe: what `barellm serve` runs, and what each
+    replica on a Ray cluster runs. replica: the name its responses carry (default: host and process id)."""
+    import barellm
+    from barellm.serve.app import create_app
+    from barellm.serve.security import default_allowed_hosts
+
+    allowed = args.allowed_host if args.allowed_host else default_allowed_hosts(args.host)
     model = barellm.load(args.model, threads=args.threads, context=args.context, engine=args.engine,
                          chat_template=args.template, slots=args.slots, activations=args.activations,
                          verify=args.verify)
-    app = create_app(model, model_id=served_id(args.model, model.path), aliases=args.alias,
-                     max_queue=args.queue, timeout=args.timeout or None, prefill_chunk=args.prefill_chunk,
-                     api_key=args.api_key, allowed_hosts=allowed, cors_origins=args.cors_origin,
-                     stream_interval=args.stream_interval)
+    return create_app(model, model_id=served_id(args.model, model.path), aliases=args.alias,
+                      max_queue=args.queue, timeout=args.timeout or None, prefill_chunk=args.prefill_chunk,
+                      api_key=args.api_key, allowed_hosts=allowed, cors_origins=args.cors_origin,
+                      stream_interval=args.stream_interval, replica=replica)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    check_args(args)
+    if args.ray:
+        from barellm.serve.ray import serve_on_ray
+
+        return serve_on_ray(args)
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise BarellmError(f"barellm serve needs Starlette and uvicorn ({e.name} is missing): "
+                           "pip install 'barellm[server]'") from None
+
+    from barellm.serve.app import run
+    from barellm.serve.security import is_loopback
+
+    app = build_app(args)
+    model = app.state.server.model
     print(f"barellm: serving {app.state.server.model_id} ({model!r}, {args.slots} slots) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
     if not is_loopback(args.host) and args.api_key is None:

@@ -9,6 +9,8 @@ connection: a client that goes away cancels its job at once, freeing the slot be
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -433,11 +435,37 @@ class _CountRequests:
                 self.metrics.request(endpoint_label(scope.get("path", "")), status[0])
 
 
+class _ReplicaHeader:
+    """Names the process that answered in every response (X-Barellm-Replica), so a client behind several
+    replicas can tell which one served it, and sees the same header from a single server."""
+
+    def __init__(self, app: ASGIApp, name: str) -> None:
+        self.app = app
+        self.header = (b"x-barellm-replica", name.encode("latin-1", errors="replace"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_wrapper)
+
+
+def process_name() -> str:
+    """The X-Barellm-Replica of a single server: host and process id."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str] = (), max_queue: int = 64,
                timeout: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                max_body: int = schemas.MAX_BODY_BYTES, api_key: str | None = None,
                allowed_hosts: Iterable[str] | None = None, cors_origins: Iterable[str] = (),
-               stream_interval: float = DEFAULT_STREAM_INTERVAL) -> Starlette:
+               stream_interval: float = DEFAULT_STREAM_INTERVAL, replica: str | None = None) -> Starlette:
     """The app for a loaded model (barellm.load(..., slots=N): one slot per concurrent sequence).
 
     stream_interval: seconds between a streamed response's events (the text that arrives meanwhile is sent
@@ -446,7 +474,8 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
     api_key: requests must send 'Authorization: Bearer KEY' (but /health and the chat page at /);
     allowed_hosts: the Host header names accepted (None: any; security.default_allowed_hosts(bind) gives
     the command's default); cors_origins: browser origins allowed to call the API ("*": any; none: no CORS
-    headers at all). The scheduler thread starts and stops with the app's lifespan.
+    headers at all); replica: the name every response carries in X-Barellm-Replica (default: host and
+    process id). The scheduler thread starts and stops with the app's lifespan.
     """
     from barellm.serve import ollama, webui  # their handlers build on this module's
 
@@ -491,6 +520,7 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
                            allow_headers=["authorization", "content-type"], max_age=600)
     app.add_middleware(_CountRequests, metrics=state.metrics)
+    app.add_middleware(_ReplicaHeader, name=replica or process_name())
     return app
 
 
