@@ -1,6 +1,7 @@
 """Single-thread speed of the matmul kernels on SmolLM2-135M's shapes (or Gemma 3 270M's: --model gemma3).
 
-    python bench/kernels.py [--model smollm2|gemma3|all] [--quick] [--reps N] [--cpu-time] [--no-scalar]
+    python bench/kernels.py [--model smollm2|gemma3|qwen15|all] [--quick] [--reps N] [--cpu-time] [--no-scalar]
+                            [--cold-mb MB] [-T 1,64]
 
 For each shape and T: GMAC/s (rows * cols * T multiply-adds per second) and GB/s (weight bytes read per
 second) of
@@ -54,8 +55,15 @@ SHAPES = {  # model -> [(what, rows, cols, type)]
         ("down", 640, 2048, Q4_K),
         ("down", 640, 2048, Q6_K),
     ],
+    "qwen15": [  # Qwen2.5-Coder-1.5B Q4_K_M: Q|K|V and gate|up fused, ffn_down and attn_v Q6_K in half the layers
+        ("qkv", 2048, 1536, Q4_K),
+        ("o", 1536, 1536, Q4_K),
+        ("gate/up", 17920, 1536, Q4_K),
+        ("down", 1536, 8960, Q4_K),
+        ("down", 1536, 8960, Q6_K),
+        ("output", 151936, 1536, Q6_K),
+    ],
 }
-COLD_BYTES = 96 << 20
 
 _BLOCK = {
     Q8_0: np.dtype([("d", "<f2"), ("qs", "i1", (32,))]),
@@ -130,9 +138,12 @@ def main():
     ap.add_argument("--budget", type=float, default=None, help="seconds per rep (default 0.05, quick 0.02)")
     ap.add_argument("--cpu-time", action="store_true", help="thread CPU time instead of wall time")
     ap.add_argument("--no-scalar", action="store_true")
+    ap.add_argument("--cold-mb", type=int, default=96,
+                    help="size of the weight copies the cold runs cycle through (default 96, SmolLM2's weights)")
+    ap.add_argument("-T", default=None, help="token counts, comma-separated (default 1,64,128; quick 1,64)")
     args = ap.parse_args()
     budget = args.budget or (0.02 if args.quick else 0.05)
-    ts = [1, 64] if args.quick else [1, 64, 128]
+    ts = [int(t) for t in args.T.split(",")] if args.T else [1, 64] if args.quick else [1, 64, 128]
     has_avx2 = nat.cpu_info()["avx2_fma"]
     rng = np.random.default_rng(0)
     clock = "thread CPU time" if args.cpu_time else "wall time"
@@ -160,7 +171,7 @@ def main():
                     fn = partial(run, isa="avx2", layout=I8, ws=[wi8], act=1)
                     results.append(("avx2 i8x2", nbytes, measure(fn, args.reps, budget)))
                 if T == 1:
-                    cold = [bytes(wi8) for _ in range(COLD_BYTES // nbytes + 2)]
+                    cold = [bytes(wi8) for _ in range((args.cold_mb << 20) // nbytes + 2)]
                     fn = partial(run, isa="avx2", layout=I8, ws=cold)
                     results.append(("avx2 i8 cold", nbytes, measure(fn, args.reps, budget)))
                     if x2:
