@@ -48,3 +48,9 @@ def qwen05_gguf() -> Path:
 def qwen15_gguf() -> Path:
     """Path of the Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (the slow tests only: CI does not pull it)."""
     return _resolve("qwen2.5-coder-1.5b", "BARELLM_QWEN15_GGUF")
+
+
+def plain(metadata: dict) -> dict:
+    """Metadata with numeric arrays as lists (the .blm reader hands them over as NumPy views of the file)."""
+    return {k: v.tolist() if hasattr(v, "tolist") and not isinstance(v, (str, bytes)) else v
+            for k, v in metadata.items()}

@@ -385,7 +385,8 @@ class _Cursor:
             self.pos += n
             return arr.astype(bool).tolist(), type_name
         self.pos += n * dt.itemsize
-        return arr.tolist(), type_name
+        # a view of the mapping, not a list: a 262,144-entry vocabulary's scores as Python floats took 10 MB
+        return arr, type_name
 
     def scalar(self, code: int, field: str) -> Any:
         if code == _STRING:
@@ -424,7 +425,8 @@ class _Cursor:
             except UnicodeDecodeError:
                 pass
             else:
-                return pieces[:n]
+                del pieces[n:]  # (the separator after the last string leaves an empty piece)
+                return pieces
         s, e = starts.tolist(), ends.tolist()
         return [blob[x:y].decode("utf-8", "surrogateescape") for x, y in zip(s, e, strict=True)]
 

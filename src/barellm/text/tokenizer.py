@@ -15,6 +15,7 @@ the ids the model was trained on:
 
 from __future__ import annotations
 
+import array
 import codecs
 import functools
 import heapq
@@ -289,7 +290,7 @@ def _array(md: Mapping[str, Any], name: str, item: type | tuple[type, ...], n: i
         for i, x in enumerate(v):
             if not isinstance(x, items) or (isinstance(x, bool) and bool not in items):
                 raise FormatError(f"{full}[{i}]: expected {_kind_name(item)}, got {type(x).__name__}")
-    return list(v)
+    return v if isinstance(v, list) else list(v)  # shared, not copied: the tokenizer never changes it
 
 
 class _Trie:
@@ -391,11 +392,12 @@ class Tokenizer:
         self.vocab_size = n
         self._tokens = tokens
         types = _array(md, "token_type", int, n)
-        self._types = types if types is not None else [TokenType.NORMAL] * n
-        if min(self._types) < 0 or max(self._types) > 6:
-            for i, t in enumerate(self._types):
+        types = types if types is not None else [TokenType.NORMAL] * n
+        if min(types) < 0 or max(types) > 6:
+            for i, t in enumerate(types):
                 if not 0 <= t <= 6:
                     raise FormatError(f"tokenizer.ggml.token_type[{i}]: unknown token type {t}")
+        self._types = bytearray(types)  # one byte a token: a 262,144-entry list of ints took 2 MB
 
         # the first id of each text (built back to front so that it wins); an empty entry can never be produced
         # by encoding, it only decodes to nothing
@@ -460,7 +462,7 @@ class Tokenizer:
         self._trie_all.finish()
         self._trie_user.finish()
 
-        self._piece_cache: list[bytes | None] = [None] * n
+        self._piece_cache: dict[int, bytes] = {}  # filled as tokens are decoded (a list of the whole vocabulary: 2 MB)
         self._word_cache: dict[str, tuple[int, ...]] = {}
         self.pre = _key(md, "pre", str)
         add_prefix = _key(md, "add_space_prefix", bool)
@@ -504,8 +506,16 @@ class Tokenizer:
                                       "not in the vocabulary")
 
     def _init_spm(self, md: Mapping[str, Any]) -> None:
-        scores = _array(md, "scores", (float, int), self.vocab_size)
-        self._scores = list(map(float, scores)) if scores is not None else [0.0] * self.vocab_size
+        # doubles in an array, not a list of floats (a 262,144-entry vocabulary: 2 MB instead of 8); a float array
+        # from the file (the .blm reader hands numeric arrays over as views) goes in without Python floats
+        raw = md.get("tokenizer.ggml.scores")
+        if getattr(raw, "dtype", None) is not None and raw.dtype.kind == "f" and raw.ndim == 1:
+            if len(raw) != self.vocab_size:
+                raise FormatError(f"tokenizer.ggml.scores: {len(raw)} entries for {self.vocab_size} tokens")
+            self._scores = array.array("d", raw.astype("<f8").tobytes())
+        else:
+            scores = _array(md, "scores", (float, int), self.vocab_size)
+            self._scores = array.array("d", scores if scores is not None else bytes(8 * self.vocab_size))
         vocab = self._token_to_id
         self._byte_ids: list[int | None] = []
         for b in range(256):
@@ -756,7 +766,7 @@ class Tokenizer:
 
     def _piece(self, i: int) -> bytes:
         """The bytes token i stands for (special tokens as their text)."""
-        b = self._piece_cache[i]
+        b = self._piece_cache.get(i)
         if b is not None:
             return b
         text = self._tokens[i]
