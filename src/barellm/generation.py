@@ -4,7 +4,8 @@ A Generation never calls the engine. Its driver feeds the prompt into a KV cache
 that follow the last fed token to `step`, feeds back `next_token` at `position`, and repeats until `done`.
 Everything else is decided here, the same way for the Python API and the server:
 
-- the next token (the sampler, its history for the penalties, an optional allowed-token mask);
+- the next token (the sampler, its history for the penalties, an optional allowed-token mask, or a
+  structured.Guide whose parser gives the mask of each step: JSON schemas, regexes, grammars);
 - the end: an end-of-generation token ("stop"), a stop string ("stop"; the text before it is kept, and
   tokens that begin inside it are not reported), max_tokens or the context ("length");
 - the text: the stream decoder turns ids into whole characters; text that could be the start of a stop
@@ -37,8 +38,9 @@ __all__ = ["PHASES", "Delta", "Generation", "SlotTable", "Timings", "TokenLogpro
 
 # The phases of a token's life, in order. "forward" is the native executor running the layers; "logits copy"
 # the rest of the engine call (its Python wrapper filling token and position arrays, the logits copied out);
-# "write" the server's formatting and sending of the events (the Python API has none).
-PHASES = ("forward", "logits copy", "sample", "logprobs", "detokenize", "stop", "bookkeeping", "write")
+# "grammar" the constrained-decoding parser (waiting for its mask, taking the chosen token); "write" the
+# server's formatting and sending of the events (the Python API has none).
+PHASES = ("forward", "logits copy", "grammar", "sample", "logprobs", "detokenize", "stop", "bookkeeping", "write")
 
 Allowed = np.ndarray | Callable[[Sequence[int]], "np.ndarray | None"] | None
 
@@ -146,12 +148,13 @@ class Generation:
     def __init__(self, prompt: Sequence[int], tokenizer: Any, *, params: SamplingParams, max_tokens: int, n_ctx: int,
                  stops: Sequence[str] = (), top_logprobs: int | None = None, allowed: Allowed = None,
                  eog: set[int] | frozenset[int] | None = None, n_vocab: int | None = None,
-                 timings: Timings | None = None) -> None:
+                 timings: Timings | None = None, guide: Any = None) -> None:
         self.prompt = list(prompt)
         self.max_tokens = max_tokens
         self.n_ctx = n_ctx
         self.top_logprobs = top_logprobs
         self.allowed = allowed
+        self.guide = guide                    # a structured.Guide: the grammar's mask at every step
         self.eog = frozenset(tokenizer.eog_ids if eog is None else eog)
         self.timings = timings if timings is not None else Timings()
         self.sampler = Sampler(params, self.prompt, n_vocab)
@@ -183,13 +186,25 @@ class Generation:
         clock = time.perf_counter
         tm = self.timings.seconds
         t0 = clock()
-        allowed = self.allowed(self.generated) if callable(self.allowed) else self.allowed
+        guide = self.guide
+        if guide is not None:
+            allowed = guide.mask()
+            t1 = clock()
+            tm["grammar"] += t1 - t0
+            t0 = t1
+        else:
+            allowed = self.allowed(self.generated) if callable(self.allowed) else self.allowed
         tok = self.sampler.sample(row, allowed=allowed)
         t1 = clock()
         tm["sample"] += t1 - t0
         self.next_token = None
         if tok in self.eog:
             return self._finish("stop")
+        if guide is not None:   # the next mask is computed from here on, beside the next forward pass
+            guide.accept(tok)
+            t2 = clock()
+            tm["grammar"] += t2 - t1
+            t1 = t2
         lp = None
         if self.top_logprobs is not None:
             lp = token_logprobs(row, tok, self.top_logprobs)

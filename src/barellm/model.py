@@ -34,7 +34,8 @@ from barellm.sampling import SamplingParams, TokenLogprob
 
 ENGINES = ("auto", "native", "reference")
 ACTIVATIONS = ("q8x2", "q8")  # the native engine's activation precisions (engine.ACTIVATIONS)
-GENERATION_KEYWORDS = ("max_tokens", "stop", "n", "logprobs", "top_logprobs", "allowed_tokens", "timings")
+GENERATION_KEYWORDS = ("max_tokens", "stop", "n", "logprobs", "top_logprobs", "allowed_tokens", "timings",
+                       "json_schema", "grammar", "regex")
 
 
 @dataclass
@@ -81,6 +82,7 @@ class _Request:
     top_logprobs: int | None
     allowed: Any
     timings: Timings | None
+    grammar: Any = None           # a structured.Grammar: every choice follows it
 
     def params_for(self, index: int) -> SamplingParams:
         """Choice i draws with seed + i, so choice 0 is what n=1 gives."""
@@ -286,6 +288,9 @@ class Model:
         top = kw.pop("top_logprobs", None)
         allowed = kw.pop("allowed_tokens", None)
         timings = kw.pop("timings", None)
+        constraint = {k: kw.pop(k) for k in ("json_schema", "grammar", "regex") if kw.get(k) is not None}
+        for k in ("json_schema", "grammar", "regex"):
+            kw.pop(k, None)
         unknown = set(kw) - set(SamplingParams.__dataclass_fields__)
         if unknown:
             raise InvalidRequest(f"unknown generation parameter(s): {', '.join(sorted(unknown))}")
@@ -321,7 +326,19 @@ class Model:
                                      f"words (one bit per token), got {allowed.shape[0]}")
         if timings is not None and not isinstance(timings, Timings):
             raise InvalidRequest("timings must be a barellm.generation.Timings")
-        return _Request(params, max_tokens, [s for s in stops if s], n, top_logprobs, allowed, timings)
+        grammar = None
+        if constraint:
+            if allowed is not None:
+                raise InvalidRequest(f"allowed_tokens and {next(iter(constraint))} both constrain the output: give one")
+            grammar = self.structured().from_options(**constraint)
+        return _Request(params, max_tokens, [s for s in stops if s], n, top_logprobs, allowed, timings, grammar)
+
+    def structured(self) -> Any:
+        """The model's structured.Vocabulary (llguidance's view of its tokenizer; built on first use):
+        compiles JSON schemas, regexes and grammars into constraints for this model."""
+        from barellm.structured import vocabulary
+
+        return vocabulary(self, self.tokenizer, self.config.n_vocab)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -344,7 +361,8 @@ class Model:
         c.prompt_tokens = len(ids)
         gens = [Generation(ids, self.tokenizer, params=req.params_for(i), max_tokens=req.max_tokens, n_ctx=self.n_ctx,
                            stops=req.stops, top_logprobs=req.top_logprobs, allowed=req.allowed,
-                           n_vocab=self.config.n_vocab, timings=timings) for i in range(n)]
+                           n_vocab=self.config.n_vocab, timings=timings,
+                           guide=req.grammar.guide() if req.grammar is not None else None) for i in range(n)]
         c.choices = [Choice(i) for i in range(n)]
         for ch, g in zip(c.choices, gens, strict=True):
             ch.token_ids = g.generated    # every generated token, filled as they come
@@ -426,7 +444,10 @@ class Model:
         top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
         logit_bias ({token id: bias}, OpenAI's: added to the logit, -100 bans), seed, stop (a string or
         list of strings, not included in the text), allowed_tokens (a uint32 bitmask over the vocabulary,
-        or a function of the generated ids returning one: only those tokens may be chosen)."""
+        or a function of the generated ids returning one: only those tokens may be chosen).
+        Constrained output (the barellm[structured] extra; one of): json_schema (a JSON schema, dict or
+        text: the output is one JSON value valid against it), regex (the output matches it as a whole),
+        grammar (llguidance's Lark dialect or llama.cpp's GBNF)."""
         return self.complete(prompt, **kw).text
 
     def stream(self, prompt: str | Sequence[int], **kw: Any) -> Iterator[str]:
