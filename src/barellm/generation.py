@@ -148,7 +148,7 @@ class Generation:
     def __init__(self, prompt: Sequence[int], tokenizer: Any, *, params: SamplingParams, max_tokens: int, n_ctx: int,
                  stops: Sequence[str] = (), top_logprobs: int | None = None, allowed: Allowed = None,
                  eog: set[int] | frozenset[int] | None = None, n_vocab: int | None = None,
-                 timings: Timings | None = None, guide: Any = None) -> None:
+                 timings: Timings | None = None, guide: Any = None, min_indent: int = 0) -> None:
         self.prompt = list(prompt)
         self.max_tokens = max_tokens
         self.n_ctx = n_ctx
@@ -165,6 +165,8 @@ class Generation:
         self.stops = [s for s in stops if s]
         self._longest = max((len(s) for s in self.stops), default=0)
         self._first_chars = frozenset(s[0] for s in self.stops)
+        self.min_indent = max(0, int(min_indent))   # a later line indented less ends the text (before it)
+        self.stop_word: str | None = None     # the stop string that ended the generation, if one did
         self._held = ""                       # decoded, not yet released (could begin a stop string)
         self._released = 0                    # characters released so far
         self._pending: deque[tuple[int, int, TokenLogprob | None]] = deque()  # (text offset, id, logprob)
@@ -220,21 +222,27 @@ class Generation:
         tm["detokenize"] += t2 - t1
         if piece:
             self._held += piece
-            if self.stops:
-                cut = self._stop_in(len(piece))
-                if cut >= 0:
-                    d = self._release(cut, all_tokens=False)
-                    self._pending.clear()
-                    self._held = ""
-                    self.finish_reason = d.finish_reason = "stop"
-                    tm["stop"] += clock() - t2
-                    return d
+            cut = self._stop_in(len(piece)) if self.stops else -1
+            if self.min_indent:
+                dedent = self._dedent()
+                if dedent >= 0 and (cut < 0 or dedent < cut):
+                    cut = dedent
+                    self.stop_word = None
+            if cut >= 0:
+                d = self._release(cut, all_tokens=False)
+                self._pending.clear()
+                self._held = ""
+                self.finish_reason = d.finish_reason = "stop"
+                tm["stop"] += clock() - t2
+                return d
         if len(self.generated) >= self.max_tokens or len(self.prompt) + len(self.generated) >= self.n_ctx:
             d = self._finish("length")
             tm["stop"] += clock() - t2
             return d
         self.next_token = tok
         hold = self._holdback() if self.stops else 0
+        if self.min_indent:
+            hold = max(hold, self._line_holdback())
         d = self._release(len(self._held) - hold)
         tm["stop"] += clock() - t2
         return d if d.text or d.token_ids else None
@@ -249,6 +257,9 @@ class Generation:
         if tail:
             self._held += tail
             cut = self._stop_in(len(tail)) if self.stops else -1
+            if self.min_indent:
+                dedent = self._dedent()
+                cut = dedent if dedent >= 0 and (cut < 0 or dedent < cut) else cut
             if cut >= 0:
                 d = self._release(cut, all_tokens=False)
                 self._pending.clear()
@@ -264,8 +275,35 @@ class Generation:
         `new` last characters (the held text before them had none), so only that window is searched."""
         held = self._held
         lo = max(0, len(held) - new - self._longest + 1)
-        hits = [p for p in (held.find(s, lo) for s in self.stops) if p >= 0]
-        return min(hits) if hits else -1
+        hits = [(p, s) for s in self.stops if (p := held.find(s, lo)) >= 0]
+        if not hits:
+            return -1
+        p, self.stop_word = min(hits)
+        return p
+
+    def _dedent(self) -> int:
+        """Where the first line of the held text indented less than min_indent begins (its newline is cut
+        too), or -1. The first line of the generation continues the prompt's and is never cut; a line of
+        whitespace only is no line yet (its indentation is unknown until it holds something)."""
+        held = self._held
+        p = held.find("\n")
+        while p >= 0:
+            end = held.find("\n", p + 1)
+            line = held[p + 1:] if end < 0 else held[p + 1:end]
+            body = line.lstrip(" \t")
+            if body and body != "\r" and len(line) - len(body) < self.min_indent:
+                return p
+            p = end
+        return -1
+
+    def _line_holdback(self) -> int:
+        """The held tail from the last newline on, while the line after it holds only whitespace: whether it
+        will be cut (a dedent) is not known yet."""
+        held = self._held
+        p = held.rfind("\n")
+        if p >= 0 and not held[p + 1:].strip(" \t\r"):
+            return len(held) - p
+        return 0
 
     def _holdback(self) -> int:
         """Length of the longest end of the held text that could still grow into a stop string."""

@@ -35,7 +35,7 @@ from barellm.sampling import SamplingParams, TokenLogprob
 ENGINES = ("auto", "native", "reference")
 ACTIVATIONS = ("q8x2", "q8")  # the native engine's activation precisions (engine.ACTIVATIONS)
 GENERATION_KEYWORDS = ("max_tokens", "stop", "n", "logprobs", "top_logprobs", "allowed_tokens", "timings",
-                       "json_schema", "grammar", "regex")
+                       "json_schema", "grammar", "regex", "min_indent")
 
 
 @dataclass
@@ -83,6 +83,7 @@ class _Request:
     allowed: Any
     timings: Timings | None
     grammar: Any = None           # a structured.Grammar: every choice follows it
+    min_indent: int = 0           # a new line indented less ends the text (llama.cpp's n_indent)
 
     def params_for(self, index: int) -> SamplingParams:
         """Choice i draws with seed + i, so choice 0 is what n=1 gives."""
@@ -288,6 +289,7 @@ class Model:
         top = kw.pop("top_logprobs", None)
         allowed = kw.pop("allowed_tokens", None)
         timings = kw.pop("timings", None)
+        min_indent = kw.pop("min_indent", 0)
         constraint = {k: kw.pop(k) for k in ("json_schema", "grammar", "regex") if kw.get(k) is not None}
         for k in ("json_schema", "grammar", "regex"):
             kw.pop(k, None)
@@ -326,12 +328,15 @@ class Model:
                                      f"words (one bit per token), got {allowed.shape[0]}")
         if timings is not None and not isinstance(timings, Timings):
             raise InvalidRequest("timings must be a barellm.generation.Timings")
+        if not isinstance(min_indent, int) or isinstance(min_indent, bool) or min_indent < 0:
+            raise InvalidRequest(f"min_indent must be an integer >= 0, got {min_indent!r}")
         grammar = None
         if constraint:
             if allowed is not None:
                 raise InvalidRequest(f"allowed_tokens and {next(iter(constraint))} both constrain the output: give one")
             grammar = self.structured().from_options(**constraint)
-        return _Request(params, max_tokens, [s for s in stops if s], n, top_logprobs, allowed, timings, grammar)
+        return _Request(params, max_tokens, [s for s in stops if s], n, top_logprobs, allowed, timings, grammar,
+                        min_indent)
 
     def structured(self) -> Any:
         """The model's structured.Vocabulary (llguidance's view of its tokenizer; built on first use):
@@ -362,7 +367,8 @@ class Model:
         gens = [Generation(ids, self.tokenizer, params=req.params_for(i), max_tokens=req.max_tokens, n_ctx=self.n_ctx,
                            stops=req.stops, top_logprobs=req.top_logprobs, allowed=req.allowed,
                            n_vocab=self.config.n_vocab, timings=timings,
-                           guide=req.grammar.guide() if req.grammar is not None else None) for i in range(n)]
+                           guide=req.grammar.guide() if req.grammar is not None else None,
+                           min_indent=req.min_indent) for i in range(n)]
         c.choices = [Choice(i) for i in range(n)]
         for ch, g in zip(c.choices, gens, strict=True):
             ch.token_ids = g.generated    # every generated token, filled as they come
@@ -463,11 +469,75 @@ class Model:
             if d.text:
                 yield d.text
 
+    # --- fill-in-the-middle ----------------------------------------------------------------------
+
+    @property
+    def fim(self) -> Any:
+        """The model's fill-in-the-middle tokens (text/infill.py FimTokens), or None when it has none."""
+        if not hasattr(self, "_fim"):
+            from barellm.text.infill import fim_tokens
+
+            self._fim = fim_tokens(self.metadata, self.tokenizer)
+        return self._fim
+
+    def infill_prompt(self, prefix: str, suffix: str, *, extra: Sequence[dict[str, str]] = (), prompt: str = "",
+                      max_tokens: int | None = None) -> list[int]:
+        """The token ids of a fill-in-the-middle prompt: the model's FIM markers around prefix and suffix, other
+        files (extra: [{"filename", "text"}]) before them as repository context (llama.cpp server's /infill
+        layout, text/infill.py); cut to leave max_tokens (default: a quarter of the context, at most 256)."""
+        from barellm.text.infill import infill_ids
+
+        fim = self.fim
+        if fim is None:
+            raise InvalidRequest(f"{self.path.name} has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
+                                 "<|fim_middle|> or their kin): this model cannot infill")
+        n_predict = max_tokens if max_tokens is not None and max_tokens > 0 else min(256, self.n_ctx // 4)
+        return infill_ids(self.tokenizer, fim, prefix, suffix, extra=extra, prompt=prompt, n_ctx=self.n_ctx,
+                          n_predict=n_predict)
+
+    def infill(self, prefix: str, suffix: str, *, extra: Sequence[dict[str, str]] = (), prompt: str = "",
+               **kw: Any) -> str:
+        """The code that fills the hole between prefix and suffix (a FIM-trained model: Qwen2.5-Coder, ...).
+        extra: other files as context, [{"filename": ..., "text": ...}]; keywords as generate(). Besides the
+        model's end token, the fill ends before a line that repeats the suffix's first line and before a line
+        indented less than the hole's (text/infill.py end_rules; min_indent=0 turns that one off)."""
+        return self.complete_infill(prefix, suffix, extra=extra, prompt=prompt, **kw).text
+
+    def complete_infill(self, prefix: str, suffix: str, *, extra: Sequence[dict[str, str]] = (), prompt: str = "",
+                        **kw: Any) -> Completion:
+        """infill() as a whole Completion (token ids, finish reason, counts, timings)."""
+        kw = self._infill_kw(prefix + prompt, suffix, kw)
+        req = self._request(kw)
+        ids = self.infill_prompt(prefix, suffix, extra=extra, prompt=prompt, max_tokens=req.max_tokens)
+        return self._complete(self._prompt_ids(ids), req)
+
+    @staticmethod
+    def _infill_kw(before: str, suffix: str, kw: dict[str, Any]) -> dict[str, Any]:
+        """kw with the fill's end rules added: stop strings joined to the caller's, min_indent unless given."""
+        from barellm.text.infill import end_rules
+
+        stops, indent = end_rules(before, suffix)
+        given = kw.get("stop")
+        mine = [given] if isinstance(given, str) else list(given) if isinstance(given, (list, tuple)) else []
+        if given is not None and not mine and not isinstance(given, (list, tuple)):
+            return kw   # a malformed stop: _request names it
+        return {**kw, "stop": mine + stops, "min_indent": kw.get("min_indent", indent)}
+
     # --- chat -----------------------------------------------------------------------------------
 
-    def chat_prompt(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of the rendered chat template (special tokens parsed, no extra BOS)."""
-        text = self.template.render(list(messages), add_generation_prompt=add_generation_prompt)
+    def chat_prompt(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of the rendered chat template (special tokens parsed, no extra BOS). tools: OpenAI's
+        tool objects, rendered by the template when it knows tools, else in the built-in form
+        (text/tools.py); assistant messages with tool_calls and tool messages render either way."""
+        from barellm.text.tools import prepare_messages, validate_tools
+
+        msgs: list[Any] = list(messages)
+        extra: dict[str, Any] = {}
+        if tools or any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in msgs):
+            if all(isinstance(m, dict) for m in msgs):
+                msgs, extra = prepare_messages(msgs, validate_tools(tools) if tools else None, self.tool_format)
+        text = self.template.render(msgs, add_generation_prompt=add_generation_prompt, **extra)
         ids = self.tokenizer.encode(text, add_special=False, parse_special=True)
         bos = self.tokenizer.bos_id
         if self.tokenizer.add_bos and bos is not None and (not ids or ids[0] != bos):
@@ -494,19 +564,71 @@ class Model:
     # --- OpenAI's result objects: the dicts the server returns, built by openai_format ---------------
 
     def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16, stream: bool = False,
+                          response_format: dict[str, Any] | None = None, suffix: str | None = None,
                           **kw: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """complete() as OpenAI's text_completion object (id, object, created, model, choices[0].text and
         finish_reason, usage), as llama-cpp-python's method of this name returns it; stream=True yields the
         chunk objects as they come. max_tokens None: the rest of the context; other keywords as generate()."""
-        return self._openai(self._prompt_ids(prompt), False, max_tokens, stream, kw)
+        constraint = self.structured().response_format(response_format) if response_format is not None else None
+        if suffix:   # fill-in-the-middle: prompt is the text before the hole
+            if not isinstance(prompt, str):
+                raise InvalidRequest("suffix needs a string prompt (the text before the hole)")
+            return self._openai(self.infill_prompt(prompt, suffix, max_tokens=max_tokens), False, max_tokens, stream,
+                                self._infill_kw(prompt, suffix, kw), constraint)
+        return self._openai(self._prompt_ids(prompt), False, max_tokens, stream, kw, constraint)
+
+    @property
+    def tool_format(self) -> Any:
+        """How this model meets tools (text/tools.py): its template's own rendering or the built-in form."""
+        from barellm.text.tools import tool_format
+
+        fmt = getattr(self, "_tool_format", None)
+        if fmt is None:
+            fmt = self._tool_format = tool_format(self.template.source, self.tokenizer)
+        return fmt
+
+    def tool_grammar(self, tools: Sequence[dict[str, Any]], mode: str, name: str | None = None,
+                     parallel: bool = True) -> Any:
+        """The constraint of tool_choice "required" (mode "required") or a named function (mode "function"):
+        output that is tool calls only, with arguments valid for the function's schema."""
+        from barellm.text.tools import call_grammar, validate_tools
+
+        src = call_grammar(validate_tools(tools), self.tool_format, name if mode == "function" else None,
+                           parallel and mode == "required")
+        return self.structured().lark(src, "tool_choice")
 
     def create_chat_completion(self, messages: Sequence[dict[str, Any]], *, max_tokens: int | None = None,
-                               stream: bool = False, **kw: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+                               stream: bool = False, tools: Sequence[dict[str, Any]] | None = None,
+                               tool_choice: Any = None, parallel_tool_calls: bool = True,
+                               response_format: dict[str, Any] | None = None,
+                               **kw: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """chat() as OpenAI's chat.completion object (choices[0].message), or with stream=True its
-        chat.completion.chunk objects. max_tokens None: the rest of the context."""
-        return self._openai(self.chat_prompt(messages), True, max_tokens, stream, kw)
+        chat.completion.chunk objects. max_tokens None: the rest of the context.
 
-    def _openai(self, ids: list[int], chat: bool, max_tokens: int | None, stream: bool, kw: dict[str, Any]
+        tools, tool_choice ("auto" by default with tools; "none", "required", {"type": "function",
+        "function": {"name": ...}}), parallel_tool_calls: OpenAI's; the model's calls come back as
+        message.tool_calls (streamed: delta.tool_calls) with finish_reason "tool_calls". "required" and a
+        named function constrain the output to calls whose arguments fit the function's schema.
+        response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}."""
+        from barellm.text.tools import resolve_choice, validate_tools
+
+        tools = validate_tools(tools) if tools else None
+        mode, fn = resolve_choice(tools, tool_choice)
+        constraint = None
+        if response_format is not None:
+            constraint = self.structured().response_format(response_format)
+        if mode in ("required", "function"):
+            if constraint is not None or any(kw.get(k) is not None for k in ("json_schema", "grammar", "regex")):
+                raise InvalidRequest(f"tool_choice {mode!r} constrains the output to tool calls; it cannot be "
+                                     "combined with response_format, json_schema, grammar or regex")
+            assert tools is not None
+            constraint = self.tool_grammar(tools, mode, fn, parallel_tool_calls)
+        ids = self.chat_prompt(messages, tools=tools if mode != "none" else None)
+        names = [t["function"]["name"] for t in tools] if tools and mode != "none" else None
+        return self._openai(ids, True, max_tokens, stream, kw, constraint, tool_names=names)
+
+    def _openai(self, ids: list[int], chat: bool, max_tokens: int | None, stream: bool, kw: dict[str, Any],
+                constraint: Any = None, tool_names: Sequence[str] | None = None
                 ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         from barellm import openai_format as fmt
 
@@ -515,27 +637,61 @@ class Model:
             raise InvalidRequest(f"unknown generation parameter(s) here: {', '.join(extra)} (complete() takes them)")
         kw = {**kw, "max_tokens": max(self.n_ctx - len(ids), 0) if max_tokens is None else max_tokens}
         req = self._request(kw)   # a bad keyword fails here, not at a stream's first next()
+        if constraint is not None:
+            if req.grammar is not None or req.allowed is not None:
+                raise InvalidRequest("response_format and json_schema / grammar / regex / allowed_tokens both "
+                                     "constrain the output: give one")
+            req.grammar = constraint
         ids = self._prompt_ids(ids)
         rid, name = fmt.new_id(chat), self.path.stem
         if stream:
-            return self._openai_chunks(ids, chat, req, rid, name)
+            return self._openai_chunks(ids, chat, req, rid, name, tool_names)
         c = self._complete(ids, req)
-        build = fmt.chat_completion if chat else fmt.text_completion
-        return build(rid, name, c.text, c.finish_reason, fmt.usage(c.prompt_tokens, len(c.token_ids), c.cached_tokens))
+        usage = fmt.usage(c.prompt_tokens, len(c.token_ids), c.cached_tokens)
+        if not chat:
+            return fmt.text_completion(rid, name, c.text, c.finish_reason, usage)
+        if tool_names is not None:
+            from barellm.text.tools import parse_tool_calls
 
-    def _openai_chunks(self, ids: list[int], chat: bool, req: _Request, rid: str, name: str
-                       ) -> Iterator[dict[str, Any]]:
+            content, calls = parse_tool_calls(c.text, tool_names)
+            if calls:
+                reason = "tool_calls" if c.finish_reason == "stop" else c.finish_reason
+                return fmt.chat_completion(rid, name, content, reason, usage, tool_calls=calls)
+        return fmt.chat_completion(rid, name, c.text, c.finish_reason, usage)
+
+    def _openai_chunks(self, ids: list[int], chat: bool, req: _Request, rid: str, name: str,
+                       tool_names: Sequence[str] | None = None) -> Iterator[dict[str, Any]]:
         from barellm import openai_format as fmt
+        from barellm.text.tools import ToolCallStream
 
         created = int(time.time())
         c = Completion()
+        calls = ToolCallStream(tool_names) if tool_names is not None else None
+        sent = [0]   # tool calls streamed so far: the next one's index
+
+        def pieces(parts: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
+            for kind, p in parts:
+                if kind == "content":
+                    yield fmt.chat_chunk(rid, name, text=p, created=created)
+                else:
+                    yield fmt.chat_chunk(rid, name, tool_calls=fmt.tool_call_deltas([p], sent[0]), created=created)
+                    sent[0] += 1
+
         if chat:
             yield fmt.chat_chunk(rid, name, role=True, created=created)
         for _, d in self._run(ids, req, c):
-            if d.text:
+            if not d.text:
+                continue
+            if calls is not None:
+                yield from pieces(calls.feed(d.text))
+            else:
                 yield (fmt.chat_chunk(rid, name, text=d.text, created=created) if chat
                        else fmt.text_chunk(rid, name, text=d.text, created=created))
         reason = c.choices[0].finish_reason if c.choices else "length"
+        if calls is not None:
+            yield from pieces(calls.finish())
+            if calls.calls and reason == "stop":
+                reason = "tool_calls"
         yield (fmt.chat_chunk(rid, name, finish_reason=reason, created=created) if chat
                else fmt.text_chunk(rid, name, finish_reason=reason, created=created))
 

@@ -176,6 +176,24 @@ class Vocabulary:
             raise InvalidRequest(f"{what}: {_one_line(str(e))}") from None
         return self.grammar("grammar", text, what)
 
+    def response_format(self, fmt: Any, what: str = "response_format") -> Grammar | None:
+        """OpenAI's response_format: {"type": "text"} (None), {"type": "json_object"}, or {"type": "json_schema",
+        "json_schema": {"name", "schema", "strict"}}."""
+        if not isinstance(fmt, Mapping) or not isinstance(fmt.get("type"), str):
+            raise InvalidRequest(f'{what} must be an object with "type": "text", "json_object" or "json_schema"')
+        kind = fmt["type"]
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return self.json_object(what)
+        if kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, Mapping):
+                raise InvalidRequest(f'{what}.json_schema must be an object {{"name": ..., "schema": {{...}}}}')
+            schema = spec.get("schema")
+            return self.json_schema({} if schema is None else schema, f"{what}.json_schema.schema")
+        raise InvalidRequest(f'{what}.type must be "text", "json_object" or "json_schema", got {kind!r}')
+
     def from_options(self, *, json_schema: Any = None, grammar: str | None = None, regex: str | None = None
                      ) -> Grammar | None:
         """The one constraint the keywords ask for, or None; two at once is an InvalidRequest."""

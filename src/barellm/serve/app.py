@@ -33,6 +33,7 @@ from barellm.serve.relay import Outbox, RelayResponse, read_body, submit
 from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
 from barellm.serve.security import MAX_HEADER_BYTES, Guard
+from barellm.text.tools import ToolCallStream, parse_tool_calls
 
 DEFAULT_STREAM_INTERVAL = 0.02   # seconds: a streamed response's text goes out at most 50 times a second
 
@@ -109,6 +110,10 @@ class Formatter:
         self.prompt_chars = prompt_chars    # legacy logprobs' text_offset counts from the start of the prompt
         self.offsets: dict[int, int] = {}   # per choice: text_offset of its next token
         self._frames: dict[int, tuple[bytes, bytes]] = {}   # per choice: a text event's bytes around the text
+        # tool calls parsed out of a chat reply (streamed: per choice, as they complete)
+        self.tool_names = req.tool_names if self.chat else None
+        self._calls: dict[int, Any] = {}
+        self._held_lps: dict[int, list[TokenLogprob]] = {}
 
     def _token(self, token_id: int) -> tuple[str, list[int]]:
         b = self.state.tokenizer.token_bytes(token_id)
@@ -148,11 +153,23 @@ class Formatter:
 
     def whole(self, choices: list[tuple[str, list[TokenLogprob], str]], usage: dict[str, Any]) -> dict[str, Any]:
         """The response object: (text, logprobs, finish reason) of each choice."""
-        build = openai_format.chat_completion if self.chat else openai_format.text_completion
         body = None
         for i, (text, toks, reason) in enumerate(choices):
-            one = build(self.id, self.state.model_id, text, reason, usage, logprobs=self.logprobs(toks, i),
-                        **self._ids())
+            lps = self.logprobs(toks, i)
+            if not self.chat:
+                one = openai_format.text_completion(self.id, self.state.model_id, text, reason, usage, logprobs=lps,
+                                                    **self._ids())
+            else:
+                content: str | None = text
+                calls = None
+                if self.tool_names is not None:
+                    content, calls = parse_tool_calls(text, self.tool_names)
+                    if calls and reason == "stop":
+                        reason = "tool_calls"
+                    elif not calls:
+                        content = text
+                one = openai_format.chat_completion(self.id, self.state.model_id, content, reason, usage,
+                                                    logprobs=lps, tool_calls=calls, **self._ids())
             if body is None:
                 body = one
             else:
@@ -173,9 +190,47 @@ class Formatter:
             out["choices"][0]["index"] = index
         return out
 
+    def _tool_events(self, parts: list[tuple[str, Any]], toks: list[TokenLogprob], index: int) -> bytes:
+        """The events of content and whole tool calls split out of a chat reply; logprobs go with the first
+        event after their text (held while a call is still open)."""
+        held = self._held_lps.setdefault(index, [])
+        held.extend(toks)
+        out = bytearray()
+        stream = self._calls[index]
+        for kind, p in parts:
+            lps = self.logprobs(held, index) if held else (None if self.req.top_logprobs is None else
+                                                           self.logprobs([], index))
+            held.clear()
+            if kind == "content":
+                out.extend(_sse(self.chunk(p, lps, index=index)))
+            else:
+                n = stream.sent
+                stream.sent += 1
+                ch = self.chunk(None, lps, index=index)
+                ch["choices"][0]["delta"] = {"tool_calls": openai_format.tool_call_deltas([p], n)}
+                out.extend(_sse(ch))
+        return bytes(out)
+
+    def closing_events(self, index: int, reason: str) -> bytes:
+        """A choice's last events: what its tool-call parsing still holds, and the chunk with its finish reason
+        ("tool_calls" when it called any and stopped of its own accord)."""
+        out = b""
+        stream = self._calls.pop(index, None)
+        if stream is not None:
+            out = self._tool_events(stream.finish(), [], index)
+            if stream.calls and reason == "stop":
+                reason = "tool_calls"
+        return out + _sse(self.chunk(None, None, finish_reason=reason, index=index))
+
     def text_event(self, text: str, toks: list[TokenLogprob], index: int) -> bytes:
         """The server-sent event of a run of text. The chunk's bytes around the JSON of the text are the same
         for every chunk of a choice, so only the text is encoded per event."""
+        if self.tool_names is not None:
+            stream = self._calls.get(index)
+            if stream is None:
+                stream = self._calls[index] = ToolCallStream(self.tool_names)
+                stream.sent = 0
+            return self._tool_events(stream.feed(text), toks, index)
         if self.req.top_logprobs is not None:
             return _sse(self.chunk(text, self.logprobs(toks, index), index=index))
         frame = self._frames.get(index)
@@ -265,7 +320,7 @@ class GenerationResponse(RelayResponse):
                     if fmt.req.stream:
                         self._chunk(out, run)
                         run = None
-                        out.extend(_sse(fmt.chunk(None, None, finish_reason=ev.finish_reason, index=ev.index)))
+                        out.extend(fmt.closing_events(ev.index, ev.finish_reason or "length"))
             self._chunk(out, run)
             finished = all(r is not None for r in reasons)
             if finished:
@@ -299,16 +354,66 @@ async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[i
     return GenerationResponse(state, job, events, Formatter(state, req, prompt_chars), request.url.path)
 
 
+def constrain(model: Any, req: GenerationRequest) -> None:
+    """Compiles the request's output constraint into req.grammar (response_format, json_schema, grammar,
+    regex, or tool_choice "required" / a named function) and decides whether tool calls are parsed out of
+    the reply (req.tool_names). A 400 naming the field when it cannot be served. Runs off the event loop:
+    compiling a large schema takes a while, and the first one builds the model's vocabulary for llguidance."""
+    from barellm.structured import StructuredUnavailable
+    from barellm.text.tools import resolve_choice
+
+    param = req.constraint.param if req.constraint is not None else "tool_choice"
+    try:
+        c = req.constraint
+        if c is not None:
+            vocab = model.structured()
+            if c.kind == "json_object":
+                req.grammar = vocab.json_object(c.param)
+            elif c.kind == "json_schema":
+                req.grammar = vocab.json_schema(c.value, c.param)
+            elif c.kind == "grammar":
+                req.grammar = vocab.lark(c.value, c.param)
+            else:
+                req.grammar = vocab.regex(c.value, c.param)
+        if req.kind == "chat":
+            mode, name = resolve_choice(req.tools, req.tool_choice)
+            if mode in ("required", "function"):
+                param = "tool_choice"
+                req.grammar = model.tool_grammar(req.tools, mode, name, req.parallel_tool_calls)
+            if mode != "none" and req.tools:
+                req.tool_names = [t["function"]["name"] for t in req.tools]
+    except StructuredUnavailable as e:
+        raise ApiError(400, str(e), param=param, code="unsupported_parameter") from None
+    except InvalidRequest as e:
+        raise bad(str(e), param) from None
+
+
+def _chat_prompt(model: Any, req: GenerationRequest) -> list[int]:
+    constrain(model, req)
+    try:
+        return model.chat_prompt(req.messages, tools=req.tools if req.tool_names is not None else None)
+    except InvalidRequest as e:
+        raise bad(str(e), "messages") from None
+
+
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
     req = schemas.chat_request(await read_body(request, state.max_body))
     state.check_model(req.model)
     assert req.messages is not None
-    try:
-        ids = await _run_sync(state.model.chat_prompt, req.messages)
-    except InvalidRequest as e:
-        raise bad(str(e), "messages") from None
+    ids = await _run_sync(_chat_prompt, state.model, req)
     return await _generate(request, req, ids, 0)
+
+
+def _completion_prompt(model: Any, req: GenerationRequest) -> list[int]:
+    constrain(model, req)
+    assert isinstance(req.prompt, str)
+    try:
+        if req.suffix:
+            return model.infill_prompt(req.prompt, req.suffix, max_tokens=req.max_tokens)
+        return model.tokenize(req.prompt)
+    except InvalidRequest as e:
+        raise bad(str(e), "suffix" if req.suffix else "prompt") from None
 
 
 async def completions(request: Request) -> Response:
@@ -316,12 +421,11 @@ async def completions(request: Request) -> Response:
     req = schemas.completion_request(await read_body(request, state.max_body), state.n_vocab)
     state.check_model(req.model)
     if isinstance(req.prompt, str):
-        try:
-            ids = await _run_sync(state.model.tokenize, req.prompt)
-        except InvalidRequest as e:
-            raise bad(str(e), "prompt") from None
+        ids = await _run_sync(_completion_prompt, state.model, req)
         return await _generate(request, req, ids, len(req.prompt))
     assert req.prompt is not None
+    if req.constraint is not None:
+        await _run_sync(constrain, state.model, req)
     return await _generate(request, req, list(req.prompt), 0)
 
 

@@ -82,6 +82,7 @@ class Job:
     n: int = 1                          # choices, each in its own slot, sharing the prompt's KV entries
     stream: bool = True                 # False: one "delta" per choice, just before its "done"
     stream_interval: float = 0.0        # streamed deltas are gathered and sent at most once per this many seconds
+    grammar: Any = None                 # a structured.Grammar every choice's output follows (None: free)
     submitted: float = 0.0
     cancelled: bool = False
     done: bool = False
@@ -288,7 +289,9 @@ class Scheduler:
                 gens = [Generation(job.prompt, self.tokenizer, params=_choice_params(job.params, i),
                                    max_tokens=job.max_tokens, n_ctx=self.n_ctx, stops=job.stops,
                                    top_logprobs=job.top_logprobs, eog=self.eog, n_vocab=self.n_vocab,
-                                   timings=self.timings) for i in range(job.n)]
+                                   timings=self.timings,
+                                   guide=job.grammar.guide() if job.grammar is not None else None)
+                    for i in range(job.n)]
             except Exception as e:   # parameters are validated before submit(); this is a last guard
                 job.done = True
                 self._emit(job, Event("error", status=400, message=str(e), error_type="invalid_request_error"))
