@@ -167,6 +167,7 @@ class Generation:
         self._first_chars = frozenset(s[0] for s in self.stops)
         self.min_indent = max(0, int(min_indent))   # a later line indented less ends the text (before it)
         self.stop_word: str | None = None     # the stop string that ended the generation, if one did
+        self.dedented = False                 # a line indented less than min_indent ended it
         self._held = ""                       # decoded, not yet released (could begin a stop string)
         self._released = 0                    # characters released so far
         self._pending: deque[tuple[int, int, TokenLogprob | None]] = deque()  # (text offset, id, logprob)
@@ -227,7 +228,7 @@ class Generation:
                 dedent = self._dedent()
                 if dedent >= 0 and (cut < 0 or dedent < cut):
                     cut = dedent
-                    self.stop_word = None
+                    self.stop_word, self.dedented = None, True
             if cut >= 0:
                 d = self._release(cut, all_tokens=False)
                 self._pending.clear()
@@ -259,7 +260,9 @@ class Generation:
             cut = self._stop_in(len(tail)) if self.stops else -1
             if self.min_indent:
                 dedent = self._dedent()
-                cut = dedent if dedent >= 0 and (cut < 0 or dedent < cut) else cut
+                if dedent >= 0 and (cut < 0 or dedent < cut):
+                    cut = dedent
+                    self.stop_word, self.dedented = None, True
             if cut >= 0:
                 d = self._release(cut, all_tokens=False)
                 self._pending.clear()

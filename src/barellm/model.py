@@ -278,6 +278,84 @@ class Model:
             self._release([slot])
         return np.array(out, copy=True)
 
+    # --- embeddings -----------------------------------------------------------------------------
+
+    @property
+    def pooling(self) -> str:
+        """How embed() pools a text's hidden states by default: the file's {arch}.pooling_type when it names
+        mean or last-token pooling (embedding models' GGUF files carry it), else "mean" (generative models
+        have no trained pooling; the mean of the final hidden states separates meanings better than the last
+        token's state, which is tuned to predict the next token)."""
+        kind = self.metadata.get(f"{self.config.arch}.pooling_type")
+        return {3: "last"}.get(kind, "mean") if isinstance(kind, int) else "mean"
+
+    def embed_ids(self, inputs: Sequence[str | Sequence[int]]) -> list[list[int]]:
+        """The token ids embed() feeds for each input: a text tokenized with the model's BOS rule, or ids as
+        given; each must hold at least one token and fit the context."""
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
+            raise InvalidRequest("embed takes a list of texts (or of token-id lists)")
+        out = []
+        for i, x in enumerate(inputs):
+            ids = self.tokenize(x) if isinstance(x, str) else [int(t) if isinstance(t, (int, np.integer))
+                                                                and not isinstance(t, bool) else t for t in x]
+            self._check_ids(ids)
+            if not ids:
+                raise InvalidRequest(f"input {i} is empty (it has no tokens)")
+            if len(ids) > self.n_ctx:
+                raise InvalidRequest(f"input {i} has {len(ids)} tokens; the context holds {self.n_ctx}")
+            out.append(ids)
+        return out
+
+    def embed(self, texts: str | Sequence[str | Sequence[int]], *, pooling: str | None = None,
+              normalize: bool = True) -> np.ndarray:
+        """Embeddings of texts (or token-id lists): float32 [len(texts), dim] (a single text: [dim]).
+
+        Each is the model's final normed hidden states (what its logits are made from) pooled over the text:
+        pooling "mean" (every token; the default, see `pooling`) or "last" (the last token's), then
+        L2-normalised (normalize=False keeps the raw pooled vector). Texts run side by side in the free
+        slots; each embedding is bit-identical however the texts are batched (native engine)."""
+        one = isinstance(texts, str)
+        ids = self.embed_ids([texts] if one else texts)
+        pooling = pooling or self.pooling
+        if pooling not in ("mean", "last"):
+            raise InvalidRequest(f'pooling must be "mean" or "last", got {pooling!r}')
+        out = np.empty((len(ids), self.config.dim), np.float32)
+        if not ids:
+            return out
+        hidden = getattr(self.engine, "hidden_batch", None)
+        if hidden is None:
+            raise InvalidRequest(f"the {self.engine_name} engine cannot return hidden states")
+        slots = [s for s, _ in self._acquire_any(min(len(ids), self.slots), ids[0])]
+        try:
+            for g in range(0, len(ids), len(slots)):
+                group = ids[g:g + len(slots)]
+                with self._engine_lock:
+                    self._check_served()
+                    rows = hidden([(slot, t, 0) for slot, t in zip(slots, group, strict=False)],
+                                  last_only=pooling == "last")
+                with self._cond:
+                    for slot in slots:
+                        self._table.forget(slot)   # the cache holds the embedded text now, not a prompt
+                for j, t in enumerate(group):
+                    if pooling == "last":
+                        out[g + j] = rows[j]
+                    else:
+                        o = sum(len(x) for x in group[:j])
+                        out[g + j] = rows[o:o + len(t)].mean(axis=0, dtype=np.float64)
+        finally:
+            self._release(slots)
+        if normalize:
+            norms = np.linalg.norm(out.astype(np.float64), axis=1, keepdims=True)
+            out = (out / np.maximum(norms, 1e-12)).astype(np.float32)
+        return out[0] if one else out
+
+    def _acquire_any(self, n: int, prompt: Sequence[int]) -> list[tuple[int, int]]:
+        """Up to n free slots (at least one, waiting for it as _acquire does)."""
+        with self._cond:
+            self._check_served()
+            free = len(self._table.free())
+        return self._acquire(max(1, min(n, free)) if free else 1, prompt)
+
     # --- generation -----------------------------------------------------------------------------
 
     def _request(self, kw: dict[str, Any]) -> _Request:

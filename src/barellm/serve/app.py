@@ -33,6 +33,7 @@ from barellm.serve.relay import Outbox, RelayResponse, read_body, submit
 from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
 from barellm.serve.security import MAX_HEADER_BYTES, Guard
+from barellm.text.infill import end_rules
 from barellm.text.tools import ToolCallStream, parse_tool_calls
 
 DEFAULT_STREAM_INTERVAL = 0.02   # seconds: a streamed response's text goes out at most 50 times a second
@@ -410,10 +411,108 @@ def _completion_prompt(model: Any, req: GenerationRequest) -> list[int]:
     assert isinstance(req.prompt, str)
     try:
         if req.suffix:
-            return model.infill_prompt(req.prompt, req.suffix, max_tokens=req.max_tokens)
+            ids = model.infill_prompt(req.prompt, req.suffix, max_tokens=req.max_tokens)
+            stops, req.min_indent = end_rules(req.prompt, req.suffix)
+            req.stops = req.stops + stops
+            return ids
         return model.tokenize(req.prompt)
     except InvalidRequest as e:
         raise bad(str(e), "suffix" if req.suffix else "prompt") from None
+
+
+def _infill_prompt(model: Any, body: schemas.InfillRequest, req: GenerationRequest) -> list[int]:
+    constrain(model, req)
+    try:
+        ids = model.infill_prompt(body.input_prefix, body.input_suffix, prompt=body.prompt,
+                                  extra=[c.model_dump() for c in body.input_extra], max_tokens=req.max_tokens)
+    except InvalidRequest as e:
+        raise bad(str(e), "input_prefix") from None
+    stops, indent = end_rules(body.input_prefix + body.prompt, body.input_suffix)
+    req.stops = req.stops + stops
+    req.min_indent = body.n_indent if body.n_indent is not None and body.n_indent > 0 else indent
+    return ids
+
+
+class InfillResponse(RelayResponse):
+    """llama.cpp server's answer to /infill: one object, or server-sent events of {"content", "stop": false}
+    ending with the whole object ("stop": true, the counts, timings, why it stopped)."""
+
+    def __init__(self, state: ServerState, job: Job, events: Outbox, req: GenerationRequest, path: str) -> None:
+        super().__init__(state, job, events, path)
+        self.req = req
+
+    def _final(self, text: str, start: Event, done: Event, t0: float, t_first: float, t_end: float
+               ) -> dict[str, Any]:
+        n_prompt = start.prompt_tokens - start.cached_tokens
+        prompt_ms, predicted_ms = 1000 * (t_first - t0), 1000 * (t_end - t_first)
+        n = done.completion_tokens
+        return {"index": 0, "content": text, "tokens": [], "id_slot": -1, "stop": True, "model": self.state.model_id,
+                "tokens_predicted": n, "tokens_evaluated": start.prompt_tokens, "tokens_cached": start.cached_tokens,
+                "has_new_line": "\n" in text, "truncated": False, "stop_type": done.stop_type,
+                "stopping_word": done.stop_word or "",
+                "timings": {"prompt_n": n_prompt, "prompt_ms": prompt_ms,
+                            "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
+                            "prompt_per_second": 1000 * n_prompt / prompt_ms if prompt_ms > 0 else 0.0,
+                            "predicted_n": n, "predicted_ms": predicted_ms,
+                            "predicted_per_token_ms": predicted_ms / n if n else 0.0,
+                            "predicted_per_second": 1000 * n / predicted_ms if predicted_ms > 0 else 0.0}}
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+        clock = time.perf_counter
+        t0 = clock()
+        t_first: float | None = None
+        start: Event | None = None
+        parts: list[str] = []
+        streaming = False
+        while True:
+            for ev in await self.events.batch():
+                if ev is None:
+                    return
+                if ev.kind == "error":
+                    err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
+                    if not streaming:
+                        await error_response(self.state, self.path, err)(scope, receive, send)
+                    else:
+                        self.state.metrics.error(endpoint_label(self.path), ev.error_type)
+                        await send({"type": "http.response.body", "body": _sse(err.body()), "more_body": False})
+                    return
+                if ev.kind == "start":
+                    start = ev
+                    t0 = clock()
+                    if self.req.stream:
+                        await send({"type": "http.response.start", "status": 200, "headers": [
+                            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                            (b"x-accel-buffering", b"no")]})
+                        streaming = True
+                elif ev.kind == "delta":
+                    if t_first is None:
+                        t_first = clock()
+                    if streaming:
+                        if ev.text:
+                            piece = {"index": 0, "content": ev.text, "tokens": ev.token_ids, "stop": False,
+                                     "id_slot": -1}
+                            await send({"type": "http.response.body", "body": _sse(piece), "more_body": True})
+                    else:
+                        parts.append(ev.text)
+                elif ev.kind == "done":
+                    assert start is not None
+                    t_end = clock()
+                    final = self._final("" if streaming else "".join(parts), start, ev, t0,
+                                        t_end if t_first is None else t_first, t_end)
+                    if streaming:
+                        await send({"type": "http.response.body", "body": _sse(final), "more_body": False})
+                    else:
+                        await _JSON(final)(scope, receive, send)
+                    return
+
+
+async def infill(request: Request) -> Response:
+    state = _state(request)
+    body, req = schemas.infill_request(await read_body(request, state.max_body))
+    state.check_model(req.model)
+    ids = await _run_sync(_infill_prompt, state.model, body, req)
+    job, events = submit(state, req, ids)
+    return InfillResponse(state, job, events, req, request.url.path)
 
 
 async def completions(request: Request) -> Response:
@@ -603,6 +702,7 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/infill", infill, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -51,7 +51,9 @@ class Event:
 
     "start"  the job has its slot(s): cached_tokens, prompt_tokens
     "delta"  new text (may be "") of choice `index` and the tokens that produced it (logprobs when asked)
-    "done"   choice `index` ended: finish_reason ("stop" or "length"), usage counts of that choice
+    "done"   choice `index` ended: finish_reason ("stop" or "length"), usage counts of that choice, and
+             stop_type: "eos" (an end token), "word" (stop_word, a stop string) or "limit" (max_tokens, the
+             context, a dedent past min_indent)
     "error"  status, message, error_type (the job ended without completing)
     """
 
@@ -67,6 +69,8 @@ class Event:
     message: str = ""
     error_type: str = ""
     index: int = 0
+    stop_type: str = ""
+    stop_word: str | None = None
 
 
 @dataclass(eq=False)
@@ -83,6 +87,7 @@ class Job:
     stream: bool = True                 # False: one "delta" per choice, just before its "done"
     stream_interval: float = 0.0        # streamed deltas are gathered and sent at most once per this many seconds
     grammar: Any = None                 # a structured.Grammar every choice's output follows (None: free)
+    min_indent: int = 0                 # a new line indented less ends the text (infill)
     submitted: float = 0.0
     cancelled: bool = False
     done: bool = False
@@ -290,7 +295,8 @@ class Scheduler:
                                    max_tokens=job.max_tokens, n_ctx=self.n_ctx, stops=job.stops,
                                    top_logprobs=job.top_logprobs, eog=self.eog, n_vocab=self.n_vocab,
                                    timings=self.timings,
-                                   guide=job.grammar.guide() if job.grammar is not None else None)
+                                   guide=job.grammar.guide() if job.grammar is not None else None,
+                                   min_indent=job.min_indent)
                     for i in range(job.n)]
             except Exception as e:   # parameters are validated before submit(); this is a last guard
                 job.done = True
@@ -429,8 +435,11 @@ class Scheduler:
         job.live -= 1
         if job.live <= 0:
             job.done = True
+        gen = s.gen
+        stop_type = "word" if gen.stop_word else "limit" if reason != "stop" or gen.dedented else "eos"
         self._emit(job, Event("done", finish_reason=reason, prompt_tokens=len(job.prompt), cached_tokens=s.cached,
-                              completion_tokens=len(s.gen.generated), index=s.index))
+                              completion_tokens=len(gen.generated), index=s.index, stop_type=stop_type,
+                              stop_word=gen.stop_word))
 
     def _release(self, s: _Live, reason: str) -> None:
         s.job.done = True

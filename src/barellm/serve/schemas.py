@@ -580,6 +580,7 @@ class GenerationRequest:
     suffix: str | None = None                  # fill-in-the-middle: the text after the hole
     grammar: Any = None                        # the compiled constraint (structured.Grammar), set by the app
     tool_names: list[str] | None = None        # parse tool calls of these functions out of the reply
+    min_indent: int = 0                        # infill: a new line indented less ends the text
 
 
 @dataclass(frozen=True)
