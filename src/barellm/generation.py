@@ -34,7 +34,8 @@ import numpy as np
 
 from barellm.sampling import Sampler, SamplingParams, TokenLogprob, token_logprobs
 
-__all__ = ["PHASES", "Delta", "Generation", "SlotTable", "Timings", "TokenLogprob", "common_prefix", "time_engine"]
+__all__ = ["PHASES", "Delta", "Generation", "SlotTable", "Timings", "TokenLogprob", "common_prefix", "pooled",
+           "time_engine"]
 
 # The phases of a token's life, in order. "forward" is the native executor running the layers; "logits copy"
 # the rest of the engine call (its Python wrapper filling token and position arrays, the logits copied out);
@@ -330,6 +331,16 @@ class Generation:
             if lp is not None:
                 d.logprobs.append(lp)
         return d
+
+
+def pooled(rows: np.ndarray, pooling: str, normalize: bool = True) -> np.ndarray:
+    """One input's embedding from its final hidden states rows [n, dim] (all of them for "mean", its last
+    for "last"): the mean (accumulated in float64) or the last row, L2-normalised unless told not to.
+    Model.embed and the server's scheduler both make embeddings here, so the same rows give the same bits."""
+    v = rows.mean(axis=0, dtype=np.float64) if pooling == "mean" else rows[-1].astype(np.float64)
+    if normalize:
+        v = v / max(float(np.sqrt(np.dot(v, v))), 1e-12)
+    return v.astype(np.float32)
 
 
 class SlotTable:

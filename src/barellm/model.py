@@ -29,7 +29,7 @@ from barellm import hub
 from barellm.arch.config import ModelConfig, config_of
 from barellm.cpu import default_threads
 from barellm.errors import BarellmError, FormatError, InvalidRequest, SlotsBusy
-from barellm.generation import Delta, Generation, SlotTable, Timings
+from barellm.generation import Delta, Generation, SlotTable, Timings, pooled
 from barellm.sampling import SamplingParams, TokenLogprob
 
 ENGINES = ("auto", "native", "reference")
@@ -336,17 +336,13 @@ class Model:
                 with self._cond:
                     for slot in slots:
                         self._table.forget(slot)   # the cache holds the embedded text now, not a prompt
+                o = 0
                 for j, t in enumerate(group):
-                    if pooling == "last":
-                        out[g + j] = rows[j]
-                    else:
-                        o = sum(len(x) for x in group[:j])
-                        out[g + j] = rows[o:o + len(t)].mean(axis=0, dtype=np.float64)
+                    mine = rows[j:j + 1] if pooling == "last" else rows[o:o + len(t)]
+                    out[g + j] = pooled(mine, pooling, normalize)
+                    o += len(t)
         finally:
             self._release(slots)
-        if normalize:
-            norms = np.linalg.norm(out.astype(np.float64), axis=1, keepdims=True)
-            out = (out / np.maximum(norms, 1e-12)).astype(np.float32)
         return out[0] if one else out
 
     def _acquire_any(self, n: int, prompt: Sequence[int]) -> list[tuple[int, int]]:

@@ -29,7 +29,7 @@ from barellm import __version__, openai_format
 from barellm.errors import InvalidRequest
 from barellm.serve import openapi_doc, schemas
 from barellm.serve.metrics import Metrics, endpoint_label
-from barellm.serve.relay import Outbox, RelayResponse, read_body, submit
+from barellm.serve.relay import Outbox, RelayResponse, read_body, submit, submit_embeddings
 from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
 from barellm.serve.security import MAX_HEADER_BYTES, Guard
@@ -191,13 +191,13 @@ class Formatter:
             out["choices"][0]["index"] = index
         return out
 
-    def _tool_events(self, parts: list[tuple[str, Any]], toks: list[TokenLogprob], index: int) -> bytes:
+    def _tool_events(self, stream: ToolCallStream, parts: list[tuple[str, Any]], toks: list[TokenLogprob],
+                     index: int) -> bytes:
         """The events of content and whole tool calls split out of a chat reply; logprobs go with the first
         event after their text (held while a call is still open)."""
         held = self._held_lps.setdefault(index, [])
         held.extend(toks)
         out = bytearray()
-        stream = self._calls[index]
         for kind, p in parts:
             lps = self.logprobs(held, index) if held else (None if self.req.top_logprobs is None else
                                                            self.logprobs([], index))
@@ -205,10 +205,9 @@ class Formatter:
             if kind == "content":
                 out.extend(_sse(self.chunk(p, lps, index=index)))
             else:
-                n = stream.sent
-                stream.sent += 1
                 ch = self.chunk(None, lps, index=index)
-                ch["choices"][0]["delta"] = {"tool_calls": openai_format.tool_call_deltas([p], n)}
+                ch["choices"][0]["delta"] = {"tool_calls": openai_format.tool_call_deltas([p], stream.sent)}
+                stream.sent += 1
                 out.extend(_sse(ch))
         return bytes(out)
 
@@ -218,7 +217,7 @@ class Formatter:
         out = b""
         stream = self._calls.pop(index, None)
         if stream is not None:
-            out = self._tool_events(stream.finish(), [], index)
+            out = self._tool_events(stream, stream.finish(), [], index)
             if stream.calls and reason == "stop":
                 reason = "tool_calls"
         return out + _sse(self.chunk(None, None, finish_reason=reason, index=index))
@@ -230,8 +229,7 @@ class Formatter:
             stream = self._calls.get(index)
             if stream is None:
                 stream = self._calls[index] = ToolCallStream(self.tool_names)
-                stream.sent = 0
-            return self._tool_events(stream.feed(text), toks, index)
+            return self._tool_events(stream, stream.feed(text), toks, index)
         if self.req.top_logprobs is not None:
             return _sse(self.chunk(text, self.logprobs(toks, index), index=index))
         frame = self._frames.get(index)
@@ -437,9 +435,9 @@ class InfillResponse(RelayResponse):
     """llama.cpp server's answer to /infill: one object, or server-sent events of {"content", "stop": false}
     ending with the whole object ("stop": true, the counts, timings, why it stopped)."""
 
-    def __init__(self, state: ServerState, job: Job, events: Outbox, req: GenerationRequest, path: str) -> None:
+    def __init__(self, state: ServerState, job: Job, events: Outbox, stream: bool, path: str) -> None:
         super().__init__(state, job, events, path)
-        self.req = req
+        self.stream = stream
 
     def _final(self, text: str, start: Event, done: Event, t0: float, t_first: float, t_end: float
                ) -> dict[str, Any]:
@@ -479,7 +477,7 @@ class InfillResponse(RelayResponse):
                 if ev.kind == "start":
                     start = ev
                     t0 = clock()
-                    if self.req.stream:
+                    if self.stream:
                         await send({"type": "http.response.start", "status": 200, "headers": [
                             (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                             (b"x-accel-buffering", b"no")]})
@@ -511,8 +509,9 @@ async def infill(request: Request) -> Response:
     body, req = schemas.infill_request(await read_body(request, state.max_body))
     state.check_model(req.model)
     ids = await _run_sync(_infill_prompt, state.model, body, req)
+    stream, req.stream = req.stream, True   # the job streams either way: its first delta times the prefill
     job, events = submit(state, req, ids)
-    return InfillResponse(state, job, events, req, request.url.path)
+    return InfillResponse(state, job, events, stream, request.url.path)
 
 
 async def completions(request: Request) -> Response:
@@ -576,12 +575,47 @@ async def detokenize(request: Request) -> Response:
     return _JSON({"content": text})
 
 
+class EmbeddingResponse(RelayResponse):
+    """OpenAI's embedding list, once the scheduler has made every vector."""
+
+    def __init__(self, state: ServerState, job: Any, events: Outbox, path: str, base64: bool) -> None:
+        super().__init__(state, job, events, path)
+        self.base64 = base64
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+        import base64
+
+        while True:
+            for ev in await self.events.batch():
+                if ev is None:
+                    return
+                if ev.kind == "error":
+                    err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
+                    await error_response(self.state, self.path, err)(scope, receive, send)
+                    return
+                if ev.kind == "embeddings":
+                    vectors = ([base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in ev.data]
+                               if self.base64 else ev.data.tolist())
+                    body = openai_format.embeddings(self.state.model_id, vectors, ev.prompt_tokens)
+                    await _JSON(body)(scope, receive, send)
+                    return
+
+
 async def embeddings(request: Request) -> Response:
     state = _state(request)
     req = schemas.parse(schemas.EmbeddingRequest, await read_body(request, state.max_body))
     state.check_model(req.model)
-    raise ApiError(400, "embeddings are not supported by this server (it serves text generation only)",
-                   code="unsupported_endpoint")
+    dim = state.model.config.dim
+    if req.dimensions is not None and req.dimensions != dim:
+        raise ApiError(400, f"dimensions: this model's embeddings have {dim} dimensions; it cannot make others",
+                       param="dimensions", code="unsupported_parameter")
+    inputs = req.inputs(state.n_vocab)
+    try:
+        ids = await _run_sync(state.model.embed_ids, inputs)
+    except InvalidRequest as e:
+        raise bad(str(e), "input") from None
+    job, events = submit_embeddings(state, ids, state.model.pooling)
+    return EmbeddingResponse(state, job, events, request.url.path, req.encoding_format == "base64")
 
 
 async def openapi(request: Request) -> Response:

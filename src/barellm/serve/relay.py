@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from barellm.serve.scheduler import Event, Job, QueueFull
+from barellm.serve.scheduler import EmbedJob, Event, Job, QueueFull
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint
@@ -123,11 +123,23 @@ def submit(state: Any, req: GenerationRequest, prompt_ids: list[int]) -> tuple[J
     return job, events
 
 
+def submit_embeddings(state: Any, inputs: list[list[int]], pooling: str) -> tuple[EmbedJob, Outbox]:
+    """Queues an embedding job (one slot; the scheduler feeds it beside the generations)."""
+    events = Outbox(asyncio.get_running_loop())
+    job = EmbedJob(inputs=inputs, emit=events.push, pooling=pooling, timeout=state.timeout)
+    try:
+        state.scheduler.submit(job)
+    except QueueFull as e:
+        raise ApiError(429, f"the server is busy: {e}; retry later", type="rate_limit_error",
+                       code="queue_full") from None
+    return job, events
+
+
 class RelayResponse(Response):
     """Relays a job's events (_respond, per API); cancels the job when the client disconnects or the
     response ends early."""
 
-    def __init__(self, state: Any, job: Job, events: Outbox, path: str) -> None:
+    def __init__(self, state: Any, job: Job | EmbedJob, events: Outbox, path: str) -> None:
         self.state = state
         self.job = job
         self.events = events

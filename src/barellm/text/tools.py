@@ -270,7 +270,8 @@ class ToolCallStream:
         self._in_call = False
         self._ws = ""             # whitespace held until something follows it
         self._ws_call = ""        # the whitespace before the current block (back in the text if it is no call)
-        self.calls = 0
+        self.calls = 0            # calls parsed so far
+        self.sent = 0             # calls the caller has passed on (the next one's index in a stream)
         self._started = False     # content emitted yet (leading whitespace is dropped)
 
     def _content(self, text: str, out: list[tuple[str, Any]]) -> None:
