@@ -39,10 +39,10 @@ from barellm.errors import InvalidRequest
 
 __all__ = ["Grammar", "Guide", "StructuredUnavailable", "Vocabulary", "available", "JSON_WHITESPACE"]
 
-# JSON whitespace in a constrained answer: any JSON whitespace, at most this much at one place. Unbounded
-# whitespace lets a small model spin on newlines until max_tokens; 16 characters still allow pretty-printing
-# (a newline and the indentation of a few levels).
-JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{1,16}"
+# JSON whitespace in a constrained answer, at one place: a few spaces or tabs, or one line break and the next
+# line's indentation. Unbounded whitespace lets a small model spin on blank lines until max_tokens; this still
+# allows compact JSON and pretty-printing up to 10 levels deep (2 spaces a level).
+JSON_WHITESPACE = r"[\x20\x09]{1,4}|\x0D?\x0A[\x20\x09]{0,20}"
 _CACHE = 64        # compiled grammars kept per vocabulary
 
 
@@ -147,9 +147,11 @@ class Vocabulary:
             schema = {}
         if not isinstance(schema, Mapping):
             raise InvalidRequest(f"{what} must be a JSON schema object, got {type(schema).__name__}")
+        own = schema.get("x-guidance")   # llguidance's options in the schema win over the default whitespace
+        defaults = {} if isinstance(own, Mapping) and {"whitespace_flexible", "whitespace_pattern"} & set(own) else \
+            {"whitespace_pattern": JSON_WHITESPACE}
         try:
-            text = llg.LLMatcher.grammar_from_json_schema(dict(schema),
-                                                          defaults={"whitespace_pattern": JSON_WHITESPACE})
+            text = llg.LLMatcher.grammar_from_json_schema(dict(schema), defaults=defaults)
         except (ValueError, TypeError) as e:
             raise InvalidRequest(f"{what}: {_one_line(str(e))}") from None
         return self.grammar("json_schema", text, what)

@@ -390,7 +390,9 @@ def constrain(model: Any, req: GenerationRequest) -> None:
 def _chat_prompt(model: Any, req: GenerationRequest) -> list[int]:
     constrain(model, req)
     try:
-        return model.chat_prompt(req.messages, tools=req.tools if req.tool_names is not None else None)
+        if req.tool_names is not None:
+            return model.chat_prompt(req.messages, tools=req.tools)
+        return model.chat_prompt(req.messages)
     except InvalidRequest as e:
         raise bad(str(e), "messages") from None
 

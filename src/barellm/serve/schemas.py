@@ -419,8 +419,6 @@ def _message(m: Message, i: int) -> dict[str, Any]:
         out["tool_call_id"] = m.tool_call_id
     elif m.tool_call_id is not None:
         raise bad(f"messages[{i}].tool_call_id belongs on tool messages only", f"messages[{i}].tool_call_id")
-    if m.name is not None:
-        out["name"] = m.name
     return out
 
 

@@ -25,6 +25,7 @@ it is plain text. Parsing works on the generated text either way (special tokens
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -198,7 +199,7 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], fmt: ToolFormat, name: str 
     return f"start: {start}\ncall: {call}\nbody: %json {json.dumps(schema, ensure_ascii=False)}\n"
 
 
-JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{1,16}"   # as structured.JSON_WHITESPACE (no import upward)
+JSON_WHITESPACE = r"[\x20\x09]{1,4}|\x0D?\x0A[\x20\x09]{0,20}"   # structured.JSON_WHITESPACE (no import upward)
 
 
 def new_call_id() -> str:
@@ -221,9 +222,16 @@ def _as_call(body: str) -> dict[str, Any] | None:
     return {"id": new_call_id(), "type": "function", "function": {"name": obj["name"], "arguments": text}}
 
 
+_FENCE = re.compile(r"\s*```[a-zA-Z]*[ \t]*\n(.*)\n\s*```\s*", re.DOTALL)
+
+
 def _bare_calls(text: str, names: frozenset[str]) -> list[dict[str, Any]] | None:
     """The calls of a reply that is nothing but call objects without markers ({"name": ..., "arguments":
-    ...}, one after another), each naming one of the tools; None for anything else."""
+    ...}, one after another, maybe inside one ``` fence as Qwen2.5-Coder writes them), each naming one of
+    the tools; None for anything else."""
+    fenced = _FENCE.fullmatch(text)
+    if fenced:
+        text = fenced.group(1)
     dec = json.JSONDecoder()
     i, calls = 0, []
     while True:
@@ -289,11 +297,10 @@ class ToolCallStream:
     def feed(self, text: str) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
         self._buf += text
-        if self._bare is None:   # a reply that opens with "{" is held to the end: it may be bare calls
-            head = self._buf.lstrip()
-            if not head:
+        if self._bare is None:   # a reply that opens with "{" (or a fence and "{") is held: it may be bare calls
+            self._bare = _opens_bare(self._buf)
+            if self._bare is None:
                 return out
-            self._bare = head.startswith("{")
         if self._bare:
             return out
         while True:
@@ -349,6 +356,23 @@ class ToolCallStream:
         self._buf = ""
         self._in_call = False
         return out
+
+
+def _opens_bare(text: str) -> bool | None:
+    """Whether a reply beginning so opens with a call object ("{", or a ``` fence line and then "{"); None
+    while it cannot be told yet."""
+    head = text.lstrip()
+    if not head or "```".startswith(head):
+        return None
+    if head.startswith("{"):
+        return True
+    if not head.startswith("```"):
+        return False
+    nl = head.find("\n")
+    if nl < 0:
+        return None if len(head) < 40 else False
+    rest = head[nl + 1:].lstrip()
+    return None if not rest else rest.startswith("{")
 
 
 def _partial_marker(text: str) -> int:
