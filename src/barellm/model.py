@@ -555,10 +555,12 @@ class Model:
         return self._fim
 
     def infill_prompt(self, prefix: str, suffix: str, *, extra: Sequence[dict[str, str]] = (), prompt: str = "",
-                      max_tokens: int | None = None) -> list[int]:
+                      max_tokens: int | None = None, repo_level: bool = True) -> list[int]:
         """The token ids of a fill-in-the-middle prompt: the model's FIM markers around prefix and suffix, other
-        files (extra: [{"filename", "text"}]) before them as repository context (llama.cpp server's /infill
-        layout, text/infill.py); cut to leave max_tokens (default: a quarter of the context, at most 256)."""
+        files (extra: [{"filename", "text"}]) before them as repository context: llama.cpp server's /infill
+        layout (text/infill.py), whose repository and file lines are written even without other files (when the
+        model has those tokens); repo_level=False gives the bare prefix-suffix-middle form instead. Cut to leave
+        max_tokens (default: a quarter of the context, at most 256)."""
         from barellm.text.infill import infill_ids
 
         fim = self.fim
@@ -567,7 +569,7 @@ class Model:
                                  "<|fim_middle|> or their kin): this model cannot infill")
         n_predict = max_tokens if max_tokens is not None and max_tokens > 0 else min(256, self.n_ctx // 4)
         return infill_ids(self.tokenizer, fim, prefix, suffix, extra=extra, prompt=prompt, n_ctx=self.n_ctx,
-                          n_predict=n_predict)
+                          n_predict=n_predict, repo_level=repo_level)
 
     def infill(self, prefix: str, suffix: str, *, extra: Sequence[dict[str, str]] = (), prompt: str = "",
                **kw: Any) -> str:
@@ -647,8 +649,8 @@ class Model:
         if suffix:   # fill-in-the-middle: prompt is the text before the hole
             if not isinstance(prompt, str):
                 raise InvalidRequest("suffix needs a string prompt (the text before the hole)")
-            return self._openai(self.infill_prompt(prompt, suffix, max_tokens=max_tokens), False, max_tokens, stream,
-                                self._infill_kw(prompt, suffix, kw), constraint)
+            ids = self.infill_prompt(prompt, suffix, max_tokens=max_tokens, repo_level=False)
+            return self._openai(ids, False, max_tokens, stream, self._infill_kw(prompt, suffix, kw), constraint)
         return self._openai(self._prompt_ids(prompt), False, max_tokens, stream, kw, constraint)
 
     @property

@@ -411,7 +411,7 @@ def _completion_prompt(model: Any, req: GenerationRequest) -> list[int]:
     assert isinstance(req.prompt, str)
     try:
         if req.suffix:
-            ids = model.infill_prompt(req.prompt, req.suffix, max_tokens=req.max_tokens)
+            ids = model.infill_prompt(req.prompt, req.suffix, max_tokens=req.max_tokens, repo_level=False)
             stops, req.min_indent = end_rules(req.prompt, req.suffix)
             req.stops = req.stops + stops
             return ids
@@ -424,7 +424,8 @@ def _infill_prompt(model: Any, body: schemas.InfillRequest, req: GenerationReque
     constrain(model, req)
     try:
         ids = model.infill_prompt(body.input_prefix, body.input_suffix, prompt=body.prompt,
-                                  extra=[c.model_dump() for c in body.input_extra], max_tokens=req.max_tokens)
+                                  extra=[c.model_dump() for c in body.input_extra], max_tokens=req.max_tokens,
+                                  repo_level=True)
     except InvalidRequest as e:
         raise bad(str(e), "input_prefix") from None
     stops, indent = end_rules(body.input_prefix + body.prompt, body.input_suffix)

@@ -5,7 +5,8 @@ tokenizer.ggml.fim_*_token_id keys (and the older prefix/suffix/middle_token_id 
 entries of the known families (Qwen's <|fim_prefix|>, StarCoder's and Granite's <fim_prefix>, CodeLlama's
 <PRE>, DeepSeek's, ...). Prefix, suffix and middle are required; a model without them cannot infill.
 
-The prompt is llama.cpp server's /infill layout (PSM order), Qwen2.5-Coder's repository-level format:
+The prompt of /infill and of Model.infill() is llama.cpp server's /infill layout (PSM order), Qwen2.5-Coder's
+repository-level format; OpenAI's suffix on /v1/completions uses the last line alone:
 
     <|repo_name|>myproject\n                         (when the model has a repository token)
     <|file_sep|>{filename}\n{text}                    (each extra file; without a separator token, the text
@@ -75,8 +76,11 @@ def fim_tokens(metadata: Mapping[str, Any], tokenizer: Any) -> FimTokens | None:
 
 
 def infill_ids(tokenizer: Any, fim: FimTokens, prefix: str, suffix: str, *,
-               extra: Sequence[Mapping[str, str]] = (), prompt: str = "", n_ctx: int, n_predict: int) -> list[int]:
+               extra: Sequence[Mapping[str, str]] = (), prompt: str = "", n_ctx: int, n_predict: int,
+               repo_level: bool = True) -> list[int]:
     """The token ids of the infill prompt (module docstring), cut to leave n_predict tokens of the context.
+    repo_level False: the bare <|fim_prefix|>...<|fim_suffix|>...<|fim_middle|> without the repository and
+    file lines (OpenAI's suffix).
 
     Budget (llama.cpp server's, with its batch of 2048 tokens scaled down to half the context when that is
     smaller): the prefix and prompt take up to 3/4 of it, the suffix up to 1/4 less the prompt, and the
@@ -87,8 +91,10 @@ def infill_ids(tokenizer: Any, fim: FimTokens, prefix: str, suffix: str, *,
     for name, v in (("prefix", prefix), ("suffix", suffix), ("prompt", prompt)):
         if not isinstance(v, str):
             raise InvalidRequest(f"{name} must be a string, got {type(v).__name__}")
+    if extra and not repo_level:
+        raise InvalidRequest("other files (extra) go into the repository-level prompt: repo_level must be true")
     extra_ids: list[int] = []
-    if fim.rep is not None:
+    if fim.rep is not None and repo_level:
         extra_ids += [fim.rep] + enc(REPO_NAME)
     for i, chunk in enumerate(extra):
         if not isinstance(chunk, Mapping):
@@ -101,7 +107,7 @@ def infill_ids(tokenizer: Any, fim: FimTokens, prefix: str, suffix: str, *,
         else:
             extra_ids += enc(SNIPPET)
         extra_ids += enc(text)
-    if fim.sep is not None:
+    if fim.sep is not None and repo_level:
         extra_ids += [fim.sep] + enc(CURRENT_FILE)
 
     batch = min(2048, n_ctx // 2)
