@@ -4,8 +4,9 @@
 
 For each model, ROUNDS rounds of three generations, interleaved and in turn first (free, constrained,
 constrained with the mask computed in line rather than beside the forward pass), each of up to TOKENS
-tokens from the same chat prompt; the end-of-generation tokens are banned (logit bias -100) so the free run goes the whole way and a
-constrained one ends only when its JSON is complete (the grammar then allows nothing else). Decode tokens/s
+tokens from the same chat prompt; the end-of-generation tokens are banned (logit bias -100) so the free run
+goes the whole way and a constrained one ends only when its JSON is complete (the grammar then allows
+nothing else). Decode tokens/s
 are each run's generated tokens over its decode time (prefill excluded); the medians are printed, with the
 grammar's share of a token (the "grammar" phase: waiting for the mask and taking the token).
 
