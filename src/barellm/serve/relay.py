@@ -16,6 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from barellm.errors import InvalidRequest
 from barellm.serve.scheduler import EmbedJob, Event, Job, QueueFull
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
 
@@ -83,6 +84,40 @@ class Outbox:
                 out.append(self.items.popleft())
         except IndexError:
             return out
+
+
+def constrain(model: Any, req: GenerationRequest) -> None:
+    """Compiles the request's output constraint into req.grammar (response_format, json_schema, grammar,
+    regex, or tool_choice "required" / a named function) and decides whether tool calls are parsed out of
+    the reply (req.tool_names). A 400 naming the field when it cannot be served. Runs off the event loop:
+    compiling a large schema takes a while, and the first one builds the model's vocabulary for llguidance."""
+    from barellm.structured import StructuredUnavailable
+    from barellm.text.tools import resolve_choice
+
+    param = req.constraint.param if req.constraint is not None else "tool_choice"
+    try:
+        c = req.constraint
+        if c is not None:
+            vocab = model.structured()
+            if c.kind == "json_object":
+                req.grammar = vocab.json_object(c.param)
+            elif c.kind == "json_schema":
+                req.grammar = vocab.json_schema(c.value, c.param)
+            elif c.kind == "grammar":
+                req.grammar = vocab.lark(c.value, c.param)
+            else:
+                req.grammar = vocab.regex(c.value, c.param)
+        if req.kind == "chat":
+            mode, name = resolve_choice(req.tools, req.tool_choice)
+            if mode in ("required", "function"):
+                param = "tool_choice"
+                req.grammar = model.tool_grammar(req.tools, mode, name, req.parallel_tool_calls)
+            if mode != "none" and req.tools:
+                req.tool_names = [t["function"]["name"] for t in req.tools]
+    except StructuredUnavailable as e:
+        raise ApiError(400, str(e), param=param, code="unsupported_parameter") from None
+    except InvalidRequest as e:
+        raise bad(str(e), param) from None
 
 
 def submit(state: Any, req: GenerationRequest, prompt_ids: list[int]) -> tuple[Job, Outbox]:
