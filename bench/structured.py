@@ -2,8 +2,9 @@
 
     PYTHONPATH=src python bench/structured.py [MODEL ...] [-r ROUNDS] [-n TOKENS] [-t THREADS]
 
-For each model, ROUNDS rounds of three generations, interleaved and in turn first (free, constrained,
-constrained with the mask computed in line rather than beside the forward pass), each of up to TOKENS
+For each model, ROUNDS rounds of three generations, interleaved and in turn first (free, constrained with
+the masks computed in line, constrained with the masks computed on a worker thread beside the forward pass;
+barellm picks the second when the engine's threads take every core, else the third), each of up to TOKENS
 tokens from the same chat prompt; the end-of-generation tokens are banned (logit bias -100) so the free run
 goes the whole way and a constrained one ends only when its JSON is complete (the grammar then allows
 nothing else). Decode tokens/s
@@ -60,8 +61,8 @@ def bench_model(name: str, rounds: int, n: int, threads: int | None) -> None:
     model.generate(ids, max_tokens=8, temperature=0)   # warm the caches
 
     real_guide = structured.Grammar.guide
-    rates: dict[str, list[float]] = {"free": [], "schema": [], "schema, mask in line": []}
-    grammar_ms: dict[str, list[float]] = {"schema": [], "schema, mask in line": []}
+    rates: dict[str, list[float]] = {"free": [], "schema, mask in line": [], "schema, mask on a thread": []}
+    grammar_ms: dict[str, list[float]] = {"schema, mask in line": [], "schema, mask on a thread": []}
     counts: dict[str, list[int]] = {k: [] for k in rates}
     labels = list(rates)
     for r in range(rounds):
@@ -69,8 +70,9 @@ def bench_model(name: str, rounds: int, n: int, threads: int | None) -> None:
             kw: dict[str, Any] = {}
             if label != "free":
                 kw["json_schema"] = SCHEMA
+            thread = label.endswith("on a thread")
             structured.Grammar.guide = (   # type: ignore[method-assign]
-                (lambda self, background=True: real_guide(self, False)) if label.endswith("in line") else real_guide)
+                lambda self, background=True, thread=thread: real_guide(self, thread))
             try:
                 rate, tokens, gms = decode_rate(model, ids, n, bias, **kw)
             finally:
@@ -80,7 +82,9 @@ def bench_model(name: str, rounds: int, n: int, threads: int | None) -> None:
             if label in grammar_ms:
                 grammar_ms[label].append(gms)
     free = statistics.median(rates["free"])
-    print(f"\n{name} ({model.config.n_vocab} tokens, {model.threads} threads), {rounds} rounds of up to {n} tokens")
+    default = "on a thread" if structured.spare_core(model.threads) else "in line"
+    print(f"\n{name} ({model.config.n_vocab} tokens, {model.threads} threads: masks {default} by default), "
+          f"{rounds} rounds of up to {n} tokens")
     for label, r in rates.items():
         med = statistics.median(r)
         extra = f", grammar {statistics.median(grammar_ms[label]):.3f} ms/token" if label in grammar_ms else ""

@@ -412,6 +412,11 @@ class Model:
         return _Request(params, max_tokens, [s for s in stops if s], n, top_logprobs, allowed, timings, grammar,
                         min_indent)
 
+    def _mask_thread(self) -> bool:
+        from barellm.structured import spare_core
+
+        return spare_core(self.threads)
+
     def structured(self) -> Any:
         """The model's structured.Vocabulary (llguidance's view of its tokenizer; built on first use):
         compiles JSON schemas, regexes and grammars into constraints for this model."""
@@ -441,7 +446,7 @@ class Model:
         gens = [Generation(ids, self.tokenizer, params=req.params_for(i), max_tokens=req.max_tokens, n_ctx=self.n_ctx,
                            stops=req.stops, top_logprobs=req.top_logprobs, allowed=req.allowed,
                            n_vocab=self.config.n_vocab, timings=timings,
-                           guide=req.grammar.guide() if req.grammar is not None else None,
+                           guide=req.grammar.guide(self._mask_thread()) if req.grammar is not None else None,
                            min_indent=req.min_indent) for i in range(n)]
         c.choices = [Choice(i) for i in range(n)]
         for ch, g in zip(c.choices, gens, strict=True):

@@ -19,14 +19,17 @@ Three objects:
   InvalidRequest naming it, never a silently unconstrained answer. Immutable and shared: the matcher it
   holds is copied for each generation.
 - `Guide`: one generation's parser state. `mask()` gives the allowed tokens for the next step, `accept()`
-  takes the token chosen and starts computing the next mask on a background thread: llguidance releases
-  the GIL while it works, and the driver is meanwhile inside the engine's forward pass (which releases it
-  too), so the mask is usually ready when the logits are.
+  takes the token chosen and starts computing the next mask: on a worker thread when a core is free beside
+  the engine's threads (llguidance releases the GIL while it works, and the driver is meanwhile inside the
+  engine's forward pass, which releases it too, so the mask is usually ready when the logits are), else in
+  line (a worker woken on a core the engine's threads use delays their barriers by more than the ~0.1 ms
+  the mask costs: bench/structured.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -252,6 +255,16 @@ def _describe(message: str) -> str:
     return msg
 
 
+def spare_core(threads: int) -> bool:
+    """Whether this process may run more threads than the engine's `threads`: then masks are computed on a
+    worker thread beside the forward pass, else in line."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return cores > threads
+
+
 _WORKER: ThreadPoolExecutor | None = None
 _WORKER_LOCK = threading.Lock()
 
@@ -268,9 +281,9 @@ class Guide:
     """One generation's parser: mask() -> the allowed tokens now; accept(token) -> advance.
 
     With background=True the next mask is computed on a worker thread from accept() on, overlapping the
-    forward pass that makes the next logits; mask() waits for it. A parser that fails (it cannot, as long
-    as only masked tokens are accepted) allows only the end-of-generation tokens, so the generation ends
-    rather than the step raising; `error` says what happened."""
+    forward pass that makes the next logits; mask() waits for it (spare_core says when that pays). A parser
+    that fails (it cannot, as long as only masked tokens are accepted) allows only the end-of-generation
+    tokens, so the generation ends rather than the step raising; `error` says what happened."""
 
     __slots__ = ("grammar", "matcher", "buf", "_pending", "background", "error")
 

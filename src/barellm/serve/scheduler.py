@@ -44,6 +44,7 @@ from barellm.generation import (
 )
 from barellm.sampling import SamplingParams
 from barellm.serve.metrics import Metrics
+from barellm.structured import spare_core
 
 __all__ = ["DEFAULT_PREFILL_CHUNK", "EmbedJob", "Event", "Job", "QueueFull", "Scheduler", "TokenLogprob",
            "common_prefix"]
@@ -192,6 +193,7 @@ class Scheduler:
         self._live: dict[int, _Live] = {}            # slot -> live sequence; scheduler thread only
         self._embeds: dict[int, _Embedding] = {}     # slot -> embedding job, in admission order
         self._hidden = getattr(engine, "hidden_batch", None)
+        self._mask_thread = spare_core(getattr(engine, "threads", 1))   # grammar masks beside the forward pass
         self._dim = getattr(getattr(engine, "cfg", None), "dim", 0)
         self._waiting: deque[Job] = deque()
         self._cond = threading.Condition()
@@ -362,7 +364,7 @@ class Scheduler:
                                    max_tokens=job.max_tokens, n_ctx=self.n_ctx, stops=job.stops,
                                    top_logprobs=job.top_logprobs, eog=self.eog, n_vocab=self.n_vocab,
                                    timings=self.timings,
-                                   guide=job.grammar.guide() if job.grammar is not None else None,
+                                   guide=job.grammar.guide(self._mask_thread) if job.grammar is not None else None,
                                    min_indent=job.min_indent)
                     for i in range(job.n)]
             except Exception as e:   # parameters are validated before submit(); this is a last guard
