@@ -88,7 +88,7 @@ def bench_model(name: str, rounds: int, n: int, threads: int | None) -> None:
     for label, r in rates.items():
         med = statistics.median(r)
         extra = f", grammar {statistics.median(grammar_ms[label]):.3f} ms/token" if label in grammar_ms else ""
-        print(f"  {label:22s} {med:7.1f} tok/s  ({med / free:5.1%} of free; {statistics.median(counts[label])} "
+        print(f"  {label:24s} {med:7.1f} tok/s  ({med / free:5.1%} of free; {statistics.median(counts[label])} "
               f"tokens{extra})")
 
 
