@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from barellm.errors import InvalidRequest
+from barellm.text.tokenizer import TokenType
 
 __all__ = ["Grammar", "Guide", "StructuredUnavailable", "Vocabulary", "available", "JSON_WHITESPACE"]
 
@@ -72,10 +73,6 @@ def available() -> bool:
     return True
 
 
-_SPECIAL_TYPES = (3,)      # TokenType.CONTROL
-_USER_DEFINED = 4          # TokenType.USER_DEFINED
-
-
 class Vocabulary:
     """llguidance's tokenizer for one barellm Tokenizer and model vocabulary size (ids past the tokenizer's
     list, which some files pad the output matrix with, are tokens of no bytes: never allowed)."""
@@ -87,7 +84,6 @@ class Vocabulary:
         self.words = (n_vocab + 31) // 32
         tokens: list[bytes] = []
         special: list[int] = []
-        types = tokenizer._types
         for i in range(n_vocab):
             if i >= tokenizer.vocab_size:
                 tokens.append(b"")
@@ -95,7 +91,9 @@ class Vocabulary:
             b = tokenizer.token_bytes(i)
             # Control tokens, and user-defined ones written like markup (Qwen's <tool_call>), are single
             # symbols to the model: a grammar names them (<tool_call>), plain text never matches them.
-            if types[i] in _SPECIAL_TYPES or (types[i] == _USER_DEFINED and b.startswith(b"<") and b.endswith(b">")):
+            kind = tokenizer.token_type(i)
+            if kind == TokenType.CONTROL or (kind == TokenType.USER_DEFINED and b.startswith(b"<")
+                                             and b.endswith(b">")):
                 special.append(i)
             tokens.append(b)
         self.special = frozenset(special)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from barellm.errors import InvalidRequest
+from barellm.text.tokenizer import TokenType
 
 __all__ = ["ToolFormat", "ToolCallStream", "call_grammar", "parse_tool_calls", "prepare_messages", "tool_format",
            "validate_tools"]
@@ -57,9 +58,9 @@ class ToolFormat:
 
 
 def tool_format(template_source: str, tokenizer: Any) -> ToolFormat:
-    def is_token(text: str) -> bool:
+    def is_token(text: str) -> bool:   # a control or user-defined token: one symbol to the model
         i = tokenizer.token_to_id(text)
-        return i is not None and tokenizer._types[i] in (3, 4)   # control or user-defined: one symbol
+        return i is not None and tokenizer.token_type(i) in (TokenType.CONTROL, TokenType.USER_DEFINED)
 
     return ToolFormat(native="tools" in template_source, marker_tokens=is_token(OPEN) and is_token(CLOSE))
 
