@@ -655,8 +655,10 @@ class Model:
             if not isinstance(prompt, str):
                 raise InvalidRequest("suffix needs a string prompt (the text before the hole)")
             ids = self.infill_prompt(prompt, suffix, max_tokens=max_tokens, repo_level=False)
-            return self._openai(ids, False, max_tokens, stream, self._infill_kw(prompt, suffix, kw), constraint)
-        return self._openai(self._prompt_ids(prompt), False, max_tokens, stream, kw, constraint)
+            return self._openai(ids, False, max_tokens, stream, self._infill_kw(prompt, suffix, kw), constraint,
+                                prompt_chars=len(prompt))
+        return self._openai(self._prompt_ids(prompt), False, max_tokens, stream, kw, constraint,
+                            prompt_chars=len(prompt) if isinstance(prompt, str) else 0)
 
     @property
     def tool_format(self) -> Any:
@@ -709,14 +711,30 @@ class Model:
         return self._openai(ids, True, max_tokens, stream, kw, constraint, tool_names=names)
 
     def _openai(self, ids: list[int], chat: bool, max_tokens: int | None, stream: bool, kw: dict[str, Any],
-                constraint: Any = None, tool_names: Sequence[str] | None = None
+                constraint: Any = None, tool_names: Sequence[str] | None = None, prompt_chars: int = 0
                 ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         from barellm import openai_format as fmt
 
-        extra = sorted(set(kw) & {"n", "logprobs", "top_logprobs", "timings"})
-        if extra:
-            raise InvalidRequest(f"unknown generation parameter(s) here: {', '.join(extra)} (complete() takes them)")
-        kw = {**kw, "max_tokens": max(self.n_ctx - len(ids), 0) if max_tokens is None else max_tokens}
+        if "timings" in kw:
+            raise InvalidRequest("unknown generation parameter here: timings (complete() takes it)")
+        kw = dict(kw)
+        if chat:   # OpenAI's chat shape: logprobs a flag, top_logprobs the count
+            logprobs, top = kw.pop("logprobs", False), kw.pop("top_logprobs", None)
+            if not isinstance(logprobs, bool):
+                raise InvalidRequest(f"logprobs must be True or False here, got {logprobs!r}")
+            if top is not None and not logprobs:
+                raise InvalidRequest("top_logprobs needs logprobs=True")
+            if logprobs:
+                kw["top_logprobs"] = top or 0
+        else:      # the legacy completions shape: logprobs is the count
+            if "top_logprobs" in kw:
+                raise InvalidRequest("create_completion takes logprobs=k (the alternatives per token)")
+            k = kw.pop("logprobs", None)
+            if k is not None:
+                if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 20:
+                    raise InvalidRequest(f"logprobs must be an integer in 0..20, got {k!r}")
+                kw["top_logprobs"] = k
+        kw["max_tokens"] = max(self.n_ctx - len(ids), 0) if max_tokens is None else max_tokens
         req = self._request(kw)   # a bad keyword fails here, not at a stream's first next()
         if constraint is not None:
             if req.grammar is not None or req.allowed is not None:
@@ -726,55 +744,91 @@ class Model:
         ids = self._prompt_ids(ids)
         rid, name = fmt.new_id(chat), self.path.stem
         if stream:
-            return self._openai_chunks(ids, chat, req, rid, name, tool_names)
+            return self._openai_chunks(ids, chat, req, rid, name, tool_names, prompt_chars)
         c = self._complete(ids, req)
-        usage = fmt.usage(c.prompt_tokens, len(c.token_ids), c.cached_tokens)
-        if not chat:
-            return fmt.text_completion(rid, name, c.text, c.finish_reason, usage)
-        if tool_names is not None:
-            from barellm.text.tools import parse_tool_calls
+        usage = fmt.usage(c.prompt_tokens, sum(len(ch.token_ids) for ch in c.choices), c.cached_tokens)
+        token_bytes = self.tokenizer.token_bytes
+        body: dict[str, Any] | None = None
+        for ch in c.choices:
+            lps = None
+            if ch.logprobs is not None:
+                lps = (fmt.chat_logprobs(ch.logprobs, token_bytes) if chat else
+                       fmt.completion_logprobs(ch.logprobs, token_bytes, prompt_chars)[0])
+            if not chat:
+                one = fmt.text_completion(rid, name, ch.text, ch.finish_reason, usage, logprobs=lps)
+            else:
+                content: str | None = ch.text
+                calls, reason = None, ch.finish_reason
+                if tool_names is not None:
+                    from barellm.text.tools import parse_tool_calls
 
-            content, calls = parse_tool_calls(c.text, tool_names)
-            if calls:
-                reason = "tool_calls" if c.finish_reason == "stop" else c.finish_reason
-                return fmt.chat_completion(rid, name, content, reason, usage, tool_calls=calls)
-        return fmt.chat_completion(rid, name, c.text, c.finish_reason, usage)
+                    parsed, calls = parse_tool_calls(ch.text, tool_names)
+                    if calls:
+                        content = parsed
+                        reason = "tool_calls" if reason == "stop" else reason
+                one = fmt.chat_completion(rid, name, content, reason, usage, logprobs=lps, tool_calls=calls)
+            if body is None:
+                body = one
+            else:
+                body["choices"].append({**one["choices"][0], "index": ch.index})
+        assert body is not None
+        return body
 
     def _openai_chunks(self, ids: list[int], chat: bool, req: _Request, rid: str, name: str,
-                       tool_names: Sequence[str] | None = None) -> Iterator[dict[str, Any]]:
+                       tool_names: Sequence[str] | None = None, prompt_chars: int = 0) -> Iterator[dict[str, Any]]:
         from barellm import openai_format as fmt
         from barellm.text.tools import ToolCallStream
 
         created = int(time.time())
         c = Completion()
-        calls = ToolCallStream(tool_names) if tool_names is not None else None
-        sent = [0]   # tool calls streamed so far: the next one's index
+        token_bytes = self.tokenizer.token_bytes
+        calls = [ToolCallStream(tool_names) for _ in range(req.n)] if tool_names is not None else None
+        offsets = [prompt_chars] * req.n
 
-        def pieces(parts: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
+        def indexed(chunk: dict[str, Any], i: int) -> dict[str, Any]:
+            chunk["choices"][0]["index"] = i
+            return chunk
+
+        def lps_of(d: Delta, i: int) -> dict[str, Any] | None:
+            if req.top_logprobs is None:
+                return None
+            if chat:
+                return fmt.chat_logprobs(d.logprobs, token_bytes)
+            out, offsets[i] = fmt.completion_logprobs(d.logprobs, token_bytes, offsets[i])
+            return out
+
+        def pieces(i: int, parts: list[tuple[str, Any]], lps: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
+            assert calls is not None
             for kind, p in parts:
                 if kind == "content":
-                    yield fmt.chat_chunk(rid, name, text=p, created=created)
+                    yield indexed(fmt.chat_chunk(rid, name, text=p, logprobs=lps, created=created), i)
                 else:
-                    yield fmt.chat_chunk(rid, name, tool_calls=fmt.tool_call_deltas([p], sent[0]), created=created)
-                    sent[0] += 1
+                    deltas = fmt.tool_call_deltas([p], calls[i].sent)
+                    calls[i].sent += 1
+                    yield indexed(fmt.chat_chunk(rid, name, tool_calls=deltas, logprobs=lps, created=created), i)
+                lps = None
 
         if chat:
-            yield fmt.chat_chunk(rid, name, role=True, created=created)
-        for _, d in self._run(ids, req, c):
-            if not d.text:
+            for i in range(req.n):
+                yield indexed(fmt.chat_chunk(rid, name, role=True, created=created), i)
+        for i, d in self._run(ids, req, c):
+            if not d.text and not d.logprobs:
                 continue
+            lps = lps_of(d, i)
             if calls is not None:
-                yield from pieces(calls.feed(d.text))
+                yield from pieces(i, calls[i].feed(d.text), lps)
+            elif chat:
+                yield indexed(fmt.chat_chunk(rid, name, text=d.text, logprobs=lps, created=created), i)
             else:
-                yield (fmt.chat_chunk(rid, name, text=d.text, created=created) if chat
-                       else fmt.text_chunk(rid, name, text=d.text, created=created))
-        reason = c.choices[0].finish_reason if c.choices else "length"
-        if calls is not None:
-            yield from pieces(calls.finish())
-            if calls.calls and reason == "stop":
-                reason = "tool_calls"
-        yield (fmt.chat_chunk(rid, name, finish_reason=reason, created=created) if chat
-               else fmt.text_chunk(rid, name, finish_reason=reason, created=created))
+                yield indexed(fmt.text_chunk(rid, name, text=d.text, logprobs=lps, created=created), i)
+        for ch in c.choices:
+            reason = ch.finish_reason
+            if calls is not None:
+                yield from pieces(ch.index, calls[ch.index].finish(), None)
+                if calls[ch.index].calls and reason == "stop":
+                    reason = "tool_calls"
+            yield indexed(fmt.chat_chunk(rid, name, finish_reason=reason, created=created) if chat
+                          else fmt.text_chunk(rid, name, finish_reason=reason, created=created), ch.index)
 
 
 def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = None, context: int | None = None,

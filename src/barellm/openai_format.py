@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["new_id", "usage", "chat_completion", "text_completion", "chat_chunk", "text_chunk", "usage_chunk",
-           "tool_call_deltas", "embeddings"]
+           "tool_call_deltas", "embeddings", "chat_logprobs", "completion_logprobs"]
 
 
 def new_id(chat: bool) -> str:
@@ -108,3 +109,36 @@ def embeddings(model: str, vectors: list[Any], prompt_tokens: int) -> dict[str, 
     return {"object": "list",
             "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
             "model": model, "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+
+
+def _token(token_bytes: Callable[[int], bytes], token_id: int, as_ids: bool) -> tuple[str, list[int]]:
+    b = token_bytes(token_id)
+    return (f"token_id:{token_id}" if as_ids else b.decode("utf-8", errors="replace")), list(b)
+
+
+def chat_logprobs(toks: Sequence[Any], token_bytes: Callable[[int], bytes], as_ids: bool = False) -> dict[str, Any]:
+    """A chat choice's logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...]}.
+    toks: TokenLogprob-like (token_id, logprob, top [(id, logprob)]); as_ids: tokens named "token_id:<id>"."""
+    content = []
+    for t in toks:
+        s, b = _token(token_bytes, t.token_id, as_ids)
+        top = []
+        for i, lp in t.top:
+            ts, tb = _token(token_bytes, i, as_ids)
+            top.append({"token": ts, "logprob": lp, "bytes": tb})
+        content.append({"token": s, "logprob": t.logprob, "bytes": b, "top_logprobs": top})
+    return {"content": content}
+
+
+def completion_logprobs(toks: Sequence[Any], token_bytes: Callable[[int], bytes], offset: int,
+                        as_ids: bool = False) -> tuple[dict[str, Any], int]:
+    """A completion choice's logprobs ({"tokens", "token_logprobs", "top_logprobs", "text_offset"}) and the
+    text offset after them (offsets count characters from offset, the start of this run of tokens)."""
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for t in toks:
+        out["tokens"].append(_token(token_bytes, t.token_id, as_ids)[0])
+        out["token_logprobs"].append(t.logprob)
+        out["top_logprobs"].append({_token(token_bytes, i, as_ids)[0]: lp for i, lp in t.top})
+        out["text_offset"].append(offset)
+        offset += len(token_bytes(t.token_id).decode("utf-8", errors="ignore"))
+    return out, offset

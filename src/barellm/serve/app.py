@@ -116,34 +116,14 @@ class Formatter:
         self._calls: dict[int, Any] = {}
         self._held_lps: dict[int, list[TokenLogprob]] = {}
 
-    def _token(self, token_id: int) -> tuple[str, list[int]]:
-        b = self.state.tokenizer.token_bytes(token_id)
-        text = f"token_id:{token_id}" if self.req.tokens_as_ids else b.decode("utf-8", errors="replace")
-        return text, list(b)
-
     def logprobs(self, toks: list[TokenLogprob], index: int = 0) -> dict[str, Any] | None:
         if self.req.top_logprobs is None:
             return None
+        token_bytes = self.state.tokenizer.token_bytes
         if self.chat:
-            content = []
-            for t in toks:
-                s, b = self._token(t.token_id)
-                top = []
-                for i, lp in t.top:
-                    ts, tb = self._token(i)
-                    top.append({"token": ts, "logprob": lp, "bytes": tb})
-                content.append({"token": s, "logprob": t.logprob, "bytes": b, "top_logprobs": top})
-            return {"content": content}
-        out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        offset = self.offsets.get(index, self.prompt_chars)
-        for t in toks:
-            s, _ = self._token(t.token_id)
-            out["tokens"].append(s)
-            out["token_logprobs"].append(t.logprob)
-            out["top_logprobs"].append({self._token(i)[0]: lp for i, lp in t.top})
-            out["text_offset"].append(offset)
-            offset += len(self.state.tokenizer.token_bytes(t.token_id).decode("utf-8", errors="ignore"))
-        self.offsets[index] = offset
+            return openai_format.chat_logprobs(toks, token_bytes, self.req.tokens_as_ids)
+        out, self.offsets[index] = openai_format.completion_logprobs(
+            toks, token_bytes, self.offsets.get(index, self.prompt_chars), self.req.tokens_as_ids)
         return out
 
     def usage(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> dict[str, Any]:
