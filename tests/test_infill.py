@@ -232,7 +232,9 @@ def test_infill_endpoint_and_suffix_on_the_server(qwen05_gguf: Path) -> None:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
         c = client.completions.create(model="coder", prompt=prefix, suffix=suffix, max_tokens=40, temperature=0)
         assert c.choices[0].text == bare
-        assert c.usage.prompt_tokens == len(model.infill_prompt(prefix, suffix, repo_level=False))
+        plain = model.infill_prompt(prefix, suffix, repo_level=False)
+        assert c.usage.prompt_tokens == len(plain)
+        assert app.state.server.scheduler.slot_tokens[0][:len(plain)] == plain
         s = "".join(ch.choices[0].text for ch in client.completions.create(
             model="coder", prompt=prefix, suffix=suffix, max_tokens=40, temperature=0, stream=True))
         assert s == bare
