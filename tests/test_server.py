@@ -362,9 +362,13 @@ def _hostile_requests() -> list[tuple[str, str, dict[str, Any]]]:
         "logprobs": ["yes", 3],
         "top_logprobs": [21, -1, "x", 5],
         "max_completion_tokens": [0, "x", 7],
-        "tools": [[{"type": "function", "function": {"name": "f"}}], "x"],
-        "tool_choice": ["auto", 5],
-        "response_format": [{"type": "json_object"}, "x"],
+        "tools": [[{"type": "function", "function": {"nam": "f"}}], "x",
+                  [{"type": "function", "function": {"name": "not a name!"}}]],
+        "tool_choice": ["auto", 5, "required"],
+        "response_format": [{"type": "json_schema"}, "x", {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "object", "unevaluatedProperties": False}}}],
+        "regex": ["a(b", 5],
+        "grammar": ["start: nothing_defined", ["x"]],
     }
     comp_only: dict[str, list[Any]] = {
         "prompt": [None, 5, [], [-1], [10**9], [1.5], ["a", "b"], [[1], [2]], True, {"a": 1}, [True],
@@ -785,7 +789,8 @@ def test_metrics_break_each_token_down(server: Server) -> None:
     list(client.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8, stream=True))
     text = httpx.get(f"{server.url}/metrics", timeout=30).text
     phases = dict(re.findall(r'^barellm_token_phase_seconds_total\{phase="([a-z ]+)"\} (\S+)$', text, re.M))
-    assert set(phases) == {"forward", "logits copy", "sample", "logprobs", "detokenize", "stop", "bookkeeping",
+    assert set(phases) == {"forward", "logits copy", "grammar", "sample", "logprobs", "detokenize", "stop",
+                           "bookkeeping",
                            "write"}
     for p in ("forward", "sample", "detokenize", "write"):
         assert float(phases[p]) > 0, p

@@ -92,7 +92,48 @@ def test_streamed_chunks(model: Any) -> None:
     assert pieces[-1]["choices"][0]["finish_reason"] == "length"
     # validated before the first chunk is asked for
     with pytest.raises(ValueError, match="logprob"):
-        model.create_completion("Hi", logprobs=2, stream=True)
+        model.create_completion("Hi", logprobs=25, stream=True)
+    with pytest.raises(ValueError, match="top_logprobs needs logprobs"):
+        model.create_chat_completion(CHAT, top_logprobs=2, stream=True)
+
+
+@pytest.mark.model
+def test_logprobs_and_n_are_the_servers(model: Any, smollm_gguf: Path) -> None:
+    """Log-probabilities and several choices from Python, in the server's shapes and values (greedy and
+    seeded: the same tokens either way)."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    httpx = pytest.importorskip("httpx")
+    from test_server import serving
+
+    import barellm
+    from barellm.serve.app import create_app
+
+    chat_kw = {"temperature": 0.9, "seed": 5, "max_tokens": 6, "logprobs": True, "top_logprobs": 2, "n": 2}
+    comp_kw = {"temperature": 0.9, "seed": 5, "max_tokens": 6, "logprobs": 3, "n": 2}
+    two = barellm.load(smollm_gguf, context=512, slots=2)
+    mine = two.create_chat_completion(CHAT, **chat_kw)
+    text = two.create_completion("The capital of France is", **comp_kw)
+    streamed = list(two.create_completion("The capital of France is", stream=True, **comp_kw))
+    served = barellm.load(smollm_gguf, context=512, slots=2)
+    with serving(create_app(served, model_id=model.path.stem)) as url:
+        theirs = httpx.post(f"{url}/v1/chat/completions", json={"messages": CHAT, **chat_kw}, timeout=120).json()
+        theirs_text = httpx.post(f"{url}/v1/completions", json={"prompt": "The capital of France is", **comp_kw},
+                                 timeout=120).json()
+    assert len(mine["choices"]) == 2 and [c["index"] for c in mine["choices"]] == [0, 1]
+    for a, b in ((mine, theirs), (text, theirs_text)):
+        assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
+        for ca, cb in zip(a["choices"], b["choices"], strict=True):
+            assert ca["index"] == cb["index"] and ca["finish_reason"] == cb["finish_reason"]
+            assert ca.get("text", ca.get("message")) == cb.get("text", cb.get("message"))
+            assert ca["logprobs"] == cb["logprobs"]   # the same bits: batch-invariant logits
+    assert len(mine["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2
+    assert text["choices"][0]["logprobs"]["text_offset"][0] == len("The capital of France is")
+    for i in (0, 1):
+        pieces = [p["choices"][0] for p in streamed if p["choices"][0]["index"] == i]
+        assert "".join(p["text"] for p in pieces) == text["choices"][i]["text"]
+        assert [t for p in pieces if p["logprobs"] for t in p["logprobs"]["tokens"]] == \
+            text["choices"][i]["logprobs"]["tokens"]
 
 
 @pytest.mark.model

@@ -166,3 +166,47 @@ def test_options_applied(url: str) -> None:
     a = client.generate(model=MODEL, prompt="Once upon a time", raw=True, options=seeded).response
     b = client.generate(model=MODEL, prompt="Once upon a time", raw=True, options=seeded).response
     assert a == b
+
+
+@pytest.mark.model
+def test_format_constrains_the_answer(url: str) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    client = ollama.Client(host=url)
+    schema = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
+                                               "count": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["color", "count"], "additionalProperties": False}
+    r = client.chat(model=MODEL, messages=CHAT, format=schema, options={"temperature": 0, "num_predict": 60})
+    assert r.done_reason == "stop"
+    jsonschema.validate(json.loads(r.message.content), schema)
+    r = client.generate(model=MODEL, prompt="A JSON object about a cat:", format="json",
+                        options={"temperature": 0, "num_predict": 80})
+    assert r.response.startswith("{")
+    r = httpx.post(f"{url}/api/chat", timeout=60, json={"model": MODEL, "messages": CHAT, "format": {
+        "type": "array", "uniqueItems": True}})
+    assert r.status_code == 400 and "uniqueItems" in r.json()["error"]
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+
+
+@pytest.mark.model
+def test_chat_tools_in_ollamas_shape(url: str) -> None:
+    """SmolLM2 gets the built-in tool form; whatever it answers, a call in its reply comes back as Ollama's
+    message.tool_calls, and a tool message with the result renders into the next turn."""
+    client = ollama.Client(host=url)
+    msgs = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+    r = client.chat(model=MODEL, messages=msgs, tools=[WEATHER], options={"temperature": 0, "num_predict": 60})
+    streamed = list(client.chat(model=MODEL, messages=msgs, tools=[WEATHER], stream=True,
+                                options={"temperature": 0, "num_predict": 60}))
+    calls = [c for part in streamed for c in part.message.tool_calls or []]
+    assert [c.function.name for c in calls] == [c.function.name for c in r.message.tool_calls or []]
+    assert "".join(p.message.content for p in streamed) == r.message.content
+    for c in r.message.tool_calls or []:
+        assert c.function.name == "get_weather" and isinstance(c.function.arguments, dict)
+    history = msgs + [{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "Sunny, 21 degrees", "tool_name": "get_weather"}]
+    r = client.chat(model=MODEL, messages=history, tools=[WEATHER], options={"temperature": 0, "num_predict": 20})
+    assert r.done

@@ -72,7 +72,7 @@ def test_a_valid_request_becomes_the_scheduler_request() -> None:
     ({"stream_options": {"include_usage": True}}, "stream_options", None, "only allowed when stream is true"),
     ({"stream": True, "stream_options": {"bogus": 1}}, "stream_options.bogus", "unknown_parameter", "bogus"),
     ({"messages": []}, "messages", None, "at least 1 item"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", None, "'user'"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", None, "'user'"),
     ({"messages": [{"role": "user", "content": "x", "extra": 1}]}, "messages[0].extra", "unknown_parameter", "extra"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", None, "text parts, got number"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
@@ -98,18 +98,63 @@ def test_hostile_bodies(raw: bytes, words: str) -> None:
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
-    ({"tool_choice": "auto"}, "tool_choice"),
-    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
-     "response_format"),
-    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}]}, "messages[0].tool_calls"),
+    ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"messages": [{"role": "assistant", "content": "", "audio": {"id": "x"}}]}, "messages[0].audio"),
 ])
-def test_coming_features_are_refused_by_name(fields: dict[str, Any], param: str) -> None:
+def test_unimplemented_features_are_refused_by_name(fields: dict[str, Any], param: str) -> None:
     err = _error(schemas.chat_request, _chat(**fields))
     assert (err.param, err.code) == (param, "unsupported_parameter")
     assert "not supported" in err.message
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_tools_and_formats_become_the_scheduler_request() -> None:
+    req = schemas.chat_request(_chat(
+        tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False,
+        messages=[{"role": "user", "content": "weather?"},
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+                  {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]))
+    assert req.tools == [TOOL] and req.tool_choice == {"type": "function", "function": {"name": "get_weather"}}
+    assert req.parallel_tool_calls is False and req.constraint is None
+    assert req.messages == [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"}]
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
+    c = schemas.chat_request(_chat(response_format=rf)).constraint
+    assert c == schemas.Constraint("json_schema", schema, "response_format.json_schema.schema")
+    assert schemas.chat_request(_chat(response_format={"type": "json_object"})).constraint.kind == "json_object"
+    assert schemas.chat_request(_chat(response_format={"type": "text"})).constraint is None
+    c = schemas.completion_request(json.dumps({"prompt": "x", "regex": "a+"}).encode(), N_VOCAB).constraint
+    assert c == schemas.Constraint("regex", "a+", "regex")
+    req = schemas.completion_request(json.dumps({"prompt": "def f(", "suffix": "):"}).encode(), N_VOCAB)
+    assert req.suffix == "):"
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"tool_choice": "required"}, "tool_choice"),                                     # no tools
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+    ({"tools": [TOOL, TOOL]}, "tools"),                                               # a name defined twice
+    ({"tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"response_format": {"type": "json_object"}, "regex": "a"}, "regex"),            # two constraints
+    ({"grammar": "start: x", "json_schema": {}}, "grammar"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[0].tool_calls"),
+])
+def test_tool_and_format_mistakes_are_named(fields: dict[str, Any], param: str) -> None:
+    err = _error(schemas.chat_request, _chat(**fields))
+    assert err.param == param, err.message
 
 
 @pytest.mark.parametrize(("fields", "param"), [
@@ -118,6 +163,8 @@ def test_coming_features_are_refused_by_name(fields: dict[str, Any], param: str)
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format.json_schema.name"),
     ({"response_format": {"type": "yaml"}}, "response_format"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}]},
+     "messages[0].tool_calls[0].type"),
     ({"logit_bias": {"1": 500}}, "logit_bias.1"),
     ({"logit_bias": {"x": 5}}, "logit_bias"),
     ({"logit_bias": {"1": "5"}}, "logit_bias.1"),
@@ -133,7 +180,7 @@ def test_coming_features_are_validated_by_their_shape(fields: dict[str, Any], pa
     ({"prompt": ["a", "b"]}, "prompt", "unsupported_parameter"),
     ({"prompt": [5, N_VOCAB]}, "prompt", None),
     ({"prompt": [1.5]}, "prompt[0]", None),
-    ({"prompt": "x", "suffix": "tail"}, "suffix", "unsupported_parameter"),
+    ({"prompt": [1, 2], "suffix": "tail"}, "suffix", None),
     ({"prompt": "x", "echo": True}, "echo", "unsupported_parameter"),
     ({"prompt": "x", "best_of": 3}, "best_of", "unsupported_parameter"),
     ({"prompt": "x", "logprobs": True}, "logprobs", None),
@@ -206,9 +253,14 @@ def test_responses_match_the_documented_models(server: Any) -> None:
         r = c.post("/v1/chat/completions", json={**body, "max_token": 3})
         assert r.status_code == 400
         openapi_doc.Error.model_validate(r.json())
-        r = c.post("/v1/embeddings", json={"model": MODEL_ID, "input": "Hi"})
-        assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_endpoint"
+        r = c.post("/v1/embeddings", json={"model": MODEL_ID, "input": ["Hi", "there"]})
+        assert r.status_code == 200
+        openapi_doc.EmbeddingList.model_validate(r.json())
+        r = c.post("/v1/embeddings", json={"input": [[1, 2, 3]], "encoding_format": "base64"})
+        openapi_doc.EmbeddingList.model_validate(r.json())
         assert c.post("/v1/embeddings", json={"inputs": "Hi"}).json()["error"]["param"] == "inputs"  # not "input"
+        r = c.post("/infill", json={"input_prefix": "def f(", "input_suffix": "):"})
+        assert r.status_code == 400 and "cannot infill" in r.json()["error"]["message"]   # SmolLM2 has no FIM
         doc = c.get("/openapi.json").json()
         assert doc == json.loads(json.dumps(openapi_doc.openapi(doc["info"]["version"], ollama.MODELS, ollama.PATHS)))
         assert {"/api/chat", "/api/generate", "/v1/chat/completions"} <= set(doc["paths"])

@@ -542,6 +542,56 @@ class NativeEngine:
             out[last_a[c0:c1][sel]] = logits[:len(sel), :self.n_vocab]
         return out
 
+    def hidden_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]], last_only: bool = False,
+                     out: np.ndarray | None = None) -> np.ndarray:
+        """The final normed hidden states (the output norm's result, what the logits are made from) of
+        several sequences (slot, tokens, start), fed into their slots' caches as forward_batch feeds them:
+        every token's row in order, [sum of lengths, dim], or with last_only each sequence's last,
+        [len(seqs), dim]. The plan runs to the output norm and stops before the vocabulary matmul; nothing is
+        allocated but the result (pass `out` to avoid even that). Each row is bit-identical however the
+        sequences are batched or chunked."""
+        if not seqs:
+            raise InvalidRequest("hidden_batch needs at least one sequence")
+        slots = [s for s, _, _ in seqs]
+        if len(set(slots)) != len(slots):
+            raise InvalidRequest("hidden_batch: each sequence needs its own slot")
+        tok, pos, slo, dest = [], [], [], []
+        row = 0
+        for i, (slot, tokens, start) in enumerate(seqs):
+            ids = self._check(tokens, start, slot)
+            tok.append(ids.astype(np.int32))
+            pos.append(np.arange(start, start + len(ids), dtype=np.int32))
+            slo.append(np.full(len(ids), slot, np.int32))
+            if last_only:
+                d = np.full(len(ids), -1, np.int64)
+                d[-1] = i
+            else:
+                d = np.arange(row, row + len(ids), dtype=np.int64)
+            dest.append(d)
+            row += len(ids)
+        tok_a, pos_a, slot_a, dest_a = (np.concatenate(a) for a in (tok, pos, slo, dest))
+        dim = self.cfg.dim
+        shape = (len(seqs) if last_only else row, dim)
+        if out is None:
+            out = np.empty(shape, np.float32)
+        elif out.shape != shape or out.dtype != np.float32:
+            raise InvalidRequest(f"out must be float32 {shape}")
+        if self.ops[-1].name != "output" or self.ops[-2].out != "xo":
+            raise InvalidRequest("this plan does not end with the output norm and matmul")
+        end = len(self.ops) - 1   # every op but the vocabulary matmul
+        xo = self._bufs["xo"]
+        for c0 in range(0, len(tok_a), self.chunk):
+            c1 = min(len(tok_a), c0 + self.chunk)
+            T = c1 - c0
+            self._tok[:T] = tok_a[c0:c1]
+            self._pos[:T] = pos_a[c0:c1]
+            self._slot[:T] = slot_a[c0:c1]
+            sel = np.nonzero(dest_a[c0:c1] >= 0)[0]
+            self._rows[:len(sel)] = sel
+            self._plan.run(T, len(sel), 0, end)
+            out[dest_a[c0:c1][sel]] = xo[:len(sel), :dim]
+        return out
+
     # --- introspection and debugging ----------------------------------------------------------
 
     def op_index(self, key: int | str) -> list[int]:

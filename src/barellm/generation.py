@@ -4,7 +4,8 @@ A Generation never calls the engine. Its driver feeds the prompt into a KV cache
 that follow the last fed token to `step`, feeds back `next_token` at `position`, and repeats until `done`.
 Everything else is decided here, the same way for the Python API and the server:
 
-- the next token (the sampler, its history for the penalties, an optional allowed-token mask);
+- the next token (the sampler, its history for the penalties, an optional allowed-token mask, or a
+  structured.Guide whose parser gives the mask of each step: JSON schemas, regexes, grammars);
 - the end: an end-of-generation token ("stop"), a stop string ("stop"; the text before it is kept, and
   tokens that begin inside it are not reported), max_tokens or the context ("length");
 - the text: the stream decoder turns ids into whole characters; text that could be the start of a stop
@@ -33,12 +34,14 @@ import numpy as np
 
 from barellm.sampling import Sampler, SamplingParams, TokenLogprob, token_logprobs
 
-__all__ = ["PHASES", "Delta", "Generation", "SlotTable", "Timings", "TokenLogprob", "common_prefix", "time_engine"]
+__all__ = ["PHASES", "Delta", "Generation", "SlotTable", "Timings", "TokenLogprob", "common_prefix", "pooled",
+           "time_engine"]
 
 # The phases of a token's life, in order. "forward" is the native executor running the layers; "logits copy"
 # the rest of the engine call (its Python wrapper filling token and position arrays, the logits copied out);
-# "write" the server's formatting and sending of the events (the Python API has none).
-PHASES = ("forward", "logits copy", "sample", "logprobs", "detokenize", "stop", "bookkeeping", "write")
+# "grammar" the constrained-decoding parser (waiting for its mask, taking the chosen token); "write" the
+# server's formatting and sending of the events (the Python API has none).
+PHASES = ("forward", "logits copy", "grammar", "sample", "logprobs", "detokenize", "stop", "bookkeeping", "write")
 
 Allowed = np.ndarray | Callable[[Sequence[int]], "np.ndarray | None"] | None
 
@@ -146,12 +149,13 @@ class Generation:
     def __init__(self, prompt: Sequence[int], tokenizer: Any, *, params: SamplingParams, max_tokens: int, n_ctx: int,
                  stops: Sequence[str] = (), top_logprobs: int | None = None, allowed: Allowed = None,
                  eog: set[int] | frozenset[int] | None = None, n_vocab: int | None = None,
-                 timings: Timings | None = None) -> None:
+                 timings: Timings | None = None, guide: Any = None, min_indent: int = 0) -> None:
         self.prompt = list(prompt)
         self.max_tokens = max_tokens
         self.n_ctx = n_ctx
         self.top_logprobs = top_logprobs
         self.allowed = allowed
+        self.guide = guide                    # a structured.Guide: the grammar's mask at every step
         self.eog = frozenset(tokenizer.eog_ids if eog is None else eog)
         self.timings = timings if timings is not None else Timings()
         self.sampler = Sampler(params, self.prompt, n_vocab)
@@ -162,6 +166,9 @@ class Generation:
         self.stops = [s for s in stops if s]
         self._longest = max((len(s) for s in self.stops), default=0)
         self._first_chars = frozenset(s[0] for s in self.stops)
+        self.min_indent = max(0, int(min_indent))   # a later line indented less ends the text (before it)
+        self.stop_word: str | None = None     # the stop string that ended the generation, if one did
+        self.dedented = False                 # a line indented less than min_indent ended it
         self._held = ""                       # decoded, not yet released (could begin a stop string)
         self._released = 0                    # characters released so far
         self._pending: deque[tuple[int, int, TokenLogprob | None]] = deque()  # (text offset, id, logprob)
@@ -183,13 +190,25 @@ class Generation:
         clock = time.perf_counter
         tm = self.timings.seconds
         t0 = clock()
-        allowed = self.allowed(self.generated) if callable(self.allowed) else self.allowed
+        guide = self.guide
+        if guide is not None:
+            allowed = guide.mask()
+            t1 = clock()
+            tm["grammar"] += t1 - t0
+            t0 = t1
+        else:
+            allowed = self.allowed(self.generated) if callable(self.allowed) else self.allowed
         tok = self.sampler.sample(row, allowed=allowed)
         t1 = clock()
         tm["sample"] += t1 - t0
         self.next_token = None
         if tok in self.eog:
             return self._finish("stop")
+        if guide is not None:   # the next mask is computed from here on, beside the next forward pass
+            guide.accept(tok)
+            t2 = clock()
+            tm["grammar"] += t2 - t1
+            t1 = t2
         lp = None
         if self.top_logprobs is not None:
             lp = token_logprobs(row, tok, self.top_logprobs)
@@ -205,21 +224,27 @@ class Generation:
         tm["detokenize"] += t2 - t1
         if piece:
             self._held += piece
-            if self.stops:
-                cut = self._stop_in(len(piece))
-                if cut >= 0:
-                    d = self._release(cut, all_tokens=False)
-                    self._pending.clear()
-                    self._held = ""
-                    self.finish_reason = d.finish_reason = "stop"
-                    tm["stop"] += clock() - t2
-                    return d
+            cut = self._stop_in(len(piece)) if self.stops else -1
+            if self.min_indent:
+                dedent = self._dedent()
+                if dedent >= 0 and (cut < 0 or dedent < cut):
+                    cut = dedent
+                    self.stop_word, self.dedented = None, True
+            if cut >= 0:
+                d = self._release(cut, all_tokens=False)
+                self._pending.clear()
+                self._held = ""
+                self.finish_reason = d.finish_reason = "stop"
+                tm["stop"] += clock() - t2
+                return d
         if len(self.generated) >= self.max_tokens or len(self.prompt) + len(self.generated) >= self.n_ctx:
             d = self._finish("length")
             tm["stop"] += clock() - t2
             return d
         self.next_token = tok
         hold = self._holdback() if self.stops else 0
+        if self.min_indent:
+            hold = max(hold, self._line_holdback())
         d = self._release(len(self._held) - hold)
         tm["stop"] += clock() - t2
         return d if d.text or d.token_ids else None
@@ -234,6 +259,11 @@ class Generation:
         if tail:
             self._held += tail
             cut = self._stop_in(len(tail)) if self.stops else -1
+            if self.min_indent:
+                dedent = self._dedent()
+                if dedent >= 0 and (cut < 0 or dedent < cut):
+                    cut = dedent
+                    self.stop_word, self.dedented = None, True
             if cut >= 0:
                 d = self._release(cut, all_tokens=False)
                 self._pending.clear()
@@ -249,8 +279,35 @@ class Generation:
         `new` last characters (the held text before them had none), so only that window is searched."""
         held = self._held
         lo = max(0, len(held) - new - self._longest + 1)
-        hits = [p for p in (held.find(s, lo) for s in self.stops) if p >= 0]
-        return min(hits) if hits else -1
+        hits = [(p, s) for s in self.stops if (p := held.find(s, lo)) >= 0]
+        if not hits:
+            return -1
+        p, self.stop_word = min(hits)
+        return p
+
+    def _dedent(self) -> int:
+        """Where the first line of the held text indented less than min_indent begins (its newline is cut
+        too), or -1. The first line of the generation continues the prompt's and is never cut; a line of
+        whitespace only is no line yet (its indentation is unknown until it holds something)."""
+        held = self._held
+        p = held.find("\n")
+        while p >= 0:
+            end = held.find("\n", p + 1)
+            line = held[p + 1:] if end < 0 else held[p + 1:end]
+            body = line.lstrip(" \t")
+            if body and body != "\r" and len(line) - len(body) < self.min_indent:
+                return p
+            p = end
+        return -1
+
+    def _line_holdback(self) -> int:
+        """The held tail from the last newline on, while the line after it holds only whitespace: whether it
+        will be cut (a dedent) is not known yet."""
+        held = self._held
+        p = held.rfind("\n")
+        if p >= 0 and not held[p + 1:].strip(" \t\r"):
+            return len(held) - p
+        return 0
 
     def _holdback(self) -> int:
         """Length of the longest end of the held text that could still grow into a stop string."""
@@ -274,6 +331,16 @@ class Generation:
             if lp is not None:
                 d.logprobs.append(lp)
         return d
+
+
+def pooled(rows: np.ndarray, pooling: str, normalize: bool = True) -> np.ndarray:
+    """One input's embedding from its final hidden states rows [n, dim] (all of them for "mean", its last
+    for "last"): the mean (accumulated in float64) or the last row, L2-normalised unless told not to.
+    Model.embed and the server's scheduler both make embeddings here, so the same rows give the same bits."""
+    v = rows.mean(axis=0, dtype=np.float64) if pooling == "mean" else rows[-1].astype(np.float64)
+    if normalize:
+        v = v / max(float(np.sqrt(np.dot(v, v))), 1e-12)
+    return v.astype(np.float32)
 
 
 class SlotTable:

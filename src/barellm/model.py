@@ -29,12 +29,13 @@ from barellm import hub
 from barellm.arch.config import ModelConfig, config_of
 from barellm.cpu import default_threads
 from barellm.errors import BarellmError, FormatError, InvalidRequest, SlotsBusy
-from barellm.generation import Delta, Generation, SlotTable, Timings
+from barellm.generation import Delta, Generation, SlotTable, Timings, pooled
 from barellm.sampling import SamplingParams, TokenLogprob
 
 ENGINES = ("auto", "native", "reference")
 ACTIVATIONS = ("q8x2", "q8")  # the native engine's activation precisions (engine.ACTIVATIONS)
-GENERATION_KEYWORDS = ("max_tokens", "stop", "n", "logprobs", "top_logprobs", "allowed_tokens", "timings")
+GENERATION_KEYWORDS = ("max_tokens", "stop", "n", "logprobs", "top_logprobs", "allowed_tokens", "timings",
+                       "json_schema", "grammar", "regex", "min_indent")
 
 
 @dataclass
@@ -81,6 +82,8 @@ class _Request:
     top_logprobs: int | None
     allowed: Any
     timings: Timings | None
+    grammar: Any = None           # a structured.Grammar: every choice follows it
+    min_indent: int = 0           # a new line indented less ends the text (llama.cpp's n_indent)
 
     def params_for(self, index: int) -> SamplingParams:
         """Choice i draws with seed + i, so choice 0 is what n=1 gives."""
@@ -275,6 +278,80 @@ class Model:
             self._release([slot])
         return np.array(out, copy=True)
 
+    # --- embeddings -----------------------------------------------------------------------------
+
+    @property
+    def pooling(self) -> str:
+        """How embed() pools a text's hidden states by default: the file's {arch}.pooling_type when it names
+        mean or last-token pooling (embedding models' GGUF files carry it), else "mean" (generative models
+        have no trained pooling; the mean of the final hidden states separates meanings better than the last
+        token's state, which is tuned to predict the next token)."""
+        kind = self.metadata.get(f"{self.config.arch}.pooling_type")
+        return {3: "last"}.get(kind, "mean") if isinstance(kind, int) else "mean"
+
+    def embed_ids(self, inputs: Sequence[str | Sequence[int]]) -> list[list[int]]:
+        """The token ids embed() feeds for each input: a text tokenized with the model's BOS rule, or ids as
+        given; each must hold at least one token and fit the context."""
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
+            raise InvalidRequest("embed takes a list of texts (or of token-id lists)")
+        out = []
+        for i, x in enumerate(inputs):
+            ids = self.tokenize(x) if isinstance(x, str) else [int(t) if isinstance(t, (int, np.integer))
+                                                                and not isinstance(t, bool) else t for t in x]
+            self._check_ids(ids)
+            if not ids:
+                raise InvalidRequest(f"input {i} is empty (it has no tokens)")
+            if len(ids) > self.n_ctx:
+                raise InvalidRequest(f"input {i} has {len(ids)} tokens; the context holds {self.n_ctx}")
+            out.append(ids)
+        return out
+
+    def embed(self, texts: str | Sequence[str | Sequence[int]], *, pooling: str | None = None,
+              normalize: bool = True) -> np.ndarray:
+        """Embeddings of texts (or token-id lists): float32 [len(texts), dim] (a single text: [dim]).
+
+        Each is the model's final normed hidden states (what its logits are made from) pooled over the text:
+        pooling "mean" (every token; the default, see `pooling`) or "last" (the last token's), then
+        L2-normalised (normalize=False keeps the raw pooled vector). Texts run side by side in the free
+        slots; each embedding is bit-identical however the texts are batched (native engine)."""
+        one = isinstance(texts, str)
+        ids = self.embed_ids([texts] if one else texts)
+        pooling = pooling or self.pooling
+        if pooling not in ("mean", "last"):
+            raise InvalidRequest(f'pooling must be "mean" or "last", got {pooling!r}')
+        out = np.empty((len(ids), self.config.dim), np.float32)
+        if not ids:
+            return out
+        hidden = getattr(self.engine, "hidden_batch", None)
+        if hidden is None:
+            raise InvalidRequest(f"the {self.engine_name} engine cannot return hidden states")
+        slots = [s for s, _ in self._acquire_any(min(len(ids), self.slots), ids[0])]
+        try:
+            for g in range(0, len(ids), len(slots)):
+                group = ids[g:g + len(slots)]
+                with self._engine_lock:
+                    self._check_served()
+                    rows = hidden([(slot, t, 0) for slot, t in zip(slots, group, strict=False)],
+                                  last_only=pooling == "last")
+                with self._cond:
+                    for slot in slots:
+                        self._table.forget(slot)   # the cache holds the embedded text now, not a prompt
+                o = 0
+                for j, t in enumerate(group):
+                    mine = rows[j:j + 1] if pooling == "last" else rows[o:o + len(t)]
+                    out[g + j] = pooled(mine, pooling, normalize)
+                    o += len(t)
+        finally:
+            self._release(slots)
+        return out[0] if one else out
+
+    def _acquire_any(self, n: int, prompt: Sequence[int]) -> list[tuple[int, int]]:
+        """Up to n free slots (at least one, waiting for it as _acquire does)."""
+        with self._cond:
+            self._check_served()
+            free = len(self._table.free())
+        return self._acquire(max(1, min(n, free)) if free else 1, prompt)
+
     # --- generation -----------------------------------------------------------------------------
 
     def _request(self, kw: dict[str, Any]) -> _Request:
@@ -286,6 +363,10 @@ class Model:
         top = kw.pop("top_logprobs", None)
         allowed = kw.pop("allowed_tokens", None)
         timings = kw.pop("timings", None)
+        min_indent = kw.pop("min_indent", 0)
+        constraint = {k: kw.pop(k) for k in ("json_schema", "grammar", "regex") if kw.get(k) is not None}
+        for k in ("json_schema", "grammar", "regex"):
+            kw.pop(k, None)
         unknown = set(kw) - set(SamplingParams.__dataclass_fields__)
         if unknown:
             raise InvalidRequest(f"unknown generation parameter(s): {', '.join(sorted(unknown))}")
@@ -321,7 +402,27 @@ class Model:
                                      f"words (one bit per token), got {allowed.shape[0]}")
         if timings is not None and not isinstance(timings, Timings):
             raise InvalidRequest("timings must be a barellm.generation.Timings")
-        return _Request(params, max_tokens, [s for s in stops if s], n, top_logprobs, allowed, timings)
+        if not isinstance(min_indent, int) or isinstance(min_indent, bool) or min_indent < 0:
+            raise InvalidRequest(f"min_indent must be an integer >= 0, got {min_indent!r}")
+        grammar = None
+        if constraint:
+            if allowed is not None:
+                raise InvalidRequest(f"allowed_tokens and {next(iter(constraint))} both constrain the output: give one")
+            grammar = self.structured().from_options(**constraint)
+        return _Request(params, max_tokens, [s for s in stops if s], n, top_logprobs, allowed, timings, grammar,
+                        min_indent)
+
+    def _mask_thread(self) -> bool:
+        from barellm.structured import spare_core
+
+        return spare_core(self.threads)
+
+    def structured(self) -> Any:
+        """The model's structured.Vocabulary (llguidance's view of its tokenizer; built on first use):
+        compiles JSON schemas, regexes and grammars into constraints for this model."""
+        from barellm.structured import vocabulary
+
+        return vocabulary(self, self.tokenizer, self.config.n_vocab)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -344,7 +445,9 @@ class Model:
         c.prompt_tokens = len(ids)
         gens = [Generation(ids, self.tokenizer, params=req.params_for(i), max_tokens=req.max_tokens, n_ctx=self.n_ctx,
                            stops=req.stops, top_logprobs=req.top_logprobs, allowed=req.allowed,
-                           n_vocab=self.config.n_vocab, timings=timings) for i in range(n)]
+                           n_vocab=self.config.n_vocab, timings=timings,
+                           guide=req.grammar.guide(self._mask_thread()) if req.grammar is not None else None,
+                           min_indent=req.min_indent) for i in range(n)]
         c.choices = [Choice(i) for i in range(n)]
         for ch, g in zip(c.choices, gens, strict=True):
             ch.token_ids = g.generated    # every generated token, filled as they come
@@ -426,7 +529,10 @@ class Model:
         top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
         logit_bias ({token id: bias}, OpenAI's: added to the logit, -100 bans), seed, stop (a string or
         list of strings, not included in the text), allowed_tokens (a uint32 bitmask over the vocabulary,
-        or a function of the generated ids returning one: only those tokens may be chosen)."""
+        or a function of the generated ids returning one: only those tokens may be chosen).
+        Constrained output (the barellm[structured] extra; one of): json_schema (a JSON schema, dict or
+        text: the output is one JSON value valid against it), regex (the output matches it as a whole),
+        grammar (llguidance's Lark dialect or llama.cpp's GBNF)."""
         return self.complete(prompt, **kw).text
 
     def stream(self, prompt: str | Sequence[int], **kw: Any) -> Iterator[str]:
@@ -442,11 +548,77 @@ class Model:
             if d.text:
                 yield d.text
 
+    # --- fill-in-the-middle ----------------------------------------------------------------------
+
+    @property
+    def fim(self) -> Any:
+        """The model's fill-in-the-middle tokens (text/infill.py FimTokens), or None when it has none."""
+        if not hasattr(self, "_fim"):
+            from barellm.text.infill import fim_tokens
+
+            self._fim = fim_tokens(self.metadata, self.tokenizer)
+        return self._fim
+
+    def infill_prompt(self, prefix: str, suffix: str, *, extra: Sequence[dict[str, str]] = (), prompt: str = "",
+                      max_tokens: int | None = None, repo_level: bool = True) -> list[int]:
+        """The token ids of a fill-in-the-middle prompt: the model's FIM markers around prefix and suffix, other
+        files (extra: [{"filename", "text"}]) before them as repository context: llama.cpp server's /infill
+        layout (text/infill.py), whose repository and file lines are written even without other files (when the
+        model has those tokens); repo_level=False gives the bare prefix-suffix-middle form instead. Cut to leave
+        max_tokens (default: a quarter of the context, at most 256)."""
+        from barellm.text.infill import infill_ids
+
+        fim = self.fim
+        if fim is None:
+            raise InvalidRequest(f"{self.path.name} has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
+                                 "<|fim_middle|> or their kin): this model cannot infill")
+        n_predict = max_tokens if max_tokens is not None and max_tokens > 0 else min(256, self.n_ctx // 4)
+        return infill_ids(self.tokenizer, fim, prefix, suffix, extra=extra, prompt=prompt, n_ctx=self.n_ctx,
+                          n_predict=n_predict, repo_level=repo_level)
+
+    def infill(self, prefix: str, suffix: str, *, extra: Sequence[dict[str, str]] = (), prompt: str = "",
+               **kw: Any) -> str:
+        """The code that fills the hole between prefix and suffix (a FIM-trained model: Qwen2.5-Coder, ...).
+        extra: other files as context, [{"filename": ..., "text": ...}]; keywords as generate(). Besides the
+        model's end token, the fill ends before a line that repeats the suffix's first line and before a line
+        indented less than the hole's (text/infill.py end_rules; min_indent=0 turns that one off)."""
+        return self.complete_infill(prefix, suffix, extra=extra, prompt=prompt, **kw).text
+
+    def complete_infill(self, prefix: str, suffix: str, *, extra: Sequence[dict[str, str]] = (), prompt: str = "",
+                        **kw: Any) -> Completion:
+        """infill() as a whole Completion (token ids, finish reason, counts, timings)."""
+        kw = self._infill_kw(prefix + prompt, suffix, kw)
+        req = self._request(kw)
+        ids = self.infill_prompt(prefix, suffix, extra=extra, prompt=prompt, max_tokens=req.max_tokens)
+        return self._complete(self._prompt_ids(ids), req)
+
+    @staticmethod
+    def _infill_kw(before: str, suffix: str, kw: dict[str, Any]) -> dict[str, Any]:
+        """kw with the fill's end rules added: stop strings joined to the caller's, min_indent unless given."""
+        from barellm.text.infill import end_rules
+
+        stops, indent = end_rules(before, suffix)
+        given = kw.get("stop")
+        mine = [given] if isinstance(given, str) else list(given) if isinstance(given, (list, tuple)) else []
+        if given is not None and not mine and not isinstance(given, (list, tuple)):
+            return kw   # a malformed stop: _request names it
+        return {**kw, "stop": mine + stops, "min_indent": kw.get("min_indent", indent)}
+
     # --- chat -----------------------------------------------------------------------------------
 
-    def chat_prompt(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of the rendered chat template (special tokens parsed, no extra BOS)."""
-        text = self.template.render(list(messages), add_generation_prompt=add_generation_prompt)
+    def chat_prompt(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of the rendered chat template (special tokens parsed, no extra BOS). tools: OpenAI's
+        tool objects, rendered by the template when it knows tools, else in the built-in form
+        (text/tools.py); assistant messages with tool_calls and tool messages render either way."""
+        from barellm.text.tools import prepare_messages, validate_tools
+
+        msgs: list[Any] = list(messages)
+        extra: dict[str, Any] = {}
+        if tools or any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in msgs):
+            if all(isinstance(m, dict) for m in msgs):
+                msgs, extra = prepare_messages(msgs, validate_tools(tools) if tools else None, self.tool_format)
+        text = self.template.render(msgs, add_generation_prompt=add_generation_prompt, **extra)
         ids = self.tokenizer.encode(text, add_special=False, parse_special=True)
         bos = self.tokenizer.bos_id
         if self.tokenizer.add_bos and bos is not None and (not ids or ids[0] != bos):
@@ -473,50 +645,190 @@ class Model:
     # --- OpenAI's result objects: the dicts the server returns, built by openai_format ---------------
 
     def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16, stream: bool = False,
+                          response_format: dict[str, Any] | None = None, suffix: str | None = None,
                           **kw: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """complete() as OpenAI's text_completion object (id, object, created, model, choices[0].text and
         finish_reason, usage), as llama-cpp-python's method of this name returns it; stream=True yields the
         chunk objects as they come. max_tokens None: the rest of the context; other keywords as generate()."""
-        return self._openai(self._prompt_ids(prompt), False, max_tokens, stream, kw)
+        constraint = self.structured().response_format(response_format) if response_format is not None else None
+        if suffix:   # fill-in-the-middle: prompt is the text before the hole
+            if not isinstance(prompt, str):
+                raise InvalidRequest("suffix needs a string prompt (the text before the hole)")
+            ids = self.infill_prompt(prompt, suffix, max_tokens=max_tokens, repo_level=False)
+            return self._openai(ids, False, max_tokens, stream, self._infill_kw(prompt, suffix, kw), constraint,
+                                prompt_chars=len(prompt))
+        return self._openai(self._prompt_ids(prompt), False, max_tokens, stream, kw, constraint,
+                            prompt_chars=len(prompt) if isinstance(prompt, str) else 0)
+
+    @property
+    def tool_format(self) -> Any:
+        """How this model meets tools (text/tools.py): its template's own rendering or the built-in form."""
+        from barellm.text.tools import tool_format
+
+        fmt = getattr(self, "_tool_format", None)
+        if fmt is None:
+            fmt = self._tool_format = tool_format(self.template.source, self.tokenizer)
+        return fmt
+
+    def tool_grammar(self, tools: Sequence[dict[str, Any]], mode: str, name: str | None = None,
+                     parallel: bool = True) -> Any:
+        """The constraint of tool_choice "required" (mode "required") or a named function (mode "function"):
+        output that is tool calls only, with arguments valid for the function's schema."""
+        from barellm.text.tools import call_grammar, validate_tools
+
+        src = call_grammar(validate_tools(tools), self.tool_format, name if mode == "function" else None,
+                           parallel and mode == "required")
+        return self.structured().lark(src, "tool_choice")
 
     def create_chat_completion(self, messages: Sequence[dict[str, Any]], *, max_tokens: int | None = None,
-                               stream: bool = False, **kw: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+                               stream: bool = False, tools: Sequence[dict[str, Any]] | None = None,
+                               tool_choice: Any = None, parallel_tool_calls: bool = True,
+                               response_format: dict[str, Any] | None = None,
+                               **kw: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """chat() as OpenAI's chat.completion object (choices[0].message), or with stream=True its
-        chat.completion.chunk objects. max_tokens None: the rest of the context."""
-        return self._openai(self.chat_prompt(messages), True, max_tokens, stream, kw)
+        chat.completion.chunk objects. max_tokens None: the rest of the context.
 
-    def _openai(self, ids: list[int], chat: bool, max_tokens: int | None, stream: bool, kw: dict[str, Any]
+        tools, tool_choice ("auto" by default with tools; "none", "required", {"type": "function",
+        "function": {"name": ...}}), parallel_tool_calls: OpenAI's; the model's calls come back as
+        message.tool_calls (streamed: delta.tool_calls) with finish_reason "tool_calls". "required" and a
+        named function constrain the output to calls whose arguments fit the function's schema.
+        response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}."""
+        from barellm.text.tools import resolve_choice, validate_tools
+
+        tools = validate_tools(tools) if tools else None
+        mode, fn = resolve_choice(tools, tool_choice)
+        constraint = None
+        if response_format is not None:
+            constraint = self.structured().response_format(response_format)
+        if mode in ("required", "function"):
+            if constraint is not None or any(kw.get(k) is not None for k in ("json_schema", "grammar", "regex")):
+                raise InvalidRequest(f"tool_choice {mode!r} constrains the output to tool calls; it cannot be "
+                                     "combined with response_format, json_schema, grammar or regex")
+            assert tools is not None
+            constraint = self.tool_grammar(tools, mode, fn, parallel_tool_calls)
+        ids = self.chat_prompt(messages, tools=tools if mode != "none" else None)
+        names = [t["function"]["name"] for t in tools] if tools and mode != "none" else None
+        return self._openai(ids, True, max_tokens, stream, kw, constraint, tool_names=names)
+
+    def _openai(self, ids: list[int], chat: bool, max_tokens: int | None, stream: bool, kw: dict[str, Any],
+                constraint: Any = None, tool_names: Sequence[str] | None = None, prompt_chars: int = 0
                 ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         from barellm import openai_format as fmt
 
-        extra = sorted(set(kw) & {"n", "logprobs", "top_logprobs", "timings"})
-        if extra:
-            raise InvalidRequest(f"unknown generation parameter(s) here: {', '.join(extra)} (complete() takes them)")
-        kw = {**kw, "max_tokens": max(self.n_ctx - len(ids), 0) if max_tokens is None else max_tokens}
+        if "timings" in kw:
+            raise InvalidRequest("unknown generation parameter here: timings (complete() takes it)")
+        kw = dict(kw)
+        if chat:   # OpenAI's chat shape: logprobs a flag, top_logprobs the count
+            logprobs, top = kw.pop("logprobs", False), kw.pop("top_logprobs", None)
+            if not isinstance(logprobs, bool):
+                raise InvalidRequest(f"logprobs must be True or False here, got {logprobs!r}")
+            if top is not None and not logprobs:
+                raise InvalidRequest("top_logprobs needs logprobs=True")
+            if logprobs:
+                kw["top_logprobs"] = top or 0
+        else:      # the legacy completions shape: logprobs is the count
+            if "top_logprobs" in kw:
+                raise InvalidRequest("create_completion takes logprobs=k (the alternatives per token)")
+            k = kw.pop("logprobs", None)
+            if k is not None:
+                if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 20:
+                    raise InvalidRequest(f"logprobs must be an integer in 0..20, got {k!r}")
+                kw["top_logprobs"] = k
+        kw["max_tokens"] = max(self.n_ctx - len(ids), 0) if max_tokens is None else max_tokens
         req = self._request(kw)   # a bad keyword fails here, not at a stream's first next()
+        if constraint is not None:
+            if req.grammar is not None or req.allowed is not None:
+                raise InvalidRequest("response_format and json_schema / grammar / regex / allowed_tokens both "
+                                     "constrain the output: give one")
+            req.grammar = constraint
         ids = self._prompt_ids(ids)
         rid, name = fmt.new_id(chat), self.path.stem
         if stream:
-            return self._openai_chunks(ids, chat, req, rid, name)
+            return self._openai_chunks(ids, chat, req, rid, name, tool_names, prompt_chars)
         c = self._complete(ids, req)
-        build = fmt.chat_completion if chat else fmt.text_completion
-        return build(rid, name, c.text, c.finish_reason, fmt.usage(c.prompt_tokens, len(c.token_ids), c.cached_tokens))
+        usage = fmt.usage(c.prompt_tokens, sum(len(ch.token_ids) for ch in c.choices), c.cached_tokens)
+        token_bytes = self.tokenizer.token_bytes
+        body: dict[str, Any] | None = None
+        for ch in c.choices:
+            lps = None
+            if ch.logprobs is not None:
+                lps = (fmt.chat_logprobs(ch.logprobs, token_bytes) if chat else
+                       fmt.completion_logprobs(ch.logprobs, token_bytes, prompt_chars)[0])
+            if not chat:
+                one = fmt.text_completion(rid, name, ch.text, ch.finish_reason, usage, logprobs=lps)
+            else:
+                content: str | None = ch.text
+                calls, reason = None, ch.finish_reason
+                if tool_names is not None:
+                    from barellm.text.tools import parse_tool_calls
 
-    def _openai_chunks(self, ids: list[int], chat: bool, req: _Request, rid: str, name: str
-                       ) -> Iterator[dict[str, Any]]:
+                    parsed, calls = parse_tool_calls(ch.text, tool_names)
+                    if calls:
+                        content = parsed
+                        reason = "tool_calls" if reason == "stop" else reason
+                one = fmt.chat_completion(rid, name, content, reason, usage, logprobs=lps, tool_calls=calls)
+            if body is None:
+                body = one
+            else:
+                body["choices"].append({**one["choices"][0], "index": ch.index})
+        assert body is not None
+        return body
+
+    def _openai_chunks(self, ids: list[int], chat: bool, req: _Request, rid: str, name: str,
+                       tool_names: Sequence[str] | None = None, prompt_chars: int = 0) -> Iterator[dict[str, Any]]:
         from barellm import openai_format as fmt
+        from barellm.text.tools import ToolCallStream
 
         created = int(time.time())
         c = Completion()
+        token_bytes = self.tokenizer.token_bytes
+        calls = [ToolCallStream(tool_names) for _ in range(req.n)] if tool_names is not None else None
+        offsets = [prompt_chars] * req.n
+
+        def indexed(chunk: dict[str, Any], i: int) -> dict[str, Any]:
+            chunk["choices"][0]["index"] = i
+            return chunk
+
+        def lps_of(d: Delta, i: int) -> dict[str, Any] | None:
+            if req.top_logprobs is None:
+                return None
+            if chat:
+                return fmt.chat_logprobs(d.logprobs, token_bytes)
+            out, offsets[i] = fmt.completion_logprobs(d.logprobs, token_bytes, offsets[i])
+            return out
+
+        def pieces(i: int, parts: list[tuple[str, Any]], lps: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
+            assert calls is not None
+            for kind, p in parts:
+                if kind == "content":
+                    yield indexed(fmt.chat_chunk(rid, name, text=p, logprobs=lps, created=created), i)
+                else:
+                    deltas = fmt.tool_call_deltas([p], calls[i].sent)
+                    calls[i].sent += 1
+                    yield indexed(fmt.chat_chunk(rid, name, tool_calls=deltas, logprobs=lps, created=created), i)
+                lps = None
+
         if chat:
-            yield fmt.chat_chunk(rid, name, role=True, created=created)
-        for _, d in self._run(ids, req, c):
-            if d.text:
-                yield (fmt.chat_chunk(rid, name, text=d.text, created=created) if chat
-                       else fmt.text_chunk(rid, name, text=d.text, created=created))
-        reason = c.choices[0].finish_reason if c.choices else "length"
-        yield (fmt.chat_chunk(rid, name, finish_reason=reason, created=created) if chat
-               else fmt.text_chunk(rid, name, finish_reason=reason, created=created))
+            for i in range(req.n):
+                yield indexed(fmt.chat_chunk(rid, name, role=True, created=created), i)
+        for i, d in self._run(ids, req, c):
+            if not d.text and not d.logprobs:
+                continue
+            lps = lps_of(d, i)
+            if calls is not None:
+                yield from pieces(i, calls[i].feed(d.text), lps)
+            elif chat:
+                yield indexed(fmt.chat_chunk(rid, name, text=d.text, logprobs=lps, created=created), i)
+            else:
+                yield indexed(fmt.text_chunk(rid, name, text=d.text, logprobs=lps, created=created), i)
+        for ch in c.choices:
+            reason = ch.finish_reason
+            if calls is not None:
+                yield from pieces(ch.index, calls[ch.index].finish(), None)
+                if calls[ch.index].calls and reason == "stop":
+                    reason = "tool_calls"
+            yield indexed(fmt.chat_chunk(rid, name, finish_reason=reason, created=created) if chat
+                          else fmt.text_chunk(rid, name, finish_reason=reason, created=created), ch.index)
 
 
 def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = None, context: int | None = None,

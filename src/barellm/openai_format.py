@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["new_id", "usage", "chat_completion", "text_completion", "chat_chunk", "text_chunk", "usage_chunk"]
+__all__ = ["new_id", "usage", "chat_completion", "text_completion", "chat_chunk", "text_chunk", "usage_chunk",
+           "tool_call_deltas", "embeddings", "chat_logprobs", "completion_logprobs"]
 
 
 def new_id(chat: bool) -> str:
@@ -35,12 +37,17 @@ def _envelope(id: str, obj: str, created: int | None, model: str, fingerprint: s
     return out
 
 
-def chat_completion(id: str, model: str, text: str, finish_reason: str, usage: dict[str, Any], *,
+def chat_completion(id: str, model: str, text: str | None, finish_reason: str, usage: dict[str, Any], *,
                     logprobs: dict[str, Any] | None = None, created: int | None = None,
-                    fingerprint: str | None = None) -> dict[str, Any]:
-    """A whole chat reply: {"object": "chat.completion", "choices": [{"message": {...}}], "usage"}."""
-    choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-              "logprobs": logprobs, "finish_reason": finish_reason}
+                    fingerprint: str | None = None, tool_calls: list[dict[str, Any]] | None = None
+                    ) -> dict[str, Any]:
+    """A whole chat reply: {"object": "chat.completion", "choices": [{"message": {...}}], "usage"}. With
+    tool_calls (OpenAI's [{"id", "type": "function", "function": {"name", "arguments"}}]) the message carries
+    them and text is what the model wrote besides (None when nothing)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
     return {**_envelope(id, "chat.completion", created, model, fingerprint, [choice]), "usage": usage}
 
 
@@ -54,12 +61,16 @@ def text_completion(id: str, model: str, text: str, finish_reason: str, usage: d
 
 def chat_chunk(id: str, model: str, *, text: str | None = None, role: bool = False,
                finish_reason: str | None = None, logprobs: dict[str, Any] | None = None, created: int | None = None,
-               fingerprint: str | None = None, with_usage: bool = False) -> dict[str, Any]:
-    """One streamed chat piece: the opening one (role), a piece of text, or the closing one (finish_reason).
+               fingerprint: str | None = None, with_usage: bool = False,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One streamed chat piece: the opening one (role), a piece of text, tool calls (each whole, with its
+    "index" among the reply's calls), or the closing one (finish_reason).
     with_usage: the stream ends with a usage_chunk, and every chunk before it says "usage": null."""
     delta: dict[str, Any] = {}
     if role:
         delta = {"role": "assistant", "content": ""}
+    elif tool_calls:
+        delta = {"tool_calls": tool_calls}
     elif text is not None:
         delta = {"content": text}
     choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -85,3 +96,49 @@ def usage_chunk(id: str, model: str, chat: bool, usage: dict[str, Any], *, creat
     """The last chunk of a stream that asked for usage: no choices, the counts."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     return {**_envelope(id, obj, created, model, fingerprint, []), "usage": usage}
+
+
+def tool_call_deltas(calls: list[dict[str, Any]], first_index: int) -> list[dict[str, Any]]:
+    """Whole tool calls as the entries of a streamed delta.tool_calls: each with its index in the reply."""
+    return [{"index": first_index + i, **c} for i, c in enumerate(calls)]
+
+
+def embeddings(model: str, vectors: list[Any], prompt_tokens: int) -> dict[str, Any]:
+    """OpenAI's embeddings list: {"object": "list", "data": [{"object": "embedding", "index", "embedding"}],
+    "model", "usage"}; each vector a list of floats, or a base64 string of little-endian float32."""
+    return {"object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+            "model": model, "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+
+
+def _token(token_bytes: Callable[[int], bytes], token_id: int, as_ids: bool) -> tuple[str, list[int]]:
+    b = token_bytes(token_id)
+    return (f"token_id:{token_id}" if as_ids else b.decode("utf-8", errors="replace")), list(b)
+
+
+def chat_logprobs(toks: Sequence[Any], token_bytes: Callable[[int], bytes], as_ids: bool = False) -> dict[str, Any]:
+    """A chat choice's logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...]}.
+    toks: TokenLogprob-like (token_id, logprob, top [(id, logprob)]); as_ids: tokens named "token_id:<id>"."""
+    content = []
+    for t in toks:
+        s, b = _token(token_bytes, t.token_id, as_ids)
+        top = []
+        for i, lp in t.top:
+            ts, tb = _token(token_bytes, i, as_ids)
+            top.append({"token": ts, "logprob": lp, "bytes": tb})
+        content.append({"token": s, "logprob": t.logprob, "bytes": b, "top_logprobs": top})
+    return {"content": content}
+
+
+def completion_logprobs(toks: Sequence[Any], token_bytes: Callable[[int], bytes], offset: int,
+                        as_ids: bool = False) -> tuple[dict[str, Any], int]:
+    """A completion choice's logprobs ({"tokens", "token_logprobs", "top_logprobs", "text_offset"}) and the
+    text offset after them (offsets count characters from offset, the start of this run of tokens)."""
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for t in toks:
+        out["tokens"].append(_token(token_bytes, t.token_id, as_ids)[0])
+        out["token_logprobs"].append(t.logprob)
+        out["top_logprobs"].append({_token(token_bytes, i, as_ids)[0]: lp for i, lp in t.top})
+        out["text_offset"].append(offset)
+        offset += len(token_bytes(t.token_id).decode("utf-8", errors="ignore"))
+    return out, offset

@@ -208,6 +208,22 @@ class ReferenceEngine:
 
         The result is [len(tokens), n_vocab] if all_logits, else [1, n_vocab] for the last token.
         """
+        x = self._final(tokens, start, slot)
+        if not all_logits:
+            x = x[-1:]
+        return x @ self.output.T
+
+    def hidden_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]], last_only: bool = False) -> np.ndarray:
+        """The final normed hidden states of several sequences (slot, tokens, start): every row in order
+        [sum of lengths, dim], or each sequence's last [len(seqs), dim] (NativeEngine.hidden_batch's
+        contract)."""
+        if not seqs:
+            raise InvalidRequest("hidden_batch needs at least one sequence")
+        rows = [self._final(tokens, start, slot) for slot, tokens, start in seqs]
+        return np.concatenate([r[-1:] for r in rows] if last_only else rows).astype(np.float32, copy=False)
+
+    def _final(self, tokens: Sequence[int], start: int, slot: int) -> np.ndarray:
+        """The output norm of the last layer's residual stream, every row: what the logits are made from."""
         cfg = self.cfg
         ids = np.asarray(tokens, dtype=np.int64)
         T = len(ids)
@@ -252,6 +268,4 @@ class ReferenceEngine:
                 ffn = rmsnorm(ffn, L.post_ffn_norm, eps)
             x = x + ffn
 
-        if not all_logits:
-            x = x[-1:]
-        return rmsnorm(x, self.output_norm, cfg.norm_eps) @ self.output.T
+        return rmsnorm(x, self.output_norm, cfg.norm_eps)

@@ -29,10 +29,12 @@ from barellm import __version__, openai_format
 from barellm.errors import InvalidRequest
 from barellm.serve import openapi_doc, schemas
 from barellm.serve.metrics import Metrics, endpoint_label
-from barellm.serve.relay import Outbox, RelayResponse, read_body, submit
+from barellm.serve.relay import Outbox, RelayResponse, constrain, read_body, submit, submit_embeddings
 from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
 from barellm.serve.security import MAX_HEADER_BYTES, Guard
+from barellm.text.infill import end_rules
+from barellm.text.tools import ToolCallStream, parse_tool_calls
 
 DEFAULT_STREAM_INTERVAL = 0.02   # seconds: a streamed response's text goes out at most 50 times a second
 
@@ -109,35 +111,19 @@ class Formatter:
         self.prompt_chars = prompt_chars    # legacy logprobs' text_offset counts from the start of the prompt
         self.offsets: dict[int, int] = {}   # per choice: text_offset of its next token
         self._frames: dict[int, tuple[bytes, bytes]] = {}   # per choice: a text event's bytes around the text
-
-    def _token(self, token_id: int) -> tuple[str, list[int]]:
-        b = self.state.tokenizer.token_bytes(token_id)
-        text = f"token_id:{token_id}" if self.req.tokens_as_ids else b.decode("utf-8", errors="replace")
-        return text, list(b)
+        # tool calls parsed out of a chat reply (streamed: per choice, as they complete)
+        self.tool_names = req.tool_names if self.chat else None
+        self._calls: dict[int, Any] = {}
+        self._held_lps: dict[int, list[TokenLogprob]] = {}
 
     def logprobs(self, toks: list[TokenLogprob], index: int = 0) -> dict[str, Any] | None:
         if self.req.top_logprobs is None:
             return None
+        token_bytes = self.state.tokenizer.token_bytes
         if self.chat:
-            content = []
-            for t in toks:
-                s, b = self._token(t.token_id)
-                top = []
-                for i, lp in t.top:
-                    ts, tb = self._token(i)
-                    top.append({"token": ts, "logprob": lp, "bytes": tb})
-                content.append({"token": s, "logprob": t.logprob, "bytes": b, "top_logprobs": top})
-            return {"content": content}
-        out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        offset = self.offsets.get(index, self.prompt_chars)
-        for t in toks:
-            s, _ = self._token(t.token_id)
-            out["tokens"].append(s)
-            out["token_logprobs"].append(t.logprob)
-            out["top_logprobs"].append({self._token(i)[0]: lp for i, lp in t.top})
-            out["text_offset"].append(offset)
-            offset += len(self.state.tokenizer.token_bytes(t.token_id).decode("utf-8", errors="ignore"))
-        self.offsets[index] = offset
+            return openai_format.chat_logprobs(toks, token_bytes, self.req.tokens_as_ids)
+        out, self.offsets[index] = openai_format.completion_logprobs(
+            toks, token_bytes, self.offsets.get(index, self.prompt_chars), self.req.tokens_as_ids)
         return out
 
     def usage(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> dict[str, Any]:
@@ -148,11 +134,23 @@ class Formatter:
 
     def whole(self, choices: list[tuple[str, list[TokenLogprob], str]], usage: dict[str, Any]) -> dict[str, Any]:
         """The response object: (text, logprobs, finish reason) of each choice."""
-        build = openai_format.chat_completion if self.chat else openai_format.text_completion
         body = None
         for i, (text, toks, reason) in enumerate(choices):
-            one = build(self.id, self.state.model_id, text, reason, usage, logprobs=self.logprobs(toks, i),
-                        **self._ids())
+            lps = self.logprobs(toks, i)
+            if not self.chat:
+                one = openai_format.text_completion(self.id, self.state.model_id, text, reason, usage, logprobs=lps,
+                                                    **self._ids())
+            else:
+                content: str | None = text
+                calls = None
+                if self.tool_names is not None:
+                    content, calls = parse_tool_calls(text, self.tool_names)
+                    if calls and reason == "stop":
+                        reason = "tool_calls"
+                    elif not calls:
+                        content = text
+                one = openai_format.chat_completion(self.id, self.state.model_id, content, reason, usage,
+                                                    logprobs=lps, tool_calls=calls, **self._ids())
             if body is None:
                 body = one
             else:
@@ -173,9 +171,45 @@ class Formatter:
             out["choices"][0]["index"] = index
         return out
 
+    def _tool_events(self, stream: ToolCallStream, parts: list[tuple[str, Any]], toks: list[TokenLogprob],
+                     index: int) -> bytes:
+        """The events of content and whole tool calls split out of a chat reply; logprobs go with the first
+        event after their text (held while a call is still open)."""
+        held = self._held_lps.setdefault(index, [])
+        held.extend(toks)
+        out = bytearray()
+        for kind, p in parts:
+            lps = self.logprobs(held, index) if held else (None if self.req.top_logprobs is None else
+                                                           self.logprobs([], index))
+            held.clear()
+            if kind == "content":
+                out.extend(_sse(self.chunk(p, lps, index=index)))
+            else:
+                ch = self.chunk(None, lps, index=index)
+                ch["choices"][0]["delta"] = {"tool_calls": openai_format.tool_call_deltas([p], stream.sent)}
+                stream.sent += 1
+                out.extend(_sse(ch))
+        return bytes(out)
+
+    def closing_events(self, index: int, reason: str) -> bytes:
+        """A choice's last events: what its tool-call parsing still holds, and the chunk with its finish reason
+        ("tool_calls" when it called any and stopped of its own accord)."""
+        out = b""
+        stream = self._calls.pop(index, None)
+        if stream is not None:
+            out = self._tool_events(stream, stream.finish(), [], index)
+            if stream.calls and reason == "stop":
+                reason = "tool_calls"
+        return out + _sse(self.chunk(None, None, finish_reason=reason, index=index))
+
     def text_event(self, text: str, toks: list[TokenLogprob], index: int) -> bytes:
         """The server-sent event of a run of text. The chunk's bytes around the JSON of the text are the same
         for every chunk of a choice, so only the text is encoded per event."""
+        if self.tool_names is not None:
+            stream = self._calls.get(index)
+            if stream is None:
+                stream = self._calls[index] = ToolCallStream(self.tool_names)
+            return self._tool_events(stream, stream.feed(text), toks, index)
         if self.req.top_logprobs is not None:
             return _sse(self.chunk(text, self.logprobs(toks, index), index=index))
         frame = self._frames.get(index)
@@ -265,7 +299,7 @@ class GenerationResponse(RelayResponse):
                     if fmt.req.stream:
                         self._chunk(out, run)
                         run = None
-                        out.extend(_sse(fmt.chunk(None, None, finish_reason=ev.finish_reason, index=ev.index)))
+                        out.extend(fmt.closing_events(ev.index, ev.finish_reason or "length"))
             self._chunk(out, run)
             finished = all(r is not None for r in reasons)
             if finished:
@@ -299,16 +333,134 @@ async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[i
     return GenerationResponse(state, job, events, Formatter(state, req, prompt_chars), request.url.path)
 
 
+def _chat_prompt(model: Any, req: GenerationRequest) -> list[int]:
+    constrain(model, req)
+    try:
+        if req.tool_names is not None:
+            return model.chat_prompt(req.messages, tools=req.tools)
+        return model.chat_prompt(req.messages)
+    except InvalidRequest as e:
+        raise bad(str(e), "messages") from None
+
+
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
     req = schemas.chat_request(await read_body(request, state.max_body))
     state.check_model(req.model)
     assert req.messages is not None
-    try:
-        ids = await _run_sync(state.model.chat_prompt, req.messages)
-    except InvalidRequest as e:
-        raise bad(str(e), "messages") from None
+    ids = await _run_sync(_chat_prompt, state.model, req)
     return await _generate(request, req, ids, 0)
+
+
+def _completion_prompt(model: Any, req: GenerationRequest) -> list[int]:
+    constrain(model, req)
+    assert isinstance(req.prompt, str)
+    try:
+        if req.suffix:
+            ids = model.infill_prompt(req.prompt, req.suffix, max_tokens=req.max_tokens, repo_level=False)
+            stops, req.min_indent = end_rules(req.prompt, req.suffix)
+            req.stops = req.stops + stops
+            return ids
+        return model.tokenize(req.prompt)
+    except InvalidRequest as e:
+        raise bad(str(e), "suffix" if req.suffix else "prompt") from None
+
+
+def _infill_prompt(model: Any, body: schemas.InfillRequest, req: GenerationRequest) -> list[int]:
+    constrain(model, req)
+    try:
+        ids = model.infill_prompt(body.input_prefix, body.input_suffix, prompt=body.prompt,
+                                  extra=[c.model_dump() for c in body.input_extra], max_tokens=req.max_tokens,
+                                  repo_level=True)
+    except InvalidRequest as e:
+        raise bad(str(e), "input_prefix") from None
+    stops, indent = end_rules(body.input_prefix + body.prompt, body.input_suffix)
+    req.stops = req.stops + stops
+    req.min_indent = body.n_indent if body.n_indent is not None and body.n_indent > 0 else indent
+    return ids
+
+
+class InfillResponse(RelayResponse):
+    """llama.cpp server's answer to /infill: one object, or server-sent events of {"content", "stop": false}
+    ending with the whole object ("stop": true, the counts, timings, why it stopped)."""
+
+    def __init__(self, state: ServerState, job: Job, events: Outbox, stream: bool, path: str) -> None:
+        super().__init__(state, job, events, path)
+        self.stream = stream
+
+    def _final(self, text: str, start: Event, done: Event, t0: float, t_first: float, t_end: float
+               ) -> dict[str, Any]:
+        n_prompt = start.prompt_tokens - start.cached_tokens
+        prompt_ms, predicted_ms = 1000 * (t_first - t0), 1000 * (t_end - t_first)
+        n = done.completion_tokens
+        return {"index": 0, "content": text, "tokens": [], "id_slot": -1, "stop": True, "model": self.state.model_id,
+                "tokens_predicted": n, "tokens_evaluated": start.prompt_tokens, "tokens_cached": start.cached_tokens,
+                "has_new_line": "\n" in text, "truncated": False, "stop_type": done.stop_type,
+                "stopping_word": done.stop_word or "",
+                "timings": {"prompt_n": n_prompt, "prompt_ms": prompt_ms,
+                            "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
+                            "prompt_per_second": 1000 * n_prompt / prompt_ms if prompt_ms > 0 else 0.0,
+                            "predicted_n": n, "predicted_ms": predicted_ms,
+                            "predicted_per_token_ms": predicted_ms / n if n else 0.0,
+                            "predicted_per_second": 1000 * n / predicted_ms if predicted_ms > 0 else 0.0}}
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+        clock = time.perf_counter
+        t0 = clock()
+        t_first: float | None = None
+        start: Event | None = None
+        parts: list[str] = []
+        streaming = False
+        while True:
+            for ev in await self.events.batch():
+                if ev is None:
+                    return
+                if ev.kind == "error":
+                    err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
+                    if not streaming:
+                        await error_response(self.state, self.path, err)(scope, receive, send)
+                    else:
+                        self.state.metrics.error(endpoint_label(self.path), ev.error_type)
+                        await send({"type": "http.response.body", "body": _sse(err.body()), "more_body": False})
+                    return
+                if ev.kind == "start":
+                    start = ev
+                    t0 = clock()
+                    if self.stream:
+                        await send({"type": "http.response.start", "status": 200, "headers": [
+                            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                            (b"x-accel-buffering", b"no")]})
+                        streaming = True
+                elif ev.kind == "delta":
+                    if t_first is None:
+                        t_first = clock()
+                    if streaming:
+                        if ev.text:
+                            piece = {"index": 0, "content": ev.text, "tokens": ev.token_ids, "stop": False,
+                                     "id_slot": -1}
+                            await send({"type": "http.response.body", "body": _sse(piece), "more_body": True})
+                    else:
+                        parts.append(ev.text)
+                elif ev.kind == "done":
+                    assert start is not None
+                    t_end = clock()
+                    final = self._final("" if streaming else "".join(parts), start, ev, t0,
+                                        t_end if t_first is None else t_first, t_end)
+                    if streaming:
+                        await send({"type": "http.response.body", "body": _sse(final), "more_body": False})
+                    else:
+                        await _JSON(final)(scope, receive, send)
+                    return
+
+
+async def infill(request: Request) -> Response:
+    state = _state(request)
+    body, req = schemas.infill_request(await read_body(request, state.max_body))
+    state.check_model(req.model)
+    ids = await _run_sync(_infill_prompt, state.model, body, req)
+    stream, req.stream = req.stream, True   # the job streams either way: its first delta times the prefill
+    job, events = submit(state, req, ids)
+    return InfillResponse(state, job, events, stream, request.url.path)
 
 
 async def completions(request: Request) -> Response:
@@ -316,12 +468,11 @@ async def completions(request: Request) -> Response:
     req = schemas.completion_request(await read_body(request, state.max_body), state.n_vocab)
     state.check_model(req.model)
     if isinstance(req.prompt, str):
-        try:
-            ids = await _run_sync(state.model.tokenize, req.prompt)
-        except InvalidRequest as e:
-            raise bad(str(e), "prompt") from None
+        ids = await _run_sync(_completion_prompt, state.model, req)
         return await _generate(request, req, ids, len(req.prompt))
     assert req.prompt is not None
+    if req.constraint is not None:
+        await _run_sync(constrain, state.model, req)
     return await _generate(request, req, list(req.prompt), 0)
 
 
@@ -373,12 +524,47 @@ async def detokenize(request: Request) -> Response:
     return _JSON({"content": text})
 
 
+class EmbeddingResponse(RelayResponse):
+    """OpenAI's embedding list, once the scheduler has made every vector."""
+
+    def __init__(self, state: ServerState, job: Any, events: Outbox, path: str, base64: bool) -> None:
+        super().__init__(state, job, events, path)
+        self.base64 = base64
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+        import base64
+
+        while True:
+            for ev in await self.events.batch():
+                if ev is None:
+                    return
+                if ev.kind == "error":
+                    err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
+                    await error_response(self.state, self.path, err)(scope, receive, send)
+                    return
+                if ev.kind == "embeddings":
+                    vectors = ([base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in ev.data]
+                               if self.base64 else ev.data.tolist())
+                    body = openai_format.embeddings(self.state.model_id, vectors, ev.prompt_tokens)
+                    await _JSON(body)(scope, receive, send)
+                    return
+
+
 async def embeddings(request: Request) -> Response:
     state = _state(request)
     req = schemas.parse(schemas.EmbeddingRequest, await read_body(request, state.max_body))
     state.check_model(req.model)
-    raise ApiError(400, "embeddings are not supported by this server (it serves text generation only)",
-                   code="unsupported_endpoint")
+    dim = state.model.config.dim
+    if req.dimensions is not None and req.dimensions != dim:
+        raise ApiError(400, f"dimensions: this model's embeddings have {dim} dimensions; it cannot make others",
+                       param="dimensions", code="unsupported_parameter")
+    inputs = req.inputs(state.n_vocab)
+    try:
+        ids = await _run_sync(state.model.embed_ids, inputs)
+    except InvalidRequest as e:
+        raise bad(str(e), "input") from None
+    job, events = submit_embeddings(state, ids, state.model.pooling)
+    return EmbeddingResponse(state, job, events, request.url.path, req.encoding_format == "base64")
 
 
 async def openapi(request: Request) -> Response:
@@ -499,6 +685,7 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/infill", infill, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -19,7 +19,7 @@ from barellm.generation import PHASES, Timings
 # paths cannot grow the label set without bound.
 KNOWN_ENDPOINTS = (
     "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-    "/tokenize", "/detokenize", "/openapi.json",
+    "/tokenize", "/detokenize", "/openapi.json", "/v1/embeddings", "/infill",
 )
 
 RATE_WINDOW_S = 10.0   # generated tokens/s is measured over this trailing window

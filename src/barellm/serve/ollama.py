@@ -13,12 +13,18 @@ the rest of the context). The rules for the others:
   ...) are ignored: they do not change what is generated.
 - sampling methods barellm does not implement (mirostat, typical_p, tfs_z) are refused unless off.
 - anything else is an unknown option: a 400 naming it, as on the OpenAI routes.
+
+`format` ("json" or a JSON schema) constrains the answer as response_format does on /v1; /api/chat's
+`tools` are rendered and parsed as on /v1 (tool_choice "auto": Ollama has no other), its answer's
+message.tool_calls in Ollama's shape ({"function": {"name", "arguments": {...}}}), and `tool` messages carry
+the results back.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
@@ -31,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 from barellm import __version__
 from barellm.errors import InvalidRequest
 from barellm.serve import schemas
-from barellm.serve.relay import RelayResponse, read_body, submit
+from barellm.serve.relay import RelayResponse, constrain, read_body, submit
 from barellm.serve.scheduler import Event
 from barellm.serve.schemas import (
     MAX_STOP_CHARS,
@@ -46,6 +52,7 @@ from barellm.serve.schemas import (
     _off,
     bad,
 )
+from barellm.text.tools import ToolCallStream, parse_tool_calls
 
 # The Ollama release whose API these routes follow; tools read /api/version to decide what to send.
 OLLAMA_API_VERSION = "0.6.0"
@@ -97,7 +104,8 @@ class _OllamaGenerate(_Body):
     model: str = Field(min_length=1)
     stream: bool = True
     options: OllamaOptions | None = None
-    format: Annotated[Any, _no("format", "structured output is not implemented")] = None
+    format: Annotated[Literal["json", ""] | dict[str, Any] | None, Field(
+        description='"json" (any JSON object) or a JSON schema the answer follows')] = None
     keep_alive: float | str | None = Field(None, description="accepted and ignored: the model stays loaded")
     think: Annotated[bool | str | None, _no("think", "this server has no thinking mode")] = None
     logprobs: Annotated[bool | None, _no("logprobs", "not on the Ollama routes; /v1 has them")] = None
@@ -119,21 +127,51 @@ class _OllamaGenerate(_Body):
             req.max_tokens = None   # Ollama reads 0 as no limit set
         req.short_default = False   # Ollama generates until the end of the turn or of the context
         req.clamp_max_tokens = True
+        if self.format == "json":
+            req.constraint = schemas.Constraint("json_object", None, "format")
+        elif isinstance(self.format, dict):
+            req.constraint = schemas.Constraint("json_schema", self.format, "format")
         return req
 
 
+class OllamaFunctionCall(_Body):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    index: Int | None = None
+
+
+class OllamaToolCall(_Body):
+    function: OllamaFunctionCall
+    id: str | None = None
+    type: Literal["function"] | None = None
+
+
 class OllamaMessage(_Body):
-    role: Literal["system", "user", "assistant"] = Field(description="tool messages are not supported")
+    role: Literal["system", "user", "assistant", "tool"] = Field(description="tool: a tool's result")
     content: str = ""
     images: Annotated[list[Any] | None, _no("images", "this model reads text only")] = None
-    tool_calls: Annotated[list[Any] | None, _no("tool_calls", "no tools")] = None
-    tool_name: Annotated[str | None, _no("tool_name", "no tools")] = None
+    tool_calls: list[OllamaToolCall] | None = Field(None, description="an assistant's earlier tool calls")
+    tool_name: str | None = Field(None, description="the function a tool message answers")
     thinking: str | None = Field(None, description="accepted and ignored")
+
+    def as_dict(self, i: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            if self.role != "assistant":
+                raise bad(f"messages[{i}].tool_calls: only assistant messages carry tool calls",
+                          f"messages[{i}].tool_calls")
+            out["tool_calls"] = [{"id": c.id or f"call_{i}_{j}", "type": "function", "function": {
+                "name": c.function.name, "arguments": json.dumps(c.function.arguments, ensure_ascii=False)}}
+                for j, c in enumerate(self.tool_calls)]
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_name or ""
+        return out
 
 
 class OllamaChatRequest(_OllamaGenerate):
     messages: list[OllamaMessage] = Field(default_factory=list, max_length=schemas.MAX_MESSAGES)
-    tools: Annotated[list[Any] | None, _no("tools", "no tools")] = None
+    tools: Annotated[list[schemas.Tool], Field(max_length=128)] | None = Field(
+        None, description="functions the model may call (OpenAI's tool objects)")
 
 
 class OllamaGenerateRequest(_OllamaGenerate):
@@ -236,18 +274,32 @@ class OllamaResponse(RelayResponse):
         self.model_name = model_name
         self.prompt_ids = prompt_ids
         self.t0 = time.perf_counter_ns()
+        self.calls = ToolCallStream(req.tool_names) if chat and req.tool_names is not None else None
 
-    def _piece(self, text: str) -> dict[str, Any]:
+    def _piece(self, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model_name, "created_at": _now()}
         if self.chat:
             out["message"] = {"role": "assistant", "content": text}
+            if calls:
+                out["message"]["tool_calls"] = [_ollama_call(c) for c in calls]
         else:
             out["response"] = text
         out["done"] = False
         return out
 
+    def _pieces(self, text: str, final: bool = False) -> list[bytes]:
+        """The lines of a run of text: as it is, or split into content and tool calls."""
+        if self.calls is None:
+            return [_line(self._piece(text))] if text else []
+        parts = self.calls.feed(text) + (self.calls.finish() if final else [])
+        return [_line(self._piece(p) if kind == "content" else self._piece("", [p])) for kind, p in parts]
+
     def _final(self, text: str, done: Event, t_start: int, t_first: int | None, ids: list[int]) -> dict[str, Any]:
-        out = self._piece(text)
+        calls = None
+        if self.calls is not None and text:
+            content, calls = parse_tool_calls(text, self.req.tool_names or ())
+            text = (content or "") if calls else text
+        out = self._piece(text, calls)
         now = time.perf_counter_ns()
         first = t_first if t_first is not None else now
         out.update(done=True, done_reason=done.finish_reason, total_duration=now - self.t0, load_duration=0,
@@ -284,15 +336,16 @@ class OllamaResponse(RelayResponse):
                 t_first = t_first if t_first is not None else time.perf_counter_ns()
                 ids += ev.token_ids
                 if self.req.stream:
-                    if ev.text:
-                        await send({"type": "http.response.body", "body": _line(self._piece(ev.text)),
-                                    "more_body": True})
+                    lines = self._pieces(ev.text)
+                    if lines:
+                        await send({"type": "http.response.body", "body": b"".join(lines), "more_body": True})
                 else:
                     parts.append(ev.text)
             elif ev.kind == "done":
                 final = self._final("".join(parts), ev, t_start, t_first, ids)
                 if self.req.stream:
-                    await send({"type": "http.response.body", "body": _line(final), "more_body": False})
+                    rest = b"".join(self._pieces("", final=True))
+                    await send({"type": "http.response.body", "body": rest + _line(final), "more_body": False})
                 else:
                     await JSONResponse(final)(scope, receive, send)
                 return
@@ -335,11 +388,13 @@ async def chat(request: Request) -> Response:
     req = body.generation(state, "chat")
     if not body.messages:
         return _loaded(state, chat=True)
-    req.messages = [{"role": m.role, "content": m.content} for m in body.messages]
-    try:
-        ids = await _run(state.model.chat_prompt, req.messages)
-    except InvalidRequest as e:
-        raise bad(str(e), "messages") from None
+    req.messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
+    if body.tools:
+        req.tools = [t.model_dump(exclude_none=True) for t in body.tools]
+        names = [t["function"]["name"] for t in req.tools]
+        if len(set(names)) != len(names):
+            raise bad("a function is defined twice in tools", "tools")
+    ids = await _run(_chat_prompt, state.model, req)
     job, events = submit(state, req, ids)
     return OllamaResponse(state, job, events, req, request.url.path, True, body.model, ids)
 
@@ -352,6 +407,8 @@ async def generate(request: Request) -> Response:
     req = body.generation(state, "completion")
     if not body.prompt and not body.context:
         return _loaded(state, chat=False)
+    if req.constraint is not None:
+        await _run(constrain, state.model, req)
     try:
         if body.raw:
             ids = await _run(state.model.tokenize, body.prompt, not body.context)
@@ -369,6 +426,26 @@ async def generate(request: Request) -> Response:
         ids = list(body.context) + ids
     job, events = submit(state, req, ids)
     return OllamaResponse(state, job, events, req, request.url.path, False, body.model, ids)
+
+
+def _chat_prompt(model: Any, req: GenerationRequest) -> list[int]:
+    constrain(model, req)   # format; tools are parsed (tool_choice "auto")
+    try:
+        if req.tool_names is not None:
+            return model.chat_prompt(req.messages, tools=req.tools)
+        return model.chat_prompt(req.messages)
+    except InvalidRequest as e:
+        raise bad(str(e), "messages") from None
+
+
+def _ollama_call(call: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI tool call in Ollama's shape: the arguments as an object (a string when not JSON)."""
+    try:
+        args = json.loads(call["function"]["arguments"])
+    except ValueError:
+        args = call["function"]["arguments"]
+    return {"id": call.get("id") or "call_" + uuid.uuid4().hex[:24],
+            "function": {"name": call["function"]["name"], "arguments": args}}
 
 
 async def _run(fn: Any, *args: Any) -> Any:

@@ -15,6 +15,7 @@ from barellm.serve.schemas import (
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
+    InfillRequest,
     TokenizeRequest,
 )
 
@@ -60,13 +61,29 @@ class ChatLogprobs(_Out):
     content: list[TokenLogprobOut]
 
 
+class CalledFunction(_Out):
+    name: str
+    arguments: str = Field(description="the arguments object as JSON text")
+
+
+class ToolCall(_Out):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class ToolCallDelta(ToolCall):
+    index: int = Field(description="the call's place among the reply's calls (each call arrives whole)")
+
+
 class AssistantMessage(_Out):
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="null when the reply is tool calls only")
     refusal: None = None
+    tool_calls: list[ToolCall] | None = None
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class ChatChoice(_Out):
@@ -89,6 +106,7 @@ class ChatCompletion(_Out):
 class Delta(_Out):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(_Out):
@@ -148,6 +166,53 @@ class ModelList(_Out):
     data: list[ModelCard]
 
 
+class Embedding(_Out):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="floats, or with encoding_format base64 the little-endian "
+                                                     "float32 bytes in base64")
+
+
+class EmbeddingUsage(_Out):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(_Out):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+class InfillTimings(_Out):
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+
+
+class Infill(_Out):
+    index: int
+    content: str = Field(description="the fill (empty in the last event of a stream)")
+    tokens: list[int]
+    id_slot: int
+    stop: bool
+    model: str | None = None
+    tokens_predicted: int | None = None
+    tokens_evaluated: int | None = None
+    tokens_cached: int | None = None
+    has_new_line: bool | None = None
+    truncated: bool | None = None
+    stop_type: Literal["eos", "word", "limit"] | None = None
+    stopping_word: str | None = None
+    timings: InfillTimings | None = None
+
+
 class TokenPiece(_Out):
     id: int
     piece: str
@@ -169,8 +234,9 @@ class Health(_Out):
 
 
 _MODELS: list[type[BaseModel]] = [
-    ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest, EmbeddingRequest,
+    ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest, EmbeddingRequest, InfillRequest,
     Error, ChatCompletion, ChatCompletionChunk, Completion, ModelCard, ModelList, Tokens, Text, Health,
+    EmbeddingList, Infill,
 ]
 
 
@@ -214,8 +280,15 @@ PATHS: dict[str, Any] = {
         "requestBody": json_body("CompletionRequest"),
         "responses": responses("a text_completion object", "Completion", stream=_SSE, errors=_GEN_ERRORS)}},
     "/v1/embeddings": {"post": {
-        "summary": "Not implemented: answered 400 unsupported_endpoint", "operationId": "createEmbedding",
-        "requestBody": json_body("EmbeddingRequest"), "responses": responses("never", "Error")}},
+        "summary": "Embeddings: the model's pooled final hidden states, L2-normalised",
+        "operationId": "createEmbedding", "requestBody": json_body("EmbeddingRequest"),
+        "responses": responses("a list of embeddings", "EmbeddingList", errors=_GEN_ERRORS)}},
+    "/infill": {"post": {
+        "summary": "Fill-in-the-middle for code (llama.cpp server's /infill)", "operationId": "infill",
+        "requestBody": json_body("InfillRequest"),
+        "responses": responses("the fill and its counts", "Infill",
+                               stream='with stream: true, `data: {"content", "stop": false}` events, then the '
+                                      'whole object with "stop": true', errors=_GEN_ERRORS)}},
     "/v1/models": {"get": {"summary": "The served model", "operationId": "listModels",
                            "responses": responses("a list of models", "ModelList", errors=(401,))}},
     "/v1/models/{model}": {"get": {

@@ -16,7 +16,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from barellm.serve.scheduler import Event, Job, QueueFull
+from barellm.errors import InvalidRequest
+from barellm.serve.scheduler import EmbedJob, Event, Job, QueueFull
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint
@@ -85,6 +86,40 @@ class Outbox:
             return out
 
 
+def constrain(model: Any, req: GenerationRequest) -> None:
+    """Compiles the request's output constraint into req.grammar (response_format, json_schema, grammar,
+    regex, or tool_choice "required" / a named function) and decides whether tool calls are parsed out of
+    the reply (req.tool_names). A 400 naming the field when it cannot be served. Runs off the event loop:
+    compiling a large schema takes a while, and the first one builds the model's vocabulary for llguidance."""
+    from barellm.structured import StructuredUnavailable
+    from barellm.text.tools import resolve_choice
+
+    param = req.constraint.param if req.constraint is not None else "tool_choice"
+    try:
+        c = req.constraint
+        if c is not None:
+            vocab = model.structured()
+            if c.kind == "json_object":
+                req.grammar = vocab.json_object(c.param)
+            elif c.kind == "json_schema":
+                req.grammar = vocab.json_schema(c.value, c.param)
+            elif c.kind == "grammar":
+                req.grammar = vocab.lark(c.value, c.param)
+            else:
+                req.grammar = vocab.regex(c.value, c.param)
+        if req.kind == "chat":
+            mode, name = resolve_choice(req.tools, req.tool_choice)
+            if mode in ("required", "function"):
+                param = "tool_choice"
+                req.grammar = model.tool_grammar(req.tools, mode, name, req.parallel_tool_calls)
+            if mode != "none" and req.tools:
+                req.tool_names = [t["function"]["name"] for t in req.tools]
+    except StructuredUnavailable as e:
+        raise ApiError(400, str(e), param=param, code="unsupported_parameter") from None
+    except InvalidRequest as e:
+        raise bad(str(e), param) from None
+
+
 def submit(state: Any, req: GenerationRequest, prompt_ids: list[int]) -> tuple[Job, Outbox]:
     """Checks the prompt against the context and queues the job: the one path every API's generation
     requests take to the scheduler. Returns the job and the outbox its events arrive in."""
@@ -113,7 +148,20 @@ def submit(state: Any, req: GenerationRequest, prompt_ids: list[int]) -> tuple[J
     events = Outbox(asyncio.get_running_loop())
     job = Job(prompt=prompt_ids, params=req.params, max_tokens=max_tokens, emit=events.push, stops=req.stops,
               top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt, n=req.n,
-              stream=req.stream, stream_interval=getattr(state, "stream_interval", 0.0))
+              stream=req.stream, stream_interval=getattr(state, "stream_interval", 0.0), grammar=req.grammar,
+              min_indent=req.min_indent)
+    try:
+        state.scheduler.submit(job)
+    except QueueFull as e:
+        raise ApiError(429, f"the server is busy: {e}; retry later", type="rate_limit_error",
+                       code="queue_full") from None
+    return job, events
+
+
+def submit_embeddings(state: Any, inputs: list[list[int]], pooling: str) -> tuple[EmbedJob, Outbox]:
+    """Queues an embedding job (one slot; the scheduler feeds it beside the generations)."""
+    events = Outbox(asyncio.get_running_loop())
+    job = EmbedJob(inputs=inputs, emit=events.push, pooling=pooling, timeout=state.timeout)
     try:
         state.scheduler.submit(job)
     except QueueFull as e:
@@ -126,7 +174,7 @@ class RelayResponse(Response):
     """Relays a job's events (_respond, per API); cancels the job when the client disconnects or the
     response ends early."""
 
-    def __init__(self, state: Any, job: Job, events: Outbox, path: str) -> None:
+    def __init__(self, state: Any, job: Job | EmbedJob, events: Outbox, path: str) -> None:
         self.state = state
         self.job = job
         self.events = events

@@ -32,11 +32,22 @@ from typing import Any
 
 import numpy as np
 
-from barellm.generation import Delta, Generation, SlotTable, Timings, TokenLogprob, common_prefix, time_engine
+from barellm.generation import (
+    Delta,
+    Generation,
+    SlotTable,
+    Timings,
+    TokenLogprob,
+    common_prefix,
+    pooled,
+    time_engine,
+)
 from barellm.sampling import SamplingParams
 from barellm.serve.metrics import Metrics
+from barellm.structured import spare_core
 
-__all__ = ["DEFAULT_PREFILL_CHUNK", "Event", "Job", "QueueFull", "Scheduler", "TokenLogprob", "common_prefix"]
+__all__ = ["DEFAULT_PREFILL_CHUNK", "EmbedJob", "Event", "Job", "QueueFull", "Scheduler", "TokenLogprob",
+           "common_prefix"]
 
 DEFAULT_PREFILL_CHUNK = 256
 
@@ -51,8 +62,11 @@ class Event:
 
     "start"  the job has its slot(s): cached_tokens, prompt_tokens
     "delta"  new text (may be "") of choice `index` and the tokens that produced it (logprobs when asked)
-    "done"   choice `index` ended: finish_reason ("stop" or "length"), usage counts of that choice
+    "done"   choice `index` ended: finish_reason ("stop" or "length"), usage counts of that choice, and
+             stop_type: "eos" (an end token), "word" (stop_word, a stop string) or "limit" (max_tokens, the
+             context, a dedent past min_indent)
     "error"  status, message, error_type (the job ended without completing)
+    "embeddings"  an EmbedJob's result: data, float32 [inputs, dim]; prompt_tokens
     """
 
     kind: str
@@ -67,6 +81,9 @@ class Event:
     message: str = ""
     error_type: str = ""
     index: int = 0
+    stop_type: str = ""
+    stop_word: str | None = None
+    data: Any = None
 
 
 @dataclass(eq=False)
@@ -82,6 +99,8 @@ class Job:
     n: int = 1                          # choices, each in its own slot, sharing the prompt's KV entries
     stream: bool = True                 # False: one "delta" per choice, just before its "done"
     stream_interval: float = 0.0        # streamed deltas are gathered and sent at most once per this many seconds
+    grammar: Any = None                 # a structured.Grammar every choice's output follows (None: free)
+    min_indent: int = 0                 # a new line indented less ends the text (infill)
     submitted: float = 0.0
     cancelled: bool = False
     done: bool = False
@@ -90,6 +109,38 @@ class Job:
     @property
     def deadline(self) -> float | None:
         return None if self.timeout is None else self.submitted + self.timeout
+
+
+@dataclass(eq=False)
+class EmbedJob:
+    """Embeddings of inputs (token-id lists), in one slot, one input after another; each step feeds at most
+    a prefill chunk of tokens beside the decoding sequences, so a long batch of texts does not stall them."""
+
+    inputs: list[list[int]]
+    emit: Callable[[Event], None]
+    pooling: str = "mean"
+    normalize: bool = True
+    timeout: float | None = None
+    n: int = 1
+    submitted: float = 0.0
+    cancelled: bool = False
+    done: bool = False
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.timeout is None else self.submitted + self.timeout
+
+
+class _Embedding:
+    """An EmbedJob bound to a slot: which input it is on, how far, the rows so far."""
+
+    def __init__(self, job: EmbedJob, slot: int, dim: int) -> None:
+        self.job = job
+        self.slot = slot
+        self.index = 0
+        self.fed = 0
+        self.rows: np.ndarray | None = None
+        self.out = np.empty((len(job.inputs), dim), np.float32)
 
 
 class _Live:
@@ -140,6 +191,10 @@ class Scheduler:
         self.metrics.timings = self.timings
         self._table = SlotTable(self.n_slots, clock)
         self._live: dict[int, _Live] = {}            # slot -> live sequence; scheduler thread only
+        self._embeds: dict[int, _Embedding] = {}     # slot -> embedding job, in admission order
+        self._hidden = getattr(engine, "hidden_batch", None)
+        self._mask_thread = spare_core(getattr(engine, "threads", 1))   # grammar masks beside the forward pass
+        self._dim = getattr(getattr(engine, "cfg", None), "dim", 0)
         self._waiting: deque[Job] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -174,7 +229,7 @@ class Scheduler:
             self._untime()
             self._untime = None
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Job | EmbedJob) -> None:
         if not 1 <= job.n <= self.n_slots:
             raise ValueError(f"n must be in 1..{self.n_slots} (one slot per choice)")
         job.submitted = self.clock()
@@ -183,14 +238,14 @@ class Scheduler:
                 raise QueueFull("the server is shutting down")
             # The bound counts jobs not yet holding a slot; a job that would get a slot at once also
             # waits here for a moment, so a full queue with free slots still admits.
-            free = self.n_slots - len(self._live)
+            free = self.n_slots - self.slots_in_use
             if len(self._waiting) >= self.max_queue + max(free, 0):
                 raise QueueFull(f"{len(self._waiting)} requests are waiting already")
             self._waiting.append(job)
             self._update_occupancy()
             self._cond.notify_all()
 
-    def cancel(self, job: Job) -> None:
+    def cancel(self, job: Job | EmbedJob) -> None:
         """Ends a job (its client went away): dropped from the queue now, its slots freed before the
         next step. Safe to call more than once and after the job finished."""
         with self._cond:
@@ -212,10 +267,10 @@ class Scheduler:
 
     @property
     def slots_in_use(self) -> int:
-        return len(self._live)
+        return len(self._live) + len(self._embeds)
 
     def _update_occupancy(self) -> None:
-        self.metrics.occupancy(len(self._waiting), len(self._live))
+        self.metrics.occupancy(len(self._waiting), self.slots_in_use)
 
     # --- the scheduler thread -----------------------------------------------------------------
 
@@ -223,9 +278,9 @@ class Scheduler:
         while True:
             # the lock only when there is something to admit or nothing to do (a job appended meanwhile is
             # seen on the next round)
-            if self._waiting or not self._live or self._stopping:
+            if self._waiting or not (self._live or self._embeds) or self._stopping:
                 with self._cond:
-                    while not self._stopping and not self._waiting and not self._live:
+                    while not self._stopping and not self._waiting and not self._live and not self._embeds:
                         self._cond.wait()
                     if self._stopping:
                         break
@@ -240,12 +295,22 @@ class Scheduler:
                 for s in list(self._live.values()):
                     self._table.forget(s.slot)   # what the cache holds is unknown now
                     self._fail(s, 500, f"generation failed: {type(e).__name__}: {e}", "server_error")
-            if len(self._live) != self.metrics.slots_in_use:
+            try:
+                if self._embeds:
+                    self._embed_step()
+            except Exception as e:  # noqa: BLE001 - as above, for the embedding jobs
+                for em in list(self._embeds.values()):
+                    self._end_embedding(em, Event("error", status=500, message=f"embedding failed: "
+                                                  f"{type(e).__name__}: {e}", error_type="server_error"))
+            if self.slots_in_use != self.metrics.slots_in_use:
                 with self._cond:
                     self._update_occupancy()
         with self._cond:
             for s in list(self._live.values()):
                 self._fail(s, 503, "the server is shutting down", "server_error")
+            for em in list(self._embeds.values()):
+                self._end_embedding(em, Event("error", status=503, message="the server is shutting down",
+                                              error_type="server_error"))
             while self._waiting:
                 job = self._waiting.popleft()
                 job.done = True
@@ -284,11 +349,24 @@ class Scheduler:
             if len(table.free()) < job.n:
                 return
             self._waiting.popleft()
+            if isinstance(job, EmbedJob):
+                slot = table.choose([], False)
+                assert slot is not None
+                table.take(slot, [], False)
+                table.forget(slot)
+                self._embeds[slot] = _Embedding(job, slot, self._dim)
+                n = sum(len(x) for x in job.inputs)
+                self.metrics.admitted(n, 0)
+                self._emit(job, Event("start", prompt_tokens=n))
+                continue
             try:
                 gens = [Generation(job.prompt, self.tokenizer, params=_choice_params(job.params, i),
                                    max_tokens=job.max_tokens, n_ctx=self.n_ctx, stops=job.stops,
                                    top_logprobs=job.top_logprobs, eog=self.eog, n_vocab=self.n_vocab,
-                                   timings=self.timings) for i in range(job.n)]
+                                   timings=self.timings,
+                                   guide=job.grammar.guide(self._mask_thread) if job.grammar is not None else None,
+                                   min_indent=job.min_indent)
+                    for i in range(job.n)]
             except Exception as e:   # parameters are validated before submit(); this is a last guard
                 job.done = True
                 self._emit(job, Event("error", status=400, message=str(e), error_type="invalid_request_error"))
@@ -313,6 +391,14 @@ class Scheduler:
     def _reap(self) -> None:
         """Frees the slots of cancelled jobs and ends those past their time limit."""
         now = self.clock()
+        for em in list(self._embeds.values()):
+            job = em.job
+            if job.cancelled:
+                self._end_embedding(em, None)
+            elif job.deadline is not None and now >= job.deadline:
+                self._end_embedding(em, Event("error", status=503, error_type="timeout_error",
+                                              message=f"the embeddings took longer than the time limit of "
+                                                      f"{job.timeout:g} s"))
         if not any(s.job.cancelled or (s.job.deadline is not None and now >= s.job.deadline)
                    for s in self._live.values()):
             return
@@ -385,6 +471,44 @@ class Scheduler:
         self.timings.wall += clock() - t_start
         self.metrics.step(t1 - t0, len(parts), generated)
 
+    def _embed_step(self) -> None:
+        """Feeds the oldest embedding job's current input on by at most a prefill chunk; finishes an input
+        (pools its rows) or the job (emits every vector) when it is all in."""
+        em = next(iter(self._embeds.values()))
+        job = em.job
+        ids = job.inputs[em.index]
+        n = min(self.prefill_chunk, len(ids) - em.fed)
+        last = em.fed + n == len(ids)
+        t0 = time.perf_counter()
+        assert self._hidden is not None
+        rows = self._hidden([(em.slot, ids[em.fed:em.fed + n], em.fed)], last_only=job.pooling == "last")
+        self.metrics.step(time.perf_counter() - t0, 1, 0)
+        if job.pooling == "mean":
+            if em.rows is None:
+                em.rows = np.empty((len(ids), self._dim), np.float32)
+            em.rows[em.fed:em.fed + n] = rows
+        em.fed += n
+        if not last:
+            return
+        em.out[em.index] = pooled(em.rows if job.pooling == "mean" else rows, job.pooling, job.normalize)
+        em.index, em.fed, em.rows = em.index + 1, 0, None
+        if em.index == len(job.inputs):
+            self._end_embedding(em, Event("embeddings", data=em.out,
+                                          prompt_tokens=sum(len(x) for x in job.inputs)))
+
+    def _end_embedding(self, em: _Embedding, ev: Event | None) -> None:
+        if self._embeds.get(em.slot) is em:
+            del self._embeds[em.slot]
+            self._table.forget(em.slot)
+            self._table.release(em.slot)
+        job = em.job
+        if not job.done:
+            job.done = True
+            self.metrics.finish("stop" if ev is not None and ev.kind == "embeddings" else
+                                "cancelled" if ev is None else "error")
+            if ev is not None:
+                self._emit(job, ev)
+
     def _advance(self, s: _Live, row: np.ndarray) -> None:
         """Hands s the logits that follow its last fed token; delivers what became visible."""
         if not s.started:
@@ -426,8 +550,11 @@ class Scheduler:
         job.live -= 1
         if job.live <= 0:
             job.done = True
+        gen = s.gen
+        stop_type = "word" if gen.stop_word else "limit" if reason != "stop" or gen.dedented else "eos"
         self._emit(job, Event("done", finish_reason=reason, prompt_tokens=len(job.prompt), cached_tokens=s.cached,
-                              completion_tokens=len(s.gen.generated), index=s.index))
+                              completion_tokens=len(gen.generated), index=s.index, stop_type=stop_type,
+                              stop_word=gen.stop_word))
 
     def _release(self, s: _Live, reason: str) -> None:
         s.job.done = True

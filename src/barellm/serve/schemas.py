@@ -3,9 +3,9 @@
 A body is parsed and validated in one pass (pydantic's Rust JSON parser), strictly: a field of the wrong
 JSON type (no "10" for 10, no true for 1), out of range, or unknown is a 400 that names it (OpenAI answers
 unknown fields with 400 too, and silently ignoring a misspelt "max_token" would hide the mistake). Fields
-of OpenAI's API that barellm does not implement yet (tools, response_format, suffix, ...) are modelled
-with their real shape, so a malformed one is named like any other, and then refused unless they hold their
-neutral value: implementing one means deleting its refusal.
+of OpenAI's API that barellm does not implement (echo, best_of > 1, the legacy functions, audio, ...) are
+modelled with their real shape, so a malformed one is named like any other, and then refused unless they
+hold their neutral value.
 
 The models only check what a request says. What needs the model (token ids within the vocabulary, the
 prompt fitting the context) and what spans fields is checked in to_generation() and by the app.
@@ -135,13 +135,13 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, hide_input_in_errors=True)
 
 
-# --- coming features: their shapes, refused for now --------------------------------------------------
+# --- tools and output formats ----------------------------------------------------------------------
 
 class FunctionDef(_Body):
-    name: str = Field(max_length=64)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.-]+$")
     description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments object")
+    strict: bool | None = Field(None, description="accepted; forced calls always follow parameters")
 
 
 class Tool(_Body):
@@ -162,7 +162,7 @@ class JsonSchemaFormat(_Body):
     name: str = Field(max_length=64)
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
+    strict: bool | None = Field(None, description="accepted; the output always follows the schema")
 
 
 class TextFormat(_Body):
@@ -190,8 +190,8 @@ class TextPart(_Body):
 
 
 Content = _either(str, list[TextPart], "must be a string or an array of text parts")
-Role = Literal["system", "developer", "user", "assistant"]
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 def _echoed(name: str) -> Any:
@@ -199,12 +199,24 @@ def _echoed(name: str) -> Any:
     return Annotated[Any, _off(name, _empty, "send it empty or leave it out")]
 
 
+class CalledFunction(_Body):
+    name: str
+    arguments: str = Field(description="the arguments as a JSON text")
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class Message(_Body):
-    role: Role = Field(description="developer is read as system; tool messages are not supported")
-    content: Content
+    role: Role = Field(description="developer is read as system; tool: a tool's result (tool_call_id)")
+    content: Content | None = Field(None, description="may be null only on an assistant message with tool_calls")
     name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="an assistant's earlier tool calls")
+    tool_call_id: str | None = Field(None, description="the call a tool message answers")
     refusal: _echoed("refusal") = None
-    tool_calls: _echoed("tool_calls") = None
     function_call: _echoed("function_call") = None
     audio: _echoed("audio") = None
     annotations: _echoed("annotations") = None
@@ -255,6 +267,13 @@ class _Sampling(_Body):
     return_tokens_as_token_ids: bool = Field(False, description='logprobs name tokens "token_id:<id>"')
     cache_prompt: bool = Field(True, description="reuse the longest cached prefix of the prompt; "
                                                  "false prefills it all")
+    response_format: ResponseFormat | None = Field(
+        None, description='{"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema"}}: '
+                          "the output is JSON valid against the schema")
+    json_schema: dict[str, Any] | None = Field(None, description="llama.cpp's extension: response_format's schema")
+    grammar: str | None = Field(None, description="extension: the output follows this grammar (llguidance's Lark "
+                                                  "dialect, or GBNF)")
+    regex: str | None = Field(None, description="extension: the output matches this regular expression")
 
     def params(self) -> SamplingParams:
         top_p = self.top_p
@@ -287,13 +306,31 @@ class _Sampling(_Body):
         stops = [v] if isinstance(v, str) else list(v or [])
         return [s for s in stops if s]
 
+    def constraint(self) -> Constraint | None:
+        """The one output constraint the request asks for (two are a 400)."""
+        given = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            given.append(Constraint("json_object", None, "response_format"))
+        elif rf is not None and rf.type == "json_schema":
+            schema = rf.json_schema.schema_
+            given.append(Constraint("json_schema", {} if schema is None else schema,
+                                    "response_format.json_schema.schema"))
+        for name in ("json_schema", "grammar", "regex"):
+            if getattr(self, name) is not None:
+                given.append(Constraint(name, getattr(self, name), name))
+        if len(given) > 1:
+            raise bad(f"{given[0].param} and {given[1].param} both constrain the output: send one", given[1].param)
+        return given[0] if given else None
+
     def generation(self, kind: str) -> GenerationRequest:
         if self.stream_options is not None and not self.stream:
             raise bad("stream_options is only allowed when stream is true", "stream_options")
         return GenerationRequest(
             kind=kind, model=self.model, params=self.params(), max_tokens=self.max_tokens, stops=self.stops(),
             stream=self.stream, include_usage=bool(self.stream_options and self.stream_options.include_usage),
-            tokens_as_ids=self.return_tokens_as_token_ids, cache_prompt=self.cache_prompt, n=self.n or 1)
+            tokens_as_ids=self.return_tokens_as_token_ids, cache_prompt=self.cache_prompt, n=self.n or 1,
+            constraint=self.constraint())
 
 
 ToolChoice = Annotated[Union[Annotated[Literal["none", "auto", "required"], Tag("~string")],  # noqa: UP007
@@ -313,13 +350,15 @@ class ChatCompletionRequest(_Sampling):
         None, description="the same as max_tokens")
     logprobs: bool = False
     top_logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    tools: Annotated[list[Tool] | None, _off("tools", _empty, "send [] or leave it out")] = None
-    tool_choice: Annotated[ToolChoice | None, _off("tool_choice", lambda v: v == "none", "no tools")] = None
-    parallel_tool_calls: bool | None = None
-    functions: Annotated[list[FunctionDef] | None, _off("functions", _empty, "no tools")] = None
-    function_call: Annotated[FunctionCall | None, _off("function_call", lambda v: v == "none", "no tools")] = None
-    response_format: Annotated[ResponseFormat | None,
-                               _off("response_format", lambda v: v.type == "text", 'only {"type": "text"}')] = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = Field(
+        None, description="functions the model may call; rendered by the model's chat template")
+    tool_choice: ToolChoice | None = Field(
+        None, description='"auto" (default with tools), "none", "required" or a named function: the last two '
+                          "constrain the output to calls whose arguments fit the function's schema")
+    parallel_tool_calls: bool | None = Field(None, description='with "required": one call (false) or one or more')
+    functions: Annotated[list[FunctionDef] | None, _off("functions", _empty, "use tools")] = None
+    function_call: Annotated[FunctionCall | None, _off("function_call", lambda v: v == "none", "use tool_choice")
+                             ] = None
     modalities: Annotated[list[Literal["text", "audio"]] | None,
                           _off("modalities", lambda v: v == ["text"], 'only ["text"]')] = None
     reasoning_effort: str | None = Field(None, description="accepted and ignored")
@@ -334,8 +373,53 @@ class ChatCompletionRequest(_Sampling):
             req.top_logprobs = self.top_logprobs or 0
         elif self.top_logprobs is not None:
             raise bad("top_logprobs needs logprobs: true", "top_logprobs")
-        req.messages = [{"role": ROLES[m.role], "content": _text_of(m.content)} for m in self.messages]
+        req.messages = [_message(m, i) for i, m in enumerate(self.messages)]
+        if self.tools:
+            req.tools = [t.model_dump(exclude_none=True) for t in self.tools]
+        if self.tool_choice is not None:
+            if not self.tools and self.tool_choice != "none":
+                raise bad("tool_choice needs tools", "tool_choice")
+            tc = self.tool_choice
+            req.tool_choice = tc if isinstance(tc, str) else tc.model_dump()
+            if isinstance(tc, ToolChoiceFunction) and not any(t.function.name == tc.function.name
+                                                                for t in self.tools or ()):
+                raise bad(f"tool_choice names the function {tc.function.name!r}, which is not among the tools",
+                          "tool_choice.function.name")
+        if self.parallel_tool_calls is not None:
+            req.parallel_tool_calls = self.parallel_tool_calls
+        if req.constraint is not None and req.tool_choice not in (None, "none", "auto"):
+            raise bad(f"tool_choice {req.tool_choice!r} constrains the output to tool calls; it cannot be combined "
+                      f"with {req.constraint.param}", "tool_choice")
+        if self.tools:
+            names = [t.function.name for t in self.tools]
+            dup = next((n for n in names if names.count(n) > 1), None)
+            if dup is not None:
+                raise bad(f"the function {dup!r} is defined twice", "tools")
         return req
+
+
+def _message(m: Message, i: int) -> dict[str, Any]:
+    """A message as the chat template path takes it (text content; tool calls and results as dicts)."""
+    out: dict[str, Any] = {"role": ROLES[m.role]}
+    if m.content is None:
+        if not (m.role == "assistant" and m.tool_calls):
+            raise bad(f"messages[{i}].content is required (only an assistant message with tool_calls may leave it "
+                      "out)", f"messages[{i}].content")
+        out["content"] = None
+    else:
+        out["content"] = _text_of(m.content)
+    if m.tool_calls:
+        if m.role != "assistant":
+            raise bad(f"messages[{i}].tool_calls: only assistant messages carry tool calls",
+                      f"messages[{i}].tool_calls")
+        out["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+    if m.role == "tool":
+        if m.tool_call_id is None:
+            raise bad(f"messages[{i}].tool_call_id is required on a tool message", f"messages[{i}].tool_call_id")
+        out["tool_call_id"] = m.tool_call_id
+    elif m.tool_call_id is not None:
+        raise bad(f"messages[{i}].tool_call_id belongs on tool messages only", f"messages[{i}].tool_call_id")
+    return out
 
 
 def _text_of(content: str | list[TextPart]) -> str:
@@ -364,7 +448,8 @@ class CompletionRequest(_Sampling):
     best_of: Annotated[Annotated[Int, Field(ge=1, le=128)] | None,
                        _off("best_of", lambda v: v == 1, "one choice per request: best_of must be 1")] = None
     echo: Annotated[bool | None, _off("echo", lambda v: v is False, "echo is not implemented")] = None
-    suffix: Annotated[str | None, _off("suffix", _empty, "no fill-in-the-middle")] = None
+    suffix: str | None = Field(None, description="the text after the completion: fill-in-the-middle with the "
+                                                 "model's FIM tokens (the prompt is the text before)")
 
     def to_generation(self, n_vocab: int) -> GenerationRequest:
         req = self.generation("completion")
@@ -372,15 +457,80 @@ class CompletionRequest(_Sampling):
         if isinstance(self.prompt, list):
             _check_ids(self.prompt, n_vocab, "prompt")
         req.prompt = self.prompt
+        if self.suffix:
+            if not isinstance(self.prompt, str):
+                raise bad("suffix needs a string prompt (the text before the hole)", "suffix")
+            req.suffix = self.suffix
         return req
 
 
+MAX_EMBED_INPUTS = 2048   # OpenAI's limit on inputs per request
+
+
 class EmbeddingRequest(_Body):
-    input: _either(str, list[Any], "must be a string or an array")
+    input: _either(str, Annotated[list[Union[str, TokenId, Annotated[list[TokenId], Field(min_length=1)]]],  # noqa: UP007
+                                  Field(min_length=1, max_length=MAX_EMBED_INPUTS)],
+                   "must be a string, an array of strings, an array of token ids or an array of those") = Field(
+        description="a text, texts, one token-id list, or token-id lists")
     model: str | None = None
-    encoding_format: Literal["float", "base64"] | None = None
-    dimensions: Annotated[Int, Field(ge=1)] | None = None
-    user: str | None = None
+    encoding_format: Literal["float", "base64"] | None = Field(
+        None, description="float (default) or base64: the little-endian float32 bytes")
+    dimensions: Annotated[Int, Field(ge=1)] | None = Field(
+        None, description="only the model's own embedding size (its hidden size) is served")
+    user: str | None = Field(None, description="accepted and ignored")
+
+    def inputs(self, n_vocab: int) -> list[str | list[int]]:
+        """The inputs, each a text or a token-id list."""
+        v = self.input
+        if isinstance(v, str):
+            return [v]
+        if all(isinstance(x, int) for x in v):
+            _check_ids(v, n_vocab, "input")   # type: ignore[arg-type]
+            return [list(v)]   # type: ignore[arg-type]
+        kinds = {type(x) for x in v}
+        if kinds == {str}:
+            return list(v)   # type: ignore[arg-type]
+        if kinds == {list}:
+            for i, ids in enumerate(v):
+                _check_ids(ids, n_vocab, f"input[{i}]")   # type: ignore[arg-type]
+            return [list(x) for x in v]   # type: ignore[arg-type]
+        raise bad("input must be all strings, all token ids, or all token-id lists", "input")
+
+
+class ExtraChunk(_Body):
+    filename: str = Field("tmp", max_length=1000)
+    text: str = ""
+
+
+class InfillRequest(_Sampling):
+    """llama.cpp server's /infill: the code before and after the cursor, other files for context."""
+
+    input_prefix: str = Field("", description="the text before the hole")
+    input_suffix: str = Field("", description="the text after the hole")
+    input_extra: Annotated[list[ExtraChunk], Field(max_length=1024)] = Field(
+        default_factory=list, description='other files, [{"filename", "text"}], put before as repository context')
+    prompt: str = Field("", description="text that starts the middle (appended to the prefix)")
+    n_predict: Annotated[Int, Field(ge=-1, le=UINT31)] | None = Field(
+        None, description="tokens to generate at most (-1: until the end); the same as max_tokens")
+    samplers: list[str] | None = Field(None, description="accepted and ignored: the sampling chain is fixed")
+    n_indent: Int | None = Field(None, description="accepted and ignored")
+    t_max_prompt_ms: Int | None = Field(None, description="accepted and ignored")
+    t_max_predict_ms: Int | None = Field(None, description="accepted and ignored")
+    response_fields: list[str] | None = Field(None, description="accepted and ignored: every field is sent")
+    id_slot: Int | None = Field(None, description="accepted and ignored")
+
+    def to_generation(self) -> GenerationRequest:
+        req = self.generation("infill")
+        if req.n != 1:
+            raise bad("infill generates one completion: n must be 1", "n")
+        if self.n_predict is not None and self.n_predict >= 0:
+            if req.max_tokens is not None and req.max_tokens != self.n_predict:
+                raise bad("max_tokens and n_predict disagree; send one", "n_predict")
+            if self.n_predict == 0:
+                raise bad("n_predict must be at least 1 (or -1: until the end)", "n_predict")
+            req.max_tokens = self.n_predict
+        req.short_default = False
+        return req
 
 
 class TokenizeRequest(_Body):
@@ -421,6 +571,24 @@ class GenerationRequest:
     prompt: str | list[int] | None = None
     short_default: bool = True                 # no max_tokens on a completion: 16 tokens (OpenAI's), else the rest
     clamp_max_tokens: bool = False             # max_tokens past the context: cut to fit (Ollama's) instead of a 400
+    constraint: Constraint | None = None       # the output's format (JSON schema, regex, grammar), as asked
+    tools: list[dict[str, Any]] | None = None  # OpenAI's tool objects
+    tool_choice: Any = None                    # "none", "auto", "required", {"type": "function", ...}; None: default
+    parallel_tool_calls: bool = True
+    suffix: str | None = None                  # fill-in-the-middle: the text after the hole
+    grammar: Any = None                        # the compiled constraint (structured.Grammar), set by the app
+    tool_names: list[str] | None = None        # parse tool calls of these functions out of the reply
+    min_indent: int = 0                        # infill: a new line indented less ends the text
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """An output constraint as the request gave it: kind ("json_object", "json_schema", "grammar", "regex"),
+    its value, and the field that asked (errors name it)."""
+
+    kind: str
+    value: Any
+    param: str
 
 
 # --- parsing bodies and naming what is wrong ------------------------------------------------------
@@ -498,6 +666,11 @@ def chat_request(raw: bytes) -> GenerationRequest:
 
 def completion_request(raw: bytes, n_vocab: int) -> GenerationRequest:
     return parse(CompletionRequest, raw).to_generation(n_vocab)
+
+
+def infill_request(raw: bytes) -> tuple[InfillRequest, GenerationRequest]:
+    body = parse(InfillRequest, raw)
+    return body, body.to_generation()
 
 
 def tokenize_request(raw: bytes) -> TokenizeRequest:

@@ -829,6 +829,10 @@ class Tokenizer:
         """The id of a vocabulary entry, or None."""
         return self._token_to_id.get(text)
 
+    def token_type(self, token_id: int) -> int:
+        """The token's TokenType (NORMAL, CONTROL, USER_DEFINED, BYTE, ...), as the file gives it."""
+        return self._types[self._check_id(token_id)]
+
     def is_special(self, token_id: int) -> bool:
         """Whether token_id is a control token (BOS, turn markers...) that skip_special drops."""
         return self._skipped(self._check_id(token_id))
