@@ -24,7 +24,6 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -657,6 +656,8 @@ def _mismatches(f: BLMFile, infos: Sequence[TensorInfo], progress: Progress | No
     if sum(i.nbytes for i in infos) < 16 << 20:
         computed = list(map(crc, infos))
     else:  # zlib releases the GIL on large buffers: a few threads overlap the page faults and the sums
+        from concurrent.futures import ThreadPoolExecutor  # (not imported by a load: 4 ms)
+
         with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
             computed = list(pool.map(crc, infos))
     if progress:

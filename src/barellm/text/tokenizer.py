@@ -227,25 +227,21 @@ def _make_splitter(regexes: tuple[str, ...]) -> Callable[[str], list[str]]:
 
 def _checked_once(what: tuple[str, list[str], list[str]], check: Callable[[], None]) -> None:
     """Runs `check` (which raises on a broken file) unless it has passed before for exactly these lists on this
-    machine: a note named by their SHA256 in the cache says so. A start then skips checks that cost a
-    Python loop over the whole vocabulary; a changed or new file is checked in full."""
+    machine (files.passed_before). A start then skips checks that cost a Python loop over the whole
+    vocabulary; a changed or new file is checked in full."""
     import hashlib
 
-    from barellm.files import home, write_bytes_atomic
+    from barellm.files import note_passed, passed_before
 
     h = hashlib.sha256(what[0].encode())
     for items in what[1:]:
         h.update(len(items).to_bytes(8, "little"))
         h.update("\0".join(items).encode("utf-8", "surrogatepass"))
-    note = home() / "checked" / h.hexdigest()
-    if note.is_file():
+    digest = h.hexdigest()
+    if passed_before(digest):
         return
     check()
-    try:
-        note.parent.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(note, b"")
-    except OSError:
-        pass  # a read-only cache only costs the check next time
+    note_passed(digest)
 
 
 # --- metadata helpers ----------------------------------------------------------------------------------------
