@@ -416,8 +416,7 @@ class _Cursor:
         b = np.frombuffer(blob, dtype=np.uint8)
         first = starts[lens > 0]
         if n and not (b == 0).any() and ((b[first] & 0xC0) != 0x80).all():
-            sep = np.zeros(total + n, dtype=np.uint8)
-            sep[np.arange(total, dtype=np.int64) + np.repeat(np.arange(n, dtype=np.int64), lens)] = b
+            sep = np.insert(b, ends, 0)  # a NUL before each end offset (in order where strings are empty)
             try:
                 pieces = sep.tobytes().decode("utf-8").split("\0")
             except UnicodeDecodeError:
