@@ -61,6 +61,21 @@ def aligned_zeros(shape: tuple[int, ...] | int, dtype: Any = np.float32, align: 
     return raw[off:off + nbytes].view(dtype).reshape(shape)
 
 
+def untouched_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A zeroed array in fresh anonymous pages (page-aligned), each zeroed by the kernel when first touched.
+
+    For the KV caches: NumPy asks for transparent huge pages on allocations of 4 MB and more, so the first
+    write of a few positions had the kernel zero (and, on a fragmented machine, compact memory for) a 2 MB
+    page in every layer and head: 96 MB and 10-100 ms of SmolLM2's first forward pass, for nothing it reads.
+    With 4 KB pages, what a prompt writes is what gets zeroed."""
+    import mmap
+
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    pages = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return np.frombuffer(pages, dtype=dtype, count=nbytes // dtype.itemsize).reshape(shape)
+
+
 def _round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
@@ -196,8 +211,8 @@ class NativeEngine:
         hd, nkv, L = cfg.head_dim, cfg.n_kv_heads, cfg.n_layers
         # K: [slot][layer][kv head][n_ctx / tile][head_dim][tile]; V: [slot][layer][kv head][n_ctx][head_dim]
         kv_dtype = np.float16 if self.kv_type == "f16" else np.float32
-        self.k_cache = aligned_zeros((self.n_slots, L, nkv, self.n_ctx_pad // KV_TILE, hd, KV_TILE), kv_dtype)
-        self.v_cache = aligned_zeros((self.n_slots, L, nkv, self.n_ctx_pad, hd), kv_dtype)
+        self.k_cache = untouched_zeros((self.n_slots, L, nkv, self.n_ctx_pad // KV_TILE, hd, KV_TILE), kv_dtype)
+        self.v_cache = untouched_zeros((self.n_slots, L, nkv, self.n_ctx_pad, hd), kv_dtype)
         self._layer_elems = nkv * self.n_ctx_pad * hd
         self._slot_elems = L * self._layer_elems
         # RoPE tables [n_ctx, rope_dim]: cos then sin of position * base^(-2i/rope_dim), one per base. Filled
