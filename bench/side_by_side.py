@@ -1,0 +1,124 @@
+"""barellm beside llama.cpp's own llama-bench: the same GGUF files, tests and threads, interleaved round by round.
+
+    python bench/side_by_side.py --llama-bench PATH/llama-bench [--models smollm2-135m,qwen2.5-coder-1.5b]
+        [-p 512] [-n 128] [-d 0,4096] [-t 1,2] [-r 3] [--roofline PATH/roofline] [--json OUT.json]
+
+Each round runs, for every model and thread count, llama-bench once (flash attention on) and `barellm bench`
+once, and (with --roofline, bench/roofline.c built) the machine's read bandwidth; the table gives medians over
+the rounds and barellm's speed as a multiple of llama.cpp's, so a slow spell of a shared machine hits both
+alike. Decode rows also give tokens/s as a share of the bandwidth limit measured in the same rounds (weights
+read per token / bandwidth, as `barellm bench --roofline` counts them).
+
+llama-bench is built from the llama.cpp sources vendored in the llama-cpp-python sdist (docs/benchmarks.md has
+the command); the GGUF files come from `barellm pull --keep-gguf`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def gguf_of(name: str) -> Path:
+    from barellm import hub
+
+    return hub.pull(name, keep_gguf=True, quiet=True)
+
+
+def run_llama_bench(exe: str, gguf: Path, test: str, n: int, depth: int, threads: int) -> float:
+    args = [exe, "-m", str(gguf), "-t", str(threads), "-r", "1", "-fa", "1", "-o", "json"]
+    args += ["-p", str(n), "-n", "0"] if test == "pp" else ["-p", "0", "-n", str(n)]
+    if depth:
+        args += ["-d", str(depth)]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    rows = json.loads(out)
+    return float(rows[0]["avg_ts"])
+
+
+def run_barellm(model: str, test: str, n: int, depth: int, threads: int) -> tuple[float, dict]:
+    args = [sys.executable, "-m", "barellm.cli", "bench", model, "-t", str(threads), "-r", "1", "--json",
+            "--roofline"]
+    args += ["-p", str(n), "-n", "0"] if test == "pp" else ["-p", "0", "-n", str(n)]
+    if depth:
+        args += ["-d", str(depth)]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    rows = json.loads(out)
+    row = rows[0]
+    return float(row["tps"]["median"]), row
+
+
+def run_roofline(exe: str, threads: int) -> float:
+    out = subprocess.run([exe, "1024", str(threads)], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        m = re.match(rf"\s*{threads}\s+([\d.]+)\s+([\d.]+)", line)
+        if m:
+            return float(m.group(1))
+    raise RuntimeError(f"no bandwidth for {threads} threads in the roofline output:\n{out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"), required="LLAMA_BENCH" not in os.environ)
+    ap.add_argument("--models", default="smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b")
+    ap.add_argument("-p", type=int, default=512, help="prompt length of the prefill test (0: none)")
+    ap.add_argument("-n", type=int, default=128, help="tokens of the decode test (0: none)")
+    ap.add_argument("-d", default="0", help="cached tokens before the decode test, comma-separated")
+    ap.add_argument("-t", default="1,2", help="thread counts")
+    ap.add_argument("-r", type=int, default=3, help="rounds")
+    ap.add_argument("--roofline", default=None, help="bench/roofline.c built (bandwidth in the same rounds)")
+    ap.add_argument("--json", default=None, help="write every sample here")
+    args = ap.parse_args()
+    models = args.models.split(",")
+    threads = [int(t) for t in args.t.split(",")]
+    depths = [int(d) for d in args.d.split(",")]
+    tests = ([("pp", args.p, 0)] if args.p else []) + ([("tg", args.n, d) for d in depths] if args.n else [])
+    ggufs = {m: gguf_of(m) for m in models}
+    samples: dict[tuple, dict[str, list[float]]] = {}
+    weights: dict[str, float] = {}
+    for rnd in range(args.r):
+        for t in threads:
+            if args.roofline:
+                samples.setdefault(("bw", t), {}).setdefault("GB/s", []).append(run_roofline(args.roofline, t))
+            for m in models:
+                for test, n, d in tests:
+                    key = (m, t, test, n, d)
+                    s = samples.setdefault(key, {"llama.cpp": [], "barellm": []})
+                    s["llama.cpp"].append(run_llama_bench(args.llama_bench, ggufs[m], test, n, d, t))
+                    tps, row = run_barellm(m, test, n, d, t)
+                    s["barellm"].append(tps)
+                    if row.get("roofline"):
+                        weights[m] = float(row["roofline"]["weight_bytes_per_token"])
+                    print(f"round {rnd + 1}: {m} t{t} {test}{n}{f' @{d}' if d else ''}: llama.cpp "
+                          f"{s['llama.cpp'][-1]:.1f}, barellm {tps:.1f} tok/s", file=sys.stderr, flush=True)
+    print(f"\nmedians of {args.r} interleaved rounds; load average now {os.getloadavg()[0]:.1f}")
+    hdr = "| model | threads | test | llama.cpp tok/s | barellm tok/s | barellm / llama.cpp |"
+    if args.roofline:
+        hdr += " read GB/s | decode limit tok/s | barellm of limit | llama.cpp of limit |"
+    print(hdr)
+    print("|" + "---|" * (hdr.count("|") - 1))
+    for (m, t, test, n, d), s in [(k, v) for k, v in samples.items() if k[0] != "bw"]:
+        lc, bl = statistics.median(s["llama.cpp"]), statistics.median(s["barellm"])
+        name = f"{test}{n}" + (f" after {d}" if d else "")
+        line = f"| {m} | {t} | {name} | {lc:.1f} | {bl:.1f} | {bl / lc:.2f}x |"
+        if args.roofline:
+            bw = statistics.median(samples[("bw", t)]["GB/s"])
+            if test == "tg" and weights.get(m):
+                limit = bw * 1e9 / weights[m]
+                line += f" {bw:.1f} | {limit:.1f} | {100 * bl / limit:.0f}% | {100 * lc / limit:.0f}% |"
+            else:
+                line += f" {bw:.1f} | | | |"
+        print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"|".join(map(str, k)): v for k, v in samples.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
