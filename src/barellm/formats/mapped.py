@@ -18,6 +18,7 @@ from barellm.files import check_regular
 Self = TypeVar("Self", bound="MappedFile")
 
 _MADV_POPULATE_READ = 22  # Linux 5.14: fault the range's pages in, as reading them would
+_PREFETCH_STEP = 8 << 20  # bytes per madvise call
 
 
 class TensorNotFound(FormatError, KeyError):
@@ -120,7 +121,13 @@ class MappedFile:
         view = self._data  # (the mapping starts on a page)
 
         def populate(view: np.ndarray) -> None:  # (holding the view keeps the mapping alive through a close())
-            madvise(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(view.nbytes), _MADV_POPULATE_READ)
+            # in steps, each holding the process's memory-map lock briefly: the loading thread's own mmap and
+            # munmap calls (NumPy's large arrays) wait for it to be released
+            base, size = view.ctypes.data, view.nbytes
+            for at in range(0, size, _PREFETCH_STEP):
+                if madvise(ctypes.c_void_p(base + at), ctypes.c_size_t(min(_PREFETCH_STEP, size - at)),
+                           _MADV_POPULATE_READ):
+                    break  # not supported here (EINVAL), or the range went away
 
         self.prefetching = threading.Thread(target=populate, args=(view,), name="barellm-prefetch", daemon=True)
         self.prefetching.start()
