@@ -16,9 +16,12 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install -q -e ".[test,server,chat,ray,structured]"
 	touch $@
 
-# rebuilds the C core in place, every object (setuptools would reuse objects whose headers changed)
+# rebuilds the C core in place, every object (setuptools would reuse objects whose headers changed), and
+# compiles the package's bytecode: a start then reads barellm's modules compiled, as from an installed wheel,
+# even where PYTHONDONTWRITEBYTECODE=1 keeps Python from writing it (compiling them is +0.2 s a start)
 build: setup
 	$(PY) setup.py -q build_ext --inplace --force
+	$(PY) -m compileall -q src/barellm
 
 run: build
 	$(VENV)/bin/barellm run "$(PROMPT)" --max-tokens 64 --temperature 0 --verbose

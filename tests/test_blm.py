@@ -413,3 +413,29 @@ def test_fuzz_header_and_table(tmp_path):
         signal.signal(signal.SIGALRM, old)
     assert outcomes["refused"] > iters // 2
     assert worst < 5.0
+
+
+def test_prefetch_maps_the_pages_in_on_a_background_thread(tmp_path):
+    import resource
+
+    path = tmp_path / "big.blm"
+    data = np.arange(2 << 20, dtype=np.float32)  # 8 MB
+    write_blm(path, METADATA, [TensorSpec("w", 0, data.shape, data)], metadata_types=TYPES)
+
+    def faults_reading(f: BLMFile) -> int:
+        page = f.stored("w")
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        int(page[::4096].sum())  # a byte of every page
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    with BLMFile(path) as cold:
+        assert cold.prefetching is None
+        unfetched = faults_reading(cold)
+    with BLMFile(path, prefetch=True) as warm:
+        assert warm.prefetching is not None
+        warm.prefetching.join(10)
+        fetched = faults_reading(warm)
+        assert np.array_equal(warm.stored("w").view(np.float32), data)
+    if fetched >= unfetched:
+        pytest.skip(f"this kernel lacks MADV_POPULATE_READ (Linux < 5.14): {fetched} faults either way")
+    assert fetched <= unfetched // 4, (unfetched, fetched)  # (a fault maps 64 KB to 2 MB of a cached file)

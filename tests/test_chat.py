@@ -434,3 +434,47 @@ def test_bounded_rendering_equals_unbounded(source, tools):
                     tmpl.render(messages, add_generation_prompt=agp, tools=tools)
                 continue
             assert tmpl.render(messages, add_generation_prompt=agp, tools=tools) == expected
+
+
+# --- the probe's note: a template that passed it is compiled by its first render --------------------------------
+
+
+def test_a_passed_probe_is_remembered_and_the_next_load_compiles_at_the_first_render(tmp_path, monkeypatch):
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path))
+    source = builtin_template("chatml")
+    first = ChatTemplate(source, "<s>", "</s>")
+    assert first._compiled is not None  # probed: compiled and rendered here
+    assert len(list((tmp_path / "checked").iterdir())) == 1
+    again = ChatTemplate(source, "<s>", "</s>")
+    assert again._compiled is None  # the note stood for the probe
+    assert again.render(CONVERSATION) == first.render(CONVERSATION)
+    # another bos token, other limits or another source are other checks, probed in full
+    for other in (ChatTemplate(source, "<bos>", "</s>"), ChatTemplate(source, "<s>", "</s>", limits=RenderLimits(
+            max_steps=1 << 19)), ChatTemplate(source + " ", "<s>", "</s>")):
+        assert other._compiled is not None
+    assert len(list((tmp_path / "checked").iterdir())) == 4
+
+
+def test_a_template_that_fails_is_never_noted_and_fails_at_every_load(tmp_path, monkeypatch):
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path))
+    for _ in range(2):
+        with pytest.raises(FormatError, match="one-message conversation"):
+            ChatTemplate("{{ messages[5].content.upper() }}")
+        with pytest.raises(FormatError, match="line 1"):
+            ChatTemplate("{% for m in messages %}")
+    assert not (tmp_path / "checked").exists()
+
+
+def test_a_note_that_stands_for_a_broken_template_fails_its_renders_with_a_format_error(tmp_path, monkeypatch):
+    # a note is only written after a passed probe; one that a different Jinja would no longer stand behind
+    # (stood in for here by a note made by hand) leaves the failure to the first render, as a FormatError
+    from barellm.files import note_passed
+
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path))
+    broken = "{% for m in messages %}"
+    probe = object.__new__(ChatTemplate)
+    probe.source, probe.bos_token, probe.eos_token, probe.limits = broken, "", "", RenderLimits()
+    note_passed(probe._probe_digest())
+    tmpl = ChatTemplate(broken)
+    with pytest.raises(FormatError, match="line 1"):
+        tmpl.render([{"role": "user", "content": "hi"}])

@@ -350,3 +350,22 @@ def test_parallel_repack_equals_one_call(type_id, rows):
     got = kernels.repack(type_id, LAYOUT_INTERLEAVE8, rows, cols, src, threads=3)
     assert np.array_equal(got, want) and got.ctypes.data % 64 == 0
     assert np.array_equal(kernels.unrepack(type_id, LAYOUT_INTERLEAVE8, rows, cols, got, threads=3), src)
+
+
+def test_rope_tables_filled_in_two_pieces_hold_what_one_fill_holds(model, prompt):
+    # the tables are filled when positions come into use: the first ROPE_FIRST at the first forward call,
+    # the rest when a later call reaches them
+    from barellm.engine import ROPE_FIRST
+
+    cfg, src = model
+    at_once = NativeEngine(cfg, src, n_ctx=2048, threads=1, adaptive_threads=False)
+    at_once._rope_upto(2048)
+    lazy = NativeEngine(cfg, src, n_ctx=2048, threads=1, adaptive_threads=False)
+    assert lazy._rope_filled == 0
+    assert np.array_equal(lazy.forward(prompt[:4], 0), at_once.forward(prompt[:4], 0))
+    assert lazy._rope_filled == ROPE_FIRST
+    start = 1500  # positions only the second fill reaches
+    assert np.array_equal(lazy.forward(prompt, start), at_once.forward(prompt, start))
+    assert lazy._rope_filled == 2048
+    for base, table in at_once._rope_cs.items():
+        assert np.array_equal(lazy._rope_cs[base], table)

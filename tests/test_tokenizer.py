@@ -429,3 +429,27 @@ def test_not_constructible_without_metadata():
         Tokenizer()
     with pytest.raises(FormatError):
         Tokenizer.from_metadata([])  # type: ignore[arg-type]
+
+
+# --- the pre-tokenizer regexes' compiled programs, kept in the cache ------------------------------------------
+
+
+def test_a_cached_regex_program_is_exactly_what_re_compiles(tmp_path, monkeypatch):
+    import re
+
+    from barellm.text.tokenizer import _PRE_TOKENIZERS, _compile_cached, _translate_regex
+
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path))
+    sources = sorted({_translate_regex(r) for regexes, _ in _PRE_TOKENIZERS.values() for r in regexes})
+    for src in sources:
+        made, kept = _compile_cached(src), _compile_cached(src)  # compiled, then read back from the cache
+        # Pattern equality compares the pattern, the flags and the compiled program itself
+        assert made == kept == re.compile(src)
+    files = sorted((tmp_path / "regex").iterdir())
+    assert len(files) == len(sources)
+    # a damaged or foreign file is compiled over, never trusted
+    for garbage in (b"{", b'{"flags": 32, "code": [1, 2, 3], "groups": 0, "groupindex": {}, "indexgroup": [null]}'):
+        files[0].write_bytes(garbage)
+        again = [_compile_cached(src) for src in sources]
+        assert again == [re.compile(src) for src in sources]
+    assert files[0].read_bytes() != garbage  # rewritten

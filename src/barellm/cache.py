@@ -64,12 +64,12 @@ def cached_path(src: str | os.PathLike[str]) -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
-def _usable(path: Path, sha: str, verify: bool = False) -> blm.BLMFile | None:
+def _usable(path: Path, sha: str, verify: bool = False, prefetch: bool = False) -> blm.BLMFile | None:
     """The cached file opened, if it is intact and what this converter would write for that source now.
     Intact: its header, and its tensors' checksums, a sample of them (all with verify); a cached file found
     corrupt is said so on stderr, and converted again."""
     try:
-        f = blm.BLMFile(path)
+        f = blm.BLMFile(path, prefetch=prefetch)
     except (FormatError, ModelNotFound):
         return None
     p = f.provenance
@@ -108,13 +108,14 @@ def is_current(path: Path, sha256: str) -> bool:
 
 
 def open_cached(src: str | os.PathLike[str], *, verify: bool = False, sha256: str | None = None,
-                index: bool = True, progress: bool | None = None) -> blm.BLMFile:
+                index: bool = True, progress: bool | None = None, prefetch: bool = False) -> blm.BLMFile:
     """A GGUF file or checkpoint directory as a .blm from the cache, converting it the first time.
 
     The index maps the source's (path, size, mtime, inode) to its SHA256, so a start that finds both the
     index entry and the .blm neither hashes nor converts anything. sha256: the source's, when the caller
     knows it already (a pull has just checked it); index: record the source in the index (not for a file
-    about to be deleted); progress: draw progress bars (default: when stderr is a terminal).
+    about to be deleted); progress: draw progress bars (default: when stderr is a terminal); prefetch: map the
+    .blm's pages in on a background thread (MappedFile.prefetch).
     """
     src = Path(src)
     files = converter.source_files(src)
@@ -124,7 +125,7 @@ def open_cached(src: str | os.PathLike[str], *, verify: bool = False, sha256: st
     idx = directory / "index" / f"{_stat_key(files)}.json"
     sha = sha256 or _index_lookup(idx)
     if sha is not None:
-        f = _usable(directory / f"{sha}.blm", sha, verify)
+        f = _usable(directory / f"{sha}.blm", sha, verify, prefetch)
         if f is not None:
             return f
     show = sys.stderr.isatty() if progress is None else progress
@@ -137,7 +138,7 @@ def open_cached(src: str | os.PathLike[str], *, verify: bool = False, sha256: st
         with Progress(sum(p.stat().st_size for p in files), f"hashing {src.name}", enabled=show) as bar:
             sha, _ = converter.sha256_files(files, bar)
     out = directory / f"{sha}.blm"
-    f = _usable(out, sha, verify)
+    f = _usable(out, sha, verify, prefetch)
     if f is None:
         if show:
             print(f"barellm: converting {src} to {out} (once; later loads map it directly)", file=sys.stderr)
@@ -147,7 +148,7 @@ def open_cached(src: str | os.PathLike[str], *, verify: bool = False, sha256: st
             raise
         except BarellmError as e:  # writing failed (the source was fine)
             raise CacheError(str(e)) from e
-        f = blm.BLMFile(out)
+        f = blm.BLMFile(out, prefetch=prefetch)
     try:
         if index:
             write_bytes_atomic(idx, json.dumps({"sha256": sha, "source": str(src.resolve())}).encode())
@@ -156,19 +157,21 @@ def open_cached(src: str | os.PathLike[str], *, verify: bool = False, sha256: st
     return f
 
 
-def open_model(path: str | os.PathLike[str], *, convert: bool | None = None, verify: bool = False) -> Any:
+def open_model(path: str | os.PathLike[str], *, convert: bool | None = None, verify: bool = False,
+               prefetch: bool = True) -> Any:
     """Opens a model file for the engines: .metadata, .tensors, .raw(name), .dequantize(name).
 
     A .blm file is mapped as it is. A GGUF file or a checkpoint directory is converted once into the
     model cache and mapped from there afterwards; with convert=False (default: unless BARELLM_CONVERT=0),
     a GGUF file is read directly instead. A .blm's tensors are checked against their checksums, a sample of
     them at every load, all of them with verify (a corrupt file in the cache is converted again; one given
-    by path is a FormatError naming the tensor).
+    by path is a FormatError naming the tensor). With prefetch, a .blm's pages are mapped in on a background
+    thread while the load goes on (MappedFile.prefetch): the engines read them in place.
     """
     path = Path(path)
     kind = sniff(path)
     if kind == "blm":
-        f = blm.BLMFile(path)
+        f = blm.BLMFile(path, prefetch=prefetch)
         try:
             check_data(f, verify)
         except BaseException:
@@ -184,7 +187,7 @@ def open_model(path: str | os.PathLike[str], *, convert: bool | None = None, ver
             return GGUFFile(path)
         raise FormatError(f"{path}: a checkpoint directory is only read by converting it (`barellm convert`)")
     try:
-        return open_cached(path, verify=verify)
+        return open_cached(path, verify=verify, prefetch=prefetch)
     except CacheError as e:
         if kind != "gguf":
             raise

@@ -48,6 +48,7 @@ F32 = 0  # ggml type id of float32
 KIND_IDS: dict[str, int] = dict(nat.OP_KINDS)  # the op kinds the executor has, and their ids (py_engine.c)
 KV_TILE = nat.KV_TILE
 FLOAT_ALIGN = 16  # buffer rows start on cache lines: strides are multiples of 16 floats
+ROPE_FIRST = 512  # positions of the RoPE tables filled by the first forward call (see _rope_upto)
 
 
 def aligned_zeros(shape: tuple[int, ...] | int, dtype: Any = np.float32, align: int = 64) -> np.ndarray:
@@ -66,7 +67,8 @@ def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     For the KV cache: it is sized for the whole context, but a conversation fills it from position 0 on. NumPy
     asks for transparent huge pages on big arrays, and a 2 MB page becomes resident at its first write: a
     cache whose every (layer, head) region had one token written would then be resident whole (SmolLM2 at
-    context 2048: 44 of its 47 MB after a 36-token chat).
+    context 2048: 44 of its 47 MB after a 36-token chat), and the first forward pass would have the kernel
+    zero (and, on a fragmented machine, compact memory for) those 2 MB pages: 10-100 ms of the first token.
     """
     import mmap
 
@@ -219,21 +221,36 @@ class NativeEngine:
         self.v_cache = lazy_zeros((self.n_slots, L, nkv, self.n_ctx_pad, hd), kv_dtype)
         self._layer_elems = nkv * self.n_ctx_pad * hd
         self._slot_elems = L * self._layer_elems
-        # RoPE tables [n_ctx, rope_dim]: cos then sin of position * base^(-2i/rope_dim), one per base
+        # RoPE tables [n_ctx, rope_dim]: cos then sin of position * base^(-2i/rope_dim), one per base. Filled
+        # when positions come into use (_rope_upto): all 4096 positions' cosines and sines take 7-14 ms of
+        # libm, most of them for positions a short exchange never reaches. Each entry is computed on its own,
+        # so a table filled in two pieces holds exactly what one filled at once does.
         self._rope_cs: dict[float, np.ndarray] = {}
+        self._rope_inv: dict[float, np.ndarray] = {}
+        self._rope_filled = 0
         factors = np.asarray(self._source.dequantize("rope_freqs.weight"), np.float64) if cfg.rope_freqs else None
         for base in sorted({cfg.layer_rope_theta(i) for i in range(L)}):
-            inv = rope_frequencies(cfg.rope_dim, base, factors)
-            ang = np.outer(np.arange(self.n_ctx_pad, dtype=np.float64), inv)
-            table = aligned_zeros((self.n_ctx_pad, cfg.rope_dim))
-            table[:] = np.concatenate([np.cos(ang), np.sin(ang)], axis=1)
-            self._rope_cs[base] = table
+            self._rope_inv[base] = rope_frequencies(cfg.rope_dim, base, factors)
+            self._rope_cs[base] = aligned_zeros((self.n_ctx_pad, cfg.rope_dim))
         # per-call inputs the plan reads
         self._tok = aligned_zeros(T, np.int32)
         self._pos = aligned_zeros(T, np.int32)
         self._slot = aligned_zeros(T, np.int32)
         self._rows = aligned_zeros(T, np.int32)
         self._iota = np.arange(T, dtype=np.int32)
+
+    def _rope_upto(self, n: int) -> None:
+        """Fills the RoPE tables for positions below n: the first ROPE_FIRST positions at the first call that
+        needs no more, and all the rest at the call that needs any of them (once: the token loop allocates
+        nothing after)."""
+        if n <= self._rope_filled:
+            return
+        lo = self._rope_filled
+        hi = min(self.n_ctx_pad, ROPE_FIRST) if n <= ROPE_FIRST else self.n_ctx_pad
+        for base, table in self._rope_cs.items():
+            ang = np.outer(np.arange(lo, hi, dtype=np.float64), self._rope_inv[base])
+            table[lo:hi] = np.concatenate([np.cos(ang), np.sin(ang)], axis=1)
+        self._rope_filled = hi
 
     def _view(self, name: str, rows: int) -> np.ndarray:
         return self._bufs[name][:rows, :self._widths[name]]
@@ -486,6 +503,7 @@ class NativeEngine:
             out = np.empty(shape, np.float32)
         elif out.shape != shape or out.dtype != np.float32:
             raise InvalidRequest(f"out must be float32 {shape}")
+        self._rope_upto(start + n)
         logits = self._bufs["logits"]
         for c0 in range(0, n, self.chunk):
             c1 = min(n, c0 + self.chunk)
@@ -528,6 +546,7 @@ class NativeEngine:
             last.append(np.full(len(ids), -1, np.int64))
             last[-1][-1] = i
         tok_a, pos_a, slot_a, last_a = (np.concatenate(a) for a in (tok, pos, slo, last))
+        self._rope_upto(int(pos_a.max()) + 1)
         out = np.empty((len(seqs), self.n_vocab), np.float32)
         logits = self._bufs["logits"]
         for c0 in range(0, len(tok_a), self.chunk):

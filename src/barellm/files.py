@@ -174,3 +174,24 @@ def sha256_file(path: Path, progress: Progress | None = None) -> str:
             if progress:
                 progress.advance(len(chunk))
     return h.hexdigest()
+
+
+# --- checks that passed before ------------------------------------------------------------------------------
+# A start skips a costly check of a model's data (a Python loop over its vocabulary, compiling and rendering
+# its chat template) that has passed before on this machine for exactly that data: an empty file named by the
+# SHA256 of what was checked says so.
+
+def passed_before(digest: str) -> bool:
+    """Whether the check named `digest` (a hex SHA256 of exactly what it checked, and how) has passed here."""
+    return (home() / "checked" / digest).is_file()
+
+
+def note_passed(digest: str) -> None:
+    """Remembers that the check named `digest` passed (best effort: a read-only cache only costs the check
+    again next time)."""
+    note = home() / "checked" / digest
+    try:
+        note.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(note, b"")
+    except OSError:
+        pass

@@ -261,7 +261,7 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, history: Sequence[int] = (), n_vocab: int | None = None) -> None:
         self.params = params.validated()
-        self.rng = np.random.default_rng(params.seed)
+        self._rng: np.random.Generator | None = None
         self._hist = np.empty(max(64, 2 * len(history)), np.int32)
         self._len = 0
         self._native: Any = None
@@ -286,6 +286,14 @@ class Sampler:
             return
         self._hist[self._len] = token
         self._len += 1
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The generation's random stream, made at its first draw: greedy decoding never makes one (nor
+        imports numpy.random, a few milliseconds of start-up)."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.params.seed)
+        return self._rng
 
     @property
     def history(self) -> np.ndarray:

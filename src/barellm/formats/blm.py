@@ -24,7 +24,6 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -418,8 +417,7 @@ class _Cursor:
         b = np.frombuffer(blob, dtype=np.uint8)
         first = starts[lens > 0]
         if n and not (b == 0).any() and ((b[first] & 0xC0) != 0x80).all():
-            sep = np.zeros(total + n, dtype=np.uint8)
-            sep[np.arange(total, dtype=np.int64) + np.repeat(np.arange(n, dtype=np.int64), lens)] = b
+            sep = np.insert(b, ends, 0)  # a NUL before each end offset (in order where strings are empty)
             try:
                 pieces = sep.tobytes().decode("utf-8").split("\0")
             except UnicodeDecodeError:
@@ -659,6 +657,8 @@ def _mismatches(f: BLMFile, infos: Sequence[TensorInfo], progress: Progress | No
     if sum(i.nbytes for i in infos) < 16 << 20:
         computed = list(map(crc, infos))
     else:  # zlib releases the GIL on large buffers: a few threads overlap the page faults and the sums
+        from concurrent.futures import ThreadPoolExecutor  # (not imported by a load: 4 ms)
+
         with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
             computed = list(pool.map(crc, infos))
     if progress:

@@ -17,6 +17,9 @@ from barellm.files import check_regular
 
 Self = TypeVar("Self", bound="MappedFile")
 
+_MADV_POPULATE_READ = 22  # Linux 5.14: fault the range's pages in, as reading them would
+_PREFETCH_STEP = 8 << 20  # bytes per madvise call
+
 
 class TensorNotFound(FormatError, KeyError):
     """A tensor name the file does not have (also a KeyError, as for any mapping)."""
@@ -28,11 +31,12 @@ class MappedFile:
     tensors: dict[str, Any]
     file_size: int
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, prefetch: bool = False) -> None:
         self.path = Path(path)
         self._name = str(path)
         self._mmap: mmap.mmap | None = None
         self._data: np.ndarray | None = None
+        self.prefetching: Any = None  # the thread prefetch() started
         check_regular(self.path)  # a named pipe, a device or a socket is refused before it is opened
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)  # nor does a pipe swapped in block it
@@ -53,8 +57,10 @@ class MappedFile:
         finally:
             os.close(fd)
         try:
-            self._parse(self._mmap)
             self._data = np.frombuffer(self._mmap, dtype=np.uint8)
+            if prefetch:  # (before the parse, which it overlaps)
+                self.prefetch()
+            self._parse(self._mmap)
         except BaseException:
             self.close()
             raise
@@ -89,6 +95,43 @@ class MappedFile:
             return quant.dequantize(self.rows(name), info.type, info.shape)
         except FormatError as e:
             raise FormatError(f"{self._name}: tensor {name!r}: {e}") from None
+
+    def prefetch(self) -> bool:
+        """Starts mapping the whole file's pages into this process on a background thread (madvise
+        MADV_POPULATE_READ; the GIL is released meanwhile), so that the first pass over the weights does not
+        stop at a page fault every 64 KB: SmolLM2's first forward pass took 1,400 of them (5 ms),
+        Qwen2.5-Coder-1.5B's 12,800 (60 ms); a load parses the header and sets the tokenizer and the engine
+        up meanwhile. Skipped (False) where the file would take more than half the available memory, and a
+        no-op where the kernel lacks MADV_POPULATE_READ (Linux < 5.14)."""
+        if self._data is None or not self._data.size:
+            return False
+        from barellm.cpu import available_memory
+
+        avail = available_memory()
+        if avail is not None and self._data.size > avail // 2:
+            return False  # reading it all in would evict what it is to read
+        try:
+            import ctypes
+            import threading
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            madvise = libc.madvise
+        except (OSError, AttributeError):
+            return False
+        view = self._data  # (the mapping starts on a page)
+
+        def populate(view: np.ndarray) -> None:  # (holding the view keeps the mapping alive through a close())
+            # in steps, each holding the process's memory-map lock briefly: the loading thread's own mmap and
+            # munmap calls (NumPy's large arrays) wait for it to be released
+            base, size = view.ctypes.data, view.nbytes
+            for at in range(0, size, _PREFETCH_STEP):
+                if madvise(ctypes.c_void_p(base + at), ctypes.c_size_t(min(_PREFETCH_STEP, size - at)),
+                           _MADV_POPULATE_READ):
+                    break  # not supported here (EINVAL), or the range went away
+
+        self.prefetching = threading.Thread(target=populate, args=(view,), name="barellm-prefetch", daemon=True)
+        self.prefetching.start()
+        return True
 
     def close(self) -> None:
         """Release the mapping (deferred while tensor views are still alive)."""

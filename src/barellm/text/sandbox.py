@@ -41,7 +41,6 @@ import sys
 import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -56,22 +55,9 @@ from jinja2.utils import _PassArg, pass_context
 from jinja2.visitor import NodeTransformer
 from markupsafe import Markup
 
+from barellm.text.limits import RenderLimits, TemplateLimit, TemplateRaised
+
 __all__ = ["RenderLimits", "TemplateLimit", "TemplateRaised", "environment", "render"]
-
-
-@dataclass(frozen=True)
-class RenderLimits:
-    """What one render of a chat template may spend. The defaults are far above what real templates
-    need (a few thousand steps, kilobytes of text, well under a millisecond of work per message) and far
-    below what would hurt a server."""
-
-    seconds: float = 1.0           # wall time of one render
-    max_steps: int = 1 << 20       # loop iterations, calls, look-ups, operators, filters, outputs
-    max_value: int = 1 << 20       # characters or items of any one value the template builds
-    max_memory: int = 1 << 26      # bytes of values and text built, summed over the render
-    max_output: int = 1 << 22      # characters of rendered text
-    max_nesting: int = 8           # for-loops inside one another
-    max_source: int = 1 << 18      # characters of template source
 
 
 MAX_INT_BITS = 1 << 16  # an integer the template computes (9 ** 99999999 would take minutes and gigabytes)
@@ -79,14 +65,6 @@ MAX_DEPTH = 64          # containers inside one another
 _MAX_INDENT = 64        # tojson/indent widths, join separators of tojson
 _SLOW_INPUT = 1 << 18   # input of the filters that loop in Python over their input (wordwrap, urlize, pprint)
 _CONTAINERS = (list, tuple, dict, set, frozenset)
-
-
-class TemplateLimit(Exception):
-    """A render ran past one of its RenderLimits."""
-
-
-class TemplateRaised(Exception):
-    """raise_exception() called by a template: the template rejects the conversation."""
 
 
 class Budget:

@@ -53,6 +53,8 @@ _EOG_TEXTS = frozenset({
 })
 
 _SPACE = "\u2581"  # SentencePiece's visible space
+_TOKEN_TYPES = bytes(range(7))  # the TokenType values
+_SPECIAL_KINDS = re.compile(b"[" + bytes((TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)) + b"]")
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _CACHE_LIMIT = 1 << 16  # entries per word cache; cleared when full so a server's memory stays bounded
@@ -197,7 +199,57 @@ del _name
 
 @functools.cache
 def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(_translate_regex(pattern))
+    return _compile_cached(_translate_regex(pattern))
+
+
+def _compile_cached(source: str) -> re.Pattern[str]:
+    """re.compile(source), taking the compiled program from the model cache when this Python made it before.
+
+    Compiling a pre-tokenizer regex walks every code point of its \\p{L} and \\p{N} classes in Python: 10-15 ms
+    of each start. What it produces is a list of integers that the regex engine (_sre) takes as it is, so the
+    list is kept, one file per pattern, keyed by the pattern and by the Python build and _sre version that made
+    it; a start that finds it hands the same program to _sre.compile and gets the same pattern object
+    re.compile would give. Anything unexpected (another Python's internals, an unreadable file) falls back on
+    re.compile.
+    """
+    try:
+        import _sre
+        from re import _compiler, _parser  # type: ignore[attr-defined]  # (Python >= 3.11)
+
+        from barellm.files import home, write_bytes_atomic
+    except ImportError:
+        return re.compile(source)
+    import hashlib
+    import sys
+
+    key = hashlib.sha256(f"{sys.version}\0{sys.implementation.cache_tag}\0{_sre.MAGIC}\0{_sre.CODESIZE}\0{source}"
+                         .encode("utf-8", "surrogatepass")).hexdigest()
+    path = home() / "regex" / f"{key}.json"
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        return _sre.compile(source, saved["flags"], saved["code"], saved["groups"], saved["groupindex"],
+                            tuple(saved["indexgroup"]))
+    except Exception:  # noqa: BLE001 - no cache, or one this Python cannot use: compile
+        pass
+    try:  # what re._compiler.compile does, keeping its program
+        parsed = _parser.parse(source, 0)
+        code = _compiler._code(parsed, 0)
+        state = parsed.state
+        indexgroup = [None] * state.groups
+        for k, i in state.groupdict.items():
+            indexgroup[i] = k
+        saved = {"flags": state.flags, "code": code, "groups": state.groups - 1,
+                 "groupindex": dict(state.groupdict), "indexgroup": indexgroup}
+        compiled = _sre.compile(source, saved["flags"], code, saved["groups"], saved["groupindex"],
+                                tuple(indexgroup))
+    except Exception:  # noqa: BLE001 - internals unlike 3.11's
+        return re.compile(source)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(path, json.dumps(saved).encode("utf-8"))
+    except OSError:
+        pass  # a read-only cache only costs the compile next time
+    return compiled
 
 
 def _make_splitter(regexes: tuple[str, ...]) -> Callable[[str], list[str]]:
@@ -228,25 +280,21 @@ def _make_splitter(regexes: tuple[str, ...]) -> Callable[[str], list[str]]:
 
 def _checked_once(what: tuple[str, list[str], list[str]], check: Callable[[], None]) -> None:
     """Runs `check` (which raises on a broken file) unless it has passed before for exactly these lists on this
-    machine: a note named by their SHA256 in the cache says so. A start then skips checks that cost a
-    Python loop over the whole vocabulary; a changed or new file is checked in full."""
+    machine (files.passed_before). A start then skips checks that cost a Python loop over the whole
+    vocabulary; a changed or new file is checked in full."""
     import hashlib
 
-    from barellm.files import home, write_bytes_atomic
+    from barellm.files import note_passed, passed_before
 
     h = hashlib.sha256(what[0].encode())
     for items in what[1:]:
         h.update(len(items).to_bytes(8, "little"))
         h.update("\0".join(items).encode("utf-8", "surrogatepass"))
-    note = home() / "checked" / h.hexdigest()
-    if note.is_file():
+    digest = h.hexdigest()
+    if passed_before(digest):
         return
     check()
-    try:
-        note.parent.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(note, b"")
-    except OSError:
-        pass  # a read-only cache only costs the check next time
+    note_passed(digest)
 
 
 # --- metadata helpers ----------------------------------------------------------------------------------------
@@ -393,11 +441,16 @@ class Tokenizer:
         self._tokens = tokens
         types = _array(md, "token_type", int, n)
         types = types if types is not None else [TokenType.NORMAL] * n
-        if min(types) < 0 or max(types) > 6:
+        try:
+            kinds = bytearray(types)  # one byte a token (a 262,144-entry list of ints took 2 MB), searched as bytes
+        except ValueError:  # a type outside 0..255
+            kinds = None
+        if kinds is None or kinds.translate(None, _TOKEN_TYPES):
             for i, t in enumerate(types):
                 if not 0 <= t <= 6:
                     raise FormatError(f"tokenizer.ggml.token_type[{i}]: unknown token type {t}")
-        self._types = bytearray(types)  # one byte a token: a 262,144-entry list of ints took 2 MB
+        assert kinds is not None
+        self._types = kinds
 
         # the first id of each text (built back to front so that it wins); an empty entry can never be produced
         # by encoding, it only decodes to nothing
@@ -438,13 +491,12 @@ class Tokenizer:
                 eog.add(i)
                 # a turn end must never be produced from plain text nor printed as content
                 if self._types[i] not in (TokenType.CONTROL, TokenType.USER_DEFINED):
-                    self._types[i] = TokenType.CONTROL
+                    self._types[i] = kinds[i] = TokenType.CONTROL
         self.eog_ids = eog
 
         # Special-token matching. llama.cpp tries the longest texts (in bytes) first; ties by id, for a
         # deterministic order.
-        special_types = frozenset((TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN))
-        specials = [i for i, t in enumerate(self._types) if t in special_types and tokens[i]]
+        specials = [i for i in (m.start() for m in _SPECIAL_KINDS.finditer(kinds)) if tokens[i]]
         for i in specials:
             # a special token is matched in the text as written, and text is valid Unicode: one whose bytes
             # are not UTF-8 (kept by the reader as lone surrogates) could never be written, only break things

@@ -43,7 +43,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     kind = sniff(Path(path))
     if kind == "hf":
         raise FormatError(f"{path}: a checkpoint directory; `barellm convert` it and inspect the .blm")
-    src = open_model(Path(path), convert=False)  # the file itself, not its converted copy
+    src = open_model(Path(path), convert=False, prefetch=False)  # the file itself, not its converted copy
     size = Path(path).stat().st_size
     print(f"file: {path}")
     print(f"format: {kind}" + (f" v{src.version}" if hasattr(src, "version") else "") + f", {size / 1e6:.1f} MB")
