@@ -589,6 +589,7 @@ class NativeEngine:
             dest.append(d)
             row += len(ids)
         tok_a, pos_a, slot_a, dest_a = (np.concatenate(a) for a in (tok, pos, slo, dest))
+        self._rope_upto(int(pos_a.max()) + 1)
         dim = self.cfg.dim
         shape = (len(seqs) if last_only else row, dim)
         if out is None:
