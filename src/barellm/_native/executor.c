@@ -120,6 +120,7 @@ static void op_matmul(const bl_plan *p, const bl_op *op, int tid, int nth, unsig
         run_qjobs(op, t0, t1);
         bl_pool_barrier(p->pool, tid);
     }
+    bl_shared_stream = nth > 1;
     if (nth == 1) {
         matmul_rows(op, T, 0, op->n_rows);
         return;

@@ -38,6 +38,8 @@ const bl_type_traits *bl_traits(int type) {
 /* ---- the kernels of the ISA in use, resolved once ---- */
 
 typedef void (*act_fn)(const float *x, int cols, uint8_t *row);
+_Thread_local int bl_shared_stream;
+
 static bl_matmul_fn g_matmul[BL_TYPE_COUNT][BL_LAYOUT_COUNT];
 static act_fn g_act[BL_ACT_COUNT];
 static int g_resolved = -1;

@@ -80,7 +80,10 @@ typedef struct {
 AI void prefetch_part(const tile_args *A, size_t *done, int u, int i, int n) {
     if (!A->pf) return;
     const size_t end = (size_t)u * A->pfs + (size_t)(i + 1) * A->pfs / (size_t)n;
-    for (; *done < end; *done += 64) _mm_prefetch((const char *)A->pf + *done, _MM_HINT_T0);
+    if (bl_shared_stream)
+        for (; *done < end; *done += 64) _mm_prefetch((const char *)A->pf + *done, _MM_HINT_NTA);
+    else
+        for (; *done < end; *done += 64) _mm_prefetch((const char *)A->pf + *done, _MM_HINT_T0);
 }
 
 #define TOKENS(A, NT)                                                                                    \
