@@ -133,6 +133,17 @@ def test_open_model_file_maps_blm_directly(sample):
     src.close()
 
 
+def test_released_header_reads_back_the_same(sample):
+    # release_header drops the process's pages of the metadata; what still points into them reads them back
+    path, tensors = sample
+    with BLMFile(path) as f:
+        before = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in f.metadata.items()}
+        assert 0 < f.release_header() <= f.data_offset
+        assert plain(f.metadata) == plain(before) == METADATA
+        for name, (tid, shape, x, layout) in tensors.items():
+            assert np.array_equal(f.dequantize(name), quant.dequantize(_rows(tid, x), tid, shape))
+
+
 def test_views_survive_close(sample):
     path, tensors = sample
     f = BLMFile(path)

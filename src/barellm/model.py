@@ -117,6 +117,9 @@ class Model:
         md = self.source.metadata
         self.metadata: dict[str, Any] = md
         self.config: ModelConfig = config_of(self.source)
+        # the header's strings are Python strings by now: its pages need not stay resident beside them (what the
+        # tokenizer reads next from it, the scores and token types, comes back on its own)
+        self.source.release_header()
         n_ctx = context or min(self.config.context_length, 4096)
         if not (isinstance(n_ctx, int) and 16 <= n_ctx <= self.config.context_length):
             raise InvalidRequest(f"context must be an integer in 16..{self.config.context_length}, got {context!r}")

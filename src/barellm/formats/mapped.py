@@ -96,6 +96,24 @@ class MappedFile:
         except FormatError as e:
             raise FormatError(f"{self._name}: tensor {name!r}: {e}") from None
 
+    def release_header(self) -> int:
+        """Drops this process's mapping of the pages before the first tensor (metadata and the tensor table),
+        once what was read from them has been copied out (tokens, template, config): otherwise they stay
+        resident beside those copies for the life of the model, 5.5 MB for Gemma 3's 262,144-token vocabulary.
+        A later read faults them back in from the page cache. Returns the bytes released."""
+        if self._data is None or not self.tensors:
+            return 0
+        import mmap
+
+        end = min(int(i.offset) for i in self.tensors.values()) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end <= 0 or self._mmap is None:
+            return 0
+        try:
+            self._mmap.madvise(mmap.MADV_DONTNEED, 0, end)
+        except (OSError, ValueError, AttributeError):
+            return 0
+        return end
+
     def prefetch(self) -> bool:
         """Starts mapping the whole file's pages into this process on a background thread (madvise
         MADV_POPULATE_READ; the GIL is released meanwhile), so that the first pass over the weights does not

@@ -558,16 +558,17 @@ class Tokenizer:
                                       "not in the vocabulary")
 
     def _init_spm(self, md: Mapping[str, Any]) -> None:
-        # doubles in an array, not a list of floats (a 262,144-entry vocabulary: 2 MB instead of 8); a float array
-        # from the file (the .blm reader hands numeric arrays over as views) goes in without Python floats
+        # float32 in an array, not a list of floats (a 262,144-entry vocabulary: 1 MB instead of 8), as the file
+        # stores them; a float array from the file (the .blm reader hands numeric arrays over as views) goes in
+        # without Python floats
         raw = md.get("tokenizer.ggml.scores")
         if getattr(raw, "dtype", None) is not None and raw.dtype.kind == "f" and raw.ndim == 1:
             if len(raw) != self.vocab_size:
                 raise FormatError(f"tokenizer.ggml.scores: {len(raw)} entries for {self.vocab_size} tokens")
-            self._scores = array.array("d", raw.astype("<f8").tobytes())
+            self._scores = array.array("f", raw.astype("<f4", copy=False).tobytes())
         else:
             scores = _array(md, "scores", (float, int), self.vocab_size)
-            self._scores = array.array("d", scores if scores is not None else bytes(8 * self.vocab_size))
+            self._scores = array.array("f", scores if scores is not None else bytes(4 * self.vocab_size))
         vocab = self._token_to_id
         self._byte_ids: list[int | None] = []
         for b in range(256):
@@ -583,12 +584,21 @@ class Tokenizer:
         # characters that no token contains side by side is never crossed. Words start at U+2581; those
         # boundaries are safe unless some token has "<c>▁" inside it. Cutting the text there lets each word
         # be merged (and cached) on its own with exactly the result of merging the whole text.
-        joined = "\0".join(self._tokens)
-        if joined.count("\0") == len(self._tokens) - 1:  # no token holds the separator: one regex pass
-            glue = set(re.findall(f"([^\0])(?={_SPACE})", joined))
+        # (a regex pass over the tokens joined, a batch at a time: the whole vocabulary joined took 7 MB at once)
+        glue: set[str] = set()
+        tokens = self._tokens
+        after = re.compile(f"([^\0])(?={_SPACE})")
+        for i in range(0, len(tokens), 16384):
+            batch = tokens[i:i + 16384]
+            joined = "\0".join(batch)
+            if joined.count("\0") != len(batch) - 1:  # a token holds the separator
+                break
+            glue.update(after.findall(joined))
         else:
+            tokens = []
+        if tokens:  # the slow way
             glue = set()
-            for t in self._tokens:
+            for t in tokens:
                 k = t.find(_SPACE, 1)
                 while k > 0:
                     glue.add(t[k - 1])
