@@ -140,7 +140,7 @@ def test_released_header_reads_back_the_same(sample):
         before = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in f.metadata.items()}
         assert 0 < f.release_header() <= f.data_offset
         assert plain(f.metadata) == plain(before) == METADATA
-        for name, (tid, shape, x, layout) in tensors.items():
+        for name, (tid, shape, x, _layout) in tensors.items():
             assert np.array_equal(f.dequantize(name), quant.dequantize(_rows(tid, x), tid, shape))
 
 
