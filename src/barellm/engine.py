@@ -532,33 +532,11 @@ class NativeEngine:
     def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
         """Several sequences (slot, tokens, start) in shared passes; the last logits of each
         [len(seqs), n_vocab]. Each row is bit-identical to running that sequence alone."""
-        if not seqs:
-            raise InvalidRequest("forward_batch needs at least one sequence")
-        slots = [s for s, _, _ in seqs]
-        if len(set(slots)) != len(slots):
-            raise InvalidRequest("forward_batch: each sequence needs its own slot")
-        tok, pos, slo, last = [], [], [], []
-        for i, (slot, tokens, start) in enumerate(seqs):
-            ids = self._check(tokens, start, slot)
-            tok.append(ids.astype(np.int32))
-            pos.append(np.arange(start, start + len(ids), dtype=np.int32))
-            slo.append(np.full(len(ids), slot, np.int32))
-            last.append(np.full(len(ids), -1, np.int64))
-            last[-1][-1] = i
-        tok_a, pos_a, slot_a, last_a = (np.concatenate(a) for a in (tok, pos, slo, last))
-        self._rope_upto(int(pos_a.max()) + 1)
+        tok, pos, slot, lens = self._pack(seqs, "forward_batch")
+        dest = np.full(len(tok), -1, np.int64)
+        dest[np.cumsum(lens) - 1] = np.arange(len(seqs))
         out = np.empty((len(seqs), self.n_vocab), np.float32)
-        logits = self._bufs["logits"]
-        for c0 in range(0, len(tok_a), self.chunk):
-            c1 = min(len(tok_a), c0 + self.chunk)
-            T = c1 - c0
-            self._tok[:T] = tok_a[c0:c1]
-            self._pos[:T] = pos_a[c0:c1]
-            self._slot[:T] = slot_a[c0:c1]
-            sel = np.nonzero(last_a[c0:c1] >= 0)[0]
-            self._rows[:len(sel)] = sel
-            self._plan.run(T, len(sel))
-            out[last_a[c0:c1][sel]] = logits[:len(sel), :self.n_vocab]
+        self._run_rows(tok, pos, slot, dest, len(self.ops), self._bufs["logits"], out)
         return out
 
     def hidden_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]], last_only: bool = False,
@@ -569,48 +547,55 @@ class NativeEngine:
         [len(seqs), dim]. The plan runs to the output norm and stops before the vocabulary matmul; nothing is
         allocated but the result (pass `out` to avoid even that). Each row is bit-identical however the
         sequences are batched or chunked."""
-        if not seqs:
-            raise InvalidRequest("hidden_batch needs at least one sequence")
-        slots = [s for s, _, _ in seqs]
-        if len(set(slots)) != len(slots):
-            raise InvalidRequest("hidden_batch: each sequence needs its own slot")
-        tok, pos, slo, dest = [], [], [], []
-        row = 0
-        for i, (slot, tokens, start) in enumerate(seqs):
-            ids = self._check(tokens, start, slot)
-            tok.append(ids.astype(np.int32))
-            pos.append(np.arange(start, start + len(ids), dtype=np.int32))
-            slo.append(np.full(len(ids), slot, np.int32))
-            if last_only:
-                d = np.full(len(ids), -1, np.int64)
-                d[-1] = i
-            else:
-                d = np.arange(row, row + len(ids), dtype=np.int64)
-            dest.append(d)
-            row += len(ids)
-        tok_a, pos_a, slot_a, dest_a = (np.concatenate(a) for a in (tok, pos, slo, dest))
-        self._rope_upto(int(pos_a.max()) + 1)
-        dim = self.cfg.dim
-        shape = (len(seqs) if last_only else row, dim)
+        tok, pos, slot, lens = self._pack(seqs, "hidden_batch")
+        if last_only:
+            dest = np.full(len(tok), -1, np.int64)
+            dest[np.cumsum(lens) - 1] = np.arange(len(seqs))
+        else:
+            dest = np.arange(len(tok), dtype=np.int64)
+        shape = (len(seqs) if last_only else len(tok), self.cfg.dim)
         if out is None:
             out = np.empty(shape, np.float32)
         elif out.shape != shape or out.dtype != np.float32:
             raise InvalidRequest(f"out must be float32 {shape}")
         if self.ops[-1].name != "output" or self.ops[-2].out != "xo":
             raise InvalidRequest("this plan does not end with the output norm and matmul")
-        end = len(self.ops) - 1   # every op but the vocabulary matmul
-        xo = self._bufs["xo"]
-        for c0 in range(0, len(tok_a), self.chunk):
-            c1 = min(len(tok_a), c0 + self.chunk)
+        self._run_rows(tok, pos, slot, dest, len(self.ops) - 1, self._bufs["xo"], out)  # all but the vocabulary
+        return out
+
+    def _pack(self, seqs: Sequence[tuple[int, Sequence[int], int]], what: str
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+        """Checks sequences (slot, tokens, start), each in its own slot, and lays their token ids, positions and
+        slots end to end, with each one's length; fills the RoPE tables as far as their positions go."""
+        if not seqs:
+            raise InvalidRequest(f"{what} needs at least one sequence")
+        slots = [s for s, _, _ in seqs]
+        if len(set(slots)) != len(slots):
+            raise InvalidRequest(f"{what}: each sequence needs its own slot")
+        ids = [self._check(tokens, start, slot) for slot, tokens, start in seqs]
+        tok = np.concatenate([i.astype(np.int32) for i in ids])
+        pos = np.concatenate([np.arange(start, start + len(i), dtype=np.int32)
+                              for (_, _, start), i in zip(seqs, ids, strict=True)])
+        slot = np.concatenate([np.full(len(i), s, np.int32) for s, i in zip(slots, ids, strict=True)])
+        self._rope_upto(int(pos.max()) + 1)
+        return tok, pos, slot, [len(i) for i in ids]
+
+    def _run_rows(self, tok: np.ndarray, pos: np.ndarray, slot: np.ndarray, dest: np.ndarray, end: int,
+                  src: np.ndarray, out: np.ndarray) -> None:
+        """Runs ops [0, end) over the packed tokens a chunk at a time; the result row of token t (in `src`, the
+        buffer the last op writes) goes to out[dest[t]] where dest[t] >= 0, and only those rows are computed
+        past the ops that select rows."""
+        width = out.shape[1]
+        for c0 in range(0, len(tok), self.chunk):
+            c1 = min(len(tok), c0 + self.chunk)
             T = c1 - c0
-            self._tok[:T] = tok_a[c0:c1]
-            self._pos[:T] = pos_a[c0:c1]
-            self._slot[:T] = slot_a[c0:c1]
-            sel = np.nonzero(dest_a[c0:c1] >= 0)[0]
+            self._tok[:T] = tok[c0:c1]
+            self._pos[:T] = pos[c0:c1]
+            self._slot[:T] = slot[c0:c1]
+            sel = np.nonzero(dest[c0:c1] >= 0)[0]
             self._rows[:len(sel)] = sel
             self._plan.run(T, len(sel), 0, end)
-            out[dest_a[c0:c1][sel]] = xo[:len(sel), :dim]
-        return out
+            out[dest[c0:c1][sel]] = src[:len(sel), :width]
 
     # --- introspection and debugging ----------------------------------------------------------
 
