@@ -223,18 +223,8 @@ class Generation:
         t2 = clock()
         tm["detokenize"] += t2 - t1
         if piece:
-            self._held += piece
-            cut = self._stop_in(len(piece)) if self.stops else -1
-            if self.min_indent:
-                dedent = self._dedent()
-                if dedent >= 0 and (cut < 0 or dedent < cut):
-                    cut = dedent
-                    self.stop_word, self.dedented = None, True
-            if cut >= 0:
-                d = self._release(cut, all_tokens=False)
-                self._pending.clear()
-                self._held = ""
-                self.finish_reason = d.finish_reason = "stop"
+            d = self._hold(piece)
+            if d is not None:
                 tm["stop"] += clock() - t2
                 return d
         if len(self.generated) >= self.max_tokens or len(self.prompt) + len(self.generated) >= self.n_ctx:
@@ -249,6 +239,24 @@ class Generation:
         tm["stop"] += clock() - t2
         return d if d.text or d.token_ids else None
 
+    def _hold(self, text: str) -> Delta | None:
+        """Adds newly decoded text to what is held back; if a stop string (or, past min_indent, a dedent) now
+        ends the generation, releases the text before it and returns that last delta."""
+        self._held += text
+        cut = self._stop_in(len(text)) if self.stops else -1
+        if self.min_indent:
+            dedent = self._dedent()
+            if dedent >= 0 and (cut < 0 or dedent < cut):
+                cut = dedent
+                self.stop_word, self.dedented = None, True
+        if cut < 0:
+            return None
+        d = self._release(cut, all_tokens=False)
+        self._pending.clear()
+        self._held = ""
+        self.finish_reason = d.finish_reason = "stop"
+        return d
+
     def finish(self, reason: str) -> Delta:
         """Ends the generation now (a time limit): flushes what is held back."""
         return self._finish(reason)
@@ -257,18 +265,8 @@ class Generation:
         self.next_token = None
         tail = self.decoder.flush()
         if tail:
-            self._held += tail
-            cut = self._stop_in(len(tail)) if self.stops else -1
-            if self.min_indent:
-                dedent = self._dedent()
-                if dedent >= 0 and (cut < 0 or dedent < cut):
-                    cut = dedent
-                    self.stop_word, self.dedented = None, True
-            if cut >= 0:
-                d = self._release(cut, all_tokens=False)
-                self._pending.clear()
-                self._held = ""
-                self.finish_reason = d.finish_reason = "stop"
+            d = self._hold(tail)
+            if d is not None:
                 return d
         d = self._release(len(self._held), all_tokens=True)
         self.finish_reason = d.finish_reason = reason
