@@ -29,7 +29,7 @@ from barellm import __version__, openai_format
 from barellm.errors import InvalidRequest
 from barellm.serve import openapi_doc, schemas
 from barellm.serve.metrics import Metrics, endpoint_label
-from barellm.serve.relay import Outbox, RelayResponse, constrain, read_body, submit, submit_embeddings
+from barellm.serve.relay import Outbox, RelayResponse, chat_prompt, constrain, read_body, submit, submit_embeddings
 from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
 from barellm.serve.security import MAX_HEADER_BYTES, Guard
@@ -333,22 +333,12 @@ async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[i
     return GenerationResponse(state, job, events, Formatter(state, req, prompt_chars), request.url.path)
 
 
-def _chat_prompt(model: Any, req: GenerationRequest) -> list[int]:
-    constrain(model, req)
-    try:
-        if req.tool_names is not None:
-            return model.chat_prompt(req.messages, tools=req.tools)
-        return model.chat_prompt(req.messages)
-    except InvalidRequest as e:
-        raise bad(str(e), "messages") from None
-
-
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
     req = schemas.chat_request(await read_body(request, state.max_body))
     state.check_model(req.model)
     assert req.messages is not None
-    ids = await _run_sync(_chat_prompt, state.model, req)
+    ids = await _run_sync(chat_prompt, state.model, req)
     return await _generate(request, req, ids, 0)
 
 

@@ -37,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 from barellm import __version__
 from barellm.errors import InvalidRequest
 from barellm.serve import schemas
-from barellm.serve.relay import RelayResponse, constrain, read_body, submit
+from barellm.serve.relay import RelayResponse, chat_prompt, constrain, read_body, submit
 from barellm.serve.scheduler import Event
 from barellm.serve.schemas import (
     MAX_STOP_CHARS,
@@ -394,7 +394,7 @@ async def chat(request: Request) -> Response:
         names = [t["function"]["name"] for t in req.tools]
         if len(set(names)) != len(names):
             raise bad("a function is defined twice in tools", "tools")
-    ids = await _run(_chat_prompt, state.model, req)
+    ids = await _run(chat_prompt, state.model, req)
     job, events = submit(state, req, ids)
     return OllamaResponse(state, job, events, req, request.url.path, True, body.model, ids)
 
@@ -426,16 +426,6 @@ async def generate(request: Request) -> Response:
         ids = list(body.context) + ids
     job, events = submit(state, req, ids)
     return OllamaResponse(state, job, events, req, request.url.path, False, body.model, ids)
-
-
-def _chat_prompt(model: Any, req: GenerationRequest) -> list[int]:
-    constrain(model, req)   # format; tools are parsed (tool_choice "auto")
-    try:
-        if req.tool_names is not None:
-            return model.chat_prompt(req.messages, tools=req.tools)
-        return model.chat_prompt(req.messages)
-    except InvalidRequest as e:
-        raise bad(str(e), "messages") from None
 
 
 def _ollama_call(call: dict[str, Any]) -> dict[str, Any]:

@@ -86,6 +86,19 @@ class Outbox:
             return out
 
 
+def chat_prompt(model: Any, req: GenerationRequest) -> list[int]:
+    """The prompt of a chat request, its output constraint compiled (constrain): token ids through the model's
+    template, with the request's tools when their calls are parsed; a 400 naming `messages` when the
+    template refuses them. Both APIs' chat routes run it off the event loop."""
+    constrain(model, req)
+    try:
+        if req.tool_names is not None:
+            return model.chat_prompt(req.messages, tools=req.tools)
+        return model.chat_prompt(req.messages)
+    except InvalidRequest as e:
+        raise bad(str(e), "messages") from None
+
+
 def constrain(model: Any, req: GenerationRequest) -> None:
     """Compiles the request's output constraint into req.grammar (response_format, json_schema, grammar,
     regex, or tool_choice "required" / a named function) and decides whether tool calls are parsed out of
