@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "sample.h"
+#include "simd_avx2.h"
 
 /* the 8 allowed-mask bits of tokens i..i+7 (i a multiple of 8) */
 static inline unsigned mask8(const uint32_t *allowed, int i) {
@@ -15,24 +16,6 @@ static inline unsigned mask8(const uint32_t *allowed, int i) {
 static inline __m256 lanes_of(unsigned bits) {
     const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), sel), sel));
-}
-
-/* e^x for x <= 0 (clamped below at -87.3: never exactly 0) */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
 int bl_argmax_avx2(const float *x, int n, const uint32_t *allowed) {
