@@ -163,23 +163,24 @@ def submit(state: Any, req: GenerationRequest, prompt_ids: list[int]) -> tuple[J
               top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt, n=req.n,
               stream=req.stream, stream_interval=getattr(state, "stream_interval", 0.0), grammar=req.grammar,
               min_indent=req.min_indent)
+    _enqueue(state, job)
+    return job, events
+
+
+def _enqueue(state: Any, job: Job | EmbedJob) -> None:
+    """Hands a job to the scheduler; a full queue is a 429 the client may retry."""
     try:
         state.scheduler.submit(job)
     except QueueFull as e:
         raise ApiError(429, f"the server is busy: {e}; retry later", type="rate_limit_error",
                        code="queue_full") from None
-    return job, events
 
 
 def submit_embeddings(state: Any, inputs: list[list[int]], pooling: str) -> tuple[EmbedJob, Outbox]:
     """Queues an embedding job (one slot; the scheduler feeds it beside the generations)."""
     events = Outbox(asyncio.get_running_loop())
     job = EmbedJob(inputs=inputs, emit=events.push, pooling=pooling, timeout=state.timeout)
-    try:
-        state.scheduler.submit(job)
-    except QueueFull as e:
-        raise ApiError(429, f"the server is busy: {e}; retry later", type="rate_limit_error",
-                       code="queue_full") from None
+    _enqueue(state, job)
     return job, events
 
 
