@@ -6,8 +6,9 @@
 Each round runs, for every model and thread count, llama-bench once (flash attention on) and `barellm bench`
 once, and (with --roofline, bench/roofline.c built) the machine's read bandwidth; the table gives medians over
 the rounds and barellm's speed as a multiple of llama.cpp's, so a slow spell of a shared machine hits both
-alike. Decode rows also give tokens/s as a share of the bandwidth limit measured in the same rounds (weights
-read per token / bandwidth, as `barellm bench --roofline` counts them).
+alike. Decode rows also give tokens/s as a share of the bandwidth limit (weights read per token / bandwidth,
+as `barellm bench --roofline` counts them): the roofline's best pass is measured right before each decode
+pair, each round's speed is taken over that round's limit, and the row gives the median of those shares.
 
 llama-bench is built from the llama.cpp sources vendored in the llama-cpp-python sdist (docs/benchmarks.md has
 the command); the GGUF files come from `barellm pull --keep-gguf`.
@@ -85,12 +86,15 @@ def main() -> None:
     weights: dict[str, float] = {}
     for rnd in range(args.r):
         for t in threads:
-            if args.roofline:
-                samples.setdefault(("bw", t), {}).setdefault("GB/s", []).append(run_roofline(args.roofline, t))
             for m in models:
                 for test, n, d in tests:
                     key = (m, t, test, n, d)
-                    s = samples.setdefault(key, {"llama.cpp": [], "barellm": []})
+                    s = samples.setdefault(key, {"llama.cpp": [], "barellm": [], "GB/s": []})
+                    if args.roofline and test == "tg":
+                        # the limit of this very moment: a shared machine's bandwidth drifts within minutes
+                        bw = run_roofline(args.roofline, t)
+                        s["GB/s"].append(bw)
+                        samples.setdefault(("bw", t), {}).setdefault("GB/s", []).append(bw)
                     s["llama.cpp"].append(run_llama_bench(args.llama_bench, ggufs[m], test, n, d, t))
                     tps, row = run_barellm(m, test, n, d, t)
                     s["barellm"].append(tps)
@@ -109,11 +113,16 @@ def main() -> None:
         name = f"{test}{n}" + (f" after {d}" if d else "")
         line = f"| {m} | {t} | {name} | {lc:.1f} | {bl:.1f} | {bl / lc:.2f}x |"
         if args.roofline:
-            bw = statistics.median(samples[("bw", t)]["GB/s"])
-            if test == "tg" and weights.get(m):
+            if test == "tg" and weights.get(m) and s["GB/s"]:
+                # each round's speed over the limit measured just before it, then the median of those shares
+                bw = statistics.median(s["GB/s"])
                 limit = bw * 1e9 / weights[m]
-                line += f" {bw:.1f} | {limit:.1f} | {100 * bl / limit:.0f}% | {100 * lc / limit:.0f}% |"
+                share = [100 * tps * weights[m] / (g * 1e9) for tps, g in zip(s["barellm"], s["GB/s"], strict=True)]
+                lshare = [100 * tps * weights[m] / (g * 1e9) for tps, g in zip(s["llama.cpp"], s["GB/s"], strict=True)]
+                line += (f" {bw:.1f} | {limit:.1f} | {statistics.median(share):.0f}% |"
+                         f" {statistics.median(lshare):.0f}% |")
             else:
+                bw = statistics.median(samples[("bw", t)]["GB/s"]) if ("bw", t) in samples else float("nan")
                 line += f" {bw:.1f} | | | |"
         print(line)
     if args.json:
