@@ -450,3 +450,94 @@ def test_prefetch_maps_the_pages_in_on_a_background_thread(tmp_path):
     if fetched >= unfetched:
         pytest.skip(f"this kernel lacks MADV_POPULATE_READ (Linux < 5.14): {fetched} faults either way")
     assert fetched <= unfetched // 4, (unfetched, fetched)  # (a fault maps 64 KB to 2 MB of a cached file)
+
+
+def _vm_flags(base: int) -> list[tuple[int, int, set[str]]]:
+    """(start, end, VmFlags) of this process's mappings from address `base` on, in address order"""
+    out = []
+    start = end = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            start, end = (int(x, 16) for x in head.split("-"))
+        elif line.startswith("VmFlags:") and start is not None and end > base:
+            out.append((start, end, set(line.split()[1:])))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists() or not hasattr(os, "posix_fadvise"),
+                    reason="Linux's /proc and madvise")
+def test_weights_ask_for_huge_pages_and_the_header_for_small_ones(tmp_path):
+    # decode streams every weight once a token: 2 MB pages spare a TLB miss every 4 KB; the header is read
+    # once, released, and a later read of it must not map a whole 2 MB piece back in
+    import mmap as mmap_module
+
+    probe = mmap_module.mmap(-1, 4 << 20)
+    try:
+        probe.madvise(mmap_module.MADV_HUGEPAGE)
+    except (AttributeError, OSError):
+        pytest.skip("this kernel takes no MADV_HUGEPAGE")
+    finally:
+        probe.close()
+    path = tmp_path / "big.blm"
+    big = np.random.default_rng(0).standard_normal((1536, 1024)).astype(np.float32)  # 6 MB of data
+    write_blm(path, METADATA, [TensorSpec("w", 0, big.shape, big)], metadata_types=TYPES)
+    with BLMFile(path) as f:
+        base = f._data.ctypes.data
+        maps = [m for m in _vm_flags(base) if m[0] < base + f.file_size]
+        head = -(-f.data_offset // (2 << 20)) * (2 << 20)
+        assert maps[0][0] == base and "nh" in maps[0][2] and maps[0][1] == base + head
+        assert all("hg" in flags for _, _, flags in maps[1:]) and len(maps) >= 2
+        assert np.array_equal(f.dequantize("w"), big)
+
+
+def _file_system(path: Path) -> str:
+    """The type of the file system holding path, from /proc/self/mounts (the longest mount point above it)"""
+    best, kind = "", ""
+    target = str(path.resolve())
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        point = fields[1].replace("\\040", " ")
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def _resident_pages(path: Path) -> int:
+    """Pages of the file in the page cache (mincore over a fresh mapping)"""
+    import ctypes
+    import mmap as mmap_module
+
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        m = mmap_module.mmap(fh.fileno(), 0, access=mmap_module.ACCESS_READ)
+    view = np.frombuffer(m, np.uint8)
+    try:
+        vec = (ctypes.c_ubyte * -(-size // mmap_module.PAGESIZE))()
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), vec) == 0, ctypes.get_errno()
+        return sum(v & 1 for v in vec)
+    finally:
+        del view
+        m.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or not Path("/proc/self/smaps").exists(),
+                    reason="posix_fadvise and mincore (Linux)")
+def test_a_written_model_file_leaves_the_page_cache(tmp_path):
+    # the page cache keeps a file in 2 MB pieces only where it read it so; the small pages a write leaves
+    # behind go, and the first load reads the file back through a mapping that asks for huge pages
+    from barellm.files import atomic_write
+
+    if _file_system(tmp_path) in ("tmpfs", "ramfs"):
+        pytest.skip("a memory file system has no page cache to leave")
+    data = np.random.default_rng(0).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes()
+    kept, dropped = tmp_path / "kept.bin", tmp_path / "dropped.bin"
+    with atomic_write(kept) as f:
+        f.write(data)
+    with atomic_write(dropped, drop_cache=True) as f:
+        f.write(data)
+    n = (8 << 20) // os.sysconf("SC_PAGE_SIZE")
+    assert _resident_pages(kept) > n // 2          # a plain write stays cached
+    assert _resident_pages(dropped) < n // 8       # synced, then dropped
+    assert dropped.read_bytes() == data

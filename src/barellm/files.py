@@ -52,9 +52,10 @@ def fsync_dir(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+def atomic_write(path: str | os.PathLike[str], *, drop_cache: bool = False) -> Iterator[BinaryIO]:
     """Opens a temporary file for writing `path`; on a normal exit it is flushed, synced and renamed over
-    `path`; on any exception it is removed and `path` is left as it was."""
+    `path`; on any exception it is removed and `path` is left as it was. With drop_cache the written pages
+    leave the page cache once synced (see drop_page_cache)."""
     path = Path(path)
     tmp = temp_path(path)
     try:
@@ -62,11 +63,27 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             yield f
             f.flush()
             os.fsync(f.fileno())
+            if drop_cache:
+                drop_page_cache(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def drop_page_cache(fd: int) -> None:
+    """Lets the kernel drop a synced file's pages from the page cache (best effort). A model file is read
+    back through a mapping that asks for 2 MB pages (formats.mapped.hugepages), and the page cache holds a
+    file in 2 MB pieces only where it read them that way: the pages a write left behind are small, and
+    weights mapped from them decode 4-11% slower here (a TLB miss every 4 KB)."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    try:
+        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        pass
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:

@@ -474,6 +474,13 @@ class BLMFile(MappedFile):
     data_size: int
     file_size: int
 
+    def _data_start(self) -> int:
+        if self._data is None or self._data.size < PREAMBLE_BYTES:
+            return 0
+        fields = _PREAMBLE.unpack_from(self._data, 0)
+        offset = int(fields[5])
+        return offset if fields[0] == MAGIC and 0 < offset <= self._data.size else 0
+
     def _check_size(self, size: int) -> None:
         if size < PREAMBLE_BYTES:
             raise FormatError(f"{self._name}: preamble at offset 0: the file has {size} bytes, "
@@ -821,7 +828,7 @@ def write_blm(path: str | os.PathLike[str], metadata: Mapping[str, Any], tensors
 
     remove_stale_temps(Path(path).parent, ".blm")  # what writers killed part-way left in that directory
     try:
-        with atomic_write(path) as f:
+        with atomic_write(path, drop_cache=True) as f:
             # Zeros where the header goes: until the very end the file has no magic, so a writer killed
             # part-way leaves a temp file that no reader mistakes for a model.
             f.write(b"\0" * data_offset)

@@ -19,12 +19,35 @@ Self = TypeVar("Self", bound="MappedFile")
 
 _MADV_POPULATE_READ = 22  # Linux 5.14: fault the range's pages in, as reading them would
 _PREFETCH_STEP = 8 << 20  # bytes per madvise call
+_HUGE = 2 << 20  # a transparent huge page (x86-64, arm64 with 4 KB pages)
 
 
 class TensorNotFound(FormatError, KeyError):
     """A tensor name the file does not have (also a KeyError, as for any mapping)."""
 
     __str__ = Exception.__str__
+
+
+def hugepages(m: mmap.mmap, data_start: int = 0) -> bool:
+    """Asks for the pages of a mapped model file from data_start on in 2 MB pieces, where the page cache holds
+    the file so (MADV_HUGEPAGE before the first fault; a no-op where the kernel or the file system cannot),
+    and for the 2 MB pieces holding the header in 4 KB pages (MADV_NOHUGEPAGE).
+
+    Decode reads every weight once a token, so each 4 KB page is a TLB miss: weights mapped in 4 KB pages
+    read 4-11% slower here than the same bytes in anonymous memory, in 2 MB pages as fast or faster. The
+    header is read once and released (MappedFile.release_header); a read of it after that would otherwise
+    map a whole 2 MB piece back in."""
+    on, off = getattr(mmap, "MADV_HUGEPAGE", None), getattr(mmap, "MADV_NOHUGEPAGE", None)
+    if on is None or off is None:
+        return False
+    head = min(-(-data_start // _HUGE) * _HUGE, len(m))
+    try:
+        m.madvise(on)
+        if head:
+            m.madvise(off, 0, head)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 class MappedFile:
@@ -58,6 +81,7 @@ class MappedFile:
             os.close(fd)
         try:
             self._data = np.frombuffer(self._mmap, dtype=np.uint8)
+            hugepages(self._mmap, self._data_start())
             if prefetch:  # (before the parse, which it overlaps)
                 self.prefetch()
             self._parse(self._mmap)
@@ -136,7 +160,8 @@ class MappedFile:
             madvise = libc.madvise
         except (OSError, AttributeError):
             return False
-        view = self._data  # (the mapping starts on a page)
+        start = self._data_start() // mmap.PAGESIZE * mmap.PAGESIZE
+        view = self._data[start:]  # (the mapping starts on a page)
 
         def populate(view: np.ndarray) -> None:  # (holding the view keeps the mapping alive through a close())
             # in steps, each holding the process's memory-map lock briefly: the loading thread's own mmap and
@@ -150,6 +175,12 @@ class MappedFile:
         self.prefetching = threading.Thread(target=populate, args=(view,), name="barellm-prefetch", daemon=True)
         self.prefetching.start()
         return True
+
+    def _data_start(self) -> int:
+        """Where the tensor data begins, as far as the file's first bytes tell before it is parsed (0: not
+        known). prefetch() maps the pages from there on: the header's are read by the parse and released
+        after it (release_header), and mapping them in again would only raise the peak."""
+        return 0
 
     def close(self) -> None:
         """Release the mapping (deferred while tensor views are still alive)."""
