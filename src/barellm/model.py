@@ -117,9 +117,6 @@ class Model:
         md = self.source.metadata
         self.metadata: dict[str, Any] = md
         self.config: ModelConfig = config_of(self.source)
-        # the header's strings are Python strings by now: its pages need not stay resident beside them (what the
-        # tokenizer reads next from it, the scores and token types, comes back on its own)
-        self.source.release_header()
         n_ctx = context or min(self.config.context_length, 4096)
         if not (isinstance(n_ctx, int) and 16 <= n_ctx <= self.config.context_length):
             raise InvalidRequest(f"context must be an integer in 16..{self.config.context_length}, got {context!r}")
@@ -130,6 +127,9 @@ class Model:
             bos_token=self.tokenizer.token_text(self.tokenizer.bos_id) if self.tokenizer.bos_id is not None else "",
             eos_token=self.tokenizer.token_text(self.tokenizer.eos_id) if self.tokenizer.eos_id is not None else "",
         )
+        # what the header holds is in Python objects by now (strings, the tokenizer's scores and token types):
+        # its pages need not stay resident beside them
+        self.source.release_header()
         if not (isinstance(slots, int) and 1 <= slots <= 256):
             raise InvalidRequest(f"slots must be an integer in 1..256, got {slots!r}")
         self.slots = slots
