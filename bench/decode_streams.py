@@ -13,19 +13,10 @@ as a share of the limit. Decode is bandwidth-bound: a matmul far below the limit
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import time
 from collections import defaultdict
 
-
-def roofline(exe: str, threads: int) -> float:
-    out = subprocess.run([exe, "1024", str(threads)], capture_output=True, text=True, check=True).stdout
-    for line in out.splitlines():
-        m = re.match(rf"\s*{threads}\s+([\d.]+)\s+([\d.]+)", line)
-        if m:
-            return float(m.group(1))
-    raise RuntimeError(f"no bandwidth for {threads} threads in the roofline output:\n{out}")
+from side_by_side import run_roofline  # (bench/ is this script's directory, first on the path)
 
 
 def profile(name: str, threads: int, reps: int) -> tuple[float, list[tuple[str, float, float, float]]]:
@@ -65,7 +56,7 @@ def main() -> None:
     ap.add_argument("--roofline", default=None, help="bench/roofline.c built: the limit, measured right before")
     args = ap.parse_args()
     for t in (int(x) for x in args.t.split(",")):
-        bw = roofline(args.roofline, t) if args.roofline else None
+        bw = run_roofline(args.roofline, t) if args.roofline else None
         tps, rows = profile(args.model, t, args.r)
         weights = sum(r[3] for r in rows)
         rate = tps * weights / 1e9
