@@ -117,10 +117,10 @@ def main() -> None:
                 # each round's speed over the limit measured just before it, then the median of those shares
                 bw = statistics.median(s["GB/s"])
                 limit = bw * 1e9 / weights[m]
-                share = [100 * tps * weights[m] / (g * 1e9) for tps, g in zip(s["barellm"], s["GB/s"], strict=True)]
-                lshare = [100 * tps * weights[m] / (g * 1e9) for tps, g in zip(s["llama.cpp"], s["GB/s"], strict=True)]
-                line += (f" {bw:.1f} | {limit:.1f} | {statistics.median(share):.0f}% |"
-                         f" {statistics.median(lshare):.0f}% |")
+                share = {e: statistics.median(100 * tps * weights[m] / (g * 1e9)
+                                              for tps, g in zip(s[e], s["GB/s"], strict=True))
+                         for e in ("barellm", "llama.cpp")}
+                line += f" {bw:.1f} | {limit:.1f} | {share['barellm']:.0f}% | {share['llama.cpp']:.0f}% |"
             else:
                 bw = statistics.median(samples[("bw", t)]["GB/s"]) if ("bw", t) in samples else float("nan")
                 line += f" {bw:.1f} | | | |"
