@@ -40,12 +40,39 @@ static void op_rmsnorm(const bl_plan *p, const bl_op *op, int tid, int nth) {
     run_qjobs(op, i0, i1);
 }
 
+/* Whether each thread can take a range of whole blocks of every token's values: the qjobs convert the
+ * op's own output, of the op's length, which is whole blocks. */
+static int splits_by_blocks(const bl_op *op) {
+    if (op->n % BL_ACT_BLOCK) return 0;
+    for (int j = 0; j < op->n_qjobs; j++)
+        if (op->qjobs[j].x || op->qjobs[j].w.cols != op->n) return 0;
+    return 1;
+}
+
 static void op_silu_mul(const bl_plan *p, const bl_op *op, int tid, int nth) {
+    void (*act)(const float *, const float *, float *, int) = op->gelu ? bl_gelu_mul : bl_silu_mul;
+    if (p->T < nth && splits_by_blocks(op)) {
+        /* fewer tokens than threads (decode): by tokens one thread would do it all while the others wait
+         * at the barrier; elementwise work and block conversion give the same bits split either way */
+        int b0, b1;
+        bl_split(op->n / BL_ACT_BLOCK, 1, tid, nth, &b0, &b1);
+        if (b0 >= b1) return;
+        const int i0 = b0 * BL_ACT_BLOCK, len = (b1 - b0) * BL_ACT_BLOCK;
+        for (int t = 0; t < p->T; t++) {
+            float *out = op->out + (size_t)t * op->out_stride;
+            act(op->x + (size_t)t * op->x_stride + i0, op->x2 + (size_t)t * op->x_stride + i0, out + i0, len);
+            for (int j = 0; j < op->n_qjobs; j++) {
+                const bl_qjob *q = &op->qjobs[j];
+                bl_quantize_act_blocks(&q->w, out, (char *)q->dst + (size_t)t * q->dst_stride, b0, b1);
+            }
+        }
+        return;
+    }
     int t0, t1;
     bl_split(p->T, 1, tid, nth, &t0, &t1);
     for (int t = t0; t < t1; t++)
-        (op->gelu ? bl_gelu_mul : bl_silu_mul)(op->x + (size_t)t * op->x_stride, op->x2 + (size_t)t * op->x_stride,
-                                               op->out + (size_t)t * op->out_stride, op->n);
+        act(op->x + (size_t)t * op->x_stride, op->x2 + (size_t)t * op->x_stride, op->out + (size_t)t * op->out_stride,
+            op->n);
     run_qjobs(op, t0, t1);
 }
 

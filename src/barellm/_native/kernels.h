@@ -84,6 +84,14 @@ BL_API size_t bl_act_row_bytes(const bl_matrix *w, int cols);
  * bl_act_row_bytes(w, cols) apart. */
 BL_API void bl_quantize_act(const bl_matrix *w, const float *x, size_t x_stride, int T, void *out);
 
+/* The values of a vector that convert on their own: blocks of this many (every integer type's block). */
+#define BL_ACT_BLOCK 32
+
+/* The part of bl_quantize_act's row for one vector x that blocks [b0, b1) of its values make (a float
+ * row's last block may be short): threads converting disjoint block ranges write one row together, with
+ * the bits the whole-row conversion gives. */
+BL_API void bl_quantize_act_blocks(const bl_matrix *w, const float *x, void *out, int b0, int b1);
+
 /* How the calling thread's matmuls prefetch their weights: set by the executor for the threads of an op.
  * With several threads streaming weights at once, prefetches that bypass the outer caches (NTA) kept
  * Qwen2.5-Coder-1.5B's 2-thread decode 3% closer to the memory bandwidth on Zen 3; alone, a thread did

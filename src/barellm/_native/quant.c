@@ -37,7 +37,7 @@ const bl_type_traits *bl_traits(int type) {
 
 /* ---- the kernels of the ISA in use, resolved once ---- */
 
-typedef void (*act_fn)(const float *x, int cols, uint8_t *row);
+typedef void (*act_fn)(const float *x, int cols, uint8_t *row, int b0, int b1);
 _Thread_local int bl_shared_stream;
 
 static bl_matmul_fn g_matmul[BL_TYPE_COUNT][BL_LAYOUT_COUNT];
@@ -163,8 +163,21 @@ void bl_quantize_act(const bl_matrix *w, const float *x, size_t x_stride, int T,
     const act_fn f = bl_traits(w->type)->int_acts ? g_act[w->act] : NULL;
     for (int t = 0; t < T; t++) {
         uint8_t *o = (uint8_t *)out + (size_t)t * ob;
-        if (f) f(x + (size_t)t * x_stride, cols, o);
+        if (f) f(x + (size_t)t * x_stride, cols, o, 0, cols / BL_QK);
         else memcpy(o, x + (size_t)t * x_stride, (size_t)cols * 4);
+    }
+}
+
+void bl_quantize_act_blocks(const bl_matrix *w, const float *x, void *out, int b0, int b1) {
+    ensure_resolved();
+    const int cols = w->cols, nblk = (cols + BL_ACT_BLOCK - 1) / BL_ACT_BLOCK;
+    if (b1 > nblk) b1 = nblk;
+    if (b0 >= b1) return;
+    const act_fn f = bl_traits(w->type)->int_acts ? g_act[w->act] : NULL;
+    if (f) f(x, cols, out, b0, b1);
+    else {
+        const int i0 = b0 * BL_ACT_BLOCK, i1 = b1 * BL_ACT_BLOCK < cols ? b1 * BL_ACT_BLOCK : cols;
+        memcpy((float *)out + i0, x + i0, (size_t)(i1 - i0) * 4);
     }
 }
 

@@ -71,9 +71,9 @@ AI float block_amax(const __m256 *v) {
     return _mm_cvtss_f32(m);
 }
 
-void bl_act_q8_avx2(const float *x, int cols, uint8_t *row) {
+void bl_act_q8_avx2(const float *x, int cols, uint8_t *row, int b0, int b1) {
     const int nb = cols / BL_QK;
-    for (int b = 0; b < nb; b++) {
+    for (int b = b0; b < b1; b++) {
         const float *xb = x + b * BL_QK;
         __m256 v[4];
         for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
@@ -94,12 +94,12 @@ void bl_act_q8_avx2(const float *x, int cols, uint8_t *row) {
     }
 }
 
-void bl_act_q8x2_avx2(const float *x, int cols, uint8_t *row) {
+void bl_act_q8x2_avx2(const float *x, int cols, uint8_t *row, int b0, int b1) {
     const int nb = cols / BL_QK;
     const __m256 c254 = _mm256_set1_ps(254.0f);
     const __m256i qmax = _mm256_set1_epi32(BL_Q8X2_MAX), qmin = _mm256_set1_epi32(-BL_Q8X2_MAX);
     const __m256i k254 = _mm256_set1_epi32(254);
-    for (int b = 0; b < nb; b++) {
+    for (int b = b0; b < b1; b++) {
         const float *xb = x + b * BL_QK;
         __m256 v[4];
         for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);

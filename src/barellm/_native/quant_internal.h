@@ -56,6 +56,7 @@
 #include "kernels.h"
 
 #define BL_QK 32 /* elements per block of the quantized types handled here */
+_Static_assert(BL_QK == BL_ACT_BLOCK, "activation rows convert in the blocks kernels.h promises");
 
 static inline size_t bl_round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -141,12 +142,13 @@ static inline const uint8_t *bl_load_block(const bl_type_traits *t, const bl_mat
 }
 
 /* The per-ISA kernels the traits table points at (quant_scalar.c, quant_avx2.c, quant_kq_scalar.c,
- * quant_kq_avx2.c). Activation rows: one vector of cols values into its integer blocks. Matmuls: as
+ * quant_kq_avx2.c). Activation rows: blocks [b0, b1) of one vector of cols values into the integer blocks
+ * of its row (the row's own layout, so threads can share one row). Matmuls: as
  * bl_matmul, for the type in the name and the layout(s) the table gives them. */
 #define BL_MM_ARGS const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1
 #define BL_KERNELS_DECLARE(isa)                                                                          \
-    void bl_act_q8_##isa(const float *x, int cols, uint8_t *row);                                        \
-    void bl_act_q8x2_##isa(const float *x, int cols, uint8_t *row);                                      \
+    void bl_act_q8_##isa(const float *x, int cols, uint8_t *row, int b0, int b1);                        \
+    void bl_act_q8x2_##isa(const float *x, int cols, uint8_t *row, int b0, int b1);                      \
     void bl_mm_f32_##isa(BL_MM_ARGS);                                                                    \
     void bl_mm_f16_##isa(BL_MM_ARGS);                                                                    \
     void bl_mm_q4_0_##isa(BL_MM_ARGS);                                                                   \

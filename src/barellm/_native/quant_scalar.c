@@ -17,11 +17,11 @@ static float block_amax(const float *xb) {
     return amax;
 }
 
-void bl_act_q8_scalar(const float *x, int cols, uint8_t *row) {
+void bl_act_q8_scalar(const float *x, int cols, uint8_t *row, int b0, int b1) {
     const int nb = cols / BL_QK;
     uint8_t *p = (uint8_t *)row;
     int8_t *qs = (int8_t *)p;
-    for (int b = 0; b < nb; b++) {
+    for (int b = b0; b < b1; b++) {
         const float *xb = x + b * BL_QK;
         const float amax = block_amax(xb);
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -39,11 +39,11 @@ void bl_act_q8_scalar(const float *x, int cols, uint8_t *row) {
     }
 }
 
-void bl_act_q8x2_scalar(const float *x, int cols, uint8_t *row) {
+void bl_act_q8x2_scalar(const float *x, int cols, uint8_t *row, int b0, int b1) {
     const int nb = cols / BL_QK;
     uint8_t *p = (uint8_t *)row;
     int8_t *hi = (int8_t *)p, *lo = hi + (size_t)nb * 32;
-    for (int b = 0; b < nb; b++) {
+    for (int b = b0; b < b1; b++) {
         const float *xb = x + b * BL_QK;
         const float amax = block_amax(xb);
         const float d = amax / (float)BL_Q8X2_MAX, id = d != 0.0f ? 1.0f / d : 0.0f;
