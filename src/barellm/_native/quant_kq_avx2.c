@@ -31,9 +31,14 @@
 #define MAXNT 4
 /* Software prefetch distance in the interleaved weights (0: none): without it their stream from memory
  * runs well behind the compute (measured on Zen 3 at T = 1, weights from memory: 55-65% of a plain read's
- * rate without, 80-95% at 8 KB ahead; 4-12 KB do about as well). */
+ * rate without, 80-95% at 8 KB ahead; 4-12 KB do about as well). With two threads streaming at once (NTA
+ * prefetches, see bl_shared_stream) 16 KB did better: the Q4_K tile 94-95% -> 96-97% of a plain 2-thread
+ * read, Q6_K 87-92% -> 93-95% (16-32 KB alike). */
 #ifndef PF_BYTES
 #define PF_BYTES 8192
+#endif
+#ifndef PF_BYTES_SHARED
+#define PF_BYTES_SHARED 16384
 #endif
 
 AI __m256i bcast32(const int8_t *p) { return _mm256_set1_epi32(bl_rd32(p)); }
@@ -793,6 +798,7 @@ static void matmul_kq(const tile_fn *fns, const int half, const lean_path *lean,
     tile_args A = {NULL, cols / tr->block_size, NULL, xb, NULL, NULL, ldo, 8, NULL, 0};
     A.pfs = (gb + (size_t)A.nu - 1) / (size_t)A.nu;
     const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
+    const size_t pf = bl_shared_stream ? PF_BYTES_SHARED : PF_BYTES;
     for (int r = r0; r < r1; r += 8) {
         A.nvalid = r1 - r < 8 ? r1 - r : 8;
         if (rows_layout) {
@@ -808,7 +814,7 @@ static void matmul_kq(const tile_fn *fns, const int half, const lean_path *lean,
             A.xa = (const uint8_t *)xq + (size_t)t * xb;
             A.xp = xp ? xp + (size_t)t * nb : NULL;
             A.o = out + (size_t)t * ldo + r;
-            A.pf = PF_BYTES && !rows_layout && t == 0 && (size_t)(end - A.g) >= PF_BYTES + gb ? A.g + PF_BYTES : NULL;
+            A.pf = pf && !rows_layout && t == 0 && (size_t)(end - A.g) >= pf + gb ? A.g + pf : NULL;
             fns[nt - 1](&A);
         }
     }
