@@ -1,0 +1,140 @@
+/* How close the K-quant decode tiles stream to a plain read of the same memory.
+ *
+ *   cc -O3 -std=gnu11 -pthread -ffunction-sections -fdata-sections -Wl,--gc-sections \
+ *      -Isrc/barellm/_native bench/tile_stream.c -o /tmp/tile_stream && /tmp/tile_stream [MB] [rounds]
+ *
+ * Decode is bandwidth-bound only if the tile (quant_kq_avx2.c, one token: NT = 1) keeps the memory as
+ * busy as a plain read does. This program builds the tile in (it includes the kernel source: the tiles
+ * are static), fills a buffer of MB (default 1024) in 2 MB pages with random Q4_K or Q6_K groups of a
+ * 1536-column matrix, and per round times, on 1 and then 2 threads (each its own half, the prefetch kind
+ * and distance the executor gives that many threads), the tile over every group and then bench/roofline.c's
+ * plain read over the same bytes. It prints each round's GB/s and the tile's share of the read: the
+ * tile's own loss, apart from a model's barriers and smaller ops. The values are random bytes: only the
+ * speed means anything.
+ */
+#define _GNU_SOURCE
+#include "quant_kq_avx2.c"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <time.h>
+
+_Thread_local int bl_shared_stream;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* bench/roofline.c's read: 256-bit loads into 8 independent accumulators */
+static float read_stream(const float *p, size_t n) {
+    __m256 a[8];
+    for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+    for (size_t i = 0; i < n; i += 64)
+        for (int k = 0; k < 8; k++) a[k] = _mm256_add_ps(a[k], _mm256_load_ps(p + i + 8 * k));
+    for (int k = 1; k < 8; k++) a[0] = _mm256_add_ps(a[0], a[k]);
+    return _mm256_cvtss_f32(a[0]);
+}
+
+typedef struct {
+    const uint8_t *w; /* all groups */
+    size_t gb;        /* bytes a group */
+    size_t g0, g1;    /* this thread's groups */
+    int nu, q6k, shared;
+    const uint8_t *xq;
+    const int32_t *xp;
+    float sink;
+} job;
+
+#define COLS 1536
+
+static void tiles(job *j) {
+    bl_shared_stream = j->shared;
+    const size_t pf = j->shared ? PF_BYTES_SHARED : PF_BYTES, end = j->g1 * j->gb;
+    float out[8];
+    for (size_t g = j->g0; g < j->g1; g++) {
+        const uint8_t *p = j->w + g * j->gb;
+        tile_args A = {p, j->nu, j->xq, 0, j->xp, out, 8, 8, (size_t)(p - j->w) + pf + j->gb <= end ? p + pf : NULL,
+                       (j->gb + (size_t)j->nu - 1) / (size_t)j->nu};
+        if (j->q6k) q6k_1(&A);
+        else q4k_1(&A);
+        j->sink += out[g & 7];
+    }
+}
+
+static int g_read;
+static pthread_barrier_t g_start, g_end;
+
+static void *worker(void *arg) {
+    job *j = arg;
+    pthread_barrier_wait(&g_start);
+    if (g_read) j->sink += read_stream((const float *)(const void *)(j->w + j->g0 * j->gb), (j->g1 - j->g0) * j->gb / 4 / 64 * 64);
+    else tiles(j);
+    pthread_barrier_wait(&g_end);
+    return NULL;
+}
+
+/* seconds for one pass of nth threads over the groups, tiles or a plain read */
+static double pass(job *jobs, int nth, int read) {
+    pthread_t th[2];
+    g_read = read;
+    pthread_barrier_init(&g_start, NULL, (unsigned)nth + 1);
+    pthread_barrier_init(&g_end, NULL, (unsigned)nth + 1);
+    for (int i = 0; i < nth; i++) pthread_create(&th[i], NULL, worker, &jobs[i]);
+    pthread_barrier_wait(&g_start);
+    const double t0 = now();
+    pthread_barrier_wait(&g_end);
+    const double t = now() - t0;
+    for (int i = 0; i < nth; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&g_start);
+    pthread_barrier_destroy(&g_end);
+    return t;
+}
+
+static int cmp(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    const size_t mb = argc > 1 ? strtoul(argv[1], NULL, 10) : 1024;
+    const int rounds = argc > 2 ? atoi(argv[2]) : 5;
+    if (mb < 64 || rounds < 1 || rounds > 99) {
+        fprintf(stderr, "usage: %s [MB >= 64] [rounds 1..99]\n", argv[0]);
+        return 2;
+    }
+    static uint8_t xq[COLS * 2];
+    static int32_t xp[COLS / 32];
+    srand(1);
+    for (size_t i = 0; i < sizeof xq; i++) xq[i] = (uint8_t)(rand() & 0x3f); /* q, then small d/s/sums */
+    for (int q6k = 0; q6k < 2; q6k++) {
+        const int nu = COLS / 256;
+        const size_t gb = (size_t)nu * (q6k ? 1680 : 1152), ng = (mb << 20) / gb, bytes = ng * gb;
+        uint8_t *w = aligned_alloc(1 << 21, (bytes + (1 << 21) - 1) & ~(size_t)((1 << 21) - 1));
+        if (!w) {
+            fprintf(stderr, "cannot allocate %zu MB\n", mb);
+            return 1;
+        }
+        madvise(w, bytes, MADV_HUGEPAGE);
+        for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)((i * 2654435761u) >> 13);
+        for (int nth = 1; nth <= 2; nth++) {
+            job jobs[2];
+            for (int i = 0; i < nth; i++)
+                jobs[i] = (job){w, gb, ng * (size_t)i / (size_t)nth, ng * (size_t)(i + 1) / (size_t)nth, nu, q6k,
+                                nth > 1, xq, xp, 0};
+            double share[99];
+            printf("%s, %d thread(s): tile GB/s, read GB/s, tile / read\n", q6k ? "Q6_K" : "Q4_K", nth);
+            for (int r = 0; r < rounds; r++) {
+                const double tt = pass(jobs, nth, 0), tr = pass(jobs, nth, 1);
+                share[r] = tr / tt;
+                printf("  %5.1f  %5.1f  %5.1f%%\n", bytes / tt / 1e9, bytes / tr / 1e9, 100 * share[r]);
+            }
+            qsort(share, (size_t)rounds, sizeof share[0], cmp);
+            printf("  median %.1f%%\n", 100 * share[rounds / 2]);
+        }
+        free(w);
+    }
+    return 0;
+}
