@@ -252,8 +252,11 @@ def _spawn(model_path, *args: str, plain: bool = False):
     # with prompt_toolkit hidden, its import fails as if it were not installed
     code = "import sys; " + ("sys.modules['prompt_toolkit'] = None; " if plain else "") + \
         "from barellm.cli import main; sys.exit(main(sys.argv[1:]))"
+    # Ctrl-C as at a terminal, whatever this run inherited: started in the background (`cmd &` in a script)
+    # the runner ignores SIGINT, its children would too, and input() would never see the Ctrl-C
     child = pexpect.spawn(sys.executable, ["-c", code, "chat", str(model_path), "--temperature", "0", *args],
-                          env=env, encoding="utf-8", timeout=120, dimensions=(50, 250))
+                          env=env, encoding="utf-8", timeout=120, dimensions=(50, 250),
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     child.expect(PROMPT)
     return child
 
