@@ -163,6 +163,21 @@ def test_quantize_act_exact(isa, cols):
     np.testing.assert_array_equal(got[:, : cols * 4], x.view(np.uint8))
 
 
+@pytest.mark.parametrize("cols", [32, 96, 200, 576, 8960])
+def test_quantize_act_in_block_ranges(isa, cols):
+    """A row converted in ranges of blocks, as threads sharing one decode token's row do, is the row the
+    whole conversion makes, byte for byte; float rows whose last block is short included."""
+    rng = np.random.default_rng(cols)
+    x = rng.standard_normal((3, cols)).astype(np.float32) * rng.uniform(0.01, 100, (3, 1)).astype(np.float32)
+    cases = [(F32, A8)] + ([(t, a) for t in QUANT for a in (A8, A8X2)] if cols % QK == 0 else [])
+    for t, act in cases:
+        whole = nat.quantize_act(t, ROWS, cols, x, act)
+        for piece in (1, 3, 7, cols // QK + 1):
+            assert nat.quantize_act(t, ROWS, cols, x, act, piece) == whole, (t, act, piece)
+    with pytest.raises(ValueError, match="piece"):
+        nat.quantize_act(F32, ROWS, cols, x, A8, -1)
+
+
 # ---- correctness against NumPy ------------------------------------------------------------------------
 
 

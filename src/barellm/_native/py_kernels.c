@@ -320,11 +320,15 @@ static PyObject *py_repack(PyObject *self, PyObject *args) {
 
 static PyObject *py_quantize_act(PyObject *self, PyObject *args) {
     (void)self;
-    int type, layout, cols, T, act = BL_ACT_Q8;
+    int type, layout, cols, T, act = BL_ACT_Q8, piece = 0;
     PyObject *xobj;
     bl_matrix m;
     Py_buffer xv;
-    if (!PyArg_ParseTuple(args, "iiiO|i", &type, &layout, &cols, &xobj, &act)) return NULL;
+    if (!PyArg_ParseTuple(args, "iiiO|ii", &type, &layout, &cols, &xobj, &act, &piece)) return NULL;
+    if (piece < 0) {
+        PyErr_SetString(PyExc_ValueError, "piece must be >= 0");
+        return NULL;
+    }
     if (check_matrix(&m, type, layout, 8, cols, act) < 0 || get_f32(xobj, cols, &xv, &T) < 0) return NULL;
     size_t rb = bl_act_row_bytes(&m, cols);
     PyObject *ba = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(rb * T));
@@ -335,7 +339,11 @@ static PyObject *py_quantize_act(PyObject *self, PyObject *args) {
     char *dst = PyByteArray_AS_STRING(ba);
     memset(dst, 0, rb * T);
     Py_BEGIN_ALLOW_THREADS
-    bl_quantize_act(&m, (const float *)xv.buf, (size_t)cols, T, dst);
+    if (!piece) bl_quantize_act(&m, (const float *)xv.buf, (size_t)cols, T, dst);
+    else /* each row in ranges of `piece` blocks, last first, as threads sharing a row would */
+        for (int t = 0; t < T; t++)
+            for (int b = (cols + BL_ACT_BLOCK - 1) / BL_ACT_BLOCK / piece * piece; b >= 0; b -= piece)
+                bl_quantize_act_blocks(&m, (const float *)xv.buf + (size_t)t * cols, dst + (size_t)t * rb, b, b + piece);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&xv);
     return ba;
@@ -516,7 +524,8 @@ PyMethodDef bl_kernel_methods[] = {
     {"repack", py_repack, METH_VARARGS,
      "repack(type, layout, rows, cols, w_rows) -> bytearray: GGUF-ordered rows w_rows in `layout`."},
     {"quantize_act", py_quantize_act, METH_VARARGS,
-     "quantize_act(type, layout, cols, x_f32[T, cols], act=0) -> bytearray of T activation vectors."},
+     "quantize_act(type, layout, cols, x_f32[T, cols], act=0, piece=0) -> bytearray of T activation vectors; "
+     "piece > 0: each converted in ranges of that many blocks (bl_quantize_act_blocks)."},
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
      "matmul(type, layout, rows, cols, w, x_f32[T, cols], r0=0, r1=rows, act=0) -> f32 memoryview [T, rows]\n"
      "(out[t, r] = sum_k W[r, k] x[t, k] for r in [r0, r1), zero elsewhere)."},

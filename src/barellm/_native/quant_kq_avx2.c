@@ -32,8 +32,8 @@
 /* Software prefetch distance in the interleaved weights (0: none): without it their stream from memory
  * runs well behind the compute (measured on Zen 3 at T = 1, weights from memory: 55-65% of a plain read's
  * rate without, 80-95% at 8 KB ahead; 4-12 KB do about as well). With two threads streaming at once (NTA
- * prefetches, see bl_shared_stream) 16 KB did better: the Q4_K tile 94-95% -> 96-97% of a plain 2-thread
- * read, Q6_K 87-92% -> 93-95% (16-32 KB alike). */
+ * prefetches, see bl_shared_stream) 16 KB did better: the Q4_K tile 94-95% -> 95-97% of a plain 2-thread
+ * read, Q6_K 87-92% -> 93-96% (16-32 KB alike; bench/tile_stream.c). */
 #ifndef PF_BYTES
 #define PF_BYTES 8192
 #endif
