@@ -1,6 +1,7 @@
 /* The type-and-layout traits table (kernels.h's bl_type_traits), and the entry points of kernels.h, which
  * only ever ask the table: sizes, repacking both ways, row access, activation conversion, matmul dispatch.
  * Adding a weight type means adding its row here (and its kernels); nothing else in the core changes. */
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -156,16 +157,9 @@ size_t bl_act_row_bytes(const bl_matrix *w, int cols) {
 }
 
 void bl_quantize_act(const bl_matrix *w, const float *x, size_t x_stride, int T, void *out) {
-    if (T <= 0) return;
-    ensure_resolved();
-    const int cols = w->cols;
-    const size_t ob = bl_act_row_bytes(w, cols);
-    const act_fn f = bl_traits(w->type)->int_acts ? g_act[w->act] : NULL;
-    for (int t = 0; t < T; t++) {
-        uint8_t *o = (uint8_t *)out + (size_t)t * ob;
-        if (f) f(x + (size_t)t * x_stride, cols, o, 0, cols / BL_QK);
-        else memcpy(o, x + (size_t)t * x_stride, (size_t)cols * 4);
-    }
+    const size_t ob = bl_act_row_bytes(w, w->cols);
+    for (int t = 0; t < T; t++)
+        bl_quantize_act_blocks(w, x + (size_t)t * x_stride, (uint8_t *)out + (size_t)t * ob, 0, INT_MAX);
 }
 
 void bl_quantize_act_blocks(const bl_matrix *w, const float *x, void *out, int b0, int b1) {
