@@ -452,6 +452,71 @@ def test_prefetch_maps_the_pages_in_on_a_background_thread(tmp_path):
     assert fetched <= unfetched // 4, (unfetched, fetched)  # (a fault maps 64 KB to 2 MB of a cached file)
 
 
+def _read_in(path: Path, huge: bool) -> None:
+    """Drops the file from the page cache, then reads it back in through a mapping that asks for 2 MB pages or
+    for 4 KB ones, which decides the size of the pages the cache holds it in."""
+    import mmap
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        m.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
+        int(np.frombuffer(m, np.uint8)[::4096].sum())
+        del m
+    finally:
+        os.close(fd)
+
+
+def _small_pieces(page: np.ndarray) -> list[int] | None:
+    """The 2 MB pieces wholly inside a mapped array that this process maps in 4 KB pages"""
+    from barellm.formats.mapped import small_page_pieces
+
+    lo = -(-page.ctypes.data // (2 << 20)) * (2 << 20)
+    return small_page_pieces(lo, page.ctypes.data + page.nbytes - lo)
+
+
+def _cached_small(path: Path) -> list[int] | None:
+    """_small_pieces of the file through a mapping of its own that asks for 2 MB pages: those the page cache
+    holds in 4 KB pages"""
+    import mmap
+
+    with open(path, "rb") as fh:
+        m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    m.madvise(mmap.MADV_HUGEPAGE)
+    page = np.frombuffer(m, np.uint8)
+    int(page[::4096].sum())
+    pieces = _small_pieces(page[2 << 20:])  # (the header's piece aside)
+    del page
+    m.close()
+    return pieces
+
+
+def test_prefetch_reads_pieces_cached_in_small_pages_back_in_huge_ones(tmp_path):
+    data = np.arange(6 << 20, dtype=np.float32)  # 24 MB
+    control, path = tmp_path / "control.blm", tmp_path / "small.blm"
+    for p in (control, path):
+        write_blm(p, METADATA, [TensorSpec("w", 0, data.shape, data)], metadata_types=TYPES)
+    _read_in(control, huge=True)
+    pieces = _cached_small(control)
+    if pieces is None:
+        pytest.skip("this kernel cannot tell how a mapping's pages are mapped (PAGEMAP_SCAN: Linux >= 6.7)")
+    if pieces:
+        pytest.skip("this machine does not cache the file in 2 MB pages now (transparent huge pages off, memory "
+                    "fragmented, or a file system without large folios)")
+    _read_in(path, huge=False)
+    assert len(_cached_small(path) or []) >= 10  # the page cache holds it in 4 KB pages
+    with BLMFile(path, prefetch=True) as warm:
+        warm.prefetching.join(30)
+        assert warm.reread_bytes >= 10 << 20
+        assert _small_pieces(warm.stored("w")) == []
+        assert np.array_equal(warm.stored("w").view(np.float32), data)
+    assert _cached_small(path) == []
+    with BLMFile(path, prefetch=True) as again:  # cached in 2 MB pages now: nothing to read back
+        again.prefetching.join(30)
+        assert again.reread_bytes == 0
+
+
 def _vm_flags(base: int) -> list[tuple[int, int, set[str]]]:
     """(start, end, VmFlags) of this process's mappings from address `base` on, in address order"""
     out = []

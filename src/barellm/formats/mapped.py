@@ -20,6 +20,95 @@ Self = TypeVar("Self", bound="MappedFile")
 _MADV_POPULATE_READ = 22  # Linux 5.14: fault the range's pages in, as reading them would
 _PREFETCH_STEP = 8 << 20  # bytes per madvise call
 _HUGE = 2 << 20  # a transparent huge page (x86-64, arm64 with 4 KB pages)
+_MADV_DONTNEED = 4
+_PAGEMAP_SCAN = 0xC0606610  # _IOWR('f', 16, struct pm_scan_arg), /proc/self/pagemap: Linux 6.7
+_PAGE_IS_PRESENT, _PAGE_IS_HUGE = 1 << 3, 1 << 6
+
+
+def small_page_pieces(base: int, size: int) -> list[int] | None:
+    """The offsets from `base` (2 MB aligned) of the whole 2 MB pieces of [base, base + size) that hold pages
+    this process maps in 4 KB pages; None where the kernel cannot tell (no PAGEMAP_SCAN before Linux 6.7)."""
+    import ctypes
+
+    class Region(ctypes.Structure):
+        _fields_ = [("start", ctypes.c_uint64), ("end", ctypes.c_uint64), ("categories", ctypes.c_uint64)]
+
+    class ScanArg(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint64) for n in ("size", "flags", "start", "end", "walk_end", "vec", "vec_len",
+                                                    "max_pages", "category_inverted", "category_mask",
+                                                    "category_anyof_mask", "return_mask")]
+
+    if base % _HUGE:
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        ioctl = libc.ioctl
+        ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+        fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+    except (OSError, AttributeError):
+        return None
+    end = base + size // _HUGE * _HUGE
+    regions = (Region * 256)()
+    small: set[int] = set()
+    try:
+        at = base
+        while at < end:  # (a call returns at most 256 runs of pages alike; walk_end says where it stopped)
+            arg = ScanArg(ctypes.sizeof(ScanArg), 0, at, end, 0, ctypes.addressof(regions), 256, 0, 0, 0, 0,
+                          _PAGE_IS_PRESENT | _PAGE_IS_HUGE)
+            n = ioctl(fd, _PAGEMAP_SCAN, ctypes.byref(arg))
+            if n < 0:
+                return None
+            for r in regions[:n]:
+                if r.categories == _PAGE_IS_PRESENT:  # present, not in a huge page
+                    small.update(range((r.start - base) // _HUGE * _HUGE, r.end - base, _HUGE))
+            if arg.walk_end <= at:
+                break
+            at = arg.walk_end
+    finally:
+        os.close(fd)
+    return sorted(small)
+
+
+def rehuge(path: Path, ident: tuple[int, int], base: int, start: int, size: int, madvise: Any) -> int:
+    """Reads back through this mapping (which asks for 2 MB pages) the 2 MB pieces of [start, start + size) of
+    the file mapped at `base` that are mapped in 4 KB pages; returns the bytes read back.
+
+    The page cache holds a piece in 2 MB only if it was read in through such a mapping while memory had a free
+    2 MB block: pieces read in otherwise (a read() of the file, a mapping without the advice, a fault when
+    memory was fragmented) stay small for as long as they stay cached, and decode reads weights in them 4-11%
+    slower. Each such piece is unmapped here, dropped from the page cache (where no other process maps it)
+    and faulted in again. The first piece tells whether this can work now: if it comes back small (memory
+    fragmented, a file system without large folios), the rest are left alone. `ident` is the file's
+    (st_dev, st_ino) when mapped: nothing is done if `path` names another file now."""
+    import ctypes
+
+    pieces = small_page_pieces(base + start, size)
+    if not pieces:
+        return 0
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return 0
+    done = 0
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != ident:
+            return 0
+        for i, off in enumerate(pieces):
+            at = ctypes.c_void_p(base + start + off)
+            if madvise(at, ctypes.c_size_t(_HUGE), _MADV_DONTNEED):
+                break
+            os.posix_fadvise(fd, start + off, _HUGE, os.POSIX_FADV_DONTNEED)
+            if madvise(at, ctypes.c_size_t(_HUGE), _MADV_POPULATE_READ):
+                break
+            done += _HUGE
+            if i == 0 and small_page_pieces(base + start + off, _HUGE):
+                break
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return done
 
 
 class TensorNotFound(FormatError, KeyError):
@@ -60,6 +149,8 @@ class MappedFile:
         self._mmap: mmap.mmap | None = None
         self._data: np.ndarray | None = None
         self.prefetching: Any = None  # the thread prefetch() started
+        self.reread_bytes = 0  # what that thread read back in 2 MB pages (rehuge)
+        self._huge = False
         check_regular(self.path)  # a named pipe, a device or a socket is refused before it is opened
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)  # nor does a pipe swapped in block it
@@ -72,6 +163,7 @@ class MappedFile:
             if not stat.S_ISREG(st.st_mode):
                 raise FormatError(f"{self._name}: cannot read: not a regular file")
             self.file_size = st.st_size
+            self._ident = (st.st_dev, st.st_ino)
             self._check_size(self.file_size)
             try:
                 self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
@@ -81,7 +173,7 @@ class MappedFile:
             os.close(fd)
         try:
             self._data = np.frombuffer(self._mmap, dtype=np.uint8)
-            hugepages(self._mmap, self._data_start())
+            self._huge = hugepages(self._mmap, self._data_start())
             if prefetch:  # (before the parse, which it overlaps)
                 self.prefetch()
             self._parse(self._mmap)
@@ -143,8 +235,9 @@ class MappedFile:
         MADV_POPULATE_READ; the GIL is released meanwhile), so that the first pass over the weights does not
         stop at a page fault every 64 KB: SmolLM2's first forward pass took 1,400 of them (5 ms),
         Qwen2.5-Coder-1.5B's 12,800 (60 ms); a load parses the header and sets the tokenizer and the engine
-        up meanwhile. Skipped (False) where the file would take more than half the available memory, and a
-        no-op where the kernel lacks MADV_POPULATE_READ (Linux < 5.14)."""
+        up meanwhile. Then the pieces the page cache held in 4 KB pages are read back in 2 MB ones (rehuge;
+        `reread_bytes` says how much). Skipped (False) where the file would take more than half the available
+        memory, and a no-op where the kernel lacks MADV_POPULATE_READ (Linux < 5.14)."""
         if self._data is None or not self._data.size:
             return False
         from barellm.cpu import available_memory
@@ -162,6 +255,7 @@ class MappedFile:
             return False
         start = self._data_start() // mmap.PAGESIZE * mmap.PAGESIZE
         view = self._data[start:]  # (the mapping starts on a page)
+        head = -(-start // _HUGE) * _HUGE  # (hugepages() left the pieces before this in 4 KB pages)
 
         def populate(view: np.ndarray) -> None:  # (holding the view keeps the mapping alive through a close())
             # in steps, each holding the process's memory-map lock briefly: the loading thread's own mmap and
@@ -170,11 +264,24 @@ class MappedFile:
             for at in range(0, size, _PREFETCH_STEP):
                 if madvise(ctypes.c_void_p(base + at), ctypes.c_size_t(min(_PREFETCH_STEP, size - at)),
                            _MADV_POPULATE_READ):
-                    break  # not supported here (EINVAL), or the range went away
+                    return  # not supported here (EINVAL), or the range went away
+            if self._huge and head < self.file_size:
+                self.reread_bytes = rehuge(self.path, self._ident, base - start, head, self.file_size - head,
+                                           madvise)
 
         self.prefetching = threading.Thread(target=populate, args=(view,), name="barellm-prefetch", daemon=True)
         self.prefetching.start()
         return True
+
+    def small_pieces(self) -> int | None:
+        """How many of the 2 MB pieces holding tensor data this process maps in 4 KB pages (small_page_pieces;
+        None where the kernel cannot tell, or the mapping is not 2 MB aligned)."""
+        if self._data is None or not self._data.size:
+            return None
+        base = self._data.ctypes.data
+        head = -(-self._data_start() // _HUGE) * _HUGE
+        pieces = small_page_pieces(base + head, self.file_size - head) if head < self.file_size else []
+        return None if pieces is None else len(pieces)
 
     def _data_start(self) -> int:
         """Where the tensor data begins, as far as the file's first bytes tell before it is parsed (0: not
