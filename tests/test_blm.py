@@ -452,6 +452,20 @@ def test_prefetch_maps_the_pages_in_on_a_background_thread(tmp_path):
     assert fetched <= unfetched // 4, (unfetched, fetched)  # (a fault maps 64 KB to 2 MB of a cached file)
 
 
+def test_tensor_data_spans_every_tensor(tmp_path):
+    path = tmp_path / "two.blm"
+    a, b = np.arange(1000, dtype=np.float32), np.arange(77, dtype=np.float32)
+    write_blm(path, METADATA, [TensorSpec("a", 0, a.shape, a), TensorSpec("b", 0, b.shape, b)],
+              metadata_types=TYPES)
+    with BLMFile(path) as f:
+        span = f.tensor_data()
+        lo = span.ctypes.data
+        for name in ("a", "b"):
+            page = f.stored(name)
+            assert lo <= page.ctypes.data and page.ctypes.data + page.nbytes <= lo + span.nbytes
+        assert span.nbytes < a.nbytes + b.nbytes + 4096  # (alignment padding between them at most)
+
+
 def _read_in(path: Path, huge: bool) -> None:
     """Drops the file from the page cache, then reads it back in through a mapping that asks for 2 MB pages or
     for 4 KB ones, which decides the size of the pages the cache holds it in."""

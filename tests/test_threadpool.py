@@ -162,6 +162,21 @@ def test_pool_arguments():
     assert nat.Pool(3).size == 3
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("nbytes", [0, 8, 255, 256, 4096 + 64, 1 << 20])
+def test_pool_read_covers_each_thread_share(threads, nbytes):
+    """Pool.read (the bandwidth pass): the threads' shares together read every whole 256-byte piece once, so
+    the checksum (a sum of 64-bit words, mod 2**64) is the buffer's over those pieces, whatever the split."""
+    rng = np.random.default_rng(nbytes + threads)
+    data = rng.integers(0, 256, nbytes, dtype=np.uint8)
+    seconds, checksum = nat.Pool(threads).read(data)
+    words = data[:nbytes // 256 * 256].view(np.uint64)
+    assert checksum == int(words.sum(dtype=np.uint64))
+    assert seconds >= 0.0
+    with pytest.raises(TypeError):
+        nat.Pool(1).read(3)
+
+
 def test_pinned_pool_in_subprocess():
     """pin=True binds the threads (the calling one too), so it runs in its own process."""
     code = (

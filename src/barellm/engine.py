@@ -665,6 +665,11 @@ class NativeEngine:
         return dict(zip([op.name for op in self.ops], self.profile_threads(tokens, start, slot, repeat)[0].tolist(),
                         strict=True))
 
+    def read_pass(self, data: np.ndarray) -> float:
+        """Seconds for this engine's threads to read `data` once, each its contiguous share (as bench/roofline.c
+        reads): the ceiling of a decode that streams those bytes, measured with the same threads and pages."""
+        return float(self._pool.read(data)[0])
+
     def profile_threads(self, tokens: Sequence[int], start: int, slot: int = 0, repeat: int = 1) -> np.ndarray:
         """Cycles [thread, op] (work plus barrier wait), summed over `repeat` calls."""
         cycles = np.zeros((self.threads, len(self.ops)), np.uint64)

@@ -273,6 +273,15 @@ class MappedFile:
         self.prefetching.start()
         return True
 
+    def tensor_data(self) -> np.ndarray:
+        """The file's bytes from its first tensor's to the end of its last one's: a read-only view, no copy."""
+        if self._data is None:
+            raise ValueError(f"{self._name}: the file is closed")
+        if not self.tensors:
+            return self._data[:0]
+        lo = min(int(i.offset) for i in self.tensors.values())
+        return self._data[lo:max(int(i.offset) + int(i.nbytes) for i in self.tensors.values())]
+
     def small_pieces(self) -> int | None:
         """How many of the 2 MB pieces holding tensor data this process maps in 4 KB pages (small_page_pieces;
         None where the kernel cannot tell, or the mapping is not 2 MB aligned)."""
