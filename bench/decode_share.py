@@ -50,12 +50,12 @@ def main() -> None:
         eng, src = model.engine, model.source
         if src.prefetching:
             src.prefetching.join()
-        per_token = sum(int(src.tensors[m].nbytes) for op in eng.ops if isinstance(op, MatMul) for m in op.matrices)
         group = [("matmul " + op.name.split(".")[-1]) if isinstance(op, MatMul) else "other" for op in eng.ops]
         group_bytes: dict[str, int] = defaultdict(int)
         for op, g in zip(eng.ops, group, strict=True):
             if isinstance(op, MatMul):
                 group_bytes[g] += sum(int(src.tensors[m].nbytes) for m in op.matrices)
+        per_token = sum(group_bytes.values())
         group_shares: dict[str, list[float]] = defaultdict(list)
         data = src.tensor_data()
         matrices = [src.stored(m) for op in eng.ops if isinstance(op, MatMul) for m in op.matrices]

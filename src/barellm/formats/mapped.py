@@ -25,6 +25,11 @@ _PAGEMAP_SCAN = 0xC0606610  # _IOWR('f', 16, struct pm_scan_arg), /proc/self/pag
 _PAGE_IS_PRESENT, _PAGE_IS_HUGE = 1 << 3, 1 << 6
 
 
+def _huge_after(offset: int) -> int:
+    """The first 2 MB boundary at or after offset: where the pieces in 2 MB pages begin (hugepages)."""
+    return -(-offset // _HUGE) * _HUGE
+
+
 def small_page_pieces(base: int, size: int) -> list[int] | None:
     """The offsets from `base` (2 MB aligned) of the whole 2 MB pieces of [base, base + size) that hold pages
     this process maps in 4 KB pages; None where the kernel cannot tell (no PAGEMAP_SCAN before Linux 6.7)."""
@@ -129,7 +134,7 @@ def hugepages(m: mmap.mmap, data_start: int = 0) -> bool:
     on, off = getattr(mmap, "MADV_HUGEPAGE", None), getattr(mmap, "MADV_NOHUGEPAGE", None)
     if on is None or off is None:
         return False
-    head = min(-(-data_start // _HUGE) * _HUGE, len(m))
+    head = min(_huge_after(data_start), len(m))
     try:
         m.madvise(on)
         if head:
@@ -255,7 +260,7 @@ class MappedFile:
             return False
         start = self._data_start() // mmap.PAGESIZE * mmap.PAGESIZE
         view = self._data[start:]  # (the mapping starts on a page)
-        head = -(-start // _HUGE) * _HUGE  # (hugepages() left the pieces before this in 4 KB pages)
+        head = _huge_after(start)  # (hugepages() left the pieces before this in 4 KB pages)
 
         def populate(view: np.ndarray) -> None:  # (holding the view keeps the mapping alive through a close())
             # in steps, each holding the process's memory-map lock briefly: the loading thread's own mmap and
@@ -288,7 +293,7 @@ class MappedFile:
         if self._data is None or not self._data.size:
             return None
         base = self._data.ctypes.data
-        head = -(-self._data_start() // _HUGE) * _HUGE
+        head = _huge_after(self._data_start())
         pieces = small_page_pieces(base + head, self.file_size - head) if head < self.file_size else []
         return None if pieces is None else len(pieces)
 
