@@ -4,13 +4,18 @@
  * can reuse each weight across the prompt's tokens and is bounded by arithmetic instead. This program
  * measures both ceilings with 1..N threads so `barellm bench` figures can be placed under them:
  *
- *   cc -O2 -mavx2 -mfma -pthread bench/roofline.c -o /tmp/roofline && /tmp/roofline [MB] [max_threads]
+ *   cc -O2 -mavx2 -mfma -pthread bench/roofline.c -o /tmp/roofline && /tmp/roofline [MB] [max_threads] [small]
  *   barellm bench --roofline --bandwidth <GB/s from here>
  *
  * Bandwidth: each thread streams its own share of a buffer far larger than the last-level cache with
  * 256-bit loads, several independent accumulators so loads are not serialized on an add chain; best and
  * median of repeated passes are printed (shared machines are noisy: the best is the ceiling, the median the
  * typical). FMA: independent vfmadd chains in registers, no memory traffic.
+ *
+ * Pages: the buffer asks for 2 MB pages (MADV_HUGEPAGE), as barellm maps its weights, and the first line
+ * says how much of it got them. With a third argument `small` it stays in 4 KB pages: each 4 KB of a stream
+ * is then a TLB miss, and on a virtual machine (two-level page walks) that read 20-30% slower here, so a
+ * limit measured that way is not the machine's.
  */
 #define _GNU_SOURCE
 #include <immintrin.h>
@@ -19,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #define REPS 9
@@ -95,6 +101,28 @@ static int cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+#define HUGE_BYTES ((size_t)2 << 20)
+
+/* MB of [p, p + bytes) mapped in 2 MB pages, from the AnonHugePages line of its mapping in /proc/self/smaps
+ * (0 where the kernel does not say). */
+static size_t huge_mb(const void *p, size_t bytes) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return 0;
+    char line[512];
+    int inside = 0;
+    size_t kb = 0, total = 0;
+    const uintptr_t a = (uintptr_t)p, b = a + bytes;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            inside = lo < b && hi > a;
+        else if (inside && sscanf(line, "AnonHugePages: %zu kB", &kb) == 1)
+            total += kb;
+    }
+    fclose(f);
+    return total / 1024;
+}
+
 /* One pass over the buffer with nt threads; the slowest thread's time is the pass's. */
 static double pass(const float *buf, size_t n, int nt, int work) {
     pthread_t th[MAX_THREADS];
@@ -121,17 +149,22 @@ static double pass(const float *buf, size_t n, int nt, int work) {
 int main(int argc, char **argv) {
     size_t mb = argc > 1 ? strtoul(argv[1], NULL, 10) : 256;
     int max_threads = argc > 2 ? atoi(argv[2]) : 2;
-    if (mb < 16 || max_threads < 1 || max_threads > MAX_THREADS) {
-        fprintf(stderr, "usage: %s [MB >= 16] [max_threads 1..%d]\n", argv[0], MAX_THREADS);
+    const int small = argc > 3 && strcmp(argv[3], "small") == 0;
+    if (mb < 16 || max_threads < 1 || max_threads > MAX_THREADS || (argc > 3 && !small)) {
+        fprintf(stderr, "usage: %s [MB >= 16] [max_threads 1..%d] [small]\n", argv[0], MAX_THREADS);
         return 2;
     }
     size_t n = mb * 1024 * 1024 / sizeof(float);
-    float *buf = aligned_alloc(64, n * sizeof(float));
+    float *buf = aligned_alloc(HUGE_BYTES, n * sizeof(float)); /* a multiple of 2 MB: mb is whole */
     if (!buf) {
         fprintf(stderr, "cannot allocate %zu MB\n", mb);
         return 1;
     }
+#ifdef MADV_HUGEPAGE
+    madvise(buf, n * sizeof(float), small ? MADV_NOHUGEPAGE : MADV_HUGEPAGE); /* before the first touch */
+#endif
     for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023) * 1e-3f; /* touch every page */
+    printf("buffer %zu MB, %zu MB of it in 2 MB pages\n", mb, huge_mb(buf, n * sizeof(float)));
 
     printf("threads  read GB/s best  median   fp32 FMA GFLOP/s\n");
     for (int nt = 1; nt <= max_threads; nt++) {

@@ -11,6 +11,11 @@
  * plain read over the same bytes. It prints each round's GB/s and the tile's share of the read: the
  * tile's own loss, apart from a model's barriers and smaller ops. The values are random bytes: only the
  * speed means anything.
+ *
+ * Then the same for a stand-in: the read loop with a chain of K (and, maddubs) pairs on each 32-byte vector
+ * (K = 1, 2, 4) and the tiles' prefetching. Each kind's rate with its data in L2 is printed first: the
+ * stand-in with K = 1 computes several times faster than the tiles, so how close it comes to the plain
+ * read is about what this machine allows any stream that computes.
  */
 #define _GNU_SOURCE
 #include "quant_kq_avx2.c"
@@ -42,7 +47,7 @@ typedef struct {
     const uint8_t *w; /* all groups */
     size_t gb;        /* bytes a group */
     size_t g0, g1;    /* this thread's groups */
-    int nu, q6k, shared;
+    int nu, kind, K, shared; /* kind: 0 the Q4_K tile, 1 the Q6_K tile, 2 the stand-in with K pairs */
     const uint8_t *xq;
     const int32_t *xp;
     float sink;
@@ -58,10 +63,55 @@ static void tiles(job *j) {
         const uint8_t *p = j->w + g * j->gb;
         tile_args A = {p, j->nu, j->xq, 0, j->xp, out, 8, 8, (size_t)(p - j->w) + pf + j->gb <= end ? p + pf : NULL,
                        (j->gb + (size_t)j->nu - 1) / (size_t)j->nu};
-        if (j->q6k) q6k_1(&A);
+        if (j->kind == 1) q6k_1(&A);
         else q4k_1(&A);
         j->sink += out[g & 7];
     }
+}
+
+/* The stand-in: the thread's bytes read in order, K (and, maddubs) pairs on each 32-byte vector, prefetched
+ * as a tile prefetches (the same hint and distance, a line at a time) */
+AI void standin_k(job *j, const int K) {
+    bl_shared_stream = j->shared;
+    const uint8_t *p = j->w + j->g0 * j->gb;
+    const size_t n = (j->g1 - j->g0) * j->gb / 128 * 128, pf = j->shared ? PF_BYTES_SHARED : PF_BYTES;
+    const __m256i m = _mm256_set1_epi8(15), x = _mm256_set1_epi8(3);
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i < n; i += 128) {
+        if (i + pf + 128 <= n) {
+            if (j->shared) {
+                _mm_prefetch((const char *)p + i + pf, _MM_HINT_NTA);
+                _mm_prefetch((const char *)p + i + pf + 64, _MM_HINT_NTA);
+            } else {
+                _mm_prefetch((const char *)p + i + pf, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + i + pf + 64, _MM_HINT_T0);
+            }
+        }
+        __m256i y0 = load(p + i), y1 = load(p + i + 32), y2 = load(p + i + 64), y3 = load(p + i + 96);
+        for (int k = 0; k < K; k++) {
+            y0 = _mm256_maddubs_epi16(_mm256_and_si256(y0, m), x);
+            y1 = _mm256_maddubs_epi16(_mm256_and_si256(y1, m), x);
+            y2 = _mm256_maddubs_epi16(_mm256_and_si256(y2, m), x);
+            y3 = _mm256_maddubs_epi16(_mm256_and_si256(y3, m), x);
+        }
+        a0 = _mm256_add_epi16(a0, y0), a1 = _mm256_add_epi16(a1, y1);
+        a2 = _mm256_add_epi16(a2, y2), a3 = _mm256_add_epi16(a3, y3);
+    }
+    const __m256i s = _mm256_add_epi16(_mm256_add_epi16(a0, a1), _mm256_add_epi16(a2, a3));
+    j->sink += (float)_mm256_extract_epi16(s, 0);
+}
+
+static void standin(job *j, int K) {
+    if (K == 1) standin_k(j, 1);
+    else if (K == 2) standin_k(j, 2);
+    else standin_k(j, 4);
+}
+
+/* one pass of the job's kernel on the calling thread */
+static float pass_inline(job *j) {
+    if (j->kind == 2) standin(j, j->K);
+    else tiles(j);
+    return j->sink;
 }
 
 static int g_read;
@@ -71,6 +121,7 @@ static void *worker(void *arg) {
     job *j = arg;
     pthread_barrier_wait(&g_start);
     if (g_read) j->sink += read_stream((const float *)(const void *)(j->w + j->g0 * j->gb), (j->g1 - j->g0) * j->gb / 4 / 64 * 64);
+    else if (j->kind == 2) standin(j, j->K);
     else tiles(j);
     pthread_barrier_wait(&g_end);
     return NULL;
@@ -109,7 +160,13 @@ int main(int argc, char **argv) {
     static int32_t xp[COLS / 32];
     srand(1);
     for (size_t i = 0; i < sizeof xq; i++) xq[i] = (uint8_t)(rand() & 0x3f); /* q, then small d/s/sums */
-    for (int q6k = 0; q6k < 2; q6k++) {
+    static const struct {
+        const char *name;
+        int kind, K;
+    } runs[] = {{"Q4_K tile", 0, 0}, {"Q6_K tile", 1, 0}, {"stand-in K = 1", 2, 1}, {"stand-in K = 2", 2, 2},
+                {"stand-in K = 4", 2, 4}};
+    for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
+        const int q6k = runs[ri].kind == 1;
         const int nu = COLS / 256;
         const size_t gb = (size_t)nu * (q6k ? 1680 : 1152), ng = (mb << 20) / gb, bytes = ng * gb;
         uint8_t *w = aligned_alloc(1 << 21, (bytes + (1 << 21) - 1) & ~(size_t)((1 << 21) - 1));
@@ -122,10 +179,20 @@ int main(int argc, char **argv) {
         for (int nth = 1; nth <= 2; nth++) {
             job jobs[2];
             for (int i = 0; i < nth; i++)
-                jobs[i] = (job){w, gb, ng * (size_t)i / (size_t)nth, ng * (size_t)(i + 1) / (size_t)nth, nu, q6k,
-                                nth > 1, xq, xp, 0};
+                jobs[i] = (job){w, gb, ng * (size_t)i / (size_t)nth, ng * (size_t)(i + 1) / (size_t)nth, nu,
+                                runs[ri].kind, runs[ri].K, nth > 1, xq, xp, 0};
             double share[99];
-            printf("%s, %d thread(s): tile GB/s, read GB/s, tile / read\n", q6k ? "Q6_K" : "Q4_K", nth);
+            if (nth == 1) { /* its rate with the data in L2: how much faster it computes than memory feeds it */
+                job c = jobs[0];
+                c.g1 = c.g0 + (256u << 10) / gb;
+                (void)pass_inline(&c);
+                const double t = now();
+                for (int r = 0; r < 400; r++) (void)pass_inline(&c);
+                const double dt = now() - t;
+                printf("%s with its data in L2: %.1f GB/s\n", runs[ri].name, 400.0 * (double)(c.g1 - c.g0) * gb / dt / 1e9);
+                jobs[0].sink += c.sink;
+            }
+            printf("%s, %d thread(s): GB/s, read GB/s, share of the read\n", runs[ri].name, nth);
             for (int r = 0; r < rounds; r++) {
                 const double tt = pass(jobs, nth, 0), tr = pass(jobs, nth, 1);
                 share[r] = tr / tt;
