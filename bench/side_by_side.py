@@ -9,6 +9,8 @@ the rounds and barellm's speed as a multiple of llama.cpp's, so a slow spell of 
 alike. Decode rows also give tokens/s as a share of the bandwidth limit (weights read per token / bandwidth,
 as `barellm bench --roofline` counts them): the roofline's best pass is measured right before each decode
 pair, each round's speed is taken over that round's limit, and the row gives the median of those shares.
+The limit is roofline.c's one-stream read; its best read as 1, 2 or 3 streams a thread (one core reads faster
+from a few places at once) is given beside it, with decode's share of that.
 
 llama-bench is built from the llama.cpp sources vendored in the llama-cpp-python sdist (docs/benchmarks.md has
 the command); the GGUF files come from `barellm pull --keep-gguf`.
@@ -56,13 +58,21 @@ def run_barellm(model: str, test: str, n: int, depth: int, threads: int) -> tupl
     return float(row["tps"]["median"]), row
 
 
-def run_roofline(exe: str, threads: int) -> float:
+def run_roofline_streams(exe: str, threads: int) -> tuple[float, float]:
+    """bench/roofline.c's best read in GB/s with `threads` threads: (one stream a thread, the best of 1, 2 and
+    3 streams a thread). A build without the stream columns gives its one figure twice."""
     out = subprocess.run([exe, "1024", str(threads)], capture_output=True, text=True, check=True).stdout
     for line in out.splitlines():
-        m = re.match(rf"\s*{threads}\s+([\d.]+)\s+([\d.]+)", line)
+        m = re.match(rf"\s*{threads}((?:\s+[\d.]+)+)\s*$", line)
         if m:
-            return float(m.group(1))
+            v = [float(x) for x in m.group(1).split()]
+            return v[0], max([v[0]] + v[2:4]) if len(v) >= 5 else v[0]
     raise RuntimeError(f"no bandwidth for {threads} threads in the roofline output:\n{out}")
+
+
+def run_roofline(exe: str, threads: int) -> float:
+    """bench/roofline.c's best one-stream read in GB/s with `threads` threads."""
+    return run_roofline_streams(exe, threads)[0]
 
 
 def main() -> None:
@@ -89,11 +99,12 @@ def main() -> None:
             for m in models:
                 for test, n, d in tests:
                     key = (m, t, test, n, d)
-                    s = samples.setdefault(key, {"llama.cpp": [], "barellm": [], "GB/s": []})
+                    s = samples.setdefault(key, {"llama.cpp": [], "barellm": [], "GB/s": [], "GB/s streams": []})
                     if args.roofline and test == "tg":
                         # the limit of this very moment: a shared machine's bandwidth drifts within minutes
-                        bw = run_roofline(args.roofline, t)
+                        bw, bw_any = run_roofline_streams(args.roofline, t)
                         s["GB/s"].append(bw)
+                        s["GB/s streams"].append(bw_any)
                         samples.setdefault(("bw", t), {}).setdefault("GB/s", []).append(bw)
                     s["llama.cpp"].append(run_llama_bench(args.llama_bench, ggufs[m], test, n, d, t))
                     tps, row = run_barellm(m, test, n, d, t)
@@ -105,7 +116,8 @@ def main() -> None:
     print(f"\nmedians of {args.r} interleaved rounds; load average now {os.getloadavg()[0]:.1f}")
     hdr = "| model | threads | test | llama.cpp tok/s | barellm tok/s | barellm / llama.cpp |"
     if args.roofline:
-        hdr += " read GB/s | decode limit tok/s | barellm of limit | llama.cpp of limit |"
+        hdr += (" read GB/s | decode limit tok/s | barellm of limit | llama.cpp of limit |"
+                " best read, 1-3 streams a thread | barellm of it |")
     print(hdr)
     print("|" + "---|" * (hdr.count("|") - 1))
     for (m, t, test, n, d), s in [(k, v) for k, v in samples.items() if k[0] != "bw"]:
@@ -120,10 +132,14 @@ def main() -> None:
                 share = {e: statistics.median(100 * tps * weights[m] / (g * 1e9)
                                               for tps, g in zip(s[e], s["GB/s"], strict=True))
                          for e in ("barellm", "llama.cpp")}
-                line += f" {bw:.1f} | {limit:.1f} | {share['barellm']:.0f}% | {share['llama.cpp']:.0f}% |"
+                any_bw = statistics.median(s["GB/s streams"])
+                any_share = statistics.median(100 * tps * weights[m] / (g * 1e9)
+                                              for tps, g in zip(s["barellm"], s["GB/s streams"], strict=True))
+                line += (f" {bw:.1f} | {limit:.1f} | {share['barellm']:.0f}% | {share['llama.cpp']:.0f}% |"
+                         f" {any_bw:.1f} | {any_share:.0f}% |")
             else:
                 bw = statistics.median(samples[("bw", t)]["GB/s"]) if ("bw", t) in samples else float("nan")
-                line += f" {bw:.1f} | | | |"
+                line += f" {bw:.1f} | | | | | |"
         print(line)
     if args.json:
         Path(args.json).write_text(json.dumps({"|".join(map(str, k)): v for k, v in samples.items()}, indent=1))

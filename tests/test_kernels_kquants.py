@@ -197,7 +197,7 @@ def test_matmul_vs_numpy(isa, type_, layout, shape):
 
 
 @pytest.mark.parametrize("type_,layout", CASES)
-@pytest.mark.parametrize("rows", [1, 19, 24, 37])
+@pytest.mark.parametrize("rows", [1, 16, 19, 24, 37, 45])
 def test_invariance_T_and_splits(isa, type_, layout, rows):
     """One (t, r) gives the same bits whatever T, the row range and the other rows/vectors are."""
     cols = 512 if type_ != Q5_0 else 160
@@ -214,14 +214,17 @@ def test_invariance_T_and_splits(isa, type_, layout, rows):
         assert np.array_equal(matmul(type_, layout, rows, cols, w, x[T - k :]), full[T - k :]), k
     align = nat.row_align(type_, layout)
     xq = nat.quantize_act(type_, layout, cols, x)
+    xq1 = nat.quantize_act(type_, layout, cols, x[:1])  # T = 1: the decode path (groups from two streams)
     for _ in range(6):
         cuts = sorted(set(int(c) for c in rng.integers(0, rows // align + 1, 3) * align) | {0, rows})
-        out = np.zeros_like(full)
+        out, out1 = np.zeros_like(full), np.zeros_like(full[:1])
         for r0, r1 in zip(cuts[:-1], cuts[1:], strict=True):
             part = np.asarray(nat.matmul_q(type_, layout, rows, cols, w, xq, T, r0=r0, r1=r1))
             assert not part[:, :r0].any() and not part[:, r1:].any()
             out[:, r0:r1] = part[:, r0:r1]
+            out1[:, r0:r1] = np.asarray(nat.matmul_q(type_, layout, rows, cols, w, xq1, 1, r0=r0, r1=r1))[:, r0:r1]
         assert np.array_equal(out, full), cuts
+        assert np.array_equal(out1, full[:1]), cuts
 
 
 @pytest.mark.parametrize("type_", TYPES)
@@ -245,18 +248,21 @@ def test_paths_agree_bitwise(type_, T):
 
 
 @pytest.mark.parametrize("type_,layout", CASES)
-@pytest.mark.parametrize("T", [4, 11])
+@pytest.mark.parametrize("T", [1, 4, 11])
 def test_extremes(isa, type_, layout, T):
     """The largest integer sums the formats allow: every quant and scale at either end of its range, with
-    activations at +-127 (no overflow in the SIMD paths' 16-bit sums); T = 11 takes the prefill path
-    (values unpacked once per group, 16 rows at a time), with a leftover group of 8."""
+    activations at +-127 (no overflow in the SIMD paths' 16-bit sums); T = 1 takes the decode path (at one
+    thread: groups from two streams at once), T = 11 the prefill path (values unpacked once per group, 16
+    rows at a time), with a leftover group of 8."""
     rows, cols = 24, 2 * UNIT[type_] if type_ != Q5_0 else 64
     nu = rows * cols // UNIT[type_]
-    x = np.ones((T, cols), np.float32)
+    n = max(T, 5)
+    x = np.ones((n, cols), np.float32)
     x[1] = -1
     x[2, ::2] = -1
     x[3] = np.where(np.arange(cols) % 3 == 0, -1.0, 1.0)
-    x[4:] = np.where(np.arange(cols) % 2 == 0, 1.0, -1.0) * np.arange(4, T)[:, None] % 3 - 1
+    x[4:] = np.where(np.arange(cols) % 2 == 0, 1.0, -1.0) * np.arange(4, n)[:, None] % 3 - 1
+    xs = [x[i : i + 1] for i in range(n)] if T == 1 else [x]   # one token: each pattern in its own call
     for fill in (0x00, 0xFF, 0x55):
         b = np.full((nu, UNIT_BYTES[type_]), fill, np.uint8)
         if type_ == Q5_0:
@@ -268,8 +274,9 @@ def test_extremes(isa, type_, layout, T):
         else:
             b[:, 208:210] = _f16_bytes(np.full(nu, -0.125))
         raw = b.reshape(rows, -1)
-        got = matmul(type_, layout, rows, cols, weights_for(type_, layout, rows, cols, raw), x)
-        check_vs_numpy(got, raw, type_, rows, cols, x)
+        for xt in xs:
+            got = matmul(type_, layout, rows, cols, weights_for(type_, layout, rows, cols, raw), xt)
+            check_vs_numpy(got, raw, type_, rows, cols, xt)
 
 
 def test_sizes_and_errors():

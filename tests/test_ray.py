@@ -373,16 +373,21 @@ def test_health_and_metrics_report_every_replica(ray_service: Service) -> None:
     assert httpx.post(f"{ray_service.url}/v1/chat/completions", json=body, headers=auth, timeout=60).status_code == 200
 
 
+# long enough that a replica is still generating when it is killed (a request that ends first leaves the
+# router nothing to see fail)
+LONG_TOKENS = 256
+
+
 def _one(client: Any, i: int) -> tuple[str, float, str]:
     """A long request, streamed or not; returns how it ended, how long it took, and what it said."""
     t0 = time.monotonic()
     messages = [{"role": "user", "content": f"Tell a long story about {i + 2} travelling cats."}]
     try:
         if i % 2:
-            _, reply = _chat(client, messages, max_tokens=96)
+            _, reply = _chat(client, messages, max_tokens=LONG_TOKENS)
             return "ok", time.monotonic() - t0, reply.choices[0].message.content
         text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-            model=MODEL_ID, messages=messages, max_tokens=96, temperature=0, stream=True) if c.choices)
+            model=MODEL_ID, messages=messages, max_tokens=LONG_TOKENS, temperature=0, stream=True) if c.choices)
         return "ok", time.monotonic() - t0, text
     except openai.APIError as e:
         return f"error: {type(e).__name__}", time.monotonic() - t0, str(e)

@@ -283,13 +283,13 @@ TILE_FN(q80x2_1, tile_q8(1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80x2_2, tile_q8(1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 TILE_FN(q80x2_3, tile_q8(1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
 
-/* Decode (one token) over 16 rows: two groups share each activation broadcast. Same float work per
- * output as tile_q4. */
-AI void tile_q4_g2(const int type, const int x2, const uint8_t *g, const size_t gb, const int nb,
-                   const uint8_t *xa, float *o, const int nvalid2, const uint8_t *pf, const size_t pfs) {
+/* Decode (one token) over two groups of 8 rows, g and g2, from two streams (see matmul_i8): each activation
+ * broadcast serves both. Same float work per output as tile_q4. */
+AI void tile_q4_g2(const int type, const int x2, const uint8_t *g, const uint8_t *g2, const int nb,
+                   const uint8_t *xa, float *o, float *o2, const int nvalid2, const uint8_t *pf,
+                   const uint8_t *pf2, const size_t pfs) {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const __m256i khi = x2 ? _mm256_set1_epi16(254) : ones; /* the weight of the (hi) plane */
-    const uint8_t *g2 = g + gb;
     const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
     const uint8_t *dp2 = g2 + (size_t)nb * 128, *mp2 = dp2 + (size_t)nb * 16;
     const int8_t *xh = (const int8_t *)xa, *xl = xh + (size_t)nb * 32;
@@ -300,7 +300,8 @@ AI void tile_q4_g2(const int type, const int x2, const uint8_t *g, const size_t 
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 128, *q2 = g2 + (size_t)b * 128;
         const int8_t *h = xh + (size_t)b * 32, *l = xl + (size_t)b * 32;
-        if (pf) prefetch_lines(pf + (size_t)b * 2 * pfs, 6);
+        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3);
+        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 3);
         __m256i sh, sl, sh2, sl2;
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
@@ -346,26 +347,24 @@ AI void tile_q4_g2(const int type, const int x2, const uint8_t *g, const size_t 
         }
     }
     store8(o, type == BL_Q4_1 ? _mm256_add_ps(acc, accm) : acc, 8);
-    store8(o + 8, type == BL_Q4_1 ? _mm256_add_ps(acc2, accm2) : acc2, nvalid2);
+    store8(o2, type == BL_Q4_1 ? _mm256_add_ps(acc2, accm2) : acc2, nvalid2);
 }
 
 #define G2_FN(name, call)                                                                                \
-    static void name(const uint8_t *g, size_t gb, int nb, const uint8_t *xa, float *o, int n2,           \
-                     const uint8_t *pf, size_t pfs) {                                                    \
+    static void name(const uint8_t *g, const uint8_t *g2, int nb, const uint8_t *xa, float *o, float *o2, \
+                     int n2, const uint8_t *pf, const uint8_t *pf2, size_t pfs) {                         \
         call;                                                                                            \
     }
-G2_FN(q40_g2, tile_q4_g2(BL_Q4_0, 0, g, gb, nb, xa, o, n2, pf, pfs))
-G2_FN(q41_g2, tile_q4_g2(BL_Q4_1, 0, g, gb, nb, xa, o, n2, pf, pfs))
-G2_FN(q40x2_g2, tile_q4_g2(BL_Q4_0, 1, g, gb, nb, xa, o, n2, pf, pfs))
-G2_FN(q41x2_g2, tile_q4_g2(BL_Q4_1, 1, g, gb, nb, xa, o, n2, pf, pfs))
+G2_FN(q40_g2, tile_q4_g2(BL_Q4_0, 0, g, g2, nb, xa, o, o2, n2, pf, pf2, pfs))
+G2_FN(q41_g2, tile_q4_g2(BL_Q4_1, 0, g, g2, nb, xa, o, o2, n2, pf, pf2, pfs))
+G2_FN(q40x2_g2, tile_q4_g2(BL_Q4_0, 1, g, g2, nb, xa, o, o2, n2, pf, pf2, pfs))
+G2_FN(q41x2_g2, tile_q4_g2(BL_Q4_1, 1, g, g2, nb, xa, o, o2, n2, pf, pf2, pfs))
 
-/* Q8_0 decode over 16 rows: two groups share each activation broadcast, and the two groups' weights are
- * two independent streams (more reads in flight than one 8-row tile's). x2: Q8X2 activations. Same float
+/* Q8_0 decode over two groups of 8 rows from two streams (as tile_q4_g2). x2: Q8X2 activations. Same float
  * work per output as tile_q8. */
-AI void tile_q8_g2(const int x2, const uint8_t *g, const size_t gb, const int nb, const uint8_t *xa, float *o,
-                   const int nvalid2, const uint8_t *pf, const size_t pfs) {
+AI void tile_q8_g2(const int x2, const uint8_t *g, const uint8_t *g2, const int nb, const uint8_t *xa, float *o,
+                   float *o2, const int nvalid2, const uint8_t *pf, const uint8_t *pf2, const size_t pfs) {
     const __m256i ones = _mm256_set1_epi16(1), khi = x2 ? _mm256_set1_epi16(254) : ones;
-    const uint8_t *g2 = g + gb;
     const uint8_t *dp = g + (size_t)nb * 256, *dp2 = g2 + (size_t)nb * 256;
     const int8_t *xh = (const int8_t *)xa, *xl = xh + (size_t)nb * 32;
     const float *xd = (const float *)(const void *)(xa + (size_t)nb * (x2 ? 64 : 32));
@@ -373,7 +372,8 @@ AI void tile_q8_g2(const int x2, const uint8_t *g, const size_t gb, const int nb
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 256, *q2 = g2 + (size_t)b * 256;
         const size_t xo = (size_t)b * 32;
-        if (pf) prefetch_lines(pf + (size_t)b * 2 * pfs, 9);
+        if (pf) prefetch_lines(pf + (size_t)b * pfs, 5);
+        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 5);
         __m256i s, s2;
         for (int j = 0; j < 8; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
@@ -399,11 +399,11 @@ AI void tile_q8_g2(const int x2, const uint8_t *g, const size_t gb, const int nb
         acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(dw2, dx), acc2);
     }
     store8(o, acc, 8);
-    store8(o + 8, acc2, nvalid2);
+    store8(o2, acc2, nvalid2);
 }
 
-G2_FN(q80_g2, tile_q8_g2(0, g, gb, nb, xa, o, n2, pf, pfs))
-G2_FN(q80x2_g2, tile_q8_g2(1, g, gb, nb, xa, o, n2, pf, pfs))
+G2_FN(q80_g2, tile_q8_g2(0, g, g2, nb, xa, o, o2, n2, pf, pf2, pfs))
+G2_FN(q80x2_g2, tile_q8_g2(1, g, g2, nb, xa, o, o2, n2, pf, pf2, pfs))
 
 typedef void (*tile_fn)(const uint8_t *, int, const uint8_t *, size_t, float *, size_t, int, const uint8_t *,
                         size_t);
@@ -428,15 +428,26 @@ AI void matmul_i8(const int type, const bl_matrix *w, const void *xq, int T, flo
     const size_t pfs = (gb + (size_t)nb - 1) / (size_t)nb;
     const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
     int r = r0;
-    if (T == 1) { /* decode: 16 rows per tile (Q4: ~25% faster from cache) */
-        void (*g2fn)(const uint8_t *, size_t, int, const uint8_t *, float *, int, const uint8_t *, size_t) =
-            type == BL_Q4_0 ? (x2 ? q40x2_g2 : q40_g2) : type == BL_Q4_1 ? (x2 ? q41x2_g2 : q41_g2)
-                                                                              : (x2 ? q80x2_g2 : q80_g2);
-        for (; r + 8 < r1; r += 16) {
-            const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
-            const uint8_t *pf = g + gb + BL_PF_BYTES < end ? g + gb + BL_PF_BYTES : NULL;
-            g2fn(g, gb, nb, (const uint8_t *)xq, out + r, r1 - r - 8 < 8 ? r1 - r - 8 : 8, pf, pfs);
+    if (T == 1) {
+        /* decode: two groups per tile (Q4: ~25% faster from cache than one), the first half's groups with
+         * the second half's, so that the weights stream from two places at once (see two_streams in
+         * quant_kq_avx2.c); an odd group is left over for the loop below */
+        void (*g2fn)(const uint8_t *, const uint8_t *, int, const uint8_t *, float *, float *, int, const uint8_t *,
+                     const uint8_t *, size_t) = type == BL_Q4_0   ? (x2 ? q40x2_g2 : q40_g2)
+                                                : type == BL_Q4_1 ? (x2 ? q41x2_g2 : q41_g2)
+                                                                  : (x2 ? q80x2_g2 : q80_g2);
+        const int ng = (r1 - r0 + 7) / 8, half = ng / 2, second = r0 + 8 * (ng - half);
+        for (int i = 0; i < half; i++) {
+            const int ra = r0 + 8 * i, rb = second + 8 * i;
+            const uint8_t *g = (const uint8_t *)w->data + (size_t)(ra / 8) * gb;
+            const uint8_t *g2 = (const uint8_t *)w->data + (size_t)(rb / 8) * gb;
+            g2fn(g, g2, nb, (const uint8_t *)xq, out + ra, out + rb, r1 - rb < 8 ? r1 - rb : 8,
+                 g + BL_PF_BYTES < end ? g + BL_PF_BYTES : NULL, g2 + BL_PF_BYTES < end ? g2 + BL_PF_BYTES : NULL,
+                 pfs);
         }
+        if (!(ng & 1)) return;
+        r = r0 + 8 * half; /* the odd group */
+        r1 = r + 8 < r1 ? r + 8 : r1;
     }
     for (; r < r1; r += 8) {
         const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
