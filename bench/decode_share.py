@@ -11,7 +11,8 @@ table gives the medians. On a shared machine whose bandwidth moves by 10-20% wit
 two things measured in the same second; bench/roofline.c's best pass (--roofline: measured before each
 thread count, on its own anonymous buffer) is a ceiling taken from the quietest moment of a separate run,
 and decode's median over the same spell comes out below it by however much the spell varied. Both are
-printed. With --ops, each group of matmuls (by the matrices they read) gets its own share of the same
+printed, and roofline.c's best read as 2 or 3 streams a thread beside them (a core reads faster from a few
+places at once; the same-turns read here is one stream a thread, as roofline.c's first column). With --ops, each group of matmuls (by the matrices they read) gets its own share of the same
 turn's read rate (the per-op cycle counters of bench/decode_streams.py split the turn's time). With
 --pieces, each turn also reads the weights one matrix at a time in the decode's order (a pass per matrix,
 threads meeting at its end as at a matmul's barrier): the best a decode made of those matmuls could do, as a
@@ -25,7 +26,7 @@ import statistics
 import time
 from collections import defaultdict
 
-from side_by_side import run_roofline  # (bench/ is this script's directory, first on the path)
+from side_by_side import run_roofline_streams  # (bench/ is this script's directory, first on the path)
 
 
 def main() -> None:
@@ -42,10 +43,10 @@ def main() -> None:
     from barellm.plan import MatMul
 
     print("| model | threads | decode tok/s | decode GB/s | read GB/s (same turns) | share, median of turns "
-          "| roofline.c best | share of it |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| roofline.c best | share of it | roofline.c best of 1-3 streams a thread | share of it |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in (int(x) for x in args.t.split(",")):
-        best = run_roofline(args.roofline, t) if args.roofline else None
+        best, best_any = run_roofline_streams(args.roofline, t) if args.roofline else (None, None)
         model = barellm.load(args.model, threads=t)
         eng, src = model.engine, model.source
         if src.prefetching:
@@ -94,7 +95,7 @@ def main() -> None:
         gbs = tok * per_token / 1e9
         row = [args.model, str(t), f"{tok:.1f}", f"{gbs:.1f}", f"{statistics.median(reads):.1f}",
                f"**{statistics.median(shares):.0%}**"]
-        row += [f"{best:.1f}", f"{gbs / best:.0%}"] if best else ["", ""]
+        row += [f"{best:.1f}", f"{gbs / best:.0%}", f"{best_any:.1f}", f"{gbs / best_any:.0%}"] if best else [""] * 4
         print("| " + " | ".join(row) + " |", flush=True)
         if pieces:
             share = statistics.median(pieces)
