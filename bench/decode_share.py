@@ -12,8 +12,9 @@ two things measured in the same second; bench/roofline.c's best pass (--roofline
 thread count, on its own anonymous buffer) is a ceiling taken from the quietest moment of a separate run,
 and decode's median over the same spell comes out below it by however much the spell varied. Both are
 printed, and roofline.c's best read as 2 or 3 streams a thread beside them (a core reads faster from a few
-places at once; the same-turns read here is one stream a thread, as roofline.c's first column). With --ops, each group of matmuls (by the matrices they read) gets its own share of the same
-turn's read rate (the per-op cycle counters of bench/decode_streams.py split the turn's time). With
+places at once; the same-turns read here is one stream a thread, as roofline.c's first column). With
+--ops, each group of matmuls (by the matrices they read) gets its own share of the same turn's read rate
+(the per-op cycle counters of bench/decode_streams.py split the turn's time). With
 --pieces, each turn also reads the weights one matrix at a time in the decode's order (a pass per matrix,
 threads meeting at its end as at a matmul's barrier): the best a decode made of those matmuls could do, as a
 share of the one long read.

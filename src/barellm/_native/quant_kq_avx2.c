@@ -226,22 +226,23 @@ AI void q4k_scales8(const uint8_t *s, const int m, __m256i *lo, __m256i *hi) {
     }
 }
 
-/* acc[t] -= the mins chain of Q4_K's float work (quant_kq.h): accm = 0; for unit u: mu = 0; for sub-block j:
- * mu = fma(m_j, s_b, mu); accm = fma(mu, dmin_u, accm); then acc - accm. */
-AI void q4k_minus_mins(const int NT, const uint8_t *g, const int nu, const float *const *xs, __m256 *acc) {
-    const size_t U = 1152;
+/* acc[t] -= the mins chain of Q4_K's and Q5_K's float work (quant_kq.h): accm = 0; for unit u: mu = 0; for
+ * sub-block j: mu = fma(m_j, s_b, mu); accm = fma(mu, dmin_u, accm); then acc - accm. U: a unit's bytes,
+ * SO and DMO: its scales' and dmin's offsets in it. */
+AI void kq_minus_mins(const int NT, const size_t U, const size_t SO, const size_t DMO, const uint8_t *g, const int nu,
+                      const float *const *xs, __m256 *acc) {
     __m256 accm[MAXNT];
 #pragma GCC unroll 4
     for (int t = 0; t < NT; t++) accm[t] = _mm256_setzero_ps();
     for (int u = 0; u < nu; u++) {
         const uint8_t *gu = g + (size_t)u * U;
         __m256i ML, MH;
-        q4k_scales8(gu + 1024, 1, &ML, &MH);
+        q4k_scales8(gu + SO, 1, &ML, &MH);
         __m256 mf[8];
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++)
             mf[j] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(j < 4 ? ML : MH, pick(j & 3, -128, -128, -128)));
-        const __m256 dm = f16x8(gu + 1136);
+        const __m256 dm = f16x8(gu + DMO);
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             __m256 mu = _mm256_setzero_ps();
@@ -252,6 +253,10 @@ AI void q4k_minus_mins(const int NT, const uint8_t *g, const int nu, const float
     }
 #pragma GCC unroll 4
     for (int t = 0; t < NT; t++) acc[t] = _mm256_sub_ps(acc[t], accm[t]);
+}
+
+AI void q4k_minus_mins(const int NT, const uint8_t *g, const int nu, const float *const *xs, __m256 *acc) {
+    kq_minus_mins(NT, 1152, 1024, 1136, g, nu, xs, acc);
 }
 
 AI void tile_q4_k(const int NT, const tile_args *A) {
@@ -550,28 +555,7 @@ AI void tile_q5_k(const int NT, const tile_args *A) {
         for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
     }
     /* accm: the mins chain, a pass of its own (as Q4_K's) */
-    __m256 accm[MAXNT];
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) accm[t] = _mm256_setzero_ps();
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *gu = A->g + (size_t)u * U;
-        __m256i ML, MH;
-        q4k_scales8(gu + 1280, 1, &ML, &MH);
-        __m256 mf[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++)
-            mf[j] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(j < 4 ? ML : MH, pick(j & 3, -128, -128, -128)));
-        const __m256 dm = f16x8(gu + 1392);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            __m256 mu = _mm256_setzero_ps();
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) mu = _mm256_fmadd_ps(mf[j], _mm256_set1_ps(xs[t][8 * u + j]), mu);
-            accm[t] = _mm256_fmadd_ps(mu, dm, accm[t]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_sub_ps(acc[t], accm[t]);
+    kq_minus_mins(NT, 1408, 1280, 1392, A->g, nu, xs, acc);
     STORE(A, NT);
 }
 
@@ -650,6 +634,138 @@ AI void tile_q3_k(const int NT, const tile_args *A) {
     STORE(A, NT);
 }
 
+/* The Q5_K tile for one token over NG groups at once (as tile_q4_k_groups) */
+AI void tile_q5_k_groups(const int NG, const tile_args *A) {
+    const int nu = A[0].nu;
+    const size_t U = 1408;
+    const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
+    const bl_act_q8 a = bl_act_q8_view(A[0].xa, nu * 8 * BL_QK);
+    const float *xs = a.s;
+    __m256 acc[MAXNG];
+    size_t pdone[MAXNG];
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++) acc[g] = _mm256_setzero_ps(), pdone[g] = 0;
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *gu[MAXNG];
+        __m256i scj[MAXNG][8];
+        __m256 pu[MAXNG];
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; g++) {
+            gu[g] = A[g].g + (size_t)u * U;
+            __m256i SL, SH;
+            q4k_scales8(gu[g] + 1280, 0, &SL, &SH);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) scj[g][j] = _mm256_shuffle_epi8(j < 4 ? SL : SH, pick(j & 3, -128, j & 3, -128));
+            pu[g] = _mm256_setzero_ps();
+        }
+#pragma GCC unroll 1
+        for (int c = 0; c < 4; c++) {
+#pragma GCC unroll 2
+            for (int g = 0; g < NG; g++) prefetch_part(&A[g], &pdone[g], u, c, 4);
+#pragma GCC unroll 2
+            for (int hi = 0; hi < 2; hi++) {
+                const int j = 2 * c + hi, b = 8 * u + j;
+                const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+                __m256i s[MAXNG], i32[MAXNG];
+#pragma GCC unroll 8
+                for (int jj = 0; jj < 8; jj++) {
+                    const __m256i x = bcast32(a.qs + (size_t)b * 32 + 4 * jj);
+#pragma GCC unroll 2
+                    for (int g = 0; g < NG; g++) {
+                        const __m256i v = load(gu[g] + 256 * c + 32 * jj), h = load(gu[g] + 1024 + 32 * jj);
+                        const __m256i lo4 = hi ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+                        const __m256i h5 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), m16);
+                        const __m256i p = _mm256_maddubs_epi16(_mm256_or_si256(lo4, h5), x);
+                        s[g] = jj & 3 ? _mm256_add_epi16(s[g], p) : p;
+                        if ((jj & 3) == 3) {
+                            const __m256i m = _mm256_madd_epi16(s[g], scj[g][j]);
+                            i32[g] = jj == 3 ? m : _mm256_add_epi32(i32[g], m);
+                        }
+                    }
+                }
+#pragma GCC unroll 2
+                for (int g = 0; g < NG; g++)
+                    pu[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[g]), _mm256_set1_ps(a.d[b]), pu[g]);
+            }
+        }
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; g++) acc[g] = _mm256_fmadd_ps(pu[g], f16x8(gu[g] + 1376), acc[g]);
+    }
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++) {
+        kq_minus_mins(1, 1408, 1280, 1392, A[g].g, nu, &xs, &acc[g]);
+        store8(A[g].o, acc[g], A[g].nvalid);
+    }
+}
+
+/* The Q3_K tile for one token over NG groups at once (as tile_q4_k_groups) */
+AI void tile_q3_k_groups(const int NG, const tile_args *A) {
+    const int nu = A[0].nu;
+    const size_t U = 880;
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    const bl_act_q8 a = bl_act_q8_view(A[0].xa, nu * 8 * BL_QK);
+    __m256 acc[MAXNG];
+    size_t pdone[MAXNG];
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++) acc[g] = _mm256_setzero_ps(), pdone[g] = 0;
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *gu[MAXNG];
+        __m256i SV[MAXNG][4];
+        __m256 pu[MAXNG];
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; g++) {
+            gu[g] = A[g].g + (size_t)u * U;
+            q3k_scales8(gu[g] + 768, SV[g]);
+            pu[g] = _mm256_setzero_ps();
+        }
+#pragma GCC unroll 1
+        for (int kb = 0; kb < 8; kb++) {
+            const int b = 8 * u + kb, h = kb / 4, k = kb % 4, o = 2 * (kb & 1);
+            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k)));
+            const __m128i sh = _mm_cvtsi32_si128(2 * k);
+            __m256i i32[MAXNG];
+#pragma GCC unroll 2
+            for (int g = 0; g < NG; g++) prefetch_part(&A[g], &pdone[g], u, kb, 8);
+#pragma GCC unroll 2
+            for (int ah = 0; ah < 2; ah++) {
+                __m256i s[MAXNG];
+#pragma GCC unroll 4
+                for (int j4 = 0; j4 < 4; j4++) {
+                    const int jj = 4 * ah + j4;
+                    const __m256i x = bcast32(a.qs + (size_t)b * 32 + 4 * jj);
+#pragma GCC unroll 2
+                    for (int g = 0; g < NG; g++) {
+                        const __m256i qv = load(gu[g] + 32 * (8 * h + jj)), hv = load(gu[g] + 512 + 32 * jj);
+                        const __m256i un =
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(qv, sh), m3),
+                                            _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hv, bit), bit), m4));
+                        const __m256i p = _mm256_maddubs_epi16(un, x);
+                        s[g] = j4 ? _mm256_add_epi16(s[g], p) : p;
+                    }
+                }
+#pragma GCC unroll 2
+                for (int g = 0; g < NG; g++) {
+                    const __m256i sc =
+                        _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g][kb / 2], pick(-128, o + ah, -128, o + ah)), 8);
+                    const __m256i p = _mm256_madd_epi16(s[g], sc);
+                    i32[g] = ah ? _mm256_add_epi32(i32[g], p) : p;
+                }
+            }
+#pragma GCC unroll 2
+            for (int g = 0; g < NG; g++) {
+                const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g][kb / 2], pick(-128, o, -128, o + 1)), 8);
+                const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A[0].xp[b]));
+                const __m256i i = _mm256_sub_epi32(i32[g], _mm256_slli_epi32(corr, 2));
+                pu[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(a.d[b]), pu[g]);
+            }
+        }
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; g++) acc[g] = _mm256_fmadd_ps(pu[g], f16x8(gu[g] + 864), acc[g]);
+    }
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++) store8(A[g].o, acc[g], A[g].nvalid);
+}
+
 #define TILE_FN(name, tile, NT)                                                                          \
     static void name(const tile_args *A) { tile(NT, A); }
 TILE_FN(q50_1, tile_q5_0, 1)
@@ -675,6 +791,8 @@ TILE_FN(q3k_4, tile_q3_k, 4)
 TILE_FN(q50_g2, tile_q5_0_groups, 2)
 TILE_FN(q4k_g2, tile_q4_k_groups, 2)
 TILE_FN(q6k_g2, tile_q6_k_groups, 2)
+TILE_FN(q5k_g2, tile_q5_k_groups, 2)
+TILE_FN(q3k_g2, tile_q3_k_groups, 2)
 
 typedef void (*tile_fn)(const tile_args *);
 
@@ -958,7 +1076,7 @@ static void half_sums(const void *xq, int T, size_t xb, int cols, int32_t *xp) {
  * streams came 15-25% faster than of one, and Qwen2.5-Coder-1.5B's decode went from 83.5% to 97.5% of a
  * plain read of its weights at 1 thread (14.6 -> 17.7 tok/s) and from 85.5% to 90% at 2 (22.5 -> 23.1),
  * every one of 6 alternating rounds faster (bench/decode_share.py); the 0.5B, mostly Q5_0, 30.3 -> 35.9
- * and 43.0 -> 48.6 tok/s. Q5_0, Q4_K and Q6_K have 2-group tiles; the other types walk one stream. */
+ * and 43.0 -> 48.6 tok/s. */
 static void two_streams(const tile_fn one, const tile_fn two, const tile_args *A0, const uint8_t *base, size_t gb,
                         float *out, int r0, int r1, const uint8_t *end, size_t pf) {
     const int ng = (r1 - r0 + 7) / 8, half = ng / 2;
@@ -1044,7 +1162,7 @@ static const tile_fn Q50[MAXNT] = {q50_1, q50_2, q50_3, q50_4}, Q3K[MAXNT] = {q3
                      Q6K[MAXNT] = {q6k_1, q6k_2, q6k_3, q6k_4};
 
 void bl_mm_q5_0_avx2(BL_MM_ARGS) { matmul_kq(Q50, q50_g2, 0, NULL, w, xq, T, out, ldo, r0, r1); }
-void bl_mm_q3_k_avx2(BL_MM_ARGS) { matmul_kq(Q3K, NULL, 1, NULL, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q3_k_avx2(BL_MM_ARGS) { matmul_kq(Q3K, q3k_g2, 1, NULL, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q4_k_avx2(BL_MM_ARGS) { matmul_kq(Q4K, q4k_g2, 0, &LEAN_Q4K, w, xq, T, out, ldo, r0, r1); }
-void bl_mm_q5_k_avx2(BL_MM_ARGS) { matmul_kq(Q5K, NULL, 0, NULL, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q5_k_avx2(BL_MM_ARGS) { matmul_kq(Q5K, q5k_g2, 0, NULL, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q6_k_avx2(BL_MM_ARGS) { matmul_kq(Q6K, q6k_g2, 1, &LEAN_Q6K, w, xq, T, out, ldo, r0, r1); }
