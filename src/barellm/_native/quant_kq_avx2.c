@@ -226,6 +226,15 @@ AI void q4k_scales8(const uint8_t *s, const int m, __m256i *lo, __m256i *hi) {
     }
 }
 
+/* Per sub-block j of a unit (Q4_K, Q5_K), its 6-bit scale as an int16 pair in each row's lane: the madd
+ * partner of the sub-block's int16 dot sums. */
+AI void q4k_scale_pairs(const uint8_t *s, __m256i scj[8]) {
+    __m256i SL, SH;
+    q4k_scales8(s, 0, &SL, &SH);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) scj[j] = _mm256_shuffle_epi8(j < 4 ? SL : SH, pick(j & 3, -128, j & 3, -128));
+}
+
 /* acc[t] -= the mins chain of Q4_K's and Q5_K's float work (quant_kq.h): accm = 0; for unit u: mu = 0; for
  * sub-block j: mu = fma(m_j, s_b, mu); accm = fma(mu, dmin_u, accm); then acc - accm. U: a unit's bytes,
  * SO and DMO: its scales' and dmin's offsets in it. */
@@ -267,13 +276,9 @@ AI void tile_q4_k(const int NT, const tile_args *A) {
     /* acc: the scales chain */
     for (int u = 0; u < nu; u++) {
         const uint8_t *gu = A->g + (size_t)u * U;
-        __m256i SL, SH;
-        q4k_scales8(gu + 1024, 0, &SL, &SH);
-        /* per sub-block j: sc as an int16 pair per lane, the madd partner of the int16 dot sums; kept in
-         * memory, not in registers, across the loop below */
+        /* kept in memory, not in registers, across the loop below */
         __m256i scj[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) scj[j] = _mm256_shuffle_epi8(j < 4 ? SL : SH, pick(j & 3, -128, j & 3, -128));
+        q4k_scale_pairs(gu + 1024, scj);
         __m256 pu[MAXNT];
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
@@ -331,10 +336,7 @@ AI void tile_q4_k_groups(const int NG, const tile_args *A) {
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
             gu[g] = A[g].g + (size_t)u * U;
-            __m256i SL, SH;
-            q4k_scales8(gu[g] + 1024, 0, &SL, &SH);
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) scj[g][j] = _mm256_shuffle_epi8(j < 4 ? SL : SH, pick(j & 3, -128, j & 3, -128));
+            q4k_scale_pairs(gu[g] + 1024, scj[g]);
             pu[g] = _mm256_setzero_ps();
         }
 #pragma GCC unroll 1
@@ -511,11 +513,8 @@ AI void tile_q5_k(const int NT, const tile_args *A) {
     /* acc: the scales chain */
     for (int u = 0; u < nu; u++) {
         const uint8_t *gu = A->g + (size_t)u * U;
-        __m256i SL, SH;
-        q4k_scales8(gu + 1280, 0, &SL, &SH);
         __m256i scj[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) scj[j] = _mm256_shuffle_epi8(j < 4 ? SL : SH, pick(j & 3, -128, j & 3, -128));
+        q4k_scale_pairs(gu + 1280, scj);
         __m256 pu[MAXNT];
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
@@ -652,10 +651,7 @@ AI void tile_q5_k_groups(const int NG, const tile_args *A) {
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
             gu[g] = A[g].g + (size_t)u * U;
-            __m256i SL, SH;
-            q4k_scales8(gu[g] + 1280, 0, &SL, &SH);
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) scj[g][j] = _mm256_shuffle_epi8(j < 4 ? SL : SH, pick(j & 3, -128, j & 3, -128));
+            q4k_scale_pairs(gu[g] + 1280, scj[g]);
             pu[g] = _mm256_setzero_ps();
         }
 #pragma GCC unroll 1
@@ -815,11 +811,9 @@ static void unpack_q4k(const uint8_t *g, int nu, uint8_t *dst) {
     for (int u = 0; u < nu; u++) {
         const uint8_t *gu = g + (size_t)u * 1152;
         uint8_t *o = dst + (size_t)u * Q4K_UNIT_SCRATCH;
-        __m256i SL, SH;
-        q4k_scales8(gu + 1024, 0, &SL, &SH);
-        for (int j = 0; j < 8; j++)
-            _mm256_store_si256((__m256i *)(void *)(o + 2048 + 32 * j),
-                               _mm256_shuffle_epi8(j < 4 ? SL : SH, pick(j & 3, -128, j & 3, -128)));
+        __m256i scj[8];
+        q4k_scale_pairs(gu + 1024, scj);
+        for (int j = 0; j < 8; j++) _mm256_store_si256((__m256i *)(void *)(o + 2048 + 32 * j), scj[j]);
         for (int c = 0; c < 4; c++)
             for (int jj = 0; jj < 8; jj++) {
                 const __m256i v = load(gu + 256 * c + 32 * jj);
