@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "quant_internal.h"
+#include "simd_avx2.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -25,17 +26,6 @@
 
 AI void prefetch_lines(const uint8_t *p, const int n) {
     for (int i = 0; i < n; i++) _mm_prefetch((const char *)p + 64 * i, _MM_HINT_T0);
-}
-
-AI __m256i bcast32(const int8_t *p) { return _mm256_set1_epi32(bl_rd32(p)); }
-
-AI __m256i lane_mask(int n) { /* lanes [0, n) all ones */
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-AI void store8(float *o, __m256 v, int n) {
-    if (n == 8) _mm256_storeu_ps(o, v);
-    else _mm256_maskstore_ps(o, lane_mask(n), v);
 }
 
 /* ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)), as the scalar path */

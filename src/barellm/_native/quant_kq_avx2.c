@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "quant_kq.h"
+#include "simd_avx2.h"
 
 #define AI static inline __attribute__((always_inline))
 #define MAXNT 4
@@ -41,17 +42,6 @@
 #ifndef PF_BYTES_SHARED
 #define PF_BYTES_SHARED 16384
 #endif
-
-AI __m256i bcast32(const int8_t *p) { return _mm256_set1_epi32(bl_rd32(p)); }
-
-AI __m256i lane_mask(int n) { /* lanes [0, n) all ones */
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-AI void store8(float *o, __m256 v, int n) {
-    if (n == 8) _mm256_storeu_ps(o, v);
-    else _mm256_maskstore_ps(o, lane_mask(n), v);
-}
 
 AI __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)); }
 

@@ -1,9 +1,11 @@
-/* AVX2+FMA helpers shared by the kernels of ops_avx2.c and sample_avx2.c. Include after the file's
- * `#pragma GCC target`, so that they are compiled for that target. */
+/* AVX2+FMA helpers shared by the AVX2 kernels (ops, sampling, the quantized matmuls). Include after the
+ * file's `#pragma GCC target`, so that they are compiled for that target. */
 #ifndef BL_SIMD_AVX2_H
 #define BL_SIMD_AVX2_H
 
 #include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
 
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -40,6 +42,25 @@ static inline __m256 exp8(__m256 x) {
     __m256 p2 = _mm256_castsi256_ps(
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
     return _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
+}
+
+/* The quantized matmuls' helpers, forced inline: they sit in the decode tiles' hot loops. */
+
+/* the 4 bytes at p (any alignment) in every 32-bit lane */
+static inline __attribute__((always_inline)) __m256i bcast32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) __m256i lane_mask(int n) { /* lanes [0, n) all ones */
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* the first n (<= 8) floats of v to o */
+static inline __attribute__((always_inline)) void store8(float *o, __m256 v, int n) {
+    if (n == 8) _mm256_storeu_ps(o, v);
+    else _mm256_maskstore_ps(o, lane_mask(n), v);
 }
 
 #endif
