@@ -145,7 +145,7 @@ AI void tile_q5_0(const int NT, const tile_args *A) {
     STORE(A, NT);
 }
 
-/* The Q5_0 tile for one token over NG groups at once (as tile_q4_k_groups) */
+/* The Q5_0 tile for one token over NG groups at once (as tile_q45_k_groups) */
 AI void tile_q5_0_groups(const int NG, const tile_args *A) {
     const int nb = A[0].nu;
     const size_t U = 176;
@@ -306,13 +306,17 @@ AI void tile_q4_k(const int NT, const tile_args *A) {
     STORE(A, NT);
 }
 
-/* The Q4_K tile for one token over NG groups (NG <= MAXNG) at once, each group's float work exactly
- * tile_q4_k's for NT = 1 and in its order (the same bits); the groups' weights are read 256 bytes from
- * each in turn, and each activation broadcast serves them all. */
-AI void tile_q4_k_groups(const int NG, const tile_args *A) {
+/* The Q4_K (five = 0) or Q5_K (five = 1) tile for one token over NG groups (NG <= MAXNG) at once, each
+ * group's float work exactly tile_q4_k's or tile_q5_k's for NT = 1 and in its order (the same bits); the
+ * groups' weights are read 256 bytes from each in turn, and each activation broadcast serves them all.
+ * Q5_K adds each value's fifth bit from qh and, its 16-bit sums being larger, takes a madd every 4
+ * vectors instead of every 8. */
+AI void tile_q45_k_groups(const int NG, const int five, const tile_args *A) {
     const int nu = A[0].nu;
-    const size_t U = 1152;
-    const __m256i m4 = _mm256_set1_epi8(15);
+    /* kq_fields8_of: Q4_K qs 0, scales 1024, d 1120, dmin 1136; Q5_K qs 0, qh 1024, scales 1280, d 1376,
+     * dmin 1392 */
+    const size_t U = five ? 1408 : 1152, SO = five ? 1280 : 1024, DO = SO + 96;
+    const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
     const bl_act_q8 a = bl_act_q8_view(A[0].xa, nu * 8 * BL_QK);
     const float *xs = a.s;
     __m256 acc[MAXNG];
@@ -326,7 +330,7 @@ AI void tile_q4_k_groups(const int NG, const tile_args *A) {
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
             gu[g] = A[g].g + (size_t)u * U;
-            q4k_scale_pairs(gu[g] + 1024, scj[g]);
+            q4k_scale_pairs(gu[g] + SO, scj[g]);
             pu[g] = _mm256_setzero_ps();
         }
 #pragma GCC unroll 1
@@ -336,30 +340,41 @@ AI void tile_q4_k_groups(const int NG, const tile_args *A) {
 #pragma GCC unroll 2
             for (int hi = 0; hi < 2; hi++) {
                 const int j = 2 * c + hi, b = 8 * u + j;
-                __m256i s[MAXNG];
+                const __m256i bit = _mm256_set1_epi8((char)(1 << j)); /* Q5_K: sub-block j's fifth bits */
+                __m256i s[MAXNG], i32[MAXNG];
 #pragma GCC unroll 8
                 for (int jj = 0; jj < 8; jj++) {
                     const __m256i x = bcast32(a.qs + (size_t)b * 32 + 4 * jj);
 #pragma GCC unroll 2
                     for (int g = 0; g < NG; g++) {
                         const __m256i v = load(gu[g] + 256 * c + 32 * jj);
-                        const __m256i n = hi ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+                        __m256i n = hi ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+                        if (five) {
+                            const __m256i h = load(gu[g] + 1024 + 32 * jj);
+                            n = _mm256_or_si256(n, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), m16));
+                        }
                         const __m256i p = _mm256_maddubs_epi16(n, x);
-                        s[g] = jj ? _mm256_add_epi16(s[g], p) : p;
+                        const int first = five ? (jj & 3) == 0 : jj == 0;
+                        s[g] = first ? p : _mm256_add_epi16(s[g], p);
+                        if (five && (jj & 3) == 3) {
+                            const __m256i m = _mm256_madd_epi16(s[g], scj[g][j]);
+                            i32[g] = jj == 3 ? m : _mm256_add_epi32(i32[g], m);
+                        }
                     }
                 }
 #pragma GCC unroll 2
-                for (int g = 0; g < NG; g++)
-                    pu[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[g], scj[g][j])),
-                                            _mm256_set1_ps(a.d[b]), pu[g]);
+                for (int g = 0; g < NG; g++) {
+                    const __m256i dot = five ? i32[g] : _mm256_madd_epi16(s[g], scj[g][j]);
+                    pu[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(a.d[b]), pu[g]);
+                }
             }
         }
 #pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) acc[g] = _mm256_fmadd_ps(pu[g], f16x8(gu[g] + 1120), acc[g]);
+        for (int g = 0; g < NG; g++) acc[g] = _mm256_fmadd_ps(pu[g], f16x8(gu[g] + DO), acc[g]);
     }
 #pragma GCC unroll 2
     for (int g = 0; g < NG; g++) {
-        q4k_minus_mins(1, A[g].g, nu, &xs, &acc[g]);
+        kq_minus_mins(1, U, SO, DO + 16, A[g].g, nu, &xs, &acc[g]);
         store8(A[g].o, acc[g], A[g].nvalid);
     }
 }
@@ -428,7 +443,7 @@ AI void tile_q6_k(const int NT, const tile_args *A) {
     STORE(A, NT);
 }
 
-/* The Q6_K tile for one token over NG groups at once (as tile_q4_k_groups) */
+/* The Q6_K tile for one token over NG groups at once (as tile_q45_k_groups) */
 AI void tile_q6_k_groups(const int NG, const tile_args *A) {
     const int nu = A[0].nu;
     const size_t U = 1680;
@@ -623,68 +638,7 @@ AI void tile_q3_k(const int NT, const tile_args *A) {
     STORE(A, NT);
 }
 
-/* The Q5_K tile for one token over NG groups at once (as tile_q4_k_groups) */
-AI void tile_q5_k_groups(const int NG, const tile_args *A) {
-    const int nu = A[0].nu;
-    const size_t U = 1408;
-    const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
-    const bl_act_q8 a = bl_act_q8_view(A[0].xa, nu * 8 * BL_QK);
-    const float *xs = a.s;
-    __m256 acc[MAXNG];
-    size_t pdone[MAXNG];
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) acc[g] = _mm256_setzero_ps(), pdone[g] = 0;
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *gu[MAXNG];
-        __m256i scj[MAXNG][8];
-        __m256 pu[MAXNG];
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) {
-            gu[g] = A[g].g + (size_t)u * U;
-            q4k_scale_pairs(gu[g] + 1280, scj[g]);
-            pu[g] = _mm256_setzero_ps();
-        }
-#pragma GCC unroll 1
-        for (int c = 0; c < 4; c++) {
-#pragma GCC unroll 2
-            for (int g = 0; g < NG; g++) prefetch_part(&A[g], &pdone[g], u, c, 4);
-#pragma GCC unroll 2
-            for (int hi = 0; hi < 2; hi++) {
-                const int j = 2 * c + hi, b = 8 * u + j;
-                const __m256i bit = _mm256_set1_epi8((char)(1 << j));
-                __m256i s[MAXNG], i32[MAXNG];
-#pragma GCC unroll 8
-                for (int jj = 0; jj < 8; jj++) {
-                    const __m256i x = bcast32(a.qs + (size_t)b * 32 + 4 * jj);
-#pragma GCC unroll 2
-                    for (int g = 0; g < NG; g++) {
-                        const __m256i v = load(gu[g] + 256 * c + 32 * jj), h = load(gu[g] + 1024 + 32 * jj);
-                        const __m256i lo4 = hi ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
-                        const __m256i h5 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), m16);
-                        const __m256i p = _mm256_maddubs_epi16(_mm256_or_si256(lo4, h5), x);
-                        s[g] = jj & 3 ? _mm256_add_epi16(s[g], p) : p;
-                        if ((jj & 3) == 3) {
-                            const __m256i m = _mm256_madd_epi16(s[g], scj[g][j]);
-                            i32[g] = jj == 3 ? m : _mm256_add_epi32(i32[g], m);
-                        }
-                    }
-                }
-#pragma GCC unroll 2
-                for (int g = 0; g < NG; g++)
-                    pu[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[g]), _mm256_set1_ps(a.d[b]), pu[g]);
-            }
-        }
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) acc[g] = _mm256_fmadd_ps(pu[g], f16x8(gu[g] + 1376), acc[g]);
-    }
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) {
-        kq_minus_mins(1, 1408, 1280, 1392, A[g].g, nu, &xs, &acc[g]);
-        store8(A[g].o, acc[g], A[g].nvalid);
-    }
-}
-
-/* The Q3_K tile for one token over NG groups at once (as tile_q4_k_groups) */
+/* The Q3_K tile for one token over NG groups at once (as tile_q45_k_groups) */
 AI void tile_q3_k_groups(const int NG, const tile_args *A) {
     const int nu = A[0].nu;
     const size_t U = 880;
@@ -775,10 +729,10 @@ TILE_FN(q3k_2, tile_q3_k, 2)
 TILE_FN(q3k_3, tile_q3_k, 3)
 TILE_FN(q3k_4, tile_q3_k, 4)
 TILE_FN(q50_g2, tile_q5_0_groups, 2)
-TILE_FN(q4k_g2, tile_q4_k_groups, 2)
 TILE_FN(q6k_g2, tile_q6_k_groups, 2)
-TILE_FN(q5k_g2, tile_q5_k_groups, 2)
 TILE_FN(q3k_g2, tile_q3_k_groups, 2)
+static void q4k_g2(const tile_args *A) { tile_q45_k_groups(2, 0, A); }
+static void q5k_g2(const tile_args *A) { tile_q45_k_groups(2, 1, A); }
 
 typedef void (*tile_fn)(const tile_args *);
 
