@@ -57,19 +57,26 @@ class Rounded:
 
 
 def logits_of(engine, seqs: list[list[int]], block: int) -> list[np.ndarray]:
-    saved = [(L, {k: getattr(L, k) for k in MATRICES}) for L in engine.layers], engine.output
+    """The engine's logits for each sequence, its matmuls' inputs rounded in blocks of `block` (0: not)."""
+    layers = [(L, {k: getattr(L, k) for k in MATRICES}) for L in engine.layers]
+    output = engine.output
     try:
         if block:
-            for L, ws in saved[0]:
+            for L, ws in layers:
                 for k, w in ws.items():
                     setattr(L, k, Rounded(w, block))
-            engine.output = Rounded(saved[1], block)
+            engine.output = Rounded(output, block)
         return [engine.forward(ids, 0, all_logits=True).astype(np.float64) for ids in seqs]
     finally:
-        for L, ws in saved[0]:
+        for L, ws in layers:
             for k, w in ws.items():
                 setattr(L, k, w)
-        engine.output = saved[1]
+        engine.output = output
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    z = row - row.max()
+    return z - np.log(np.exp(z).sum())
 
 
 def compare(ref: list[np.ndarray], got: list[np.ndarray], starts: list[int]) -> tuple[float, float, float]:
@@ -78,10 +85,9 @@ def compare(ref: list[np.ndarray], got: list[np.ndarray], starts: list[int]) -> 
     for r, g, s in zip(ref, got, starts, strict=True):
         for row_r, row_g in zip(r[s:], g[s:], strict=True):
             top = np.argsort(row_r)[::-1][:10]
-            lr = row_r - row_r.max() - np.log(np.exp(row_r - row_r.max()).sum())
-            lg = row_g - row_g.max() - np.log(np.exp(row_g - row_g.max()).sum())
+            lr, lg = log_softmax(row_r)[top], log_softmax(row_g)[top]
             agree.append(int(row_g.argmax()) == int(top[0]))
-            kls.append(float((np.exp(lr[top]) * (lr[top] - lg[top])).sum()))
+            kls.append(float((np.exp(lr) * (lr - lg)).sum()))
     return float(np.mean(agree)), float(np.mean(kls)), float(np.median(kls))
 
 
