@@ -34,6 +34,12 @@ TILES = {
 }
 
 
+def kernels_asm(cc: str = "cc") -> list[str]:
+    """The K-quant kernels compiled to assembly, a line each."""
+    return subprocess.run([cc, "-O3", "-std=gnu11", "-S", f"-I{SRC}", str(SRC / "quant_kq_avx2.c"), "-o", "-"],
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+
+
 def hot_loop(asm: list[str], fn: str) -> list[str]:
     """The instructions of fn's backward-jump loop with the most vpmaddubsw."""
     start = asm.index(fn + ":")
@@ -77,8 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     if not shutil.which(args.mca):
         sys.exit(f"tile_cost: {args.mca} not found (install LLVM's llvm-mca)")
-    asm = subprocess.run([args.cc, "-O3", "-std=gnu11", "-S", f"-I{SRC}", str(SRC / "quant_kq_avx2.c"), "-o", "-"],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    asm = kernels_asm(args.cc)
     print(f"| tile | type | instructions an iteration | maddubs | cycles an iteration ({args.mcpu}) "
           "| vector pipes busy | bytes an iteration | bytes a cycle | GB/s at most, " f"{args.ghz} GHz |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -59,8 +59,7 @@ def bench_module(name: str):
 
 def test_tile_cost_finds_each_decode_tiles_hot_loop():
     tile_cost = bench_module("tile_cost")
-    asm = subprocess.run([CC, "-O3", "-std=gnu11", "-S", f"-I{NATIVE}", str(NATIVE / "quant_kq_avx2.c"), "-o", "-"],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    asm = tile_cost.kernels_asm(CC)
     for fn in tile_cost.TILES:
         loop = tile_cost.hot_loop(asm, fn)
         assert re.match(r"\s+j\w+\s+\.L\d+$", loop[-1]), fn  # ends in its backward jump
