@@ -1,7 +1,8 @@
-"""Build of the native core: every C file under src/barellm/_native is one extension module.
+"""Build of the native core: every C file under src/barellm/_native (its tier folders included) is one
+extension module.
 
-Each ISA-specific file selects its own instruction set with `#pragma GCC target`, so the package
-is built for the baseline x86-64 and picks the fastest path at run time (see cpu.c).
+Each tier's files select their own instruction set with `#pragma GCC target`, so the package is built for
+the baseline x86-64 and picks the best tier the CPU has at run time (see cpu.c and tier.h).
 """
 
 import glob
@@ -9,7 +10,7 @@ import os
 
 from setuptools import Extension, setup
 
-sources = sorted(glob.glob("src/barellm/_native/*.c"))
+sources = sorted(glob.glob("src/barellm/_native/**/*.c", recursive=True))
 cflags = ["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden", "-pthread",
           "-fno-math-errno", "-fno-trapping-math"]
 ldflags = ["-pthread"]
@@ -23,7 +24,7 @@ setup(
             "barellm._native",
             sources=sources,
             include_dirs=["src/barellm/_native"],
-            depends=sorted(glob.glob("src/barellm/_native/*.h")),
+            depends=sorted(glob.glob("src/barellm/_native/**/*.h", recursive=True)),
             extra_compile_args=cflags,
             extra_link_args=ldflags,
         )

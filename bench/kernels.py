@@ -144,7 +144,7 @@ def main():
     args = ap.parse_args()
     budget = args.budget or (0.02 if args.quick else 0.05)
     ts = [int(t) for t in args.T.split(",")] if args.T else [1, 64] if args.quick else [1, 64, 128]
-    has_avx2 = nat.cpu_info()["avx2_fma"]
+    has_avx2 = "avx2" in nat.cpu_info()["tiers"]
     rng = np.random.default_rng(0)
     clock = "thread CPU time" if args.cpu_time else "wall time"
     print(f"cpu: {nat.cpu_info()}; single thread; medians of {args.reps} ({clock})")
@@ -183,7 +183,7 @@ def main():
             if not args.no_scalar and (T == 1 or rows * cols * T <= 1536 * 576 * 64):  # ~1 GMAC/s
                 fn = partial(run, isa="scalar", layout=ROWS, ws=[wrows])
                 results.append(("scalar", nbytes, measure(fn, args.reps, budget)))
-            nat.set_isa("avx2" if has_avx2 else "scalar")
+            nat.set_isa("amx")  # back to the best tier the CPU has
             fn = partial(numpy_run, x=x, wt=wt, cpu=args.cpu_time)
             results.append(("numpy f32", wt.nbytes, measure(fn, args.reps, budget)))
             for name, wb, sec in results:

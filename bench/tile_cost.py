@@ -36,7 +36,7 @@ TILES = {
 
 def kernels_asm(cc: str = "cc") -> list[str]:
     """The K-quant kernels compiled to assembly, a line each."""
-    return subprocess.run([cc, "-O3", "-std=gnu11", "-S", f"-I{SRC}", str(SRC / "quant_kq_avx2.c"), "-o", "-"],
+    return subprocess.run([cc, "-O3", "-std=gnu11", "-S", f"-I{SRC}", str(SRC / "avx2" / "quant_kq.c"), "-o", "-"],
                           capture_output=True, text=True, check=True).stdout.splitlines()
 
 

@@ -3,7 +3,7 @@
  *   cc -O3 -std=gnu11 -pthread -ffunction-sections -fdata-sections -Wl,--gc-sections \
  *      -Isrc/barellm/_native bench/tile_stream.c -o /tmp/tile_stream && /tmp/tile_stream [MB] [rounds]
  *
- * Decode is bandwidth-bound only if the tile (quant_kq_avx2.c, one token: NT = 1) keeps the memory as
+ * Decode is bandwidth-bound only if the tile (avx2/quant_kq.c, one token: NT = 1) keeps the memory as
  * busy as a plain read does. This program builds the tile in (it includes the kernel source: the tiles
  * are static), fills a buffer of MB (default 1024) in 2 MB pages with random Q4_K or Q6_K groups of a
  * 1536-column matrix, and per round times, on 1 and then 2 threads (each its own half, the prefetch kind
@@ -21,7 +21,7 @@
  * than the work (on Zen 3 here), which is why the decode reads two.
  */
 #define _GNU_SOURCE
-#include "quant_kq_avx2.c"
+#include "avx2/quant_kq.c"
 
 #include <pthread.h>
 #include <stdio.h>

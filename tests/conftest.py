@@ -7,6 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
+from kernel_tiers import ABSENT, PRESENT, using
+from kernel_tiers import params as tier_params
+
+from barellm import _native
 
 DATA = Path(__file__).parent / "data"
 
@@ -54,3 +58,15 @@ def plain(metadata: dict) -> dict:
     """Metadata with numeric arrays as lists (the .blm reader hands them over as NumPy views of the file)."""
     return {k: v.tolist() if hasattr(v, "tolist") and not isinstance(v, (str, bytes)) else v
             for k, v in metadata.items()}
+
+
+def pytest_report_header(config):
+    absent = f"; absent, their tests skipped: {', '.join(ABSENT)}" if ABSENT else ""
+    return f"kernel tiers run: {', '.join(PRESENT)} (in use: {_native.cpu_info()['isa']}){absent}"
+
+
+@pytest.fixture(params=tier_params())
+def isa(request):
+    """Each ISA tier in turn (the kernel tests' parameter); the tier in use is restored after."""
+    with using(request.param):
+        yield request.param

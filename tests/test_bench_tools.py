@@ -38,7 +38,7 @@ def test_roofline_builds_and_reads(tmp_path):
 
 
 def test_tile_stream_builds_with_the_kernels_and_measures(tmp_path):
-    # it includes quant_kq_avx2.c: a change of the tiles' arguments must keep it building
+    # it includes avx2/quant_kq.c: a change of the tiles' arguments must keep it building
     exe = build("bench/tile_stream.c", tmp_path / "tile_stream", f"-I{NATIVE}", "-ffunction-sections",
                 "-fdata-sections", "-Wl,--gc-sections")
     out = subprocess.run([exe, "64", "1"], capture_output=True, text=True, timeout=120, check=True).stdout

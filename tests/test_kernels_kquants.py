@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 import pytest
+from kernel_tiers import PRESENT, using
 
 from barellm import _native as nat
 from barellm import quant
@@ -29,15 +30,8 @@ TYPES = (Q5_0, Q3_K, Q4_K, Q5_K, Q6_K)
 UNIT = {Q5_0: 32, Q3_K: 256, Q4_K: 256, Q5_K: 256, Q6_K: 256}
 UNIT_BYTES = {Q5_0: 22, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
 CASES = [(t, lay) for t in TYPES for lay in (ROWS, I8)]
-ISAS = ["scalar"] + (["avx2"] if nat.cpu_info()["avx2_fma"] else [])
 
 
-@pytest.fixture(params=ISAS)
-def isa(request):
-    before = "avx2" if nat.cpu_info()["isa"] != "scalar" else "scalar"
-    nat.set_isa(request.param)
-    yield request.param
-    nat.set_isa(before)
 
 
 # ---- weights ------------------------------------------------------------------------------------------
@@ -228,21 +222,20 @@ def test_invariance_T_and_splits(isa, type_, layout, rows):
 
 
 @pytest.mark.parametrize("type_", TYPES)
-@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 7, 33])
-def test_paths_agree_bitwise(type_, T):
-    """scalar and AVX2, GGUF rows and interleaved: the same bits for every output."""
-    rows, cols = 45, 1024 if type_ != Q5_0 else 640
-    rng = np.random.default_rng(T + type_)
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 7, 8, 9, 16, 33])
+@pytest.mark.parametrize("rows", [45, 64])
+def test_paths_agree_bitwise(isa, type_, T, rows):
+    """Every tier against scalar, GGUF rows and interleaved: the same bits for every output (the lean prefill
+    paths from T = 8, tails of tokens and of row groups included)."""
+    cols = 1024 if type_ != Q5_0 else 640
+    rng = np.random.default_rng(T + type_ + rows)
     raw = make_weights(type_, rows, cols, rng)
     x = rng.standard_normal((T, cols)).astype(np.float32)
     res = []
-    try:
-        for name in ISAS:
-            nat.set_isa(name)
+    for name in ("scalar", isa):
+        with using(name):
             for layout in (ROWS, I8):
                 res.append(matmul(type_, layout, rows, cols, weights_for(type_, layout, rows, cols, raw), x))
-    finally:
-        nat.set_isa(ISAS[-1])
     for r in res[1:]:
         assert np.array_equal(res[0], r)
 
@@ -363,16 +356,15 @@ def test_gemma_tensors(gemma_tensors):
     rng = np.random.default_rng(0)
     for name, (type_, raw) in gemma_tensors.items():
         rows, cols = raw.shape[0], raw.shape[1] // UNIT_BYTES[type_] * UNIT[type_]
-        x = rng.standard_normal((5, cols)).astype(np.float32) * 3
+        x = rng.standard_normal((11, cols)).astype(np.float32) * 3
         res = []
-        for isa_ in ISAS:
-            nat.set_isa(isa_)
-            for layout in (ROWS, I8):
-                w = weights_for(type_, layout, rows, cols, raw)
-                full = matmul(type_, layout, rows, cols, w, x)
-                assert np.array_equal(full[:1], matmul(type_, layout, rows, cols, w, x[:1])), name
-                res.append(full)
-        nat.set_isa(ISAS[-1])
+        for tier in PRESENT:
+            with using(tier):
+                for layout in (ROWS, I8):
+                    w = weights_for(type_, layout, rows, cols, raw)
+                    full = matmul(type_, layout, rows, cols, w, x)
+                    assert np.array_equal(full[:1], matmul(type_, layout, rows, cols, w, x[:1])), name
+                    res.append(full)
         for r in res[1:]:
             assert np.array_equal(res[0], r), name
         check_vs_numpy(res[0], raw, type_, rows, cols, x)

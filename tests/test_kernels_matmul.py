@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_tiers import using
 
 from barellm import _native as nat
 
@@ -27,7 +28,6 @@ EPS = 2.0**-23  # float32 machine epsilon (twice the unit roundoff)
 QUANT = (Q4_0, Q4_1, Q8_0)
 CASES = ([(t, ROWS, A8) for t in (F32, F16)] + [(t, ROWS, a) for t in QUANT for a in (A8, A8X2)]
          + [(t, I8, a) for t in QUANT for a in (A8, A8X2)])
-ISAS = ["scalar"] + (["avx2"] if nat.cpu_info()["avx2_fma"] else [])
 
 _BLOCK = {
     Q8_0: np.dtype([("d", "<f2"), ("qs", "i1", (QK,))]),
@@ -36,12 +36,6 @@ _BLOCK = {
 }
 
 
-@pytest.fixture(params=ISAS)
-def isa(request):
-    before = "avx2" if nat.cpu_info()["isa"] != "scalar" else "scalar"
-    nat.set_isa(request.param)
-    yield request.param
-    nat.set_isa(before)
 
 
 # ---- NumPy models -------------------------------------------------------------------------------------
@@ -264,25 +258,22 @@ def test_invariance_T_and_splits(isa, type_, layout, act, rows, cols):
         assert np.array_equal(out1, full[:1]), cuts
 
 
-@pytest.mark.skipif(len(ISAS) < 2, reason="needs AVX2+FMA")
 @pytest.mark.parametrize("type_,layout,act", CASES)
-@pytest.mark.parametrize("T", [1, 4, 7, 33])
-def test_isa_paths_agree_bitwise(type_, layout, act, T):
+@pytest.mark.parametrize("T", [1, 4, 7, 8, 9, 16, 33])
+def test_isa_paths_agree_bitwise(isa, type_, layout, act, T):
+    """Every tier against scalar: the same activation bytes and the same matmul bits."""
     rows, cols = 45, 576
     rng = np.random.default_rng(T + type_)
     raw = make_weights(type_, rows, cols, rng)
     w = weights_for(type_, layout, rows, cols, raw)
     x = rng.standard_normal((T, cols)).astype(np.float32)
     res = {}
-    try:
-        for name in ISAS:
-            nat.set_isa(name)
+    for name in ("scalar", isa):
+        with using(name):
             res[name] = (bytes(nat.quantize_act(type_, layout, cols, x, act)),
                          matmul(type_, layout, rows, cols, w, x, act=act))
-    finally:
-        nat.set_isa("avx2")
-    assert res["scalar"][0] == res["avx2"][0]
-    assert np.array_equal(res["scalar"][1], res["avx2"][1])
+    assert res["scalar"][0] == res[isa][0]
+    assert np.array_equal(res["scalar"][1], res[isa][1])
 
 
 # ---- layouts ------------------------------------------------------------------------------------------

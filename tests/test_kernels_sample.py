@@ -17,18 +17,9 @@ from barellm.sampling import (
 
 _native = pytest.importorskip("barellm._native", reason="native core not built")
 
-ISAS = ["scalar", "avx2"]
 LENGTHS = [1, 2, 7, 8, 9, 31, 33, 100, 257, 1000, 4099]
 
 
-@pytest.fixture(params=ISAS)
-def isa(request):
-    if request.param == "avx2" and not _native.cpu_info()["avx2_fma"]:
-        pytest.skip("no AVX2/FMA on this CPU")
-    before = _native.cpu_info()["isa"]
-    _native.set_isa(request.param)
-    yield request.param
-    _native.set_isa("avx2" if before.startswith("avx2") else "scalar")
 
 
 def _row(rng, n, kind):

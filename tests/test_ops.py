@@ -23,16 +23,9 @@ import pytest
 from barellm import _native as nat
 from barellm import kernels
 
-ISAS = ["scalar"] + (["avx2"] if nat.cpu_info()["avx2_fma"] else [])
 TILE = nat.KV_TILE
 
 
-@pytest.fixture(params=ISAS)
-def isa(request):
-    before = "avx2" if nat.cpu_info()["isa"] != "scalar" else "scalar"
-    nat.set_isa(request.param)
-    yield request.param
-    nat.set_isa(before)
 
 
 def aligned(shape, dtype=np.float32):

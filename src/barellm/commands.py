@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("names", nargs="+", metavar="MODEL")
     p.set_defaults(func=cmd_rm)
 
-    p = sub.add_parser("info", help="CPU features found and the kernel path in use")
+    p = sub.add_parser("info", help="the kernel tiers this CPU runs and which one each op uses")
     p.set_defaults(func=cmd_info)
 
     _register_convert(sub)
@@ -260,8 +260,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     info = _native.cpu_info()
     print(f"barellm {__version__}")
-    print(f"cpu avx2+fma+f16c: {'yes' if info['avx2_fma'] else 'no'}")
-    print(f"kernel path: {info['isa']}  (BARELLM_ISA=scalar forces the portable path)")
+    print(f"kernel tiers this CPU runs: {', '.join(info['tiers'])}")
+    print(f"tier in use: {info['isa']}  (BARELLM_ISA=scalar|avx2|avx512|amx caps it)")
+    by_tier: dict[str, list[str]] = {}
+    for entry, tier in _native.kernel_sources().items():
+        by_tier.setdefault(tier, []).append(entry)
+    for tier in ("scalar", "avx2", "avx512", "amx"):
+        if tier in by_tier:
+            print(f"  {tier} kernels: {', '.join(by_tier[tier])}")
     print(f"default threads: {default_threads()}")
     return 0
 def _register_convert(sub: argparse._SubParsersAction) -> None:

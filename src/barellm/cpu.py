@@ -38,8 +38,18 @@ def default_threads() -> int:
     return physical_cores()
 
 
+TIERS = ("scalar", "avx2", "avx512", "amx")
+
+
+def check_isa_env() -> None:
+    """Refuses a BARELLM_ISA that names no kernel tier (the native core would take it as no cap)."""
+    want = os.environ.get("BARELLM_ISA")
+    if want is not None and want not in TIERS:
+        raise InvalidRequest(f"BARELLM_ISA={want!r} is not a kernel tier: expected one of {', '.join(TIERS)}")
+
+
 def cpu_info() -> dict[str, object]:
-    """CPU features found and the kernel path in use (BARELLM_ISA=scalar forces the portable one)."""
+    """The kernel tiers this CPU runs ('tiers') and the one in use ('isa'; BARELLM_ISA caps it)."""
     from barellm import _native
 
     return dict(_native.cpu_info())

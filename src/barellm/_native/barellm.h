@@ -1,9 +1,11 @@
 /* barellm native core: shared types and the contracts between its parts.
  *
  * Layout of the core:
- *   cpu.c            feature detection, ISA choice (BARELLM_ISA override)
- *   quant_*.c        quantized matmul kernels per ISA, activation quantization, weight repacking
- *   ops_*.c          element-wise and attention kernels per ISA
+ *   cpu.c            feature detection, the tier in use (BARELLM_ISA caps it)
+ *   tier.c, tier.h   the kernel table every op calls, laid together from the tiers' tables
+ *   scalar/ avx2/ avx512/ amx/   one folder per ISA tier: its kernels and its table
+ *   quant*.c         the weight types' traits, activation quantization, weight repacking
+ *   ops.c            the element-wise and attention entry points
  *   threadpool.c     persistent workers, spin barrier, row partitioning
  *   executor.c       runs a plan of ops over preallocated buffers
  *   sample*.c        the sampling chain over a row of logits (top-k heap, penalties, bias, token mask)
@@ -27,13 +29,15 @@ enum bl_type {
     BL_Q3_K = 11, BL_Q4_K = 12, BL_Q5_K = 13, BL_Q6_K = 14, BL_BF16 = 30,
 };
 
-/* instruction-set paths, in increasing order of capability */
-enum bl_isa { BL_ISA_SCALAR = 0, BL_ISA_AVX2 = 1 };
+/* instruction-set tiers, in increasing order of capability; each adds to the ones below (tier.h) */
+enum bl_isa { BL_ISA_SCALAR = 0, BL_ISA_AVX2 = 1, BL_ISA_AVX512 = 2, BL_ISA_AMX = 3, BL_ISA_COUNT };
 
 /* cpu.c */
-BL_API int bl_cpu_has_avx2_fma(void);   /* what the CPU offers */
-BL_API enum bl_isa bl_isa(void);        /* what is used: the best offered, or BARELLM_ISA's choice */
-BL_API void bl_set_isa(enum bl_isa isa); /* tests switch paths inside one process */
-BL_API const char *bl_isa_name(enum bl_isa isa);
+BL_API unsigned bl_cpu_tiers(void);      /* the tiers this CPU and OS can run, bit 1 << enum bl_isa each */
+BL_API enum bl_isa bl_isa(void);         /* the tier in use: the best offered, capped by BARELLM_ISA */
+BL_API enum bl_isa bl_set_isa(enum bl_isa isa); /* caps the tier (tests switch inside one process); returns
+                                                   the tier in use: the best offered at or under isa */
+BL_API const char *bl_isa_name(enum bl_isa isa); /* "scalar", "avx2", "avx512", "amx" */
+BL_API int bl_isa_from_name(const char *name);   /* -1: not a tier's name */
 
 #endif

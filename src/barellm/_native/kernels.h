@@ -60,16 +60,12 @@ typedef struct bl_type_traits {
      * of a group back in GGUF form (block_bytes bytes) */
     void (*pack8)(int cols, const uint8_t *const rows[8], uint8_t *group);
     void (*unpack8)(const uint8_t *group, int cols, int l, int b, uint8_t *block);
-    bl_matmul_fn matmul[2][BL_LAYOUT_COUNT]; /* per enum bl_isa and layout; NULL: none */
 } bl_type_traits;
 
 #define BL_TYPE_COUNT 40
 
 /* The row of a type (a ggml type id); NULL for ids outside the table or types the core does not know. */
 BL_API const bl_type_traits *bl_traits(int type);
-
-/* The matmul kernels of the ISA path in use, resolved once from the table (called by bl_set_isa). */
-BL_API void bl_kernels_resolve(int isa);
 
 /* Whether the kernels for `type` take activations of type `act`. */
 BL_API int bl_act_supported(int type, int act);

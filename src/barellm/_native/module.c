@@ -2,28 +2,70 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "barellm.h"
+#include "tier.h"
 #include "py_common.h"
 
 static PyObject *py_cpu_info(PyObject *self, PyObject *args) {
     (void)self; (void)args;
-    return Py_BuildValue("{s:O,s:s}", "avx2_fma", bl_cpu_has_avx2_fma() ? Py_True : Py_False,
-                         "isa", bl_isa_name(bl_isa()));
+    PyObject *tiers = PyList_New(0);
+    if (!tiers) return NULL;
+    for (int i = 0; i < BL_ISA_COUNT; i++) {
+        if (!(bl_cpu_tiers() >> i & 1)) continue;
+        PyObject *n = PyUnicode_FromString(bl_isa_name((enum bl_isa)i));
+        if (!n || PyList_Append(tiers, n) < 0) { Py_XDECREF(n); Py_DECREF(tiers); return NULL; }
+        Py_DECREF(n);
+    }
+    return Py_BuildValue("{s:N,s:s}", "tiers", tiers, "isa", bl_isa_name(bl_isa()));
 }
 
 static PyObject *py_set_isa(PyObject *self, PyObject *args) {
     (void)self;
     const char *name;
     if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
-    if (strcmp(name, "scalar") == 0) bl_set_isa(BL_ISA_SCALAR);
-    else if (strcmp(name, "avx2") == 0) bl_set_isa(BL_ISA_AVX2);
-    else { PyErr_Format(PyExc_ValueError, "unknown ISA %R (expected 'scalar' or 'avx2')", PyTuple_GET_ITEM(args, 0)); return NULL; }
-    return PyUnicode_FromString(bl_isa_name(bl_isa()));
+    const int isa = bl_isa_from_name(name);
+    if (isa < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown ISA tier %R (expected 'scalar', 'avx2', 'avx512' or 'amx')",
+                     PyTuple_GET_ITEM(args, 0));
+        return NULL;
+    }
+    return PyUnicode_FromString(bl_isa_name(bl_set_isa((enum bl_isa)isa)));
+}
+
+/* {entry: tier} for every entry of the resolved table: which tier's kernel each op and matmul runs */
+static PyObject *py_kernel_sources(PyObject *self, PyObject *args) {
+    (void)self; (void)args;
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+#define PUT(key, tier)                                                                                   \
+    do {                                                                                                 \
+        PyObject *v = PyUnicode_FromString(bl_isa_name((enum bl_isa)(tier)));                            \
+        if (!v || PyDict_SetItemString(d, key, v) < 0) { Py_XDECREF(v); Py_DECREF(d); return NULL; }      \
+        Py_DECREF(v);                                                                                    \
+    } while (0)
+    static const char *const acts[BL_ACT_COUNT] = {"act q8", "act q8x2"};
+    static const char *const layouts[BL_LAYOUT_COUNT] = {"rows", "interleave8"};
+    for (int a = 0; a < BL_ACT_COUNT; a++) PUT(acts[a], bl_kernel_source.act[a]);
+    for (int t = 0; t < BL_TYPE_COUNT; t++)
+        for (int l = 0; l < BL_LAYOUT_COUNT; l++) {
+            const bl_type_traits *tr = bl_traits(t);
+            if (!tr || !bl_kernels.matmul[t][l]) continue;
+            char key[64];
+            snprintf(key, sizeof key, "matmul %s %s", tr->name, layouts[l]);
+            PUT(key, bl_kernel_source.matmul[t][l]);
+        }
+#define OP(name, ret, params) PUT(#name, bl_kernel_source.name);
+    BL_TIER_OPS(OP)
+#undef OP
+#undef PUT
+    return d;
 }
 
 static PyMethodDef core_methods[] = {
-    {"cpu_info", py_cpu_info, METH_NOARGS, "CPU features found and the kernel path in use."},
-    {"set_isa", py_set_isa, METH_VARARGS, "set_isa('scalar'|'avx2'): choose the kernel path; returns the one in use."},
+    {"cpu_info", py_cpu_info, METH_NOARGS, "{'tiers': the ISA tiers this CPU can run, 'isa': the tier in use}."},
+    {"set_isa", py_set_isa, METH_VARARGS,
+     "set_isa('scalar'|'avx2'|'avx512'|'amx'): cap the kernel tier; returns the tier in use (the best the CPU "
+     "offers at or under the cap)."},
+    {"kernel_sources", py_kernel_sources, METH_NOARGS, "{entry: tier}: the tier whose kernel each op runs."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -39,7 +81,7 @@ static int add_methods(PyObject *m, PyMethodDef *defs) {
 }
 
 PyMODINIT_FUNC PyInit__native(void) {
-    bl_isa(); /* picks the kernel path and resolves its kernels from the traits table, before any thread runs */
+    bl_isa(); /* picks the tier and lays its kernel table together, before any thread runs */
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     if (add_methods(m, core_methods) < 0 || add_methods(m, bl_kernel_methods) < 0 ||

@@ -1,4 +1,4 @@
-/* Element-wise and attention kernels (ops.c dispatches to ops_scalar.c / ops_avx2.c by bl_isa()).
+/* Element-wise and attention kernels (ops.c calls the resolved tier table, tier.h).
  *
  * Every kernel works on one row (one token) or one block of queries and does the same float operations
  * for a row whatever the other rows, the row count or the thread are: the executor's invariance rests
@@ -65,6 +65,9 @@ BL_API void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const voi
                          int head_dim, float scale, int kv_f16);
 BL_OPS_DECLARE(scalar)
 BL_OPS_DECLARE(avx2)
+BL_OPS_DECLARE(avx512)
+void bl_kv_store_scalar(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
+                        int n_ctx, int kv_f16);
 void bl_kv_store_f16_avx2(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
                           int n_ctx);
 

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "executor.h"
+#include "tier.h"
 
 /* ------------------------------------------------------------------ buffers */
 
@@ -83,41 +84,11 @@ typedef struct {
     uint64_t sink[BL_MAX_THREADS];
 } read_job;
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-__attribute__((target("avx2"))) static uint64_t read_avx2(const uint64_t *p, size_t lo, size_t hi) {
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (size_t i = lo; i < hi; i += 32) {
-        a0 = _mm256_add_epi64(a0, _mm256_loadu_si256((const __m256i *)(p + i)));
-        a1 = _mm256_add_epi64(a1, _mm256_loadu_si256((const __m256i *)(p + i + 4)));
-        a2 = _mm256_add_epi64(a2, _mm256_loadu_si256((const __m256i *)(p + i + 8)));
-        a3 = _mm256_add_epi64(a3, _mm256_loadu_si256((const __m256i *)(p + i + 12)));
-        a4 = _mm256_add_epi64(a4, _mm256_loadu_si256((const __m256i *)(p + i + 16)));
-        a5 = _mm256_add_epi64(a5, _mm256_loadu_si256((const __m256i *)(p + i + 20)));
-        a6 = _mm256_add_epi64(a6, _mm256_loadu_si256((const __m256i *)(p + i + 24)));
-        a7 = _mm256_add_epi64(a7, _mm256_loadu_si256((const __m256i *)(p + i + 28)));
-    }
-    const __m256i s = _mm256_add_epi64(_mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)),
-                                       _mm256_add_epi64(_mm256_add_epi64(a4, a5), _mm256_add_epi64(a6, a7)));
-    return (uint64_t)_mm256_extract_epi64(s, 0) + (uint64_t)_mm256_extract_epi64(s, 1) +
-           (uint64_t)_mm256_extract_epi64(s, 2) + (uint64_t)_mm256_extract_epi64(s, 3);
-}
-#endif
-
 static void read_task(void *ctx, int tid, int nth) {
     read_job *j = ctx;
     size_t per = (j->n / (size_t)nth) & ~(size_t)31, lo = per * (size_t)tid;
     size_t hi = tid == nth - 1 ? j->n & ~(size_t)31 : lo + per;
-#if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx2")) {
-        j->sink[tid] = read_avx2(j->p, lo, hi);
-        return;
-    }
-#endif
-    uint64_t a[8] = {0};
-    for (size_t i = lo; i < hi; i += 32)
-        for (int k = 0; k < 8; k++) a[k] += j->p[i + 4 * k] + j->p[i + 4 * k + 1] + j->p[i + 4 * k + 2] + j->p[i + 4 * k + 3];
-    j->sink[tid] = a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+    j->sink[tid] = bl_kernels.read_sum(j->p, lo, hi);
 }
 
 static PyObject *Pool_read(PoolObject *self, PyObject *arg) {

@@ -1,34 +1,31 @@
 /* The type-and-layout traits table (kernels.h's bl_type_traits), and the entry points of kernels.h, which
  * only ever ask the table: sizes, repacking both ways, row access, activation conversion, matmul dispatch.
- * Adding a weight type means adding its row here (and its kernels); nothing else in the core changes. */
+ * Adding a weight type means adding its row here and its kernels to the tiers' tables (tier.h). */
 #include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "quant_internal.h"
+#include "tier.h"
 
 #define ACT(a) (1 << BL_ACT_##a)
 #define I8 BL_LAYOUT_INTERLEAVE8
-/* matmul[isa][layout]: {{scalar rows, scalar interleave8}, {avx2 rows, avx2 interleave8}} */
-#define MM_ROWS(t) {{bl_mm_##t##_scalar, NULL}, {bl_mm_##t##_avx2, NULL}}
-#define MM_BOTH(t) {{bl_mm_##t##_scalar, bl_mm_##t##_scalar}, {bl_mm_##t##_avx2, bl_mm_##t##_avx2}}
-#define MM_SPLIT(t) {{bl_mm_##t##_scalar, bl_mm_##t##_scalar}, {bl_mm_##t##_rows_avx2, bl_mm_##t##_avx2}}
 #define PACK(t) bl_dequant_##t, bl_pack8_##t, bl_unpack8_##t
 
 static const bl_type_traits TRAITS[BL_TYPE_COUNT] = {
-    /*            name    block  bytes acts              int  layout          dequant, pack8, unpack8  matmul */
-    [BL_F32]  = {"f32",   1,     4,    ACT(Q8),          0,   BL_LAYOUT_ROWS, bl_dequant_f32, NULL, NULL, MM_ROWS(f32)},
-    [BL_F16]  = {"f16",   1,     2,    ACT(Q8),          0,   BL_LAYOUT_ROWS, bl_dequant_f16, NULL, NULL, MM_ROWS(f16)},
-    [BL_BF16] = {"bf16",  1,     2,    0,                0,   BL_LAYOUT_ROWS, bl_dequant_bf16, NULL, NULL, {{0}}},
-    [BL_Q4_0] = {"q4_0",  32,    18,   ACT(Q8) | ACT(Q8X2), 1, I8,           PACK(q4_0), MM_SPLIT(q4_0)},
-    [BL_Q4_1] = {"q4_1",  32,    20,   ACT(Q8) | ACT(Q8X2), 1, I8,           PACK(q4_1), MM_SPLIT(q4_1)},
-    [BL_Q5_0] = {"q5_0",  32,    22,   ACT(Q8),          1,   I8,             PACK(q5_0), MM_BOTH(q5_0)},
-    [BL_Q5_1] = {"q5_1",  32,    24,   0,                1,   BL_LAYOUT_ROWS, bl_dequant_q5_1, NULL, NULL, {{0}}},
-    [BL_Q8_0] = {"q8_0",  32,    34,   ACT(Q8) | ACT(Q8X2), 1, I8,           PACK(q8_0), MM_SPLIT(q8_0)},
-    [BL_Q3_K] = {"q3_k",  256,   110,  ACT(Q8),          1,   I8,             PACK(q3_k), MM_BOTH(q3_k)},
-    [BL_Q4_K] = {"q4_k",  256,   144,  ACT(Q8),          1,   I8,             PACK(q4_k), MM_BOTH(q4_k)},
-    [BL_Q5_K] = {"q5_k",  256,   176,  ACT(Q8),          1,   I8,             PACK(q5_k), MM_BOTH(q5_k)},
-    [BL_Q6_K] = {"q6_k",  256,   210,  ACT(Q8),          1,   I8,             PACK(q6_k), MM_BOTH(q6_k)},
+    /*            name    block  bytes acts              int  layout          dequant, pack8, unpack8  */
+    [BL_F32]  = {"f32",   1,     4,    ACT(Q8),          0,   BL_LAYOUT_ROWS, bl_dequant_f32, NULL, NULL},
+    [BL_F16]  = {"f16",   1,     2,    ACT(Q8),          0,   BL_LAYOUT_ROWS, bl_dequant_f16, NULL, NULL},
+    [BL_BF16] = {"bf16",  1,     2,    0,                0,   BL_LAYOUT_ROWS, bl_dequant_bf16, NULL, NULL},
+    [BL_Q4_0] = {"q4_0",  32,    18,   ACT(Q8) | ACT(Q8X2), 1, I8,           PACK(q4_0)},
+    [BL_Q4_1] = {"q4_1",  32,    20,   ACT(Q8) | ACT(Q8X2), 1, I8,           PACK(q4_1)},
+    [BL_Q5_0] = {"q5_0",  32,    22,   ACT(Q8),          1,   I8,             PACK(q5_0)},
+    [BL_Q5_1] = {"q5_1",  32,    24,   0,                1,   BL_LAYOUT_ROWS, bl_dequant_q5_1, NULL, NULL},
+    [BL_Q8_0] = {"q8_0",  32,    34,   ACT(Q8) | ACT(Q8X2), 1, I8,           PACK(q8_0)},
+    [BL_Q3_K] = {"q3_k",  256,   110,  ACT(Q8),          1,   I8,             PACK(q3_k)},
+    [BL_Q4_K] = {"q4_k",  256,   144,  ACT(Q8),          1,   I8,             PACK(q4_k)},
+    [BL_Q5_K] = {"q5_k",  256,   176,  ACT(Q8),          1,   I8,             PACK(q5_k)},
+    [BL_Q6_K] = {"q6_k",  256,   210,  ACT(Q8),          1,   I8,             PACK(q6_k)},
 };
 
 const bl_type_traits *bl_traits(int type) {
@@ -36,27 +33,7 @@ const bl_type_traits *bl_traits(int type) {
     return &TRAITS[type];
 }
 
-/* ---- the kernels of the ISA in use, resolved once ---- */
-
-typedef void (*act_fn)(const float *x, int cols, uint8_t *row, int b0, int b1);
 _Thread_local int bl_shared_stream;
-
-static bl_matmul_fn g_matmul[BL_TYPE_COUNT][BL_LAYOUT_COUNT];
-static act_fn g_act[BL_ACT_COUNT];
-static int g_resolved = -1;
-
-void bl_kernels_resolve(int isa) {
-    const int avx2 = isa == BL_ISA_AVX2;
-    for (int t = 0; t < BL_TYPE_COUNT; t++)
-        for (int l = 0; l < BL_LAYOUT_COUNT; l++) g_matmul[t][l] = TRAITS[t].matmul[avx2][l];
-    g_act[BL_ACT_Q8] = avx2 ? bl_act_q8_avx2 : bl_act_q8_scalar;
-    g_act[BL_ACT_Q8X2] = avx2 ? bl_act_q8x2_avx2 : bl_act_q8x2_scalar;
-    g_resolved = isa;
-}
-
-static inline void ensure_resolved(void) {
-    if (__builtin_expect(g_resolved < 0, 0)) bl_kernels_resolve(bl_isa());
-}
 
 /* ---- sizes ---- */
 
@@ -163,11 +140,10 @@ void bl_quantize_act(const bl_matrix *w, const float *x, size_t x_stride, int T,
 }
 
 void bl_quantize_act_blocks(const bl_matrix *w, const float *x, void *out, int b0, int b1) {
-    ensure_resolved();
     const int cols = w->cols, nblk = (cols + BL_ACT_BLOCK - 1) / BL_ACT_BLOCK;
     if (b1 > nblk) b1 = nblk;
     if (b0 >= b1) return;
-    const act_fn f = bl_traits(w->type)->int_acts ? g_act[w->act] : NULL;
+    const bl_act_fn f = bl_traits(w->type)->int_acts ? bl_kernels.act[w->act] : NULL;
     if (f) f(x, cols, out, b0, b1);
     else {
         const int i0 = b0 * BL_ACT_BLOCK, i1 = b1 * BL_ACT_BLOCK < cols ? b1 * BL_ACT_BLOCK : cols;
@@ -177,6 +153,5 @@ void bl_quantize_act_blocks(const bl_matrix *w, const float *x, void *out, int b
 
 void bl_matmul(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
     if (T <= 0 || r0 >= r1) return;
-    ensure_resolved();
-    g_matmul[w->type][w->layout](w, xq, T, out, ldo, r0, r1);
+    bl_kernels.matmul[w->type][w->layout](w, xq, T, out, ldo, r0, r1);
 }

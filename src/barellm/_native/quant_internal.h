@@ -141,8 +141,7 @@ static inline const uint8_t *bl_load_block(const bl_type_traits *t, const bl_mat
     return buf;
 }
 
-/* The per-ISA kernels the traits table points at (quant_scalar.c, quant_avx2.c, quant_kq_scalar.c,
- * quant_kq_avx2.c). Activation rows: blocks [b0, b1) of one vector of cols values into the integer blocks
+/* The tiers' kernels their tables (tier.h) point at (scalar/, avx2/, avx512/). Activation rows: blocks [b0, b1) of one vector of cols values into the integer blocks
  * of its row (the row's own layout, so threads can share one row). Matmuls: as
  * bl_matmul, for the type in the name and the layout(s) the table gives them. */
 #define BL_MM_ARGS const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1
@@ -161,6 +160,9 @@ static inline const uint8_t *bl_load_block(const bl_type_traits *t, const bl_mat
     void bl_mm_q6_k_##isa(BL_MM_ARGS);
 BL_KERNELS_DECLARE(scalar)
 BL_KERNELS_DECLARE(avx2)
+/* avx512: the entries it fills (avx512/tier.c) */
+void bl_mm_q4_k_avx512(BL_MM_ARGS);
+void bl_mm_q6_k_avx512(BL_MM_ARGS);
 /* AVX2 Q4_0, Q4_1, Q8_0 read GGUF rows with kernels of their own */
 void bl_mm_q4_0_rows_avx2(BL_MM_ARGS);
 void bl_mm_q4_1_rows_avx2(BL_MM_ARGS);

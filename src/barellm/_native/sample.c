@@ -1,54 +1,19 @@
-/* The sampling chain (sample.h) and its portable scalar kernels; sample_avx2.c has the AVX2 ones. */
+/* The sampling chain (sample.h); its kernels come from the resolved tier table (tier.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "sample.h"
+#include "tier.h"
 
-/* ---- scalar kernels ---- */
-
-int bl_argmax_scalar(const float *x, int n, const uint32_t *allowed) {
-    int best = -1, first = -1;
-    float bv = -INFINITY;
-    for (int i = 0; i < n; i++) {
-        if (!bl_allowed(allowed, i)) continue;
-        if (first < 0) first = i;
-        if (x[i] > bv) { bv = x[i]; best = i; }
-    }
-    return best >= 0 ? best : first; /* every allowed value -inf or NaN: the first allowed */
-}
-
-int bl_top_scalar(const float *x, int n, const uint32_t *allowed, int m, bl_cand *h) {
-    bl_heap_init(h, m);
-    float thr = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (x[i] > thr && bl_allowed(allowed, i)) thr = bl_heap_replace(h, m, x[i], i);
-    return bl_heap_finish(h, m);
-}
-
-double bl_sum_exp_scalar(const float *x, int n, const uint32_t *allowed, float ref, float scale, float lo) {
-    double s = 0;
-    for (int i = 0; i < n; i++)
-        if (x[i] >= lo && bl_allowed(allowed, i)) s += exp(((double)x[i] - ref) * scale);
-    return s;
-}
-
-float bl_row_max_scalar(const float *x, int n) {
-    float m = -INFINITY;
-    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
-    return m;
-}
-
-#define DISPATCH(fn, ...) (bl_isa() == BL_ISA_AVX2 ? fn##_avx2(__VA_ARGS__) : fn##_scalar(__VA_ARGS__))
-
-int bl_argmax(const float *x, int n, const uint32_t *allowed) { return DISPATCH(bl_argmax, x, n, allowed); }
+int bl_argmax(const float *x, int n, const uint32_t *allowed) { return bl_kernels.argmax(x, n, allowed); }
 int bl_top(const float *x, int n, const uint32_t *allowed, int m, bl_cand *out) {
-    return DISPATCH(bl_top, x, n, allowed, m, out);
+    return bl_kernels.top(x, n, allowed, m, out);
 }
 double bl_sum_exp(const float *x, int n, const uint32_t *allowed, float ref, float scale, float lo) {
-    return DISPATCH(bl_sum_exp, x, n, allowed, ref, scale, lo);
+    return bl_kernels.sum_exp(x, n, allowed, ref, scale, lo);
 }
-float bl_row_max(const float *x, int n) { return DISPATCH(bl_row_max, x, n); }
+float bl_row_max(const float *x, int n) { return bl_kernels.row_max(x, n); }
 
 static int cand_order(const void *a, const void *b) {
     const bl_cand *p = a, *q = b;

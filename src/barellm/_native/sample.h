@@ -50,7 +50,7 @@ BL_API int bl_sample_candidates(float *x, int n, const bl_sample_ctx *c, int32_t
 /* log-softmax of the row: the value at `token` and the k best (ids and log-probabilities, best first). */
 BL_API double bl_logprobs(const float *x, int n, int token, int k, bl_cand *top, double *top_lp, int *n_top);
 
-/* kernels, one per ISA (dispatched by bl_isa()) */
+/* kernels: the entry points call the resolved tier table (tier.h); the tiers' own ones follow */
 BL_API int bl_argmax(const float *x, int n, const uint32_t *allowed);
 BL_API int bl_top(const float *x, int n, const uint32_t *allowed, int m, bl_cand *out);
 BL_API double bl_sum_exp(const float *x, int n, const uint32_t *allowed, float ref, float scale, float lo);

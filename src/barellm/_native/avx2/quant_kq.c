@@ -26,7 +26,8 @@
 #include <string.h>
 
 #include "quant_kq.h"
-#include "simd_avx2.h"
+#include "tier.h"
+#include "avx2/simd.h"
 
 #define AI static inline __attribute__((always_inline))
 #define MAXNT 4
@@ -1052,7 +1053,7 @@ static void matmul_kq(const tile_fn *fns, const tile_fn two, const int half, con
     if ((half && !xp) || (rows_layout && !scratch)) { /* out of memory: the same bits, slowly */
         if (xp != xp_stack) free(xp);
         free(scratch);
-        tr->matmul[BL_ISA_SCALAR][w->layout](w, xq, T, out, ldo, r0, r1);
+        bl_scalar_kernels()->matmul[type][w->layout](w, xq, T, out, ldo, r0, r1);
         return;
     }
     if (xp) half_sums(xq, T, xb, cols, xp);

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "quant_internal.h"
-#include "simd_avx2.h"
+#include "avx2/simd.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -421,7 +421,7 @@ AI void matmul_i8(const int type, const bl_matrix *w, const void *xq, int T, flo
     if (T == 1) {
         /* decode: two groups per tile (Q4: ~25% faster from cache than one), the first half's groups with
          * the second half's, so that the weights stream from two places at once (see two_streams in
-         * quant_kq_avx2.c); an odd group is left over for the loop below */
+         * avx2/quant_kq.c); an odd group is left over for the loop below */
         void (*g2fn)(const uint8_t *, const uint8_t *, int, const uint8_t *, float *, float *, int, const uint8_t *,
                      const uint8_t *, size_t) = type == BL_Q4_0   ? (x2 ? q40x2_g2 : q40_g2)
                                                 : type == BL_Q4_1 ? (x2 ? q41x2_g2 : q41_g2)

@@ -118,3 +118,22 @@ void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const voi
         for (int d = 0; d < head_dim; d++) qs[i].out[d] *= inv;
     }
 }
+
+void bl_kv_store_scalar(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
+                 int n_ctx, int kv_f16) {
+    const size_t head = (size_t)n_ctx * head_dim;
+    const size_t kofs = (size_t)(pos / BL_KV_TILE) * head_dim * BL_KV_TILE + pos % BL_KV_TILE;
+    for (int h = 0; h < n_kv_heads; h++) {
+        const float *kh = k + (size_t)h * head_dim, *vh = v + (size_t)h * head_dim;
+        const size_t vofs = h * head + (size_t)pos * head_dim;
+        if (kv_f16) {
+            uint16_t *kt = (uint16_t *)kc + h * head + kofs, *vt = (uint16_t *)vc + vofs;
+            for (int d = 0; d < head_dim; d++) kt[(size_t)d * BL_KV_TILE] = bl_float_to_half(kh[d]);
+            for (int d = 0; d < head_dim; d++) vt[d] = bl_float_to_half(vh[d]);
+        } else {
+            float *kt = (float *)kc + h * head + kofs;
+            for (int d = 0; d < head_dim; d++) kt[(size_t)d * BL_KV_TILE] = kh[d];
+            memcpy((float *)vc + vofs, vh, sizeof(float) * head_dim);
+        }
+    }
+}

@@ -6,7 +6,7 @@
 #include <math.h>
 
 #include "sample.h"
-#include "simd_avx2.h"
+#include "avx2/simd.h"
 
 /* the 8 allowed-mask bits of tokens i..i+7 (i a multiple of 8) */
 static inline unsigned mask8(const uint32_t *allowed, int i) {

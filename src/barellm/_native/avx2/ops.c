@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "ops.h"
-#include "simd_avx2.h"
+#include "avx2/simd.h"
 
 static inline float exp1(float x) {
     return _mm256_cvtss_f32(exp8(_mm256_set1_ps(x)));

@@ -1,0 +1,5 @@
+/* The avx512 tier's table (AVX-512 F + BW + VL + DQ + VNNI): the entries it speeds up; the rest stay avx2's. */
+#include "quant_internal.h"
+#include "tier.h"
+
+const bl_kernel_table bl_tier_avx512 = {0};
