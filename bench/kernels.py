@@ -5,12 +5,13 @@
 
 For each shape and T: GMAC/s (rows * cols * T multiply-adds per second) and GB/s (weight bytes read per
 second) of
-  avx2 i8       the AVX2 kernel on the interleaved layout with 8-bit activations,
-  avx2 i8 cold  the same streaming its weights from memory (it cycles through > 96 MB of copies, the size
+(each SIMD tier the CPU runs, avx2 and up, in turn: TIER below)
+  TIER i8       the tier's kernel on the interleaved layout with 8-bit activations,
+  TIER i8 cold  the same streaming its weights from memory (it cycles through > 96 MB of copies, the size
                 of the model, as a real decode does; T = 1 only),
-  avx2 i8x2 (cold)  the same with Q8X2 activations (two int8 planes; the engine's default where a type has
+  TIER i8x2 (cold)  the same with Q8X2 activations (two int8 planes; the engine's default where a type has
                 them: Q4_1, Q8_0),
-  avx2 rows     the AVX2 kernel on GGUF-ordered rows,
+  TIER rows     the tier's kernel on GGUF-ordered rows,
   scalar        the portable C path,
   numpy f32     NumPy's matmul on the dequantized f32 weights (GB/s counts its 4-byte weights).
 Times exclude the activation quantization (done once per input vector and shared by the matmuls that
@@ -144,7 +145,7 @@ def main():
     args = ap.parse_args()
     budget = args.budget or (0.02 if args.quick else 0.05)
     ts = [int(t) for t in args.T.split(",")] if args.T else [1, 64] if args.quick else [1, 64, 128]
-    has_avx2 = "avx2" in nat.cpu_info()["tiers"]
+    simd = [t for t in nat.cpu_info()["tiers"] if t != "scalar"]  # every SIMD tier the CPU runs
     rng = np.random.default_rng(0)
     clock = "thread CPU time" if args.cpu_time else "wall time"
     print(f"cpu: {nat.cpu_info()}; single thread; medians of {args.reps} ({clock})")
@@ -163,23 +164,23 @@ def main():
             x = rng.standard_normal((T, cols)).astype(np.float32)
             run = partial(kernel_run, type_=type_, rows=rows, cols=cols, x=x, cpu=args.cpu_time)
             results = []
-            if has_avx2:
-                fn = partial(run, isa="avx2", layout=I8, ws=[wi8])
-                results.append(("avx2 i8", nbytes, measure(fn, args.reps, budget)))
+            for tier in simd:
+                fn = partial(run, isa=tier, layout=I8, ws=[wi8])
+                results.append((f"{tier} i8", nbytes, measure(fn, args.reps, budget)))
                 x2 = nat.act_supported(type_, 1)
                 if x2:
-                    fn = partial(run, isa="avx2", layout=I8, ws=[wi8], act=1)
-                    results.append(("avx2 i8x2", nbytes, measure(fn, args.reps, budget)))
+                    fn = partial(run, isa=tier, layout=I8, ws=[wi8], act=1)
+                    results.append((f"{tier} i8x2", nbytes, measure(fn, args.reps, budget)))
                 if T == 1:
                     cold = [bytes(wi8) for _ in range((args.cold_mb << 20) // nbytes + 2)]
-                    fn = partial(run, isa="avx2", layout=I8, ws=cold)
-                    results.append(("avx2 i8 cold", nbytes, measure(fn, args.reps, budget)))
+                    fn = partial(run, isa=tier, layout=I8, ws=cold)
+                    results.append((f"{tier} i8 cold", nbytes, measure(fn, args.reps, budget)))
                     if x2:
-                        fn = partial(run, isa="avx2", layout=I8, ws=cold, act=1)
-                        results.append(("avx2 i8x2 cold", nbytes, measure(fn, args.reps, budget)))
+                        fn = partial(run, isa=tier, layout=I8, ws=cold, act=1)
+                        results.append((f"{tier} i8x2 cold", nbytes, measure(fn, args.reps, budget)))
                     del cold
-                fn = partial(run, isa="avx2", layout=ROWS, ws=[wrows])
-                results.append(("avx2 rows", nbytes, measure(fn, args.reps, budget)))
+                fn = partial(run, isa=tier, layout=ROWS, ws=[wrows])
+                results.append((f"{tier} rows", nbytes, measure(fn, args.reps, budget)))
             if not args.no_scalar and (T == 1 or rows * cols * T <= 1536 * 576 * 64):  # ~1 GMAC/s
                 fn = partial(run, isa="scalar", layout=ROWS, ws=[wrows])
                 results.append(("scalar", nbytes, measure(fn, args.reps, budget)))

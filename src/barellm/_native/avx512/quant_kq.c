@@ -1,0 +1,328 @@
+/* AVX-512 VNNI prefill kernels for Q4_K and Q6_K (Qwen2.5's and Gemma's Q4_K_M weights). They read the same
+ * interleaved layout as the avx2 tier (quant_kq.h: one .blm file for every tier) and do quant_kq.h's float
+ * work in its order, so their bits are the scalar path's; calls of fewer than PREFILL_MIN_T tokens (decode,
+ * whose speed is the memory's) keep the avx2 tiles.
+ *
+ * A call's rows go 16 at a time (two groups of 8): each group pair is first unpacked into a scratch that
+ * stays in cache (values as plain u8, one 64-byte vector holding 4 consecutive values of all 16 rows, the
+ * scales as floats), then every token of the call runs over it NT = 8 at a time: one vpdpbusd does 64
+ * multiply-adds where avx2 took maddubs + add + madd for 32, each loaded weight vector serves 8 tokens, and
+ * each activation granule is an embedded broadcast.
+ *
+ * Exactness (why the float work can use float scales):
+ *   Q4_K  a sub-block's dot |sum q x| <= 32 * 15 * 127 < 2^16 and sc < 64, so sc * dot < 2^22: the float
+ *         product (float)sc * (float)dot is exact and equals (float)(sc * dot), the scalar path's operand;
+ *   Q6_K  a half's dot can reach 16 * 63 * 127 and its scale 128, and two halves' sum passes 2^24, so the
+ *         block's integer is formed in int32 (vpmulld) and converted once, as everywhere else.
+ */
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "quant_kq.h"
+#include "tier.h"
+
+#define AI static inline __attribute__((always_inline))
+#define PREFILL_MIN_T 8 /* as the avx2 tier's lean path: under it the tiles run */
+#define NT 8            /* tokens a lean tile runs at once */
+
+AI __m512i bcast(const int8_t *p) { return _mm512_set1_epi32(bl_rd32(p)); }
+
+/* the 8 f16 of group A's rows then group B's (B NULL: zeros) as 16 floats */
+AI __m512 f16x16(const uint8_t *a, const uint8_t *b) {
+    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)a));
+    const __m256 hi = b ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)b)) : _mm256_setzero_ps();
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+/* a 32-byte granule vector of group A and the matching one of group B (NULL: zeros) as one 64-byte vector */
+AI __m512i pair32(const uint8_t *a, const uint8_t *b) {
+    const __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)a);
+    const __m256i hi = b ? _mm256_loadu_si256((const __m256i *)(const void *)b) : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* byte k of row l's n-byte field in an interleaved unit (granule k / 4 of row l) */
+AI uint8_t field_byte(const uint8_t *f, int l, int k) { return f[32 * (k / 4) + 4 * l + k % 4]; }
+
+typedef struct {
+    const uint8_t *s;  /* the unpacked pair */
+    int nu;
+    const uint8_t *xa; /* the first token's activation row */
+    size_t xs;
+    const int32_t *xp; /* Q6_K: per token (nb apart), per block: int16 pair (sum qx[0:16], sum qx[16:32]) */
+    float *o;          /* out of the first token, the pair's first row */
+    size_t ldo;
+    __mmask16 store;   /* the rows of the 16 to store */
+} lean_args;
+
+/* ---- Q4_K ---- */
+
+/* scratch per unit of a pair: vals [j][jj] (64 B: granule jj of sub-block j, 16 rows), sc [j] (16 f32), d (16 f32),
+ * m [j] (16 f32), dmin (16 f32) */
+enum { Q4K_VALS = 0, Q4K_SC = 4096, Q4K_D = 4608, Q4K_M = 4672, Q4K_DMIN = 5184, Q4K_UNIT = 5248 };
+
+static void unpack_q4k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *ua = ga + (size_t)u * 1152, *ub = gb ? gb + (size_t)u * 1152 : NULL;
+        uint8_t *o = dst + (size_t)u * Q4K_UNIT;
+        for (int c = 0; c < 4; c++)
+            for (int jj = 0; jj < 8; jj++) {
+                const __m512i v = pair32(ua + 256 * c + 32 * jj, ub ? ub + 256 * c + 32 * jj : NULL);
+                _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * (2 * c) + jj)), _mm512_and_si512(v, m4));
+                _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * (2 * c + 1) + jj)),
+                                   _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            }
+        float *sc = (float *)(void *)(o + Q4K_SC), *m = (float *)(void *)(o + Q4K_M);
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *g = r < 8 ? ua : ub;
+            uint8_t s12[12], s[8], mm[8];
+            for (int k = 0; k < 12; k++) s12[k] = g ? field_byte(g + 1024, r % 8, k) : 0;
+            kq_q4k_scales(s12, s, mm);
+            for (int j = 0; j < 8; j++) sc[16 * j + r] = (float)s[j], m[16 * j + r] = (float)mm[j];
+        }
+        _mm512_store_ps((float *)(void *)(o + Q4K_D), f16x16(ua + 1120, ub ? ub + 1120 : NULL));
+        _mm512_store_ps((float *)(void *)(o + Q4K_DMIN), f16x16(ua + 1136, ub ? ub + 1136 : NULL));
+    }
+}
+
+AI void lean_q4_k(const int n, const lean_args *L) {
+    const int nu = L->nu, nb = nu * 8;
+    const int8_t *xq[NT];
+    const float *xd[NT], *xs[NT];
+    __m512 acc[NT], accm[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < n; t++) {
+        const bl_act_q8 a = bl_act_q8_view(L->xa + (size_t)t * L->xs, nb * BL_QK);
+        xq[t] = a.qs, xd[t] = a.d, xs[t] = a.s;
+        acc[t] = _mm512_setzero_ps(), accm[t] = _mm512_setzero_ps();
+    }
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *su = L->s + (size_t)u * Q4K_UNIT;
+        __m512 pu[NT];
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) pu[t] = _mm512_setzero_ps();
+#pragma GCC unroll 1
+        for (int j = 0; j < 8; j++) {
+            const int b = 8 * u + j;
+            __m512i dot[NT];
+#pragma GCC unroll 8
+            for (int t = 0; t < n; t++) dot[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int jj = 0; jj < 8; jj++) {
+                const __m512i v = _mm512_load_si512((const void *)(su + Q4K_VALS + 64 * (8 * j + jj)));
+#pragma GCC unroll 8
+                for (int t = 0; t < n; t++) dot[t] = _mm512_dpbusd_epi32(dot[t], v, bcast(xq[t] + (size_t)b * 32 + 4 * jj));
+            }
+            const __m512 sc = _mm512_load_ps((const float *)(const void *)(su + Q4K_SC + 64 * j));
+#pragma GCC unroll 8
+            for (int t = 0; t < n; t++)
+                pu[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[t]), sc), _mm512_set1_ps(xd[t][b]), pu[t]);
+        }
+        const __m512 dw = _mm512_load_ps((const float *)(const void *)(su + Q4K_D));
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) acc[t] = _mm512_fmadd_ps(pu[t], dw, acc[t]);
+        /* the mins chain */
+        __m512 mu[NT];
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) mu[t] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const __m512 m = _mm512_load_ps((const float *)(const void *)(su + Q4K_M + 64 * j));
+#pragma GCC unroll 8
+            for (int t = 0; t < n; t++) mu[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[t][8 * u + j]), mu[t]);
+        }
+        const __m512 dm = _mm512_load_ps((const float *)(const void *)(su + Q4K_DMIN));
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) accm[t] = _mm512_fmadd_ps(mu[t], dm, accm[t]);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < n; t++) _mm512_mask_storeu_ps(L->o + (size_t)t * L->ldo, L->store, _mm512_sub_ps(acc[t], accm[t]));
+}
+
+/* ---- Q6_K ---- */
+
+/* scratch per unit of a pair: vals [kb][g] (64 B: granule g of block kb, values 0..63, 16 rows), sc [kb][half]
+ * (16 i32), sab [kb] (16 int16 pairs: both halves' scales, the -32 correction's operand), d (16 f32) */
+enum { Q6K_VALS = 0, Q6K_SC = 4096, Q6K_SAB = 5120, Q6K_D = 5632, Q6K_UNIT = 5696 };
+
+static void unpack_q6k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst) {
+    const __m512i m6 = _mm512_set1_epi8(63), m3 = _mm512_set1_epi8(3), mc = _mm512_set1_epi8(0x0c);
+    const __m512i m30 = _mm512_set1_epi8(0x30);
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *ua = ga + (size_t)u * 1680, *ub = gb ? gb + (size_t)u * 1680 : NULL;
+        uint8_t *o = dst + (size_t)u * Q6K_UNIT;
+        for (int kb = 0; kb < 8; kb++)
+            for (int a = 0; a < 2; a++) {
+                const size_t q = 192 * (size_t)kb + 96 * (size_t)a;
+                const __m512i V1 = pair32(ua + q, ub ? ub + q : NULL), V2 = pair32(ua + q + 32, ub ? ub + q + 32 : NULL);
+                const __m512i V3 = pair32(ua + q + 64, ub ? ub + q + 64 : NULL);
+                const __m512i q3 = _mm512_or_si512(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(V1, 6), m3),
+                                                                   _mm512_and_si512(_mm512_srli_epi16(V2, 4), mc)),
+                                                   _mm512_and_si512(_mm512_srli_epi16(V3, 2), m30));
+                uint8_t *v = o + Q6K_VALS + 64 * (8 * kb + 4 * a);
+                _mm512_store_si512((void *)v, _mm512_and_si512(V1, m6));
+                _mm512_store_si512((void *)(v + 64), _mm512_and_si512(V2, m6));
+                _mm512_store_si512((void *)(v + 128), _mm512_and_si512(V3, m6));
+                _mm512_store_si512((void *)(v + 192), q3);
+            }
+        int32_t *sc = (int32_t *)(void *)(o + Q6K_SC), *sab = (int32_t *)(void *)(o + Q6K_SAB);
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *g = r < 8 ? ua : ub;
+            for (int kb = 0; kb < 8; kb++) {
+                const int8_t sa = g ? (int8_t)field_byte(g + 1536, r % 8, 2 * kb) : 0;
+                const int8_t sb = g ? (int8_t)field_byte(g + 1536, r % 8, 2 * kb + 1) : 0;
+                sc[32 * kb + r] = sa, sc[32 * kb + 16 + r] = sb;
+                sab[16 * kb + r] = (int32_t)((uint32_t)(uint16_t)sa | (uint32_t)(uint16_t)sb << 16);
+            }
+        }
+        _mm512_store_ps((float *)(void *)(o + Q6K_D), f16x16(ua + 1664, ub ? ub + 1664 : NULL));
+    }
+}
+
+AI void lean_q6_k(const int n, const lean_args *L) {
+    const int nu = L->nu, nb = nu * 8;
+    const int8_t *xq[NT];
+    const float *xd[NT];
+    __m512 acc[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < n; t++) {
+        const bl_act_q8 a = bl_act_q8_view(L->xa + (size_t)t * L->xs, nb * BL_QK);
+        xq[t] = a.qs, xd[t] = a.d;
+        acc[t] = _mm512_setzero_ps();
+    }
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *su = L->s + (size_t)u * Q6K_UNIT;
+        __m512 pu[NT];
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) pu[t] = _mm512_setzero_ps();
+#pragma GCC unroll 1
+        for (int kb = 0; kb < 8; kb++) {
+            const int b = 8 * u + kb;
+            __m512i i32[NT];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m512i dot[NT];
+#pragma GCC unroll 8
+                for (int t = 0; t < n; t++) dot[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int g = 0; g < 4; g++) {
+                    const __m512i v = _mm512_load_si512((const void *)(su + Q6K_VALS + 64 * (8 * kb + 4 * h + g)));
+#pragma GCC unroll 8
+                    for (int t = 0; t < n; t++)
+                        dot[t] = _mm512_dpbusd_epi32(dot[t], v, bcast(xq[t] + (size_t)b * 32 + 16 * h + 4 * g));
+                }
+                const __m512i sc = _mm512_load_si512((const void *)(su + Q6K_SC + 64 * (2 * kb + h)));
+#pragma GCC unroll 8
+                for (int t = 0; t < n; t++) {
+                    const __m512i p = _mm512_mullo_epi32(dot[t], sc);
+                    i32[t] = h ? _mm512_add_epi32(i32[t], p) : p;
+                }
+            }
+            const __m512i sab = _mm512_load_si512((const void *)(su + Q6K_SAB + 64 * kb));
+#pragma GCC unroll 8
+            for (int t = 0; t < n; t++) {
+                const __m512i corr = _mm512_madd_epi16(sab, _mm512_set1_epi32(L->xp[(size_t)t * nb + b]));
+                const __m512i i = _mm512_sub_epi32(i32[t], _mm512_slli_epi32(corr, 5));
+                pu[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(xd[t][b]), pu[t]);
+            }
+        }
+        const __m512 dw = _mm512_load_ps((const float *)(const void *)(su + Q6K_D));
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) acc[t] = _mm512_fmadd_ps(pu[t], dw, acc[t]);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < n; t++) _mm512_mask_storeu_ps(L->o + (size_t)t * L->ldo, L->store, acc[t]);
+}
+
+/* Q6_K's per-block half sums of the activations as int16 pairs (sum qx[0:16] | sum qx[16:32] << 16) */
+static void half_sums(const void *xq, int T, size_t xb, int nb, int32_t *xp) {
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int t = 0; t < T; t++) {
+        const int8_t *q = (const int8_t *)xq + (size_t)t * xb;
+        for (int b = 0; b < nb; b++) {
+            /* lanes 0-3 sum qx[0:16], lanes 4-7 qx[16:32] */
+            __m256i v = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones,
+                                            _mm256_loadu_si256((const __m256i *)(const void *)(q + 32 * b)));
+            v = _mm256_add_epi32(v, _mm256_shuffle_epi32(v, 0x4e));
+            v = _mm256_add_epi32(v, _mm256_shuffle_epi32(v, 0xb1));
+            const int32_t lo = _mm256_cvtsi256_si32(v), hi = _mm256_extract_epi32(v, 4);
+            xp[(size_t)t * nb + b] = (int32_t)(((uint32_t)lo & 0xffffu) | (uint32_t)hi << 16);
+        }
+    }
+}
+
+/* ---- the matmul ---- */
+
+typedef void (*lean_fn)(const lean_args *);
+#define LEAN_FNS(name, lean)                                                                             \
+    static void name##1(const lean_args *L) { lean(1, L); }                                              \
+    static void name##2(const lean_args *L) { lean(2, L); }                                              \
+    static void name##3(const lean_args *L) { lean(3, L); }                                              \
+    static void name##4(const lean_args *L) { lean(4, L); }                                              \
+    static void name##5(const lean_args *L) { lean(5, L); }                                              \
+    static void name##6(const lean_args *L) { lean(6, L); }                                              \
+    static void name##7(const lean_args *L) { lean(7, L); }                                              \
+    static void name##8(const lean_args *L) { lean(8, L); }                                              \
+    static const lean_fn name[NT] = {name##1, name##2, name##3, name##4, name##5, name##6, name##7, name##8};
+LEAN_FNS(LQ4K, lean_q4_k)
+LEAN_FNS(LQ6K, lean_q6_k)
+
+typedef struct {
+    void (*unpack)(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst);
+    size_t unit_scratch;
+    const lean_fn *fns;
+    int half_sums;
+} lean_path;
+
+static const lean_path LEAN_Q4K = {unpack_q4k, Q4K_UNIT, LQ4K, 0};
+static const lean_path LEAN_Q6K = {unpack_q6k, Q6K_UNIT, LQ6K, 1};
+
+/* the scratch a thread unpacks its pairs into (and the half sums), kept between calls and grown as needed */
+static _Thread_local uint8_t *scratch;
+static _Thread_local size_t scratch_bytes;
+
+static uint8_t *scratch_for(size_t bytes) {
+    if (bytes > scratch_bytes) {
+        free(scratch);
+        scratch = aligned_alloc(64, bl_round_up(bytes, 64));
+        scratch_bytes = scratch ? bl_round_up(bytes, 64) : 0;
+    }
+    return scratch;
+}
+
+static void matmul_lean(const lean_path *P, const bl_matmul_fn fallback, BL_MM_ARGS) {
+    const int type = w->type, cols = w->cols, nb = cols / BL_QK, nu = cols / BL_QK_K;
+    if (T < PREFILL_MIN_T || w->layout != BL_LAYOUT_INTERLEAVE8) {
+        fallback(w, xq, T, out, ldo, r0, r1);
+        return;
+    }
+    const size_t gb = bl_i8_group_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
+    const size_t pair = bl_round_up((size_t)nu * P->unit_scratch, 64);
+    const size_t xp_bytes = P->half_sums ? (size_t)T * (size_t)nb * 4 : 0;
+    uint8_t *s = scratch_for(pair + xp_bytes);
+    if (!s) { /* out of memory: the tiles, which need none */
+        fallback(w, xq, T, out, ldo, r0, r1);
+        return;
+    }
+    int32_t *xp = P->half_sums ? (int32_t *)(void *)(s + pair) : NULL;
+    if (xp) half_sums(xq, T, xb, nb, xp);
+    for (int r = r0; r < r1; r += 16) {
+        const uint8_t *ga = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
+        const int n = r1 - r < 16 ? r1 - r : 16;
+        P->unpack(ga, n > 8 ? ga + gb : NULL, nu, s);
+        lean_args L = {s, nu, NULL, xb, NULL, NULL, ldo, (__mmask16)((1u << n) - 1)};
+        for (int t = 0; t < T; t += NT) {
+            const int nt = T - t < NT ? T - t : NT;
+            L.xa = (const uint8_t *)xq + (size_t)t * xb;
+            L.xp = xp ? xp + (size_t)t * nb : NULL;
+            L.o = out + (size_t)t * ldo + r;
+            P->fns[nt - 1](&L);
+        }
+    }
+}
+
+void bl_mm_q4_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q4K, bl_mm_q4_k_avx2, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q6_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q6K, bl_mm_q6_k_avx2, w, xq, T, out, ldo, r0, r1); }
