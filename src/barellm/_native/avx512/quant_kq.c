@@ -1,4 +1,4 @@
-/* AVX-512 VNNI prefill kernels for Q4_K and Q6_K (Qwen2.5's and Gemma's Q4_K_M weights). They read the same
+/* AVX-512 VNNI prefill kernels for Q5_0, Q4_K and Q6_K (Gemma's, Qwen2.5's Q4_K_M weights). They read the same
  * interleaved layout as the avx2 tier (quant_kq.h: one .blm file for every tier) and do quant_kq.h's float
  * work in its order, so their bits are the scalar path's; calls of fewer than PREFILL_MIN_T tokens (decode,
  * whose speed is the memory's) keep the avx2 tiles.
@@ -12,6 +12,7 @@
  * Exactness (why the float work can use float scales):
  *   Q4_K  a sub-block's dot |sum q x| <= 32 * 15 * 127 < 2^16 and sc < 64, so sc * dot < 2^22: the float
  *         product (float)sc * (float)dot is exact and equals (float)(sc * dot), the scalar path's operand;
+ *   Q5_0  the block's integer dot(q, x) - 16 sq is exact in int32 and converted once, as avx2's;
  *   Q6_K  a half's dot can reach 16 * 63 * 127 and its scale 128, and two halves' sum passes 2^24, so the
  *         block's integer is formed in int32 (vpmulld) and converted once, as everywhere else.
  */
@@ -28,6 +29,7 @@
 #define NT 8            /* tokens a lean tile runs at once */
 
 AI __m512i bcast(const int8_t *p) { return _mm512_set1_epi32(bl_rd32(p)); }
+
 
 /* the 8 f16 of group A's rows then group B's (B NULL: zeros) as 16 floats */
 AI __m512 f16x16(const uint8_t *a, const uint8_t *b) {
@@ -124,7 +126,11 @@ AI void lean_q4_k(const int n, const lean_args *L) {
         const __m512 dw = _mm512_load_ps((const float *)(const void *)(su + Q4K_D));
 #pragma GCC unroll 8
         for (int t = 0; t < n; t++) acc[t] = _mm512_fmadd_ps(pu[t], dw, acc[t]);
-        /* the mins chain */
+    }
+    /* the mins chain, a pass of its own: with it in the loop above the 8 tokens' chains do not fit the 32
+     * registers */
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *su = L->s + (size_t)u * Q4K_UNIT;
         __m512 mu[NT];
 #pragma GCC unroll 8
         for (int t = 0; t < n; t++) mu[t] = _mm512_setzero_ps();
@@ -140,6 +146,66 @@ AI void lean_q4_k(const int n, const lean_args *L) {
     }
 #pragma GCC unroll 8
     for (int t = 0; t < n; t++) _mm512_mask_storeu_ps(L->o + (size_t)t * L->ldo, L->store, _mm512_sub_ps(acc[t], accm[t]));
+}
+
+/* ---- Q5_0 ---- */
+
+/* scratch per block of a pair: vals [g] (64 B: values 4g..4g+3 of the block, 0..31, 16 rows), d (16 f32) */
+enum { Q50_VALS = 0, Q50_D = 512, Q50_UNIT = 576 };
+
+static void unpack_q50(const uint8_t *ga, const uint8_t *gb, int nb, uint8_t *dst) {
+    const __m512i m5 = _mm512_set1_epi8(31), m7 = _mm512_set1_epi8(7), m18 = _mm512_set1_epi8(0x18);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *ua = ga + (size_t)b * 176, *ub = gb ? gb + (size_t)b * 176 : NULL;
+        uint8_t *o = dst + (size_t)b * Q50_UNIT;
+        /* vector j: values 4j + i in bits 0-4, 16 + 4j + i: low 3 bits in bits 5-7, top 2 bits in bits 2j, 2j + 1
+         * of X */
+        const __m512i X = pair32(ua + 128, ub ? ub + 128 : NULL);
+        for (int j = 0; j < 4; j++) {
+            const __m512i M = pair32(ua + 32 * j, ub ? ub + 32 * j : NULL);
+            const __m512i xh = j == 0 ? _mm512_slli_epi16(X, 3) : j == 1 ? _mm512_slli_epi16(X, 1)
+                               : j == 2 ? _mm512_srli_epi16(X, 1) : _mm512_srli_epi16(X, 3);
+            _mm512_store_si512((void *)(o + Q50_VALS + 64 * j), _mm512_and_si512(M, m5));
+            _mm512_store_si512((void *)(o + Q50_VALS + 64 * (4 + j)),
+                               _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(M, 5), m7), _mm512_and_si512(xh, m18)));
+        }
+        _mm512_store_ps((float *)(void *)(o + Q50_D), f16x16(ua + 160, ub ? ub + 160 : NULL));
+    }
+}
+
+AI void lean_q5_0(const int n, const lean_args *L) {
+    const int nb = L->nu;
+    const int8_t *xq[NT];
+    const float *xd[NT];
+    const int32_t *xsq[NT];
+    __m512 acc[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < n; t++) {
+        const bl_act_q8 a = bl_act_q8_view(L->xa + (size_t)t * L->xs, nb * BL_QK);
+        xq[t] = a.qs, xd[t] = a.d, xsq[t] = a.sq;
+        acc[t] = _mm512_setzero_ps();
+    }
+#pragma GCC unroll 1
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *su = L->s + (size_t)b * Q50_UNIT;
+        __m512i dot[NT];
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) dot[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            const __m512i v = _mm512_load_si512((const void *)(su + Q50_VALS + 64 * g));
+#pragma GCC unroll 8
+            for (int t = 0; t < n; t++) dot[t] = _mm512_dpbusd_epi32(dot[t], v, bcast(xq[t] + (size_t)b * 32 + 4 * g));
+        }
+        const __m512 dw = _mm512_load_ps((const float *)(const void *)(su + Q50_D));
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) {
+            const __m512i i = _mm512_sub_epi32(dot[t], _mm512_set1_epi32(16 * xsq[t][b]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(dw, _mm512_set1_ps(xd[t][b])), acc[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < n; t++) _mm512_mask_storeu_ps(L->o + (size_t)t * L->ldo, L->store, acc[t]);
 }
 
 /* ---- Q6_K ---- */
@@ -269,6 +335,7 @@ typedef void (*lean_fn)(const lean_args *);
     static const lean_fn name[NT] = {name##1, name##2, name##3, name##4, name##5, name##6, name##7, name##8};
 LEAN_FNS(LQ4K, lean_q4_k)
 LEAN_FNS(LQ6K, lean_q6_k)
+LEAN_FNS(LQ50, lean_q5_0)
 
 typedef struct {
     void (*unpack)(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst);
@@ -279,6 +346,7 @@ typedef struct {
 
 static const lean_path LEAN_Q4K = {unpack_q4k, Q4K_UNIT, LQ4K, 0};
 static const lean_path LEAN_Q6K = {unpack_q6k, Q6K_UNIT, LQ6K, 1};
+static const lean_path LEAN_Q50 = {unpack_q50, Q50_UNIT, LQ50, 0};
 
 /* the scratch a thread unpacks its pairs into (and the half sums), kept between calls and grown as needed */
 static _Thread_local uint8_t *scratch;
@@ -294,7 +362,7 @@ static uint8_t *scratch_for(size_t bytes) {
 }
 
 static void matmul_lean(const lean_path *P, const bl_matmul_fn fallback, BL_MM_ARGS) {
-    const int type = w->type, cols = w->cols, nb = cols / BL_QK, nu = cols / BL_QK_K;
+    const int type = w->type, cols = w->cols, nb = cols / BL_QK, nu = cols / bl_traits(type)->block_size;
     if (T < PREFILL_MIN_T || w->layout != BL_LAYOUT_INTERLEAVE8) {
         fallback(w, xq, T, out, ldo, r0, r1);
         return;
@@ -325,4 +393,5 @@ static void matmul_lean(const lean_path *P, const bl_matmul_fn fallback, BL_MM_A
 }
 
 void bl_mm_q4_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q4K, bl_mm_q4_k_avx2, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q5_0_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q50, bl_mm_q5_0_avx2, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q6_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q6K, bl_mm_q6_k_avx2, w, xq, T, out, ldo, r0, r1); }
