@@ -1,11 +1,13 @@
 """barellm beside llama.cpp's own llama-bench: the same GGUF files, tests and threads, interleaved round by round.
 
     python bench/side_by_side.py --llama-bench PATH/llama-bench [--models smollm2-135m,qwen2.5-coder-1.5b]
-        [-p 512] [-n 128] [-d 0,4096] [-t 1,2] [-r 3] [--roofline PATH/roofline] [--json OUT.json]
+        [-p 512] [-n 128] [-d 0,4096] [-t 1,2] [-r 3] [--isa avx2,avx512] [--roofline PATH/roofline]
+        [--json OUT.json]
 
 Each round runs, for every model and thread count, llama-bench once (flash attention on) and `barellm bench`
 once, and (with --roofline, bench/roofline.c built) the machine's read bandwidth; the table gives medians over
-the rounds and barellm's speed as a multiple of llama.cpp's, so a slow spell of a shared machine hits both
+the rounds and barellm's speed as a multiple of llama.cpp's (with --isa, one barellm row per kernel tier,
+BARELLM_ISA set for each; a model may also be a .gguf path, such as the 7B shape), so a slow spell of a shared machine hits both
 alike. Decode rows also give tokens/s as a share of the bandwidth limit (weights read per token / bandwidth,
 as `barellm bench --roofline` counts them): the roofline's best pass is measured right before each decode
 pair, each round's speed is taken over that round's limit, and the row gives the median of those shares.
@@ -31,6 +33,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def gguf_of(name: str) -> Path:
+    """A model name's GGUF from the hub cache, or a .gguf path as given (the real-shaped fixtures of
+    ../shared/bench/make_model.py: the 7B shape)."""
+    if name.endswith(".gguf"):
+        return Path(name)
     from barellm import hub
 
     return hub.pull(name, keep_gguf=True, quiet=True)
@@ -46,16 +52,21 @@ def run_llama_bench(exe: str, gguf: Path, test: str, n: int, depth: int, threads
     return float(rows[0]["avg_ts"])
 
 
-def run_barellm(model: str, test: str, n: int, depth: int, threads: int) -> tuple[float, dict]:
+def run_barellm(model: str, test: str, n: int, depth: int, threads: int, isa: str = "") -> tuple[float, dict]:
     args = [sys.executable, "-m", "barellm.cli", "bench", model, "-t", str(threads), "-r", "1", "--json",
             "--roofline"]
+    env = dict(os.environ, BARELLM_ISA=isa) if isa else None
     args += ["-p", str(n), "-n", "0"] if test == "pp" else ["-p", "0", "-n", str(n)]
     if depth:
         args += ["-d", str(depth)]
-    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(args, capture_output=True, text=True, check=True, env=env).stdout
     rows = json.loads(out)
     row = rows[0]
     return float(row["tps"]["median"]), row
+
+
+def label(model: str) -> str:
+    return Path(model).stem if model.endswith(".gguf") else model
 
 
 def run_roofline_streams(exe: str, threads: int) -> tuple[float, float]:
@@ -85,8 +96,11 @@ def main() -> None:
     ap.add_argument("-t", default="1,2", help="thread counts")
     ap.add_argument("-r", type=int, default=3, help="rounds")
     ap.add_argument("--roofline", default=None, help="bench/roofline.c built (bandwidth in the same rounds)")
+    ap.add_argument("--isa", default="", help="barellm's kernel tiers to run, comma-separated (BARELLM_ISA each; "
+                                              "default: the best the CPU has)")
     ap.add_argument("--json", default=None, help="write every sample here")
     args = ap.parse_args()
+    isas = args.isa.split(",") if args.isa else [""]
     models = args.models.split(",")
     threads = [int(t) for t in args.t.split(",")]
     depths = [int(d) for d in args.d.split(",")]
@@ -99,7 +113,8 @@ def main() -> None:
             for m in models:
                 for test, n, d in tests:
                     key = (m, t, test, n, d)
-                    s = samples.setdefault(key, {"llama.cpp": [], "barellm": [], "GB/s": [], "GB/s streams": []})
+                    s = samples.setdefault(key, {"llama.cpp": [], "GB/s": [], "GB/s streams": [],
+                                                 **{f"barellm{isa}": [] for isa in isas}})
                     if args.roofline and test == "tg":
                         # the limit of this very moment: a shared machine's bandwidth drifts within minutes
                         bw, bw_any = run_roofline_streams(args.roofline, t)
@@ -107,12 +122,15 @@ def main() -> None:
                         s["GB/s streams"].append(bw_any)
                         samples.setdefault(("bw", t), {}).setdefault("GB/s", []).append(bw)
                     s["llama.cpp"].append(run_llama_bench(args.llama_bench, ggufs[m], test, n, d, t))
-                    tps, row = run_barellm(m, test, n, d, t)
-                    s["barellm"].append(tps)
-                    if row.get("roofline"):
-                        weights[m] = float(row["roofline"]["weight_bytes_per_token"])
-                    print(f"round {rnd + 1}: {m} t{t} {test}{n}{f' @{d}' if d else ''}: llama.cpp "
-                          f"{s['llama.cpp'][-1]:.1f}, barellm {tps:.1f} tok/s", file=sys.stderr, flush=True)
+                    for isa in isas:
+                        tps, row = run_barellm(str(ggufs[m]) if m.endswith(".gguf") else m, test, n, d, t, isa)
+                        s[f"barellm{isa}"].append(tps)
+                        if row.get("roofline"):
+                            weights[m] = float(row["roofline"]["weight_bytes_per_token"])
+                    print(f"round {rnd + 1}: {label(m)} t{t} {test}{n}{f' @{d}' if d else ''}: llama.cpp "
+                          f"{s['llama.cpp'][-1]:.1f}, " + ", ".join(
+                              f"barellm{f' {i}' if i else ''} {s[f'barellm{i}'][-1]:.1f}" for i in isas) + " tok/s",
+                          file=sys.stderr, flush=True)
     print(f"\nmedians of {args.r} interleaved rounds; load average now {os.getloadavg()[0]:.1f}")
     hdr = "| model | threads | test | llama.cpp tok/s | barellm tok/s | barellm / llama.cpp |"
     if args.roofline:
@@ -120,27 +138,29 @@ def main() -> None:
                 " best read, 1-3 streams a thread | barellm of it |")
     print(hdr)
     print("|" + "---|" * (hdr.count("|") - 1))
-    for (m, t, test, n, d), s in [(k, v) for k, v in samples.items() if k[0] != "bw"]:
-        lc, bl = statistics.median(s["llama.cpp"]), statistics.median(s["barellm"])
-        name = f"{test}{n}" + (f" after {d}" if d else "")
-        line = f"| {m} | {t} | {name} | {lc:.1f} | {bl:.1f} | {bl / lc:.2f}x |"
-        if args.roofline:
-            if test == "tg" and weights.get(m) and s["GB/s"]:
-                # each round's speed over the limit measured just before it, then the median of those shares
-                bw = statistics.median(s["GB/s"])
-                limit = bw * 1e9 / weights[m]
-                share = {e: statistics.median(100 * tps * weights[m] / (g * 1e9)
-                                              for tps, g in zip(s[e], s["GB/s"], strict=True))
-                         for e in ("barellm", "llama.cpp")}
-                any_bw = statistics.median(s["GB/s streams"])
-                any_share = statistics.median(100 * tps * weights[m] / (g * 1e9)
-                                              for tps, g in zip(s["barellm"], s["GB/s streams"], strict=True))
-                line += (f" {bw:.1f} | {limit:.1f} | {share['barellm']:.0f}% | {share['llama.cpp']:.0f}% |"
-                         f" {any_bw:.1f} | {any_share:.0f}% |")
-            else:
-                bw = statistics.median(samples[("bw", t)]["GB/s"]) if ("bw", t) in samples else float("nan")
-                line += f" {bw:.1f} | | | | | |"
-        print(line)
+    for (m, t, test, n, d), s0 in [(k, v) for k, v in samples.items() if k[0] != "bw"]:
+        for isa in isas:
+            s = dict(s0, barellm=s0[f"barellm{isa}"])
+            lc, bl = statistics.median(s["llama.cpp"]), statistics.median(s["barellm"])
+            name = f"{test}{n}" + (f" after {d}" if d else "")
+            line = f"| {label(m)}{f' [{isa}]' if isa else ''} | {t} | {name} | {lc:.1f} | {bl:.1f} | {bl / lc:.2f}x |"
+            if args.roofline:
+                if test == "tg" and weights.get(m) and s["GB/s"]:
+                    # each round's speed over the limit measured just before it, then the median of those shares
+                    bw = statistics.median(s["GB/s"])
+                    limit = bw * 1e9 / weights[m]
+                    share = {e: statistics.median(100 * tps * weights[m] / (g * 1e9)
+                                                  for tps, g in zip(s[e], s["GB/s"], strict=True))
+                             for e in ("barellm", "llama.cpp")}
+                    any_bw = statistics.median(s["GB/s streams"])
+                    any_share = statistics.median(100 * tps * weights[m] / (g * 1e9)
+                                                  for tps, g in zip(s["barellm"], s["GB/s streams"], strict=True))
+                    line += (f" {bw:.1f} | {limit:.1f} | {share['barellm']:.0f}% | {share['llama.cpp']:.0f}% |"
+                             f" {any_bw:.1f} | {any_share:.0f}% |")
+                else:
+                    bw = statistics.median(samples[("bw", t)]["GB/s"]) if ("bw", t) in samples else float("nan")
+                    line += f" {bw:.1f} | | | | | |"
+            print(line)
     if args.json:
         Path(args.json).write_text(json.dumps({"|".join(map(str, k)): v for k, v in samples.items()}, indent=1))
 
