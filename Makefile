@@ -59,7 +59,7 @@ test-asan: setup
 		$$(ls ../tests/test_kernels*.py ../tests/test_ops.py 2>/dev/null)
 
 bench: build
-	$(PY) bench/engine.py
+	$(VENV)/bin/barellm bench
 
 clean:
 	rm -rf build .asan-build src/barellm/_native*.so

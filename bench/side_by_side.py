@@ -6,13 +6,13 @@
 
 Each round runs, for every model and thread count, llama-bench once (flash attention on) and `barellm bench`
 once, and (with --roofline, bench/roofline.c built) the machine's read bandwidth; the table gives medians over
-the rounds and barellm's speed as a multiple of llama.cpp's (with --isa, one barellm row per kernel tier,
-BARELLM_ISA set for each; a model may also be a .gguf path, such as the 7B shape), so a slow spell of a shared machine hits both
-alike. Decode rows also give tokens/s as a share of the bandwidth limit (weights read per token / bandwidth,
-as `barellm bench --roofline` counts them): the roofline's best pass is measured right before each decode
-pair, each round's speed is taken over that round's limit, and the row gives the median of those shares.
-The limit is roofline.c's one-stream read; its best read as 1, 2 or 3 streams a thread (one core reads faster
-from a few places at once) is given beside it, with decode's share of that.
+the rounds and barellm's speed as a multiple of llama.cpp's, so a slow spell of a shared machine hits both
+alike (with --isa, one barellm row per kernel tier, BARELLM_ISA set for each; a model may also be a .gguf
+path, such as the 7B shape). Decode rows also give tokens/s as a share of the bandwidth limit (weights read
+per token / bandwidth, as `barellm bench --roofline` counts them): the roofline's best pass is measured right
+before each decode pair, each round's speed is taken over that round's limit, and the row gives the median of
+those shares. The limit is roofline.c's one-stream read; its best read as 1, 2 or 3 streams a thread (one core
+reads faster from a few places at once) is given beside it, with decode's share of that.
 
 llama-bench is built from the llama.cpp sources vendored in the llama-cpp-python sdist (docs/benchmarks.md has
 the command); the GGUF files come from `barellm pull --keep-gguf`.

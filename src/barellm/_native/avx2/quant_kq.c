@@ -36,7 +36,7 @@
  * runs well behind the compute (measured on Zen 3 at T = 1, weights from memory: 55-65% of a plain read's
  * rate without, 80-95% at 8 KB ahead; 4-12 KB do about as well). With two threads streaming at once (NTA
  * prefetches, see bl_shared_stream) 16 KB did better: the Q4_K tile 94-95% -> 95-97% of a plain 2-thread
- * read, Q6_K 87-92% -> 93-96% (16-32 KB alike; bench/tile_stream.c). */
+ * read, Q6_K 87-92% -> 93-96% (16-32 KB alike; lab:bench/tile_stream.c). */
 #ifndef PF_BYTES
 #define PF_BYTES 8192
 #endif
@@ -1014,7 +1014,7 @@ static void half_sums(const void *xq, int T, size_t xb, int cols, int32_t *xp) {
  * reads them faster from two places at once than from one: on Zen 3 a plain read of 2 or 3 far-apart
  * streams came 15-25% faster than of one, and Qwen2.5-Coder-1.5B's decode went from 83.5% to 97.5% of a
  * plain read of its weights at 1 thread (14.6 -> 17.7 tok/s) and from 85.5% to 90% at 2 (22.5 -> 23.1),
- * every one of 6 alternating rounds faster (bench/decode_share.py); the 0.5B, mostly Q5_0, 30.3 -> 35.9
+ * every one of 6 alternating rounds faster (lab:bench/decode_share.py); the 0.5B, mostly Q5_0, 30.3 -> 35.9
  * and 43.0 -> 48.6 tok/s. */
 static void two_streams(const tile_fn one, const tile_fn two, const tile_args *A0, const uint8_t *base, size_t gb,
                         float *out, int r0, int r1, const uint8_t *end, size_t pf) {
