@@ -1,17 +1,19 @@
-/* AVX-512 VNNI prefill kernels for Q5_0, Q4_K and Q6_K (Gemma's, Qwen2.5's Q4_K_M weights). They read the same
- * interleaved layout as the avx2 tier (quant_kq.h: one .blm file for every tier) and do quant_kq.h's float
- * work in its order, so their bits are the scalar path's; calls of fewer than PREFILL_MIN_T tokens (decode,
- * whose speed is the memory's) keep the avx2 tiles.
+/* AVX-512 VNNI prefill kernels for Q5_0, Q4_K, Q5_K and Q6_K (Gemma's, Qwen2.5's Q4_K_M weights; Q5_K from
+ * the _M and _S mixes). They read the same interleaved layout as the avx2 tier (quant_kq.h:
+ * one .blm file for every tier) and do quant_kq.h's float work in its order, so their bits are the scalar
+ * path's; calls of fewer than PREFILL_MIN_T tokens (decode, whose speed is the memory's) keep the avx2 tiles.
  *
  * A call's rows go 16 at a time (two groups of 8): each group pair is first unpacked into a scratch that
  * stays in cache (values as plain u8, one 64-byte vector holding 4 consecutive values of all 16 rows, the
  * scales as floats), then every token of the call runs over it NT = 8 at a time: one vpdpbusd does 64
  * multiply-adds where avx2 took maddubs + add + madd for 32, each loaded weight vector serves 8 tokens, and
- * each activation granule is an embedded broadcast.
+ * each activation granule is an embedded broadcast. Q5_K unpacks into Q4_K's scratch (its fifth bit folded
+ * into the values) and runs Q4_K's loop.
  *
  * Exactness (why the float work can use float scales):
  *   Q4_K  a sub-block's dot |sum q x| <= 32 * 15 * 127 < 2^16 and sc < 64, so sc * dot < 2^22: the float
  *         product (float)sc * (float)dot is exact and equals (float)(sc * dot), the scalar path's operand;
+ *   Q5_K  the same with q < 32: dot <= 32 * 31 * 127 < 2^17, sc * dot < 2^23, still exact;
  *   Q5_0  the block's integer dot(q, x) - 16 sq is exact in int32 and converted once, as avx2's;
  *   Q6_K  a half's dot can reach 16 * 63 * 127 and its scale 128, and two halves' sum passes 2^24, so the
  *         block's integer is formed in int32 (vpmulld) and converted once, as everywhere else.
@@ -59,36 +61,47 @@ typedef struct {
     __mmask16 store;   /* the rows of the 16 to store */
 } lean_args;
 
-/* ---- Q4_K ---- */
+/* ---- Q4_K, Q5_K ---- */
 
 /* scratch per unit of a pair: vals [j][jj] (64 B: granule jj of sub-block j, 16 rows), sc [j] (16 f32), d (16 f32),
  * m [j] (16 f32), dmin (16 f32) */
 enum { Q4K_VALS = 0, Q4K_SC = 4096, Q4K_D = 4608, Q4K_M = 4672, Q4K_DMIN = 5184, Q4K_UNIT = 5248 };
 
-static void unpack_q4k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst) {
-    const __m512i m4 = _mm512_set1_epi8(15);
+/* Q4_K, or Q5_K (five = 1: each value's fifth bit from qh, same scratch) */
+AI void unpack_q45k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst, const int five) {
+    const __m512i m4 = _mm512_set1_epi8(15), m16 = _mm512_set1_epi8(16);
+    const kq_fields8 F = five ? KQ_Q5_K : KQ_Q4_K;
     for (int u = 0; u < nu; u++) {
-        const uint8_t *ua = ga + (size_t)u * 1152, *ub = gb ? gb + (size_t)u * 1152 : NULL;
+        const uint8_t *ua = ga + (size_t)u * F.unit, *ub = gb ? gb + (size_t)u * F.unit : NULL;
         uint8_t *o = dst + (size_t)u * Q4K_UNIT;
         for (int c = 0; c < 4; c++)
             for (int jj = 0; jj < 8; jj++) {
                 const __m512i v = pair32(ua + 256 * c + 32 * jj, ub ? ub + 256 * c + 32 * jj : NULL);
-                _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * (2 * c) + jj)), _mm512_and_si512(v, m4));
-                _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * (2 * c + 1) + jj)),
-                                   _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+                __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (five) { /* bit j of qh granule jj: sub-block j's fifth bits */
+                    const __m512i h = pair32(ua + F.qh + 32 * jj, ub ? ub + F.qh + 32 * jj : NULL);
+                    const __mmask64 b0 = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << (2 * c))));
+                    const __mmask64 b1 = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(2 << (2 * c))));
+                    lo = _mm512_mask_add_epi8(lo, b0, lo, m16), hi = _mm512_mask_add_epi8(hi, b1, hi, m16);
+                }
+                _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * (2 * c) + jj)), lo);
+                _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * (2 * c + 1) + jj)), hi);
             }
         float *sc = (float *)(void *)(o + Q4K_SC), *m = (float *)(void *)(o + Q4K_M);
         for (int r = 0; r < 16; r++) {
             const uint8_t *g = r < 8 ? ua : ub;
             uint8_t s12[12], s[8], mm[8];
-            for (int k = 0; k < 12; k++) s12[k] = g ? field_byte(g + 1024, r % 8, k) : 0;
+            for (int k = 0; k < 12; k++) s12[k] = g ? field_byte(g + F.sc, r % 8, k) : 0;
             kq_q4k_scales(s12, s, mm);
             for (int j = 0; j < 8; j++) sc[16 * j + r] = (float)s[j], m[16 * j + r] = (float)mm[j];
         }
-        _mm512_store_ps((float *)(void *)(o + Q4K_D), f16x16(ua + 1120, ub ? ub + 1120 : NULL));
-        _mm512_store_ps((float *)(void *)(o + Q4K_DMIN), f16x16(ua + 1136, ub ? ub + 1136 : NULL));
+        _mm512_store_ps((float *)(void *)(o + Q4K_D), f16x16(ua + F.d, ub ? ub + F.d : NULL));
+        _mm512_store_ps((float *)(void *)(o + Q4K_DMIN), f16x16(ua + F.d + 16, ub ? ub + F.d + 16 : NULL));
     }
 }
+
+static void unpack_q4k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst) { unpack_q45k(ga, gb, nu, dst, 0); }
+static void unpack_q5k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst) { unpack_q45k(ga, gb, nu, dst, 1); }
 
 AI void lean_q4_k(const int n, const lean_args *L) {
     const int nu = L->nu, nb = nu * 8;
@@ -347,6 +360,7 @@ typedef struct {
 static const lean_path LEAN_Q4K = {unpack_q4k, Q4K_UNIT, LQ4K, 0};
 static const lean_path LEAN_Q6K = {unpack_q6k, Q6K_UNIT, LQ6K, 1};
 static const lean_path LEAN_Q50 = {unpack_q50, Q50_UNIT, LQ50, 0};
+static const lean_path LEAN_Q5K = {unpack_q5k, Q4K_UNIT, LQ4K, 0};
 
 /* the scratch a thread unpacks its pairs into (and the half sums), kept between calls and grown as needed */
 static _Thread_local uint8_t *scratch;
@@ -395,3 +409,4 @@ static void matmul_lean(const lean_path *P, const bl_matmul_fn fallback, BL_MM_A
 void bl_mm_q4_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q4K, bl_mm_q4_k_avx2, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q5_0_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q50, bl_mm_q5_0_avx2, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q6_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q6K, bl_mm_q6_k_avx2, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q5_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q5K, bl_mm_q5_k_avx2, w, xq, T, out, ldo, r0, r1); }
