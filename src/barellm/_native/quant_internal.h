@@ -164,6 +164,8 @@ BL_KERNELS_DECLARE(avx2)
 void bl_mm_q5_0_avx512(BL_MM_ARGS);
 void bl_mm_q4_k_avx512(BL_MM_ARGS);
 void bl_mm_q6_k_avx512(BL_MM_ARGS);
+void bl_mm_q5_k_avx512(BL_MM_ARGS);
+void bl_mm_q3_k_avx512(BL_MM_ARGS);
 /* AVX2 Q4_0, Q4_1, Q8_0 read GGUF rows with kernels of their own */
 void bl_mm_q4_0_rows_avx2(BL_MM_ARGS);
 void bl_mm_q4_1_rows_avx2(BL_MM_ARGS);

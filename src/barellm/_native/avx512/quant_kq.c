@@ -1,20 +1,24 @@
-/* AVX-512 VNNI prefill kernels for Q5_0, Q4_K and Q6_K (Gemma's, Qwen2.5's Q4_K_M weights). They read the same
- * interleaved layout as the avx2 tier (quant_kq.h: one .blm file for every tier) and do quant_kq.h's float
- * work in its order, so their bits are the scalar path's; calls of fewer than PREFILL_MIN_T tokens (decode,
- * whose speed is the memory's) keep the avx2 tiles.
+/* AVX-512 VNNI prefill kernels for Q5_0, Q3_K, Q4_K, Q5_K and Q6_K (Gemma's, Qwen2.5's Q4_K_M weights; Q5_K
+ * and Q3_K from the _M and _S mixes). They read the same interleaved layout as the avx2 tier (quant_kq.h:
+ * one .blm file for every tier) and do quant_kq.h's float work in its order, so their bits are the scalar
+ * path's; calls of fewer than PREFILL_MIN_T tokens (decode, whose speed is the memory's) keep the avx2 tiles.
  *
  * A call's rows go 16 at a time (two groups of 8): each group pair is first unpacked into a scratch that
  * stays in cache (values as plain u8, one 64-byte vector holding 4 consecutive values of all 16 rows, the
  * scales as floats), then every token of the call runs over it NT = 8 at a time: one vpdpbusd does 64
  * multiply-adds where avx2 took maddubs + add + madd for 32, each loaded weight vector serves 8 tokens, and
- * each activation granule is an embedded broadcast.
+ * each activation granule is an embedded broadcast. Q5_K unpacks into Q4_K's scratch (its fifth bit folded
+ * into the values) and runs Q4_K's loop; Q3_K into Q6_K's (u = q + 4 < 8) and runs Q6_K's with the offset 4.
  *
  * Exactness (why the float work can use float scales):
  *   Q4_K  a sub-block's dot |sum q x| <= 32 * 15 * 127 < 2^16 and sc < 64, so sc * dot < 2^22: the float
  *         product (float)sc * (float)dot is exact and equals (float)(sc * dot), the scalar path's operand;
+ *   Q5_K  the same with q < 32: dot <= 32 * 31 * 127 < 2^17, sc * dot < 2^23, still exact;
  *   Q5_0  the block's integer dot(q, x) - 16 sq is exact in int32 and converted once, as avx2's;
  *   Q6_K  a half's dot can reach 16 * 63 * 127 and its scale 128, and two halves' sum passes 2^24, so the
- *         block's integer is formed in int32 (vpmulld) and converted once, as everywhere else.
+ *         block's integer is formed in int32 (vpmulld) and converted once, as everywhere else;
+ *   Q3_K  the block's integer (both halves and the -4 offset's correction) formed as Q6_K's: the scalar
+ *         path converts it once, so any earlier rounding would differ.
  */
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 #include <immintrin.h>
@@ -59,36 +63,47 @@ typedef struct {
     __mmask16 store;   /* the rows of the 16 to store */
 } lean_args;
 
-/* ---- Q4_K ---- */
+/* ---- Q4_K, Q5_K ---- */
 
 /* scratch per unit of a pair: vals [j][jj] (64 B: granule jj of sub-block j, 16 rows), sc [j] (16 f32), d (16 f32),
  * m [j] (16 f32), dmin (16 f32) */
 enum { Q4K_VALS = 0, Q4K_SC = 4096, Q4K_D = 4608, Q4K_M = 4672, Q4K_DMIN = 5184, Q4K_UNIT = 5248 };
 
-static void unpack_q4k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst) {
-    const __m512i m4 = _mm512_set1_epi8(15);
+/* Q4_K, or Q5_K (five = 1: each value's fifth bit from qh, same scratch) */
+AI void unpack_q45k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst, const int five) {
+    const __m512i m4 = _mm512_set1_epi8(15), m16 = _mm512_set1_epi8(16);
+    const kq_fields8 F = five ? KQ_Q5_K : KQ_Q4_K;
     for (int u = 0; u < nu; u++) {
-        const uint8_t *ua = ga + (size_t)u * 1152, *ub = gb ? gb + (size_t)u * 1152 : NULL;
+        const uint8_t *ua = ga + (size_t)u * F.unit, *ub = gb ? gb + (size_t)u * F.unit : NULL;
         uint8_t *o = dst + (size_t)u * Q4K_UNIT;
         for (int c = 0; c < 4; c++)
             for (int jj = 0; jj < 8; jj++) {
                 const __m512i v = pair32(ua + 256 * c + 32 * jj, ub ? ub + 256 * c + 32 * jj : NULL);
-                _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * (2 * c) + jj)), _mm512_and_si512(v, m4));
-                _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * (2 * c + 1) + jj)),
-                                   _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+                __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (five) { /* bit j of qh granule jj: sub-block j's fifth bits */
+                    const __m512i h = pair32(ua + F.qh + 32 * jj, ub ? ub + F.qh + 32 * jj : NULL);
+                    const __mmask64 b0 = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << (2 * c))));
+                    const __mmask64 b1 = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(2 << (2 * c))));
+                    lo = _mm512_mask_add_epi8(lo, b0, lo, m16), hi = _mm512_mask_add_epi8(hi, b1, hi, m16);
+                }
+                _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * (2 * c) + jj)), lo);
+                _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * (2 * c + 1) + jj)), hi);
             }
         float *sc = (float *)(void *)(o + Q4K_SC), *m = (float *)(void *)(o + Q4K_M);
         for (int r = 0; r < 16; r++) {
             const uint8_t *g = r < 8 ? ua : ub;
             uint8_t s12[12], s[8], mm[8];
-            for (int k = 0; k < 12; k++) s12[k] = g ? field_byte(g + 1024, r % 8, k) : 0;
+            for (int k = 0; k < 12; k++) s12[k] = g ? field_byte(g + F.sc, r % 8, k) : 0;
             kq_q4k_scales(s12, s, mm);
             for (int j = 0; j < 8; j++) sc[16 * j + r] = (float)s[j], m[16 * j + r] = (float)mm[j];
         }
-        _mm512_store_ps((float *)(void *)(o + Q4K_D), f16x16(ua + 1120, ub ? ub + 1120 : NULL));
-        _mm512_store_ps((float *)(void *)(o + Q4K_DMIN), f16x16(ua + 1136, ub ? ub + 1136 : NULL));
+        _mm512_store_ps((float *)(void *)(o + Q4K_D), f16x16(ua + F.d, ub ? ub + F.d : NULL));
+        _mm512_store_ps((float *)(void *)(o + Q4K_DMIN), f16x16(ua + F.d + 16, ub ? ub + F.d + 16 : NULL));
     }
 }
+
+static void unpack_q4k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst) { unpack_q45k(ga, gb, nu, dst, 0); }
+static void unpack_q5k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst) { unpack_q45k(ga, gb, nu, dst, 1); }
 
 AI void lean_q4_k(const int n, const lean_args *L) {
     const int nu = L->nu, nb = nu * 8;
@@ -208,10 +223,11 @@ AI void lean_q5_0(const int n, const lean_args *L) {
     for (int t = 0; t < n; t++) _mm512_mask_storeu_ps(L->o + (size_t)t * L->ldo, L->store, acc[t]);
 }
 
-/* ---- Q6_K ---- */
+/* ---- Q6_K, Q3_K ---- */
 
-/* scratch per unit of a pair: vals [kb][g] (64 B: granule g of block kb, values 0..63, 16 rows), sc [kb][half]
- * (16 i32), sab [kb] (16 int16 pairs: both halves' scales, the -32 correction's operand), d (16 f32) */
+/* scratch per unit of a pair: vals [kb][g] (64 B: granule g of block kb, values 0..63 (Q3_K: u = q + 4, 0..7),
+ * 16 rows), sc [kb][half] (16 i32), sab [kb] (16 int16 pairs: both halves' scales, the offset correction's
+ * operand), d (16 f32) */
 enum { Q6K_VALS = 0, Q6K_SC = 4096, Q6K_SAB = 5120, Q6K_D = 5632, Q6K_UNIT = 5696 };
 
 static void unpack_q6k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst) {
@@ -248,7 +264,43 @@ static void unpack_q6k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *ds
     }
 }
 
-AI void lean_q6_k(const int n, const lean_args *L) {
+static void unpack_q3k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst) {
+    const __m512i m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4);
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *ua = ga + (size_t)u * 880, *ub = gb ? gb + (size_t)u * 880 : NULL;
+        uint8_t *o = dst + (size_t)u * Q6K_UNIT;
+        for (int kb = 0; kb < 8; kb++) {
+            const int h = kb / 4, k = kb % 4;
+            const __m512i bit = _mm512_set1_epi8((char)(1 << (4 * h + k))); /* the block's hmask bit */
+            for (int jj = 0; jj < 8; jj++) {
+                const size_t q = 32 * (size_t)(8 * h + jj), hm = 512 + 32 * (size_t)jj;
+                const __m512i qv = pair32(ua + q, ub ? ub + q : NULL), hv = pair32(ua + hm, ub ? ub + hm : NULL);
+                const __m512i lo = _mm512_and_si512(_mm512_srl_epi16(qv, _mm_cvtsi32_si128(2 * k)), m3);
+                _mm512_store_si512((void *)(o + Q6K_VALS + 64 * (8 * kb + jj)),
+                                   _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(hv, bit), lo, m4));
+            }
+        }
+        int32_t *sc = (int32_t *)(void *)(o + Q6K_SC), *sab = (int32_t *)(void *)(o + Q6K_SAB);
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *g = r < 8 ? ua : ub;
+            uint8_t s12[12];
+            int8_t s[16];
+            for (int k = 0; k < 12; k++) s12[k] = g ? field_byte(g + 768, r % 8, k) : 0;
+            kq_q3k_scales(s12, s);
+            for (int kb = 0; kb < 8; kb++) {
+                /* a padding row's scales come out -32, not 0: harmless, its outputs are never stored */
+                const int8_t sa = s[2 * kb], sb = s[2 * kb + 1];
+                sc[32 * kb + r] = sa, sc[32 * kb + 16 + r] = sb;
+                sab[16 * kb + r] = (int32_t)((uint32_t)(uint16_t)sa | (uint32_t)(uint16_t)sb << 16);
+            }
+        }
+        _mm512_store_ps((float *)(void *)(o + Q6K_D), f16x16(ua + 864, ub ? ub + 864 : NULL));
+    }
+}
+
+/* off: log2 of the values' offset (Q6_K q - 32: 5, Q3_K q - 4: 2), taken off once per block as
+ * (sa * sum(qx[0:16]) + sb * sum(qx[16:32])) << off, so the unpacked values stay unsigned for vpdpbusd */
+AI void lean_q36_k(const int n, const int off, const lean_args *L) {
     const int nu = L->nu, nb = nu * 8;
     const int8_t *xq[NT];
     const float *xd[NT];
@@ -291,7 +343,7 @@ AI void lean_q6_k(const int n, const lean_args *L) {
 #pragma GCC unroll 8
             for (int t = 0; t < n; t++) {
                 const __m512i corr = _mm512_madd_epi16(sab, _mm512_set1_epi32(L->xp[(size_t)t * nb + b]));
-                const __m512i i = _mm512_sub_epi32(i32[t], _mm512_slli_epi32(corr, 5));
+                const __m512i i = _mm512_sub_epi32(i32[t], _mm512_slli_epi32(corr, off));
                 pu[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(xd[t][b]), pu[t]);
             }
         }
@@ -303,7 +355,10 @@ AI void lean_q6_k(const int n, const lean_args *L) {
     for (int t = 0; t < n; t++) _mm512_mask_storeu_ps(L->o + (size_t)t * L->ldo, L->store, acc[t]);
 }
 
-/* Q6_K's per-block half sums of the activations as int16 pairs (sum qx[0:16] | sum qx[16:32] << 16) */
+AI void lean_q6_k(const int n, const lean_args *L) { lean_q36_k(n, 5, L); }
+AI void lean_q3_k(const int n, const lean_args *L) { lean_q36_k(n, 2, L); }
+
+/* Q6_K's and Q3_K's per-block half sums of the activations as int16 pairs (sum qx[0:16] | sum qx[16:32] << 16) */
 static void half_sums(const void *xq, int T, size_t xb, int nb, int32_t *xp) {
     const __m256i ones = _mm256_set1_epi8(1);
     for (int t = 0; t < T; t++) {
@@ -336,6 +391,7 @@ typedef void (*lean_fn)(const lean_args *);
 LEAN_FNS(LQ4K, lean_q4_k)
 LEAN_FNS(LQ6K, lean_q6_k)
 LEAN_FNS(LQ50, lean_q5_0)
+LEAN_FNS(LQ3K, lean_q3_k)
 
 typedef struct {
     void (*unpack)(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst);
@@ -347,6 +403,8 @@ typedef struct {
 static const lean_path LEAN_Q4K = {unpack_q4k, Q4K_UNIT, LQ4K, 0};
 static const lean_path LEAN_Q6K = {unpack_q6k, Q6K_UNIT, LQ6K, 1};
 static const lean_path LEAN_Q50 = {unpack_q50, Q50_UNIT, LQ50, 0};
+static const lean_path LEAN_Q5K = {unpack_q5k, Q4K_UNIT, LQ4K, 0};
+static const lean_path LEAN_Q3K = {unpack_q3k, Q6K_UNIT, LQ3K, 1};
 
 /* the scratch a thread unpacks its pairs into (and the half sums), kept between calls and grown as needed */
 static _Thread_local uint8_t *scratch;
@@ -395,3 +453,5 @@ static void matmul_lean(const lean_path *P, const bl_matmul_fn fallback, BL_MM_A
 void bl_mm_q4_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q4K, bl_mm_q4_k_avx2, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q5_0_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q50, bl_mm_q5_0_avx2, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q6_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q6K, bl_mm_q6_k_avx2, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q5_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q5K, bl_mm_q5_k_avx2, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q3_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q3K, bl_mm_q3_k_avx2, w, xq, T, out, ldo, r0, r1); }

@@ -7,5 +7,7 @@ const bl_kernel_table bl_tier_avx512 = {
         [BL_Q5_0] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q5_0_avx512},
         [BL_Q4_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q4_k_avx512},
         [BL_Q6_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q6_k_avx512},
+        [BL_Q5_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q5_k_avx512},
+        [BL_Q3_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q3_k_avx512},
     },
 };
