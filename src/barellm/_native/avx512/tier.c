@@ -4,6 +4,9 @@
 
 const bl_kernel_table bl_tier_avx512 = {
     .matmul = {
+        [BL_Q4_0] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q4_0_avx512},
+        [BL_Q4_1] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q4_1_avx512},
+        [BL_Q8_0] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q8_0_avx512},
         [BL_Q4_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q4_k_avx512},
         [BL_Q6_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q6_k_avx512},
     },
