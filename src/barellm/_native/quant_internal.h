@@ -161,6 +161,9 @@ static inline const uint8_t *bl_load_block(const bl_type_traits *t, const bl_mat
 BL_KERNELS_DECLARE(scalar)
 BL_KERNELS_DECLARE(avx2)
 /* avx512: the entries it fills (avx512/tier.c) */
+void bl_mm_q4_0_avx512(BL_MM_ARGS);
+void bl_mm_q4_1_avx512(BL_MM_ARGS);
+void bl_mm_q8_0_avx512(BL_MM_ARGS);
 void bl_mm_q5_0_avx512(BL_MM_ARGS);
 void bl_mm_q4_k_avx512(BL_MM_ARGS);
 void bl_mm_q6_k_avx512(BL_MM_ARGS);
