@@ -8,4 +8,5 @@ const bl_kernel_table bl_tier_avx512 = {
         [BL_Q4_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q4_k_avx512},
         [BL_Q6_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q6_k_avx512},
     },
+    .attend = bl_attend_avx512,
 };
