@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_tiers import PRESENT, using
 
 from barellm import _native as nat
 from barellm import kernels
@@ -266,6 +267,46 @@ def test_attention(isa, hd, kv, window):
     rev = np.empty_like(out)
     attend(q[::-1].copy(), positions[::-1].copy(), rev)
     assert np.array_equal(rev[::-1], out)
+
+
+@pytest.mark.parametrize("kv", KV_TYPES)
+@pytest.mark.parametrize("hd,window", [(64, 0), (128, 0), (128, 70), (64, 130), (80, 0), (16, 1)])
+def test_attention_bits_equal_on_every_simd_tier(hd, kv, window):
+    """Every SIMD tier gives avx2's bits for every query (greedy output must not depend on the tier),
+    whatever the block: 1..16 queries, some sharing a key range (one position, several heads; those a
+    tier may attend together), some not, positions on and around tile boundaries."""
+    tiers = [t for t in PRESENT if t != "scalar"]
+    if "avx2" not in tiers:
+        pytest.skip("this CPU lacks the avx2 tier")
+    rng = np.random.default_rng(7 * hd + window)
+    n_ctx = 448
+    kc, vc, _, _ = _cache(1, n_ctx, hd, n_ctx, rng, kv)
+    edges = [0, 1, 31, 32, 33, 63, 64, 65, 127, 128, 129, 300, 383, 384, 447]
+    blocks = []
+    for nq in range(1, nat.ATT_MAXQ + 1):
+        for _ in range(3):
+            pool = rng.choice(edges, size=rng.integers(1, 4)) + rng.integers(0, 2)
+            pos = np.minimum(rng.choice(pool, size=nq), n_ctx - 1).astype(np.int32)
+            blocks.append(pos)
+        blocks.append(np.sort(np.repeat(np.arange(3) + rng.integers(0, n_ctx - 3), 6)[:nq]).astype(np.int32))
+
+    def run(tier):
+        outs = []
+        with using(tier):
+            if tier in ("avx2", "avx512"):  # the tier's own kernel is the one under test
+                assert nat.kernel_sources()["attend"] == tier
+            for b, pos in enumerate(blocks):
+                q = (np.random.default_rng(b).standard_normal((len(pos), hd)) * 3).astype(np.float32)
+                out = np.empty((len(pos), hd), np.float32)
+                nat.attend(q, pos, kc, vc, out, len(pos), hd, n_ctx, float(1 / np.sqrt(hd)), kv == "f16", window)
+                outs.append(out)
+        return outs
+
+    want = run("avx2")
+    assert all(np.isfinite(o).all() for o in want)
+    for tier in tiers:
+        for pos, a, b in zip(blocks, want, run(tier), strict=True):
+            assert np.array_equal(a, b), (tier, pos.tolist())
 
 
 @pytest.mark.parametrize("kv", KV_TYPES)

@@ -14,4 +14,5 @@ const bl_kernel_table bl_tier_avx512 = {
         [BL_Q5_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q5_k_avx512},
         [BL_Q3_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q3_k_avx512},
     },
+    .attend = bl_attend_avx512,
 };

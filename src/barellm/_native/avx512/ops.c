@@ -1,0 +1,209 @@
+/* AVX-512 attention (ops.h's bl_attend), the same bits as the avx2 tier's: the engine's greedy output must
+ * not depend on the tier. Per query every float operation of avx2/ops.c is kept, in its order: the score
+ * chains over d, the online-softmax update of each 64-key tile (exp8's polynomial lane for lane, the
+ * tile's sum in avx2's tree), the value chains over keys from acc * corr, the final 1 / l. What changes is
+ * how much is done per load: a tile's 64 keys are 4 zmm, 16 output values a zmm, and up to 4 queries with
+ * the same key range in a tile share each K and V load (the avx2 kernel pairs at most 2 neighbours). */
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "ops.h"
+#include "avx2/simd.h"
+
+#define ALWAYS static inline __attribute__((always_inline))
+#define QMAX 4 /* queries per block: 4 x 4 score or value accumulators + 4 K or V vectors fit in 32 zmm */
+
+/* avx2/simd.h's exp8, lane for lane on 16 lanes */
+ALWAYS __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i ni = _mm512_cvtps_epi32(n);
+    __m512i half = _mm512_srai_epi32(ni, 1);
+    __m512 p1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, _mm512_set1_epi32(127)), 23));
+    __m512 p2 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, half), _mm512_set1_epi32(127)), 23));
+    return _mm512_mul_ps(_mm512_mul_ps(y, p1), p2);
+}
+
+static inline float exp1(float x) { return _mm256_cvtss_f32(exp8(_mm256_set1_ps(x))); }
+
+ALWAYS __m512 ld16(const void *base, size_t i, int f16) {
+    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)))
+               : _mm512_loadu_ps((const float *)base + i);
+}
+
+/* One block: QB queries with the same key range [k0, k1) in a tile. */
+typedef struct blk {
+    const float *q[QMAX];
+    float *out[QMAX], *m[QMAX], *l[QMAX];
+} blk;
+
+/* Scores of the block's queries against the tile's keys [0, 16 NC), unscaled, into s[i * KT + k]: each an
+ * fma chain over d = 0 .. head_dim - 1, as in avx2's qk_pass. */
+ALWAYS void qk_pass(int QB, int NC, const blk *b, const void *kc, size_t kt, int head_dim, int f16, float *s) {
+    enum { KT = BL_KV_TILE };
+    __m512 a[QMAX][4];
+    for (int i = 0; i < QB; i++)
+        for (int c = 0; c < NC; c++) a[i][c] = _mm512_setzero_ps();
+    for (int d = 0; d < head_dim; d++) {
+        const size_t kr = kt + (size_t)d * KT;
+        __m512 k[4];
+        for (int c = 0; c < NC; c++) k[c] = ld16(kc, kr + 16 * c, f16);
+        for (int i = 0; i < QB; i++) {
+            const __m512 qd = _mm512_set1_ps(b->q[i][d]);
+            for (int c = 0; c < NC; c++) a[i][c] = _mm512_fmadd_ps(qd, k[c], a[i][c]);
+        }
+    }
+    for (int i = 0; i < QB; i++)
+        for (int c = 0; c < NC; c++) _mm512_store_ps(s + i * KT + 16 * c, a[i][c]);
+}
+
+/* avx2's softmax_tile on 4 zmm: s (scores) becomes p, 0 outside [k0, k1); returns the rescale factor. The
+ * masked ops (mask_mul, maskz_mov) are builtins, not plain vector arithmetic, so the compiler cannot fuse
+ * the scale multiply or exp's last multiply with the subtract and adds that follow. */
+ALWAYS float softmax_tile(float *s, float *m, float *l, int k0, int k1, float scale) {
+    const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    /* keys [k0, k1) of the tile as a 64-bit mask, 16 bits per zmm */
+    const uint64_t below_hi = k1 >= 64 ? ~0ull : (1ull << k1) - 1, below_lo = (1ull << k0) - 1;
+    const uint64_t valid = below_hi & ~below_lo;
+    __m512 v[4];
+    __mmask16 vm[4];
+    for (int c = 0; c < 4; c++) {
+        vm[c] = (__mmask16)(valid >> (16 * c));
+        v[c] = _mm512_mask_mul_ps(ninf, vm[c], _mm512_load_ps(s + 16 * c), vscale);
+    }
+    const __m512 vmax = _mm512_max_ps(_mm512_max_ps(v[0], v[1]), _mm512_max_ps(v[2], v[3]));
+    const float mt = hmax8(_mm256_max_ps(_mm512_castps512_ps256(vmax), _mm512_extractf32x8_ps(vmax, 1)));
+    const float mn = mt > *m ? mt : *m;
+    const float corr = exp1(*m - mn); /* first tile: m = -inf, clamped: a tiny factor times acc = 0 */
+    const __m512 vmn = _mm512_set1_ps(mn);
+    for (int c = 0; c < 4; c++) {
+        v[c] = _mm512_maskz_mov_ps(vm[c], exp16(_mm512_sub_ps(v[c], vmn)));
+        _mm512_store_ps(s + 16 * c, v[c]);
+    }
+    /* avx2 adds its 8-key vectors v0..v7 as ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)); here zmm c
+     * holds v(2c) | v(2c+1), so the halves are regrouped to add the same pairs in the same tree */
+    const __m512 p01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0)),  /* v0 | v2 */
+                                     _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2))); /* v1 | v3 */
+    const __m512 p23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(p01, p23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(p01, p23, _MM_SHUFFLE(3, 2, 3, 2)));
+    const float sum = hsum8(_mm256_add_ps(_mm512_castps512_ps256(q), _mm512_extractf32x8_ps(q, 1)));
+    *l = fmaf(*l, corr, sum);
+    *m = mn;
+    return corr;
+}
+
+/* acc_i = acc_i * corr_i + sum over k in [k0, k1) of p_i[k] * V[k]: per output value an fma chain over k in
+ * order, as in avx2's pv_pass; DV zmm of output values at a time. */
+ALWAYS void pv_block(int QB, int DV, const blk *b, const float *p, const float *corr, const void *vc, size_t vt,
+                     int d0, int k0, int k1, int head_dim, int f16) {
+    enum { KT = BL_KV_TILE };
+    __m512 a[QMAX][4];
+    for (int i = 0; i < QB; i++) {
+        const __m512 c = _mm512_set1_ps(corr[i]);
+        for (int u = 0; u < DV; u++) a[i][u] = _mm512_mul_ps(_mm512_loadu_ps(b->out[i] + d0 + 16 * u), c);
+    }
+    for (int k = k0; k < k1; k++) {
+        const size_t vr = vt + (size_t)k * head_dim + d0;
+        __m512 v[4];
+        for (int u = 0; u < DV; u++) v[u] = ld16(vc, vr + 16 * u, f16);
+        for (int i = 0; i < QB; i++) {
+            const __m512 pk = _mm512_set1_ps(p[i * KT + k]);
+            for (int u = 0; u < DV; u++) a[i][u] = _mm512_fmadd_ps(pk, v[u], a[i][u]);
+        }
+    }
+    for (int i = 0; i < QB; i++)
+        for (int u = 0; u < DV; u++) _mm512_storeu_ps(b->out[i] + d0 + 16 * u, a[i][u]);
+}
+
+ALWAYS void tile_block(int QB, const blk *b, const void *kc, size_t kt, const void *vc, size_t vt, int k0, int k1,
+                       int head_dim, float scale, int f16) {
+    enum { KT = BL_KV_TILE };
+    _Alignas(64) float s[QMAX * KT];
+    float corr[QMAX];
+    if (k1 > 32) qk_pass(QB, 4, b, kc, kt, head_dim, f16, s);
+    else { /* keys past 32 are masked below: as avx2, their scores are not computed */
+        qk_pass(QB, 2, b, kc, kt, head_dim, f16, s);
+        for (int i = 0; i < QB; i++) memset(s + i * KT + 32, 0, 32 * sizeof(float));
+    }
+    for (int i = 0; i < QB; i++) corr[i] = softmax_tile(s + i * KT, b->m[i], b->l[i], k0, k1, scale);
+    int d0 = 0;
+    for (; d0 + 64 <= head_dim; d0 += 64) pv_block(QB, 4, b, s, corr, vc, vt, d0, k0, k1, head_dim, f16);
+    for (; d0 < head_dim; d0 += 16) pv_block(QB, 1, b, s, corr, vc, vt, d0, k0, k1, head_dim, f16);
+}
+
+ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
+                   int f16) {
+    enum { KT = BL_KV_TILE };
+    float m[BL_ATT_MAXQ], l[BL_ATT_MAXQ];
+    int tiles = 0, first = 1 << 30;
+    for (int i = 0; i < nq; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0;
+        memset(qs[i].out, 0, sizeof(float) * head_dim);
+        if (qs[i].pos / KT + 1 > tiles) tiles = qs[i].pos / KT + 1;
+        if (qs[i].lo / KT < first) first = qs[i].lo / KT;
+    }
+    for (int j = first; j < tiles; j++) {
+        const size_t kt = (size_t)j * head_dim * KT, vt = (size_t)j * KT * head_dim;
+        int r0[BL_ATT_MAXQ], r1[BL_ATT_MAXQ];
+        for (int i = 0; i < nq; i++) {
+            const int pos = qs[i].pos, lo = qs[i].lo;
+            r0[i] = lo > j * KT ? lo - j * KT : 0;
+            r1[i] = pos - j * KT + 1 < KT ? pos - j * KT + 1 : KT;
+            if (pos < j * KT || lo >= (j + 1) * KT) r1[i] = 0; /* not in this tile */
+        }
+        /* blocks of up to QMAX queries with one key range, neighbours or not: a block only shares loads,
+         * each query's operations are its own */
+        unsigned todo = 0;
+        for (int i = 0; i < nq; i++)
+            if (r1[i] > r0[i]) todo |= 1u << i;
+        while (todo) {
+            const int i0 = __builtin_ctz(todo);
+            blk b;
+            int n = 0;
+            for (unsigned t = todo; t && n < QMAX; t &= t - 1) {
+                const int i = __builtin_ctz(t);
+                if (r0[i] != r0[i0] || r1[i] != r1[i0]) continue;
+                b.q[n] = qs[i].q;
+                b.out[n] = qs[i].out;
+                b.m[n] = m + i;
+                b.l[n] = l + i;
+                n++;
+                todo &= ~(1u << i);
+            }
+            switch (n) {
+            case 1: tile_block(1, &b, kc, kt, vc, vt, r0[i0], r1[i0], head_dim, scale, f16); break;
+            case 2: tile_block(2, &b, kc, kt, vc, vt, r0[i0], r1[i0], head_dim, scale, f16); break;
+            case 3: tile_block(3, &b, kc, kt, vc, vt, r0[i0], r1[i0], head_dim, scale, f16); break;
+            default: tile_block(4, &b, kc, kt, vc, vt, r0[i0], r1[i0], head_dim, scale, f16); break;
+            }
+        }
+    }
+    for (int i = 0; i < nq; i++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / l[i]);
+        for (int d = 0; d < head_dim; d += 16)
+            _mm512_storeu_ps(qs[i].out + d, _mm512_mul_ps(_mm512_loadu_ps(qs[i].out + d), inv));
+    }
+}
+
+void bl_attend_avx512(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
+                      int kv_f16) {
+    if (head_dim % 16) bl_attend_avx2(qs, nq, kc, vc, head_dim, scale, kv_f16);
+    else if (kv_f16) attend(qs, nq, kc, vc, head_dim, scale, 1);
+    else attend(qs, nq, kc, vc, head_dim, scale, 0);
+}
