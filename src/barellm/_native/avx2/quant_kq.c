@@ -48,16 +48,6 @@ AI __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((cons
 
 AI __m256i load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
 
-/* pshufb indices filling each 32-bit lane's bytes 0-3 with bytes b0-b3 of that lane (-128: a zero byte) */
-AI __m256i pick(int b0, int b1, int b2, int b3) {
-    const __m256i base = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4,
-                                          4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
-    const __m256i off = _mm256_set1_epi32((int)((uint32_t)(uint8_t)b0 | (uint32_t)(uint8_t)b1 << 8 |
-                                                (uint32_t)(uint8_t)b2 << 16 | (uint32_t)(uint8_t)b3 << 24));
-    /* 0x80 entries stay >= 0x80 after adding a base < 16: still "zero this byte" */
-    return _mm256_add_epi8(base, off);
-}
-
 /* The arguments of one tile: 8 rows (a group of nu units) x NT tokens. */
 typedef struct {
     const uint8_t *g;   /* interleaved group */
@@ -201,21 +191,6 @@ AI void tile_q5_0_groups(const int NG, const tile_args *A) {
 }
 
 /* ---- Q4_K ---- */
-
-/* The 6-bit scales (mins: m = 1) of a unit's 8 rows from its 3 interleaved scale vectors: byte k of each
- * lane of *lo is sub-block k's, of *hi sub-block 4 + k's (see kq_q4k_scales). */
-AI void q4k_scales8(const uint8_t *s, const int m, __m256i *lo, __m256i *hi) {
-    const __m256i m4 = _mm256_set1_epi8(15), m6 = _mm256_set1_epi8(63), m30 = _mm256_set1_epi8(0x30);
-    const __m256i SA = load(s), SB = load(s + 32), SC = load(s + 64);
-    if (!m) {
-        *lo = _mm256_and_si256(SA, m6);
-        *hi = _mm256_or_si256(_mm256_and_si256(SC, m4), _mm256_and_si256(_mm256_srli_epi16(SA, 2), m30));
-    } else {
-        *lo = _mm256_and_si256(SB, m6);
-        *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(SC, 4), m4),
-                              _mm256_and_si256(_mm256_srli_epi16(SB, 2), m30));
-    }
-}
 
 /* Per sub-block j of a unit (Q4_K, Q5_K), its 6-bit scale as an int16 pair in each row's lane: the madd
  * partner of the sub-block's int16 dot sums. */

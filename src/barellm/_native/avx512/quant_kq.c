@@ -1,7 +1,8 @@
 /* AVX-512 VNNI prefill kernels for Q5_0, Q3_K, Q4_K, Q5_K and Q6_K (Gemma's, Qwen2.5's Q4_K_M weights; Q5_K
  * and Q3_K from the _M and _S mixes). They read the same interleaved layout as the avx2 tier (quant_kq.h:
  * one .blm file for every tier) and do quant_kq.h's float work in its order, so their bits are the scalar
- * path's; calls of fewer than PREFILL_MIN_T tokens (decode, whose speed is the memory's) keep the avx2 tiles.
+ * path's. One-token calls of Q4_K, Q5_K and Q6_K go to avx512/decode_kq.c; other calls of fewer than
+ * PREFILL_MIN_T tokens keep the avx2 tiles.
  *
  * A call's rows go 16 at a time (two groups of 8): each group pair is first unpacked into a scratch that
  * stays in cache (values as plain u8, one 64-byte vector holding 4 consecutive values of all 16 rows, the
@@ -27,6 +28,7 @@
 
 #include "quant_kq.h"
 #include "tier.h"
+#include "avx512/decode.h"
 
 #define AI static inline __attribute__((always_inline))
 #define PREFILL_MIN_T 8 /* as the avx2 tier's lean path: under it the tiles run */
@@ -450,8 +452,23 @@ static void matmul_lean(const lean_path *P, const bl_matmul_fn fallback, BL_MM_A
     }
 }
 
-void bl_mm_q4_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q4K, bl_mm_q4_k_avx2, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q4_k_avx512(BL_MM_ARGS) {
+    if (T == 1 && w->layout == BL_LAYOUT_INTERLEAVE8) bl_decode_q4_k_avx512(w, xq, out, r0, r1);
+    else matmul_lean(&LEAN_Q4K, bl_mm_q4_k_avx2, w, xq, T, out, ldo, r0, r1);
+}
 void bl_mm_q5_0_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q50, bl_mm_q5_0_avx2, w, xq, T, out, ldo, r0, r1); }
-void bl_mm_q6_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q6K, bl_mm_q6_k_avx2, w, xq, T, out, ldo, r0, r1); }
-void bl_mm_q5_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q5K, bl_mm_q5_k_avx2, w, xq, T, out, ldo, r0, r1); }
+void bl_mm_q6_k_avx512(BL_MM_ARGS) {
+    const int nb = w->cols / BL_QK;
+    int32_t xp[1024];
+    if (T == 1 && w->layout == BL_LAYOUT_INTERLEAVE8 && nb <= 1024) {
+        half_sums(xq, 1, 0, nb, xp);
+        bl_decode_q6_k_avx512(w, xq, xp, out, r0, r1);
+    } else {
+        matmul_lean(&LEAN_Q6K, bl_mm_q6_k_avx2, w, xq, T, out, ldo, r0, r1);
+    }
+}
+void bl_mm_q5_k_avx512(BL_MM_ARGS) {
+    if (T == 1 && w->layout == BL_LAYOUT_INTERLEAVE8) bl_decode_q5_k_avx512(w, xq, out, r0, r1);
+    else matmul_lean(&LEAN_Q5K, bl_mm_q5_k_avx2, w, xq, T, out, ldo, r0, r1);
+}
 void bl_mm_q3_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q3K, bl_mm_q3_k_avx2, w, xq, T, out, ldo, r0, r1); }

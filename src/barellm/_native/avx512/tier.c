@@ -1,5 +1,6 @@
 /* The avx512 tier's table (AVX-512 F + BW + VL + DQ + VNNI): the prefill matmuls of every quantized type on the
- * interleaved layout (avx512/quant.c, avx512/quant_kq.c); the rest, decode included, stay avx2's. */
+ * interleaved layout (avx512/quant.c, avx512/quant_kq.c) and the one-token (decode) matmuls of Q4_K, Q5_K and
+ * Q6_K (avx512/decode_kq.c); the rest stay avx2's. */
 #include "quant_internal.h"
 #include "tier.h"
 
