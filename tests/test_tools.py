@@ -388,6 +388,25 @@ def test_bench_command(tiny, capsys):
     assert "| pp8 |" in capsys.readouterr().out
 
 
+def test_bench_scaling(tiny, capsys):
+    """--scaling: every thread count from 1 up, decode against the bandwidth limit measured at each count,
+    each count's speedup over 1 thread."""
+    pytest.importorskip("barellm.engine", reason="native engine not built")
+    from barellm.tools.bench import scaling_threads
+
+    assert scaling_threads(1) == [1] and scaling_threads(2) == [1, 2] and scaling_threads(6) == [1, 2, 4, 6]
+    assert main(["bench", tiny, "-p", "16", "-n", "8", "-r", "1", "-t", "1,2", "--scaling"]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("thread scaling"):]
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| tg8 ") or
+            line.startswith("| pp16 ")]
+    assert [(c[0].strip(), c[1].strip()) for c in rows] == [("pp16", "1"), ("pp16", "2"), ("tg8", "1"), ("tg8", "2")]
+    assert rows[0][3].strip() == "1.00x" and rows[2][3].strip() == "1.00x"
+    for c in rows[2:]:   # decode rows: the limit at that count and its share
+        assert float(c[4]) > 0 and float(c[5]) > 0 and c[6].strip().endswith("%")
+    assert all(c[4].strip() == "" for c in rows[:2])   # prefill has no bandwidth limit
+
+
 @pytest.mark.parametrize("engine", ["reference", "native"])
 def test_bench_breakdown(tiny, capsys, engine):
     if engine == "native":

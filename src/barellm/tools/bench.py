@@ -328,6 +328,33 @@ def format_table(rows: Sequence[BenchRow]) -> str:
     return "\n".join(lines)
 
 
+def scaling_threads(cores: int) -> list[int]:
+    """1, 2, 4, ... up to `cores`, and `cores` itself: the thread counts of --scaling."""
+    out, t = [], 1
+    while t < cores:
+        out.append(t)
+        t *= 2
+    return [*out, cores]
+
+
+def format_scaling(rows: Sequence[BenchRow]) -> str:
+    """Per test, each thread count's speed beside 1 thread's (or the fewest measured) and, for decode with a
+    roofline, its share of the memory-bandwidth limit measured at that thread count: where threads stop
+    paying, and whether decode stays near what the memory gives."""
+    lines = ["| test | threads | median t/s | speedup | bw GB/s | limit t/s | of limit |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for test in dict.fromkeys(r.test for r in rows):
+        rs = sorted((r for r in rows if r.test == test), key=lambda r: r.threads)
+        base = rs[0].tps.median
+        for r in rs:
+            rf = r.roofline if r.roofline and "limit_tps" in r.roofline else None
+            roof = ([f"{rf['bandwidth_gbs']:.1f}", f"{rf['limit_tps']:.1f}", f"{100 * rf['fraction']:.1f} %"]
+                    if rf else ["", "", ""])
+            speed = f"{r.tps.median / base:.2f}x" if base > 0 else ""
+            lines.append("| " + " | ".join([test, str(r.threads), f"{r.tps.median:.2f}", speed, *roof]) + " |")
+    return "\n".join(lines)
+
+
 def format_breakdown(row: BenchRow) -> str:
     """Where a complete<N> row's milliseconds per token went, phase by phase."""
     assert row.breakdown is not None
@@ -401,6 +428,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", default=None, metavar="FILE.png", help="draw tokens/s against threads (needs matplotlib)")
     p.add_argument("--roofline", action="store_true",
                    help="measure memory read bandwidth and give decode speed as a fraction of its limit")
+    p.add_argument("--scaling", action="store_true",
+                   help="thread scaling: 1, 2, 4, ... up to the physical cores (or -t's counts), with --roofline, "
+                        "and a table of each count's speedup over the fewest and its share of the bandwidth limit")
     p.add_argument("--bandwidth", type=float, default=None, metavar="GB/s",
                    help="with --roofline: use this bandwidth (e.g. from bench/roofline.c) instead of measuring")
     p.set_defaults(func=cmd_bench)
@@ -412,7 +442,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prompts = [x for x in parse_int_list(args.n_prompt, "-p", 0) if x]
     gens = [x for x in parse_int_list(args.n_gen, "-n", 0) if x]
     depths = parse_int_list(args.depth, "-d", 0)
-    threads = parse_int_list(args.threads, "-t", 1) if args.threads else [default_threads()]
+    if args.scaling:
+        from barellm.cpu import physical_cores
+
+        args.roofline = True
+        threads = parse_int_list(args.threads, "-t", 1) if args.threads else scaling_threads(physical_cores())
+    else:
+        threads = parse_int_list(args.threads, "-t", 1) if args.threads else [default_threads()]
     if not prompts and not gens:
         raise InvalidRequest("nothing to measure: -p and -n are both 0")
     if args.repetitions < 1:
@@ -437,6 +473,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for r in rows:
             if r.breakdown is not None:
                 print("\n" + format_breakdown(r))
+        if args.scaling:
+            print("\nthread scaling\n\n" + format_scaling(rows))
         roof = next((r.roofline for r in rows if r.roofline), None)
         if roof:
             print(f"\nroofline: {roof['weight_bytes_per_token'] / 1e6:.1f} MB of weights per decoded token; "
