@@ -14,7 +14,6 @@ import pytest
 
 import barellm
 from barellm import hub
-from barellm.arguments import DEFAULT_MAX_TOKENS
 from barellm.cli import build_parser, commands, main, parse_args
 from barellm.commands import is_model
 
@@ -126,7 +125,7 @@ def test_run_notes_when_the_context_ends_the_output(tiny, capsys):
     assert main(["run", tiny, "the cat sat on the mat", "-c", "32", "-n", "100", "--temperature", "0"]) == 0
     err = capsys.readouterr().err
     assert "stopped at the context limit: 32 tokens" in err and err.count("\n") == 1
-    # stopped by -n, or by the end of generation: no note
+    # stopped by -n: its own note, not the context's
     assert main(["run", tiny, "the cat sat on the mat", "-c", "32", "-n", "5", "--temperature", "0"]) == 0
     assert "context" not in capsys.readouterr().err
 
@@ -141,14 +140,46 @@ def test_every_option_shows_its_default_in_help():
                     missing.append(f"{name} {action.option_strings[-1]}")
     assert not missing, missing
     text = " ".join(commands(parser)["run"].format_help().split())
-    assert "-n MAX_TOKENS, --max-tokens MAX_TOKENS tokens to generate at most (default: 128)" in text
+    assert ("-n MAX_TOKENS, --max-tokens MAX_TOKENS tokens to generate at most (default: no limit, until the end of "
+            "generation or the context is full;") in text
     assert "--temperature TEMPERATURE, --temp TEMPERATURE 0 = greedy (default: 0.8)" in text
 
 
-def test_the_max_tokens_default_shown_is_the_models(tiny):
-    model = barellm.load(tiny)
+def test_without_max_tokens_a_generation_runs_until_the_context_is_full(tiny):
+    model = barellm.load(tiny, context=256)
+    kw = {"temperature": 0, "logit_bias": {i: -100 for i in model.tokenizer.eog_ids}}   # no end token: only a limit
+    room = 256 - len(model.tokenize("the cat"))
+    c = model.complete("the cat", **kw)
+    assert c.finish_reason == "length" and len(c.token_ids) == room and room > 128
+    s = model.stream("the cat", **kw)
+    assert s.finish_reason is None
+    assert "".join(s) == c.text and s.finish_reason == "length" and s.token_ids == c.token_ids
+    chat = model.chat_stream([{"role": "user", "content": "hi"}], **kw)
+    text = "".join(chat)
+    assert chat.finish_reason == "length" and chat.prompt_tokens + len(chat.token_ids) == 256 and text
+    # a limit the caller sets still holds, and says so
+    c = model.complete("the cat", max_tokens=128, **kw)
+    assert c.finish_reason == "length" and len(c.token_ids) == 128
+    assert model.complete("the cat", max_tokens=None, **kw).token_ids == model.complete("the cat", **kw).token_ids
+    # a generation that ends by itself says "stop"
     c = model.complete("the cat", temperature=0)
-    assert c.finish_reason == "length" and len(c.token_ids) == DEFAULT_MAX_TOKENS
+    assert c.finish_reason == "stop" and len(c.token_ids) < room
+    with pytest.raises(barellm.InvalidRequest, match="max_tokens"):
+        model.complete("the cat", max_tokens=-1)
+
+
+def test_run_says_when_a_limit_cuts_the_reply(tiny, capsys):
+    # no -n: the reply goes on until the context is full, then a note says so
+    assert main(["run", tiny, "the cat", "-c", "200", "--temperature", "0"]) == 0
+    captured = capsys.readouterr()
+    assert "stopped at the context limit: 200 tokens" in captured.err and captured.err.count("\n") == 1
+    assert "asked" not in captured.err
+    model = barellm.load(tiny, context=200)
+    assert captured.out == "the cat" + model.generate("the cat", temperature=0) + "\n"
+    # -n: cut there, and a note says so
+    assert main(["run", tiny, "the cat", "-n", "7", "--temperature", "0"]) == 0
+    err = capsys.readouterr().err
+    assert err == "note: the reply was cut at 7 tokens (-n/--max-tokens)\n"
 
 
 # --- list, rm ------------------------------------------------------------------------------------------

@@ -120,9 +120,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     sys.stdout.flush()
     if reply.context_full:
+        asked = f" before the {kw['max_tokens']} asked" if kw.get("max_tokens") is not None else ""
         print(f"note: stopped at the context limit: {model.n_ctx} tokens (prompt {len(ids)} + {reply.tokens} "
-              f"generated) before the {kw.get('max_tokens')} asked; -c/--context raises it (this model: up to "
-              f"{model.config.context_length})", file=sys.stderr)
+              f"generated){asked}; -c/--context raises it (this model: up to {model.config.context_length})",
+              file=sys.stderr)
+    elif reply.max_tokens_hit:
+        print(f"note: the reply was cut at {reply.tokens} tokens (-n/--max-tokens)", file=sys.stderr)
     if args.verbose:
         print(f"[load {t_load:.2f} s, prompt {len(ids)} tokens, first token {reply.first_token_seconds:.3f} s, "
               f"{reply.tokens} tokens in {reply.seconds:.2f} s, {reply.tokens_per_second:.1f} tokens/s]",
