@@ -107,6 +107,52 @@ def test_run_words_that_are_not_a_model_are_the_prompt(tiny, capsys, monkeypatch
     assert not is_model("the") and not is_model("-")
 
 
+KNOWN = "(known: gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m)"
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["run", "smollm2-13m", "Hello"], "did you mean smollm2-135m?"),     # a near miss of a known name
+    (["run", "smollm2-13m"], "did you mean smollm2-135m?"),              # no prompt: no chat either
+    (["run", "./no-such-file", "Hello"], ""),                             # shaped like a path
+    (["run", "models/model.gguf", "Hello"], ""),
+    (["run", "no-such.blm", "Hello"], ""),
+    (["run", "llama3-8b", "Hello"], ""),                                  # NAME-<size>
+    (["chat", "smollm2-13m"], "did you mean smollm2-135m?"),
+    (["chat", "gemma-270m"], "did you mean gemma3-270m?"),
+    (["serve", "smollm2-13m"], "did you mean smollm2-135m?"),
+    (["serve", "qwen2.5-coder-7b", "--ray"], "did you mean qwen2.5-coder?"),  # before any cluster is joined
+])
+def test_a_model_that_does_not_resolve_is_an_error_not_a_prompt(tiny, capsys, monkeypatch, argv, hint):
+    monkeypatch.setattr(hub, "DEFAULT_MODEL", tiny)
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"error: {argv[1]!r} is neither a file nor a known model") and KNOWN in err
+    assert hint in err and ("did you mean" in err) == bool(hint)
+
+
+def test_a_model_name_typo_in_the_python_api_names_the_known_models():
+    with pytest.raises(barellm.ModelNotFound) as e:
+        barellm.load("smollm2-13m")
+    assert "did you mean smollm2-135m?" in str(e.value) and KNOWN in str(e.value)
+    with pytest.raises(barellm.ModelNotFound, match="neither a file nor a known model"):
+        barellm.load("./no-such-file.gguf")
+
+
+def test_a_prompt_without_a_model_still_runs_the_default(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(hub, "DEFAULT_MODEL", tiny)
+    model = barellm.load(tiny)
+    for argv, prompt in ((["The capital of France is"], "The capital of France is"),
+                         (["Once", "upon", "a", "time"], "Once upon a time"),
+                         (["What is 1/2 + 1/4?"], "What is 1/2 + 1/4?"),     # a quoted prompt is no path
+                         (["the" * 100], "the" * 100)):                      # nor is a word too long for one
+        assert main(["run", *argv, "-n", "3", "--temperature", "0"]) == 0
+        out = capsys.readouterr().out
+        assert out == prompt + model.generate(prompt, max_tokens=3, temperature=0) + "\n"
+    assert not any(is_model(w) for w in ("The", "Hello", "Paris", "COVID-19", "a" * 300, "x\0y", "-", ""))
+    assert all(is_model(w) for w in ("smollm2", "default", "a/b", "x.gguf", "smollm2-13m", "phi-3.8b", tiny))
+
+
 def test_run_dash_reads_the_prompt_from_stdin(tiny, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("the cat"))
     assert main(["run", tiny, "-", "-n", "3", "--temperature", "0"]) == 0

@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "and defaults to smollm2-135m; with a MODEL and no PROMPT, `run` opens the "
                                    "interactive chat, as `barellm chat MODEL` does. Options may come anywhere.")
     p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]",
-                   help="a known model name or an existing path first, then the prompt")
+                   help="a model first (a known name, a path, or a word shaped like either, which must then "
+                        "resolve), then the prompt")
     add_model_args(p)
     add_sampling_args(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of the chat template")
@@ -79,15 +80,26 @@ def _load(args: argparse.Namespace, model: str | None, **kw: object):
 
 
 def is_model(word: str) -> bool:
-    """Whether the first word of `run` names a model: a known name or alias, an existing path, or a path
-    to a model file (which then fails to load with a clear error) rather than the start of a prompt."""
+    """Whether the first word of `run` is its model rather than the start of the prompt: a known name or
+    alias, an existing path, or a word shaped like a model reference (a path, a near miss of a known name,
+    NAME-135m), which then must resolve (hub.looks_like_model). Anything else starts the prompt, so
+    `barellm run Once upon a time` runs the default model."""
     from barellm import hub
 
-    if word in hub.REGISTRY or word in hub.ALIASES:
-        return True
-    if word.endswith((".gguf", ".blm")):
-        return True
-    return word not in ("-", "") and Path(word).expanduser().exists()
+    return hub.looks_like_model(word)
+
+
+def _check_model(word: str | None, command: str) -> None:
+    """Fails before anything runs when `word`, taken as a model, resolves to nothing (its error names the
+    known models). Registered models not yet pulled pass: loading pulls them."""
+    from barellm import hub
+
+    if word is None or word in hub.REGISTRY or word in hub.ALIASES or hub.exists(word):
+        return
+    e = hub.unknown_model(word)
+    if command == "run":
+        e = ModelNotFound(f"{e}; to start the prompt with this word, name the model first")
+    raise e
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -97,6 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     words = list(args.words)
     model_name = words.pop(0) if words and is_model(words[0]) else None
+    _check_model(model_name, "run")
     if not words:
         args.model = model_name
         return cmd_chat(args)
@@ -137,6 +150,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from barellm.arguments import sampling_kwargs
     from barellm.chat_repl import ChatSession, make_reader
 
+    _check_model(args.model, "chat")
     model = _load(args, args.model, chat_template=args.template)
     session = ChatSession(model, sampling_kwargs(args), system=args.system, template=args.template,
                           verbose=args.verbose)
