@@ -78,6 +78,34 @@ def test_errors_are_one_line_and_nonzero(tiny, capsys, argv, fragment):
     assert err.startswith("error: ") and fragment in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("options, words", [
+    (["--temperature", "-1"], "temperature must be in [0, 100]"),
+    (["--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--min-p", "2"], "min_p must be in [0, 1]"),
+    (["--repeat-penalty", "0"], "repeat_penalty must be in (0, 10]"),
+    (["-n", "-1"], "-n/--max-tokens must be an integer >= 0"),
+])
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_bad_sampling_options_fail_before_anything_loads_or_prints(tiny, capsys, monkeypatch, command, options,
+                                                                   words):
+    monkeypatch.setattr(hub, "DEFAULT_MODEL", tiny)
+
+    def no_load(*args, **kw):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(barellm, "load", no_load)
+    argv = [command, *options] + (["Hi"] if command == "run" else [])
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: ") and words in err and err.count("\n") == 1
+
+
+def test_a_prompt_the_model_refuses_is_not_echoed(tiny, capsys):
+    assert main(["run", tiny, "the " * 100, "-c", "32"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: the prompt has") and err.count("\n") == 1
+
+
 def test_bad_flag_is_a_usage_error():
     r = subprocess.run([sys.executable, "-m", "barellm.cli", "run", "--no-such-flag"], capture_output=True, text=True)
     assert r.returncode == 2 and "usage:" in r.stderr

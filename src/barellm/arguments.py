@@ -83,3 +83,14 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     }
     return {k: v for k, v in kw.items() if v is not None}
 
+
+def check_sampling_args(args: argparse.Namespace) -> None:
+    """Refuses sampling option values no generation could run with, before a model is loaded or anything is
+    printed (`run` echoes its prompt first)."""
+    from barellm.errors import InvalidRequest
+    from barellm.sampling import SamplingParams
+
+    if args.max_tokens is not None and args.max_tokens < 0:
+        raise InvalidRequest(f"-n/--max-tokens must be an integer >= 0, got {args.max_tokens}")
+    fields = SamplingParams.__dataclass_fields__
+    SamplingParams().with_(**{k: v for k, v in sampling_kwargs(args).items() if k in fields}).validated()

@@ -87,15 +87,19 @@ class Reply:
 
 
 def stream_reply(model: Any, prompt_ids: Sequence[int], options: dict[str, Any], out: TextIO,
-                 stop: threading.Event | None = None) -> Reply:
-    """Streams the continuation of prompt_ids to out. Setting `stop` ends it at the next piece: the
-    generator is closed, which leaves the model ready for the next call."""
+                 stop: threading.Event | None = None, echo: str = "") -> Reply:
+    """Streams the continuation of prompt_ids to out, after `echo` (written once the model has accepted the
+    prompt and the options, so that a refusal is not preceded by output). Setting `stop` ends it at the next
+    piece: the generator is closed, which leaves the model ready for the next call."""
     max_tokens = options.get("max_tokens", DEFAULT_MAX_TOKENS)
     t0 = time.perf_counter()
     first: float | None = None
     parts: list[str] = []
     interrupted = False
-    gen = model.stream(list(prompt_ids), **options)
+    gen = model.stream(list(prompt_ids), **options)   # checks the prompt and the options
+    if echo:
+        out.write(echo)
+        out.flush()
     try:
         for piece in gen:
             if stop is not None and stop.is_set():

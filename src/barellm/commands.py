@@ -104,9 +104,10 @@ def _check_model(word: str | None, command: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from barellm import hub
-    from barellm.arguments import sampling_kwargs
+    from barellm.arguments import check_sampling_args, sampling_kwargs
     from barellm.chat_repl import stream_reply
 
+    check_sampling_args(args)   # before the model loads, and before the prompt is echoed
     words = list(args.words)
     model_name = words.pop(0) if words and is_model(words[0]) else None
     _check_model(model_name, "run")
@@ -128,8 +129,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         ids = model.chat_prompt(messages + [{"role": "user", "content": prompt}])
     else:
         ids = model.tokenize(prompt)
-        sys.stdout.write(prompt)
-    reply = stream_reply(model, ids, kw, sys.stdout)
+    # the prompt is echoed once the generation has accepted it and the options: an error prints alone
+    reply = stream_reply(model, ids, kw, sys.stdout, echo="" if args.chat else prompt)
     sys.stdout.write("\n")
     sys.stdout.flush()
     if reply.context_full:
@@ -147,9 +148,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from barellm.arguments import sampling_kwargs
+    from barellm.arguments import check_sampling_args, sampling_kwargs
     from barellm.chat_repl import ChatSession, make_reader
 
+    check_sampling_args(args)
     _check_model(args.model, "chat")
     model = _load(args, args.model, chat_template=args.template)
     session = ChatSession(model, sampling_kwargs(args), system=args.system, template=args.template,
