@@ -201,9 +201,12 @@ class Generation:
         guide = self.guide
         if guide is not None:
             allowed = guide.mask()
+            ends = guide.exits(row)   # a grammar that leaves the end to the model (tool calls)
             t1 = clock()
             tm["grammar"] += t1 - t0
             t0 = t1
+            if ends:
+                return self._finish("stop")
         else:
             allowed = self.allowed(self.generated) if callable(self.allowed) else self.allowed
         tok = self.sampler.sample(row, allowed=allowed)

@@ -724,12 +724,13 @@ class Model:
     def tool_grammar(self, tools: Sequence[dict[str, Any]], mode: str, name: str | None = None,
                      parallel: bool = True) -> Any:
         """The constraint of tool_choice "required" (mode "required") or a named function (mode "function"):
-        output that is tool calls only, with arguments valid for the function's schema."""
+        output that is tool calls only, with arguments valid for the function's schema, ending with the
+        turn's calls (the model, not the mask, decides whether another call follows one)."""
         from barellm.text.tools import call_grammar, validate_tools
 
         src = call_grammar(validate_tools(tools), self.tool_format, name if mode == "function" else None,
                            parallel and mode == "required")
-        return self.structured().lark(src, "tool_choice")
+        return self.structured().lark(src, "tool_choice", end_on_exit=True)
 
     def create_chat_completion(self, messages: Sequence[dict[str, Any]], *, max_tokens: int | None = None,
                                stream: bool = False, tools: Sequence[dict[str, Any]] | None = None,
