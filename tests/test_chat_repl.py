@@ -237,6 +237,33 @@ def test_stream_reply_knows_when_the_context_ended_it(tiny_path):
     assert not short.context_full and short.tokens <= 3
 
 
+def test_a_reply_without_max_tokens_runs_to_the_context_and_a_cut_one_says_so(tiny):
+    ban = {i: -100 for i in tiny.tokenizer.eog_ids}   # the reply can only end at a limit
+    out, err = io.StringIO(), io.StringIO()
+    s = ChatSession(tiny, {"temperature": 0, "logit_bias": ban}, out=out, err=err)
+    reply = s.ask("hello")
+    assert reply.prompt_tokens + reply.tokens == tiny.n_ctx and reply.tokens > 128
+    assert reply.context_full and not reply.max_tokens_hit
+    assert "stopped at the context limit" in err.getvalue() and "cut at" not in err.getvalue()
+    s._show_parameters()
+    assert re.search(r"max_tokens +no limit \(default\)", err.getvalue())
+    # max_tokens set: the reply stops there, with a note
+    out, err = io.StringIO(), io.StringIO()
+    s = ChatSession(tiny, {"temperature": 0, "logit_bias": ban, "max_tokens": 9}, out=out, err=err)
+    reply = s.ask("hello")
+    assert reply.tokens == 9 and reply.max_tokens_hit and not reply.context_full
+    assert "the reply was cut at 9 tokens (max_tokens" in err.getvalue()
+    s.command("/set max_tokens default")
+    assert "max_tokens" not in s.options
+    # a reply that ends by itself (here at a stop string within those 9 tokens): no note
+    stop = reply.text[len(reply.text) // 2]
+    out, err = io.StringIO(), io.StringIO()
+    reply = ChatSession(tiny, {"temperature": 0, "logit_bias": ban, "max_tokens": 9, "stop": [stop]}, out=out,
+                        err=err).ask("hello")
+    assert reply.tokens < 9
+    assert not reply.max_tokens_hit and not reply.context_full and err.getvalue() == ""
+
+
 def test_plain_reader_is_used_without_a_terminal():
     r = PlainReader(interactive=False)
     assert r.name == "input()"

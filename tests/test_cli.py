@@ -14,7 +14,6 @@ import pytest
 
 import barellm
 from barellm import hub
-from barellm.arguments import DEFAULT_MAX_TOKENS
 from barellm.cli import build_parser, commands, main, parse_args
 from barellm.commands import is_model
 
@@ -79,6 +78,34 @@ def test_errors_are_one_line_and_nonzero(tiny, capsys, argv, fragment):
     assert err.startswith("error: ") and fragment in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("options, words", [
+    (["--temperature", "-1"], "temperature must be in [0, 100]"),
+    (["--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--min-p", "2"], "min_p must be in [0, 1]"),
+    (["--repeat-penalty", "0"], "repeat_penalty must be in (0, 10]"),
+    (["-n", "-1"], "-n/--max-tokens must be an integer >= 0"),
+])
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_bad_sampling_options_fail_before_anything_loads_or_prints(tiny, capsys, monkeypatch, command, options,
+                                                                   words):
+    monkeypatch.setattr(hub, "DEFAULT_MODEL", tiny)
+
+    def no_load(*args, **kw):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(barellm, "load", no_load)
+    argv = [command, *options] + (["Hi"] if command == "run" else [])
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: ") and words in err and err.count("\n") == 1
+
+
+def test_a_prompt_the_model_refuses_is_not_echoed(tiny, capsys):
+    assert main(["run", tiny, "the " * 100, "-c", "32"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: the prompt has") and err.count("\n") == 1
+
+
 def test_bad_flag_is_a_usage_error():
     r = subprocess.run([sys.executable, "-m", "barellm.cli", "run", "--no-such-flag"], capture_output=True, text=True)
     assert r.returncode == 2 and "usage:" in r.stderr
@@ -108,6 +135,52 @@ def test_run_words_that_are_not_a_model_are_the_prompt(tiny, capsys, monkeypatch
     assert not is_model("the") and not is_model("-")
 
 
+KNOWN = "(known: gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m)"
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["run", "smollm2-13m", "Hello"], "did you mean smollm2-135m?"),     # a near miss of a known name
+    (["run", "smollm2-13m"], "did you mean smollm2-135m?"),              # no prompt: no chat either
+    (["run", "./no-such-file", "Hello"], ""),                             # shaped like a path
+    (["run", "models/model.gguf", "Hello"], ""),
+    (["run", "no-such.blm", "Hello"], ""),
+    (["run", "llama3-8b", "Hello"], ""),                                  # NAME-<size>
+    (["chat", "smollm2-13m"], "did you mean smollm2-135m?"),
+    (["chat", "gemma-270m"], "did you mean gemma3-270m?"),
+    (["serve", "smollm2-13m"], "did you mean smollm2-135m?"),
+    (["serve", "qwen2.5-coder-7b", "--ray"], "did you mean qwen2.5-coder?"),  # before any cluster is joined
+])
+def test_a_model_that_does_not_resolve_is_an_error_not_a_prompt(tiny, capsys, monkeypatch, argv, hint):
+    monkeypatch.setattr(hub, "DEFAULT_MODEL", tiny)
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"error: {argv[1]!r} is neither a file nor a known model") and KNOWN in err
+    assert hint in err and ("did you mean" in err) == bool(hint)
+
+
+def test_a_model_name_typo_in_the_python_api_names_the_known_models():
+    with pytest.raises(barellm.ModelNotFound) as e:
+        barellm.load("smollm2-13m")
+    assert "did you mean smollm2-135m?" in str(e.value) and KNOWN in str(e.value)
+    with pytest.raises(barellm.ModelNotFound, match="neither a file nor a known model"):
+        barellm.load("./no-such-file.gguf")
+
+
+def test_a_prompt_without_a_model_still_runs_the_default(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(hub, "DEFAULT_MODEL", tiny)
+    model = barellm.load(tiny)
+    for argv, prompt in ((["The capital of France is"], "The capital of France is"),
+                         (["Once", "upon", "a", "time"], "Once upon a time"),
+                         (["What is 1/2 + 1/4?"], "What is 1/2 + 1/4?"),     # a quoted prompt is no path
+                         (["the" * 100], "the" * 100)):                      # nor is a word too long for one
+        assert main(["run", *argv, "-n", "3", "--temperature", "0"]) == 0
+        out = capsys.readouterr().out
+        assert out == prompt + model.generate(prompt, max_tokens=3, temperature=0) + "\n"
+    assert not any(is_model(w) for w in ("The", "Hello", "Paris", "COVID-19", "a" * 300, "x\0y", "-", ""))
+    assert all(is_model(w) for w in ("smollm2", "default", "a/b", "x.gguf", "smollm2-13m", "phi-3.8b", tiny))
+
+
 def test_run_dash_reads_the_prompt_from_stdin(tiny, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("the cat"))
     assert main(["run", tiny, "-", "-n", "3", "--temperature", "0"]) == 0
@@ -126,7 +199,7 @@ def test_run_notes_when_the_context_ends_the_output(tiny, capsys):
     assert main(["run", tiny, "the cat sat on the mat", "-c", "32", "-n", "100", "--temperature", "0"]) == 0
     err = capsys.readouterr().err
     assert "stopped at the context limit: 32 tokens" in err and err.count("\n") == 1
-    # stopped by -n, or by the end of generation: no note
+    # stopped by -n: its own note, not the context's
     assert main(["run", tiny, "the cat sat on the mat", "-c", "32", "-n", "5", "--temperature", "0"]) == 0
     assert "context" not in capsys.readouterr().err
 
@@ -141,14 +214,46 @@ def test_every_option_shows_its_default_in_help():
                     missing.append(f"{name} {action.option_strings[-1]}")
     assert not missing, missing
     text = " ".join(commands(parser)["run"].format_help().split())
-    assert "-n MAX_TOKENS, --max-tokens MAX_TOKENS tokens to generate at most (default: 128)" in text
+    assert ("-n MAX_TOKENS, --max-tokens MAX_TOKENS tokens to generate at most (default: no limit, until the end of "
+            "generation or the context is full;") in text
     assert "--temperature TEMPERATURE, --temp TEMPERATURE 0 = greedy (default: 0.8)" in text
 
 
-def test_the_max_tokens_default_shown_is_the_models(tiny):
-    model = barellm.load(tiny)
+def test_without_max_tokens_a_generation_runs_until_the_context_is_full(tiny):
+    model = barellm.load(tiny, context=256)
+    kw = {"temperature": 0, "logit_bias": {i: -100 for i in model.tokenizer.eog_ids}}   # no end token: only a limit
+    room = 256 - len(model.tokenize("the cat"))
+    c = model.complete("the cat", **kw)
+    assert c.finish_reason == "length" and len(c.token_ids) == room and room > 128
+    s = model.stream("the cat", **kw)
+    assert s.finish_reason is None
+    assert "".join(s) == c.text and s.finish_reason == "length" and s.token_ids == c.token_ids
+    chat = model.chat_stream([{"role": "user", "content": "hi"}], **kw)
+    text = "".join(chat)
+    assert chat.finish_reason == "length" and chat.prompt_tokens + len(chat.token_ids) == 256 and text
+    # a limit the caller sets still holds, and says so
+    c = model.complete("the cat", max_tokens=128, **kw)
+    assert c.finish_reason == "length" and len(c.token_ids) == 128
+    assert model.complete("the cat", max_tokens=None, **kw).token_ids == model.complete("the cat", **kw).token_ids
+    # a generation that ends by itself says "stop"
     c = model.complete("the cat", temperature=0)
-    assert c.finish_reason == "length" and len(c.token_ids) == DEFAULT_MAX_TOKENS
+    assert c.finish_reason == "stop" and len(c.token_ids) < room
+    with pytest.raises(barellm.InvalidRequest, match="max_tokens"):
+        model.complete("the cat", max_tokens=-1)
+
+
+def test_run_says_when_a_limit_cuts_the_reply(tiny, capsys):
+    # no -n: the reply goes on until the context is full, then a note says so
+    assert main(["run", tiny, "the cat", "-c", "200", "--temperature", "0"]) == 0
+    captured = capsys.readouterr()
+    assert "stopped at the context limit: 200 tokens" in captured.err and captured.err.count("\n") == 1
+    assert "asked" not in captured.err
+    model = barellm.load(tiny, context=200)
+    assert captured.out == "the cat" + model.generate("the cat", temperature=0) + "\n"
+    # -n: cut there, and a note says so
+    assert main(["run", tiny, "the cat", "-n", "7", "--temperature", "0"]) == 0
+    err = capsys.readouterr().err
+    assert err == "note: the reply was cut at 7 tokens (-n/--max-tokens)\n"
 
 
 # --- list, rm ------------------------------------------------------------------------------------------

@@ -205,7 +205,8 @@ def test_infill_endpoint_and_suffix_on_the_server(qwen05_gguf: Path) -> None:
     model = barellm.load(qwen05_gguf, slots=1, context=2048)
     prefix, suffix = HOLES[0]
     expected = model.infill_prompt(prefix, suffix)
-    direct = model.complete_infill(prefix, suffix, max_tokens=40, temperature=0).text
+    c = model.complete_infill(prefix, suffix, max_tokens=40, temperature=0)
+    direct, model_reason = c.text, c.finish_reason
     bare = model.create_completion(prefix, suffix=suffix, max_tokens=40, temperature=0)["choices"][0]["text"]
     app = create_app(model, model_id="coder")
     with serving(app) as url:
@@ -214,8 +215,10 @@ def test_infill_endpoint_and_suffix_on_the_server(qwen05_gguf: Path) -> None:
         from barellm.serve.openapi_doc import Infill
 
         Infill.model_validate(r)
-        assert r["stop"] is True and r["tokens_evaluated"] == len(expected) and r["stop_type"] in ("eos", "word",
-                                                                                                   "limit")
+        assert r["stop"] is True and r["tokens_evaluated"] == len(expected)
+        # the fill ended by itself, at the dedent that closes the if/else block: no limit cut it
+        assert (r["stop_type"], r["stopping_word"]) == ("eos", "") and r["tokens_predicted"] < 40, r
+        assert model_reason == "stop"
         compile(prefix + r["content"] + suffix, "<fill>", "exec")
         # the prompt it fed is exactly llama.cpp server's layout: the slot's cache holds it
         assert app.state.server.scheduler.slot_tokens[0][:len(expected)] == expected
@@ -244,6 +247,13 @@ def test_infill_endpoint_and_suffix_on_the_server(qwen05_gguf: Path) -> None:
         assert r.status_code == 200
         r = httpx.post(f"{url}/infill", json={**body, "n": 2})
         assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+        # why a fill ended: a stop string (here the suffix's first line, written again), or n_predict
+        greet_prefix, greet_suffix = HOLES[6]
+        r = httpx.post(f"{url}/infill", timeout=120, json={"input_prefix": greet_prefix, "input_suffix": greet_suffix,
+                                                           "n_predict": 40, "temperature": 0}).json()
+        assert (r["stop_type"], r["stopping_word"]) == ("word", "\n    return message"), r
+        r = httpx.post(f"{url}/infill", timeout=120, json={**body, "n_predict": 3}).json()
+        assert (r["stop_type"], r["tokens_predicted"]) == ("limit", 3), r
 
 
 @pytest.mark.model

@@ -881,3 +881,38 @@ def test_stream_interval_gathers_deltas(fake: tuple[Scheduler, FakeEngine]) -> N
     # the first token goes out at once, the rest when the interval has passed or the choice ends
     assert gathered == each and len(deltas) == 2 and len(deltas[0].text) == 1
     assert [len(e.tokens) for e in deltas] == [1, len(each) - 1]
+
+
+def test_without_max_tokens_every_chat_route_runs_until_the_context_is_full(tmp_path: Path) -> None:
+    """No max_tokens (OpenAI's chat, Ollama's num_predict unset or -1): the reply ends at
+    the end of generation or when the context is full ("length"), never at a default of its own.
+    OpenAI's legacy /v1/completions keeps OpenAI's 16."""
+    import barellm
+    from barellm.serve.app import create_app
+
+    from tiny_model import write_tiny_llama
+
+    model = barellm.load(write_tiny_llama(tmp_path / "tiny.gguf"), context=256)
+    ban = {str(i): -100 for i in model.tokenizer.eog_ids}   # the tiny model's text ends only at a limit
+    messages = _chat("hello")
+    room = 256 - len(model.chat_prompt(messages))
+    alone = model.complete(model.chat_prompt(messages), temperature=0)
+    assert room > 128 and len(alone.token_ids) > 128
+    with serving(create_app(model, model_id="tiny")) as url:
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=120,
+                       json={"model": "tiny", "messages": messages, "temperature": 0, "logit_bias": ban}).json()
+        assert r["choices"][0]["finish_reason"] == "length" and r["usage"]["completion_tokens"] == room
+        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=120, json={
+                "model": "tiny", "messages": messages, "temperature": 0, "logit_bias": ban, "stream": True,
+                "stream_options": {"include_usage": True}}) as resp:
+            chunks = [c for c in _lines(resp) if isinstance(c, dict)]
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+        assert chunks[-1]["usage"]["completion_tokens"] == room
+        # Ollama's options have no logit_bias: its reply is the Python API's, run as far as the model goes
+        for options in ({"temperature": 0}, {"temperature": 0, "num_predict": -1}):
+            body = httpx.post(f"{url}/api/chat", timeout=120, json={
+                "model": "tiny", "messages": messages, "stream": False, "options": options}).json()
+            assert (body["done_reason"], body["eval_count"]) == (alone.finish_reason, len(alone.token_ids))
+        r = httpx.post(f"{url}/v1/completions", timeout=120, json={"model": "tiny", "prompt": "the cat",
+                                                                   "temperature": 0, "logit_bias": ban}).json()
+        assert r["usage"]["completion_tokens"] == 16 and r["choices"][0]["finish_reason"] == "length"

@@ -137,6 +137,8 @@ def test_the_forced_call_grammar_takes_only_calls_of_the_schema(qwen: Any) -> No
 
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     assert g.accepts(ids(call)) and g.accepts(ids(call + "\n" + call))
+    assert g.accepts(ids(call + "\n")) and not g.accepts(ids(call + "\n\n"))   # one line break may end the list
+    assert g.end_on_exit   # after a whole call, the model's own choice says whether another follows
     assert not g.accepts(ids('<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'))  # city required
     assert not g.accepts(ids('<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>'))
     assert not g.accepts(ids('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2, "c": 3}}\n</tool_call>'))
@@ -218,6 +220,66 @@ def test_python_api_tool_calls_match_the_servers(qwen: Any) -> None:
     streamed = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
     assert [(t["index"], t["function"]) for t in streamed] == [(0, choice["message"]["tool_calls"][0]["function"])]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+MAX = 200
+
+
+def _one_call_turn(body: dict[str, Any], name: str) -> None:
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None, choice
+    [(called, args)] = _calls(choice["message"]["tool_calls"])
+    assert called == name and isinstance(args, dict)
+    assert body["usage"]["completion_tokens"] < MAX // 4   # the turn's call, then the end: no repeats
+
+
+def _streamed_calls(chunks: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    calls = [tc for c in chunks if c.get("choices") for tc in c["choices"][0]["delta"].get("tool_calls") or []]
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices") and
+               c["choices"][0]["finish_reason"]]
+    assert not any(c["choices"][0]["delta"].get("content") for c in chunks if c.get("choices"))
+    return calls, reasons[-1] if reasons else None
+
+
+FORCED = [("required", "get_weather"), ({"type": "function", "function": {"name": "get_weather"}}, "get_weather"),
+          ({"type": "function", "function": {"name": "add"}}, "add")]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("tool_choice, name", FORCED)
+def test_forced_calls_end_with_the_turn_in_the_python_api(qwen: Any, smollm_gguf: Path, tool_choice: Any,
+                                                          name: str) -> None:
+    """tool_choice "required" (parallel calls allowed, OpenAI's default) or a named function: the turn's call,
+    then the end, finish_reason "tool_calls", far below max_tokens: whole and streamed, on Qwen (whose
+    template knows tools) and SmolLM2 (the built-in form, plain-text markers)."""
+    import barellm
+
+    for model in (qwen, barellm.load(smollm_gguf)):
+        kw = {"tools": [WEATHER, ADD], "tool_choice": tool_choice, "max_tokens": MAX, "temperature": 0}
+        out = model.create_chat_completion([SYSTEM, ASK], **kw)
+        _one_call_turn(out, name)
+        calls, reason = _streamed_calls(list(model.create_chat_completion([SYSTEM, ASK], stream=True, **kw)))
+        assert reason == "tool_calls"
+        assert [c["function"] for c in calls] == [c["function"] for c in out["choices"][0]["message"]["tool_calls"]]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("tool_choice, name", FORCED[:2])
+def test_forced_calls_end_with_the_turn_on_the_server(qwen_server: str, tool_choice: Any, name: str) -> None:
+    import httpx
+
+    body = {"model": "qwen", "messages": [SYSTEM, ASK], "tools": [WEATHER, ADD], "tool_choice": tool_choice,
+            "max_tokens": MAX, "temperature": 0}
+    r = httpx.post(f"{qwen_server}/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    _one_call_turn(r.json(), name)
+    with httpx.stream("POST", f"{qwen_server}/v1/chat/completions", timeout=300,
+                      json={**body, "stream": True, "stream_options": {"include_usage": True}}) as resp:
+        chunks = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+    calls, reason = _streamed_calls(chunks)
+    assert reason == "tool_calls" and [c["function"] for c in calls] == [
+        c["function"] for c in r.json()["choices"][0]["message"]["tool_calls"]]
+    assert chunks[-1]["usage"]["completion_tokens"] == r.json()["usage"]["completion_tokens"]
 
 
 @pytest.mark.model

@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-# Model.generate's default; the command line states it so that `--help` can show it
-DEFAULT_MAX_TOKENS = 128
-
 
 class HelpFormatter(argparse.HelpFormatter):
     """Every option that takes a value shows its default in --help: the value itself, or "none" where
@@ -56,10 +53,13 @@ def add_model_args(p: argparse.ArgumentParser, *, engine: bool = True) -> None:
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    from barellm.generation import DEFAULT_MAX_TOKENS
     from barellm.sampling import SamplingParams
 
     d = SamplingParams()
-    p.add_argument("-n", "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="tokens to generate at most")
+    p.add_argument("-n", "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help="tokens to generate at most (default: no limit, until the end of generation or the context "
+                        "is full; a reply a limit cuts short gets a note on stderr)")
     p.add_argument("--temperature", "--temp", type=float, default=d.temperature, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=d.top_k, help="keep the k most likely tokens, 0 = off")
     p.add_argument("--top-p", type=float, default=d.top_p, help="nucleus sampling mass, 1 = off")
@@ -82,3 +82,15 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed, "stop": args.stop,
     }
     return {k: v for k, v in kw.items() if v is not None}
+
+
+def check_sampling_args(args: argparse.Namespace) -> None:
+    """Refuses sampling option values no generation could run with, before a model is loaded or anything is
+    printed (`run` echoes its prompt first)."""
+    from barellm.errors import InvalidRequest
+    from barellm.sampling import SamplingParams
+
+    if args.max_tokens is not None and args.max_tokens < 0:
+        raise InvalidRequest(f"-n/--max-tokens must be an integer >= 0, got {args.max_tokens}")
+    fields = SamplingParams.__dataclass_fields__
+    SamplingParams().with_(**{k: v for k, v in sampling_kwargs(args).items() if k in fields}).validated()

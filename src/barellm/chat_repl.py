@@ -13,6 +13,8 @@ sampling options, reads one message at a time and streams the reply. Lines that 
   the line; Ctrl-D or /bye ends the session with status 0.
 - When the conversation outgrows the context, the oldest turns are dropped (the system message is kept)
   with a one-line note, so that the prompt leaves room for a reply.
+- A reply runs until the model ends it or the context is full, unless max_tokens is set (-n, /set
+  max_tokens); a reply a limit cut short is followed by a one-line note that says which.
 
 Line editing and history come from prompt_toolkit when it is installed (`pip install 'barellm[chat]'`)
 and both stdin and stdout are a terminal; otherwise from input() with readline where Python has it.
@@ -31,8 +33,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Protocol, TextIO
 
-from barellm.arguments import DEFAULT_MAX_TOKENS
 from barellm.errors import BarellmError, InvalidRequest
+from barellm.generation import DEFAULT_MAX_TOKENS
 from barellm.hub import is_instruct
 from barellm.sampling import SamplingParams
 
@@ -68,12 +70,13 @@ class Reply:
     """One streamed generation, as the front end saw it."""
 
     text: str
-    tokens: int               # generated tokens (see _count_tokens)
+    tokens: int               # generated tokens
     prompt_tokens: int
     seconds: float            # from the request to the last piece
     first_token_seconds: float
     interrupted: bool         # stopped by Ctrl-C
     context_full: bool        # stopped because prompt + reply filled the context
+    max_tokens_hit: bool = False   # stopped at max_tokens (with room left in the context)
 
     @property
     def tokens_per_second(self) -> float:
@@ -83,25 +86,20 @@ class Reply:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def _count_tokens(model: Any, text: str, pieces: int) -> int:
-    """How many tokens a streamed text took. The stream yields text, not ids: each piece is at least one
-    token (pieces may join when a character spans tokens or a stop string is held back), and re-tokenizing
-    the text gives the count the model would have used; the larger of the two is the closer."""
-    if not text:
-        return pieces
-    return max(pieces, len(model.tokenize(text, add_special=False, parse_special=False)))
-
-
 def stream_reply(model: Any, prompt_ids: Sequence[int], options: dict[str, Any], out: TextIO,
-                 stop: threading.Event | None = None) -> Reply:
-    """Streams the continuation of prompt_ids to out. Setting `stop` ends it at the next piece: the
-    generator is closed, which leaves the model ready for the next call."""
-    max_tokens = int(options.get("max_tokens", DEFAULT_MAX_TOKENS))
+                 stop: threading.Event | None = None, echo: str = "") -> Reply:
+    """Streams the continuation of prompt_ids to out, after `echo` (written once the model has accepted the
+    prompt and the options, so that a refusal is not preceded by output). Setting `stop` ends it at the next
+    piece: the generator is closed, which leaves the model ready for the next call."""
+    max_tokens = options.get("max_tokens", DEFAULT_MAX_TOKENS)
     t0 = time.perf_counter()
     first: float | None = None
     parts: list[str] = []
     interrupted = False
-    gen = model.stream(list(prompt_ids), **options)
+    gen = model.stream(list(prompt_ids), **options)   # checks the prompt and the options
+    if echo:
+        out.write(echo)
+        out.flush()
     try:
         for piece in gen:
             if stop is not None and stop.is_set():
@@ -116,13 +114,13 @@ def stream_reply(model: Any, prompt_ids: Sequence[int], options: dict[str, Any],
         gen.close()
     interrupted = interrupted or (stop is not None and stop.is_set())
     seconds = time.perf_counter() - t0
-    text = "".join(parts)
-    room = model.n_ctx - len(prompt_ids)
-    tokens = min(_count_tokens(model, text, len(parts)), max_tokens, room)
-    # the context, not max_tokens, ended the reply when it left less room than asked and the reply took it
-    context_full = not interrupted and room <= max_tokens and tokens >= room
-    return Reply(text, tokens, len(prompt_ids), seconds, (first or time.perf_counter()) - t0, interrupted,
-                 context_full)
+    tokens = len(gen.token_ids)
+    cut = not interrupted and gen.finish_reason == "length"
+    # a limit ended the reply: the context when the reply took all the room it left, else max_tokens
+    context_full = cut and len(prompt_ids) + tokens >= model.n_ctx
+    max_tokens_hit = cut and not context_full and max_tokens is not None and tokens >= max_tokens
+    return Reply("".join(parts), tokens, len(prompt_ids), seconds, (first or time.perf_counter()) - t0, interrupted,
+                 context_full, max_tokens_hit)
 
 
 @contextlib.contextmanager
@@ -230,7 +228,7 @@ class ChatSession:
                  template: str | None = None, verbose: bool = False, out: TextIO | None = None,
                  err: TextIO | None = None) -> None:
         self.model = model
-        self.options: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS, **(options or {})}
+        self.options: dict[str, Any] = dict(options or {})
         self.system = system or None
         self.turns: list[dict[str, str]] = []
         self.template = template
@@ -268,8 +266,10 @@ class ChatSession:
         return self.model.chat_prompt(messages)
 
     def _reserve(self) -> int:
-        """Context tokens kept free for a reply: max_tokens, up to half the context."""
-        return min(int(self.options.get("max_tokens", DEFAULT_MAX_TOKENS)), self.model.n_ctx // 2)
+        """Context tokens kept free for a reply: max_tokens, up to half the context (half of it without one)."""
+        max_tokens = self.options.get("max_tokens", DEFAULT_MAX_TOKENS)
+        half = self.model.n_ctx // 2
+        return half if max_tokens is None else min(int(max_tokens), half)
 
     def _fit(self) -> list[int] | None:
         """The prompt for the last user message, the oldest turns dropped until it leaves room for a
@@ -321,6 +321,9 @@ class ChatSession:
         elif reply.context_full:
             self._note(f"note: the reply stopped at the context limit ({self.model.n_ctx} tokens, -c/--context); "
                        "the oldest turns make room for the next one")
+        elif reply.max_tokens_hit:
+            self._note(f"note: the reply was cut at {reply.tokens} tokens (max_tokens; /set max_tokens default "
+                       "lifts the limit)")
         if self.verbose:
             self._note(f"[{reply.tokens} tokens, {reply.tokens_per_second:.1f} tokens/s; prompt {reply.prompt_tokens}"
                        f" tokens, first token after {reply.first_token_seconds:.2f} s; context "
@@ -382,8 +385,6 @@ class ChatSession:
         options = dict(self.options)
         if value == "default":
             options.pop(key, None)
-            if key == "max_tokens":
-                options[key] = DEFAULT_MAX_TOKENS
             return options
         if key == "stop":
             options["stop"] = [*options.get("stop", []), value]
@@ -408,6 +409,8 @@ class ChatSession:
             return ", ".join(repr(s) for s in value) if key == "stop" else str(value)
         if key == "stop":
             return "(none)"
+        if key == "max_tokens":
+            return "no limit (default): until the reply ends or the context is full"
         default = getattr(SamplingParams(), key)
         return "(random)" if key == "seed" and default is None else f"{default} (default)"
 

@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "and defaults to smollm2-135m; with a MODEL and no PROMPT, `run` opens the "
                                    "interactive chat, as `barellm chat MODEL` does. Options may come anywhere.")
     p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]",
-                   help="a known model name or an existing path first, then the prompt")
+                   help="a model first (a known name, a path, or a word shaped like either, which must then "
+                        "resolve), then the prompt")
     add_model_args(p)
     add_sampling_args(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of the chat template")
@@ -79,24 +80,37 @@ def _load(args: argparse.Namespace, model: str | None, **kw: object):
 
 
 def is_model(word: str) -> bool:
-    """Whether the first word of `run` names a model: a known name or alias, an existing path, or a path
-    to a model file (which then fails to load with a clear error) rather than the start of a prompt."""
+    """Whether the first word of `run` is its model rather than the start of the prompt: a known name or
+    alias, an existing path, or a word shaped like a model reference (a path, a near miss of a known name,
+    NAME-135m), which then must resolve (hub.looks_like_model). Anything else starts the prompt, so
+    `barellm run Once upon a time` runs the default model."""
     from barellm import hub
 
-    if word in hub.REGISTRY or word in hub.ALIASES:
-        return True
-    if word.endswith((".gguf", ".blm")):
-        return True
-    return word not in ("-", "") and Path(word).expanduser().exists()
+    return hub.looks_like_model(word)
+
+
+def _check_model(word: str | None, command: str) -> None:
+    """Fails before anything runs when `word`, taken as a model, resolves to nothing (its error names the
+    known models). Registered models not yet pulled pass: loading pulls them."""
+    from barellm import hub
+
+    if word is None or word in hub.REGISTRY or word in hub.ALIASES or hub.exists(word):
+        return
+    e = hub.unknown_model(word)
+    if command == "run":
+        e = ModelNotFound(f"{e}; to start the prompt with this word, name the model first")
+    raise e
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from barellm import hub
-    from barellm.arguments import sampling_kwargs
+    from barellm.arguments import check_sampling_args, sampling_kwargs
     from barellm.chat_repl import stream_reply
 
+    check_sampling_args(args)   # before the model loads, and before the prompt is echoed
     words = list(args.words)
     model_name = words.pop(0) if words and is_model(words[0]) else None
+    _check_model(model_name, "run")
     if not words:
         args.model = model_name
         return cmd_chat(args)
@@ -115,14 +129,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         ids = model.chat_prompt(messages + [{"role": "user", "content": prompt}])
     else:
         ids = model.tokenize(prompt)
-        sys.stdout.write(prompt)
-    reply = stream_reply(model, ids, kw, sys.stdout)
+    # the prompt is echoed once the generation has accepted it and the options: an error prints alone
+    reply = stream_reply(model, ids, kw, sys.stdout, echo="" if args.chat else prompt)
     sys.stdout.write("\n")
     sys.stdout.flush()
     if reply.context_full:
+        asked = f" before the {kw['max_tokens']} asked" if kw.get("max_tokens") is not None else ""
         print(f"note: stopped at the context limit: {model.n_ctx} tokens (prompt {len(ids)} + {reply.tokens} "
-              f"generated) before the {kw.get('max_tokens')} asked; -c/--context raises it (this model: up to "
-              f"{model.config.context_length})", file=sys.stderr)
+              f"generated){asked}; -c/--context raises it (this model: up to {model.config.context_length})",
+              file=sys.stderr)
+    elif reply.max_tokens_hit:
+        print(f"note: the reply was cut at {reply.tokens} tokens (-n/--max-tokens)", file=sys.stderr)
     if args.verbose:
         print(f"[load {t_load:.2f} s, prompt {len(ids)} tokens, first token {reply.first_token_seconds:.3f} s, "
               f"{reply.tokens} tokens in {reply.seconds:.2f} s, {reply.tokens_per_second:.1f} tokens/s]",
@@ -131,9 +148,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from barellm.arguments import sampling_kwargs
+    from barellm.arguments import check_sampling_args, sampling_kwargs
     from barellm.chat_repl import ChatSession, make_reader
 
+    check_sampling_args(args)
+    _check_model(args.model, "chat")
     model = _load(args, args.model, chat_template=args.template)
     session = ChatSession(model, sampling_kwargs(args), system=args.system, template=args.template,
                           verbose=args.verbose)

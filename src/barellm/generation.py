@@ -7,7 +7,9 @@ Everything else is decided here, the same way for the Python API and the server:
 - the next token (the sampler, its history for the penalties, an optional allowed-token mask, or a
   structured.Guide whose parser gives the mask of each step: JSON schemas, regexes, grammars);
 - the end: an end-of-generation token ("stop"), a stop string ("stop"; the text before it is kept, and
-  tokens that begin inside it are not reported), max_tokens or the context ("length");
+  tokens that begin inside it are not reported), max_tokens or the context ("length"); max_tokens None
+  (DEFAULT_MAX_TOKENS, what every front end means when none is given) sets no limit of its own: the
+  generation runs until it ends or fills the context;
 - the text: the stream decoder turns ids into whole characters; text that could be the start of a stop
   string is held back until it cannot be, and flushed at the end;
 - the tokens and their log-probabilities, reported with the text they begin in.
@@ -34,14 +36,18 @@ import numpy as np
 
 from barellm.sampling import Sampler, SamplingParams, TokenLogprob, token_logprobs
 
-__all__ = ["PHASES", "Delta", "Generation", "SlotTable", "Timings", "TokenLogprob", "common_prefix", "pooled",
-           "time_engine"]
+__all__ = ["DEFAULT_MAX_TOKENS", "PHASES", "Delta", "Generation", "SlotTable", "Timings", "TokenLogprob",
+           "common_prefix", "pooled", "time_engine"]
 
 # The phases of a token's life, in order. "forward" is the native executor running the layers; "logits copy"
 # the rest of the engine call (its Python wrapper filling token and position arrays, the logits copied out);
 # "grammar" the constrained-decoding parser (waiting for its mask, taking the chosen token); "write" the
 # server's formatting and sending of the events (the Python API has none).
 PHASES = ("forward", "logits copy", "grammar", "sample", "logprobs", "detokenize", "stop", "bookkeeping", "write")
+
+# max_tokens when none is given, for the Python API, the command line, the chat and the server's chat routes:
+# no limit but the context. OpenAI's legacy completions (16 tokens) are the one exception (serve/relay.py).
+DEFAULT_MAX_TOKENS: int | None = None
 
 Allowed = np.ndarray | Callable[[Sequence[int]], "np.ndarray | None"] | None
 
@@ -146,12 +152,14 @@ class Delta:
 class Generation:
     """One sequence's state from prompt to finish (see the module docstring)."""
 
-    def __init__(self, prompt: Sequence[int], tokenizer: Any, *, params: SamplingParams, max_tokens: int, n_ctx: int,
+    def __init__(self, prompt: Sequence[int], tokenizer: Any, *, params: SamplingParams, max_tokens: int | None,
+                 n_ctx: int,
                  stops: Sequence[str] = (), top_logprobs: int | None = None, allowed: Allowed = None,
                  eog: set[int] | frozenset[int] | None = None, n_vocab: int | None = None,
                  timings: Timings | None = None, guide: Any = None, min_indent: int = 0) -> None:
         self.prompt = list(prompt)
-        self.max_tokens = max_tokens
+        # None: no limit of its own; the context still ends it
+        self.max_tokens = max(0, n_ctx - len(self.prompt)) if max_tokens is None else max_tokens
         self.n_ctx = n_ctx
         self.top_logprobs = top_logprobs
         self.allowed = allowed
@@ -172,7 +180,7 @@ class Generation:
         self._held = ""                       # decoded, not yet released (could begin a stop string)
         self._released = 0                    # characters released so far
         self._pending: deque[tuple[int, int, TokenLogprob | None]] = deque()  # (text offset, id, logprob)
-        if max_tokens <= 0:
+        if self.max_tokens <= 0:
             self.finish_reason = "length"
 
     @property
@@ -193,9 +201,12 @@ class Generation:
         guide = self.guide
         if guide is not None:
             allowed = guide.mask()
+            ends = guide.exits(row)   # a grammar that leaves the end to the model (tool calls)
             t1 = clock()
             tm["grammar"] += t1 - t0
             t0 = t1
+            if ends:
+                return self._finish("stop")
         else:
             allowed = self.allowed(self.generated) if callable(self.allowed) else self.allowed
         tok = self.sampler.sample(row, allowed=allowed)

@@ -8,10 +8,12 @@ A path to a model file works wherever a name works.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -89,6 +91,46 @@ ALIASES = {"smollm2": "smollm2-135m", "default": DEFAULT_MODEL, "gemma3": "gemma
            "qwen2.5-coder": "qwen2.5-coder-1.5b"}
 
 
+# a model name with its size at the end (smollm2-135m, qwen2.5-coder-7b, llama3:8b, llama3.2-1b-instruct)
+_SIZED_NAME = re.compile(r"[a-z][\w.]*(?:-[\w.]+)*[-:]\d+(?:\.\d+)?[mb](?:-[\w.]+)*", re.IGNORECASE)
+
+
+def close_names(word: str) -> list[str]:
+    """The known names and aliases `word` is most likely a misspelling of, best first (maybe none)."""
+    return difflib.get_close_matches(word, [*REGISTRY, *ALIASES], n=3, cutoff=0.8)
+
+
+def exists(word: str) -> bool:
+    """Whether a word names an existing file or directory; False for what cannot be a path at all (too long,
+    a NUL byte in it)."""
+    try:
+        return bool(word) and Path(word).expanduser().exists()
+    except (OSError, ValueError, RuntimeError):   # RuntimeError: ~user of no such user
+        return False
+
+
+def looks_like_model(word: str) -> bool:
+    """Whether a word is meant as a model, whether or not it resolves: a known name or alias, an existing
+    path, something shaped like a path (it has a "/" or ends in .gguf or .blm), a near miss of a known name,
+    or a name with a size at its end (NAME-135m, NAME-7b). A word with whitespace in it (a quoted prompt) is
+    a model only when it is a known name or an existing path."""
+    if word in REGISTRY or word in ALIASES or (word != "-" and exists(word)):
+        return True
+    if not word or any(c.isspace() for c in word):
+        return False
+    return ("/" in word or word.endswith((".gguf", ".blm")) or bool(_SIZED_NAME.fullmatch(word))
+            or bool(close_names(word)))
+
+
+def unknown_model(target: str) -> ModelNotFound:
+    """The error for a model reference that resolves to nothing: one line naming the known models, and the
+    closest of them when the reference looks like a misspelling of one."""
+    close = close_names(target)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    known = ", ".join(sorted(REGISTRY))
+    return ModelNotFound(f"{target!r} is neither a file nor a known model{hint} (known: {known})")
+
+
 def is_instruct(metadata: dict[str, Any]) -> bool:
     """Whether a model file is an instruct (chat) model: it carries the chat template it was tuned on.
     A base model has none; a chat template applied to it is a guess the model was never trained on."""
@@ -147,11 +189,9 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
                 raise ModelNotFound(f"model {name!r} is not cached; run `barellm pull {name}`")
             path = pull(name)
         return path
-    path = Path(target).expanduser()
-    if path.exists():
-        return path
-    known = ", ".join(sorted(REGISTRY))
-    raise ModelNotFound(f"{target!r} is neither a file nor a known model (known: {known})")
+    if exists(target):
+        return Path(target).expanduser()
+    raise unknown_model(target)
 
 
 def _remove_leftovers(name: str) -> None:

@@ -29,7 +29,7 @@ from barellm import hub
 from barellm.arch.config import ModelConfig, config_of
 from barellm.cpu import default_threads
 from barellm.errors import BarellmError, FormatError, InvalidRequest, SlotsBusy
-from barellm.generation import Delta, Generation, SlotTable, Timings, pooled
+from barellm.generation import DEFAULT_MAX_TOKENS, Delta, Generation, SlotTable, Timings, pooled
 from barellm.sampling import SamplingParams, TokenLogprob
 
 ENGINES = ("auto", "native", "reference")
@@ -67,6 +67,47 @@ class Completion:
     timings: Timings | None = None     # seconds per phase of the token loop (generation.PHASES)
 
 
+class Stream(Iterator[str]):
+    """What stream() and chat_stream() return: an iterator of text pieces. The token ids generated so far
+    are in `token_ids`; once the stream is exhausted, `finish_reason` says why it ended ("stop": an
+    end-of-generation token or a stop string; "length": max_tokens or the full context); None before that
+    and for a stream closed early. close() ends it and gives its KV cache slot back, as dropping it does."""
+
+    def __init__(self, pieces: Iterator[str], completion: Completion) -> None:
+        self._pieces = pieces
+        self.completion = completion     # filled as the generation runs
+        self._ended = False
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._pieces)
+        except StopIteration:
+            self._ended = True
+            raise
+
+    def close(self) -> None:
+        close = getattr(self._pieces, "close", None)
+        if close is not None:
+            close()
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.completion.choices[0].token_ids if self.completion.choices else []
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.completion.prompt_tokens
+
+    @property
+    def finish_reason(self) -> str | None:
+        if not self._ended:
+            return None
+        return self.completion.choices[0].finish_reason if self.completion.choices else "length"
+
+
 def _open_source(path: Path, verify: bool = False) -> Any:
     from barellm.cache import open_model
 
@@ -76,7 +117,7 @@ def _open_source(path: Path, verify: bool = False) -> Any:
 @dataclass
 class _Request:
     params: SamplingParams
-    max_tokens: int
+    max_tokens: int | None        # None: no limit but the context
     stops: list[str]
     n: int
     top_logprobs: int | None
@@ -359,7 +400,7 @@ class Model:
 
     def _request(self, kw: dict[str, Any]) -> _Request:
         kw = dict(kw)
-        max_tokens = kw.pop("max_tokens", 128)
+        max_tokens = kw.pop("max_tokens", DEFAULT_MAX_TOKENS)
         stop = kw.pop("stop", None)
         n = kw.pop("n", 1)
         logprobs = kw.pop("logprobs", False)
@@ -375,8 +416,9 @@ class Model:
             raise InvalidRequest(f"unknown generation parameter(s): {', '.join(sorted(unknown))}")
         params = SamplingParams().with_(**{k: v for k, v in kw.items() if k != "seed"})
         params = SamplingParams(**{**params.__dict__, "seed": kw.get("seed")}).validated()
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
-            raise InvalidRequest(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                       or max_tokens < 0):
+            raise InvalidRequest(f"max_tokens must be an integer >= 0 or None (no limit), got {max_tokens!r}")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise InvalidRequest(f"n must be an integer >= 1, got {n!r}")
         if stop is None:
@@ -528,7 +570,8 @@ class Model:
         return c
 
     def generate(self, prompt: str | Sequence[int], **kw: Any) -> str:
-        """The continuation of prompt. Keywords: max_tokens (128), temperature (0.8; 0 = greedy),
+        """The continuation of prompt. Keywords: max_tokens (default None: until the end of generation or the
+        context is full; finish_reason "length" says a limit ended it), temperature (0.8; 0 = greedy),
         top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
         logit_bias ({token id: bias}, OpenAI's: added to the logit, -100 bans), seed, stop (a string or
         list of strings, not included in the text), allowed_tokens (a uint32 bitmask over the vocabulary,
@@ -538,16 +581,21 @@ class Model:
         grammar (llguidance's Lark dialect or llama.cpp's GBNF)."""
         return self.complete(prompt, **kw).text
 
-    def stream(self, prompt: str | Sequence[int], **kw: Any) -> Iterator[str]:
-        """generate() as it happens: yields text pieces (whole UTF-8 characters) as they come. The stream
-        holds a KV cache slot from its first piece until it is exhausted, closed or dropped."""
+    def stream(self, prompt: str | Sequence[int], **kw: Any) -> Stream:
+        """generate() as it happens: yields text pieces (whole UTF-8 characters) as they come; once it is
+        exhausted its finish_reason says why it ended (see Stream). The stream holds a KV cache slot from its
+        first piece until it is exhausted, closed or dropped."""
         req = self._request(kw)
         if req.n != 1:
             raise InvalidRequest("stream() generates one sequence; use complete(..., n=...) for several")
         return self._stream(self._prompt_ids(prompt), req)
 
-    def _stream(self, ids: list[int], req: _Request) -> Iterator[str]:
-        for _, d in self._run(ids, req, Completion()):
+    def _stream(self, ids: list[int], req: _Request) -> Stream:
+        c = Completion()
+        return Stream(self._pieces(ids, req, c), c)
+
+    def _pieces(self, ids: list[int], req: _Request, c: Completion) -> Iterator[str]:
+        for _, d in self._run(ids, req, c):
             if d.text:
                 yield d.text
 
@@ -634,7 +682,7 @@ class Model:
         req = self._request(kw)
         return self._complete(self._prompt_ids(self.chat_prompt(messages)), req).text
 
-    def chat_stream(self, messages: Sequence[dict[str, Any]], **kw: Any) -> Iterator[str]:
+    def chat_stream(self, messages: Sequence[dict[str, Any]], **kw: Any) -> Stream:
         req = self._request(kw)
         if req.n != 1:
             raise InvalidRequest("chat_stream() generates one sequence; use complete(..., n=...) for several")
@@ -676,12 +724,13 @@ class Model:
     def tool_grammar(self, tools: Sequence[dict[str, Any]], mode: str, name: str | None = None,
                      parallel: bool = True) -> Any:
         """The constraint of tool_choice "required" (mode "required") or a named function (mode "function"):
-        output that is tool calls only, with arguments valid for the function's schema."""
+        output that is tool calls only, with arguments valid for the function's schema, ending with the
+        turn's calls (the model, not the mask, decides whether another call follows one)."""
         from barellm.text.tools import call_grammar, validate_tools
 
         src = call_grammar(validate_tools(tools), self.tool_format, name if mode == "function" else None,
                            parallel and mode == "required")
-        return self.structured().lark(src, "tool_choice")
+        return self.structured().lark(src, "tool_choice", end_on_exit=True)
 
     def create_chat_completion(self, messages: Sequence[dict[str, Any]], *, max_tokens: int | None = None,
                                stream: bool = False, tools: Sequence[dict[str, Any]] | None = None,

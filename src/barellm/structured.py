@@ -17,7 +17,9 @@ Three objects:
 - `Grammar`: one compiled constraint (a JSON schema, `json_object`, a regex, a grammar, or the tool-call
   grammar text/tools.py builds), checked when it is made: an unsupported schema keyword is an
   InvalidRequest naming it, never a silently unconstrained answer. Immutable and shared: the matcher it
-  holds is copied for each generation.
+  holds is copied for each generation. A grammar made with `end_on_exit` (the tool-call list's) also ends
+  the generation where the output is complete and the model's own most likely next token lies outside
+  it: a list the grammar lets go on (one more call) is not forced on by the mask when the model would stop.
 - `Guide`: one generation's parser state. `mask()` gives the allowed tokens for the next step, `accept()`
   takes the token chosen and starts computing the next mask: on a worker thread when a core is free beside
   the engine's threads (llguidance releases the GIL while it works, and the driver is meanwhile inside the
@@ -121,17 +123,18 @@ class Vocabulary:
 
     # --- grammars -----------------------------------------------------------------------------
 
-    def grammar(self, kind: str, text: str, what: str) -> Grammar:
+    def grammar(self, kind: str, text: str, what: str, end_on_exit: bool = False) -> Grammar:
         """The compiled llguidance grammar `text` (cached by text). kind names it ("json_schema", ...), what
-        is the request field that asked for it (error messages name it)."""
+        is the request field that asked for it (error messages name it); end_on_exit: see Grammar."""
+        key = (text, end_on_exit)
         with self._lock:
-            g = self._cache.get(text)
+            g = self._cache.get(key)
             if g is not None:
-                self._cache.move_to_end(text)
+                self._cache.move_to_end(key)
                 return g
-        g = Grammar(self, kind, text, what)
+        g = Grammar(self, kind, text, what, end_on_exit)
         with self._lock:
-            self._cache[text] = g
+            self._cache[key] = g
             while len(self._cache) > _CACHE:
                 self._cache.popitem(last=False)
         return g
@@ -167,9 +170,9 @@ class Vocabulary:
             raise InvalidRequest(f"{what} must be a string")
         return self.grammar("regex", _llguidance().LLMatcher.grammar_from_regex(pattern), what)
 
-    def lark(self, source: str, what: str = "grammar") -> Grammar:
+    def lark(self, source: str, what: str = "grammar", end_on_exit: bool = False) -> Grammar:
         """Output in the language of a grammar: llguidance's Lark dialect, or GBNF (llama.cpp's; told apart by
-        its ::= rules)."""
+        its ::= rules). end_on_exit: see Grammar."""
         if not isinstance(source, str):
             raise InvalidRequest(f"{what} must be a string")
         llg = _llguidance()
@@ -177,7 +180,7 @@ class Vocabulary:
             text = llg.grammar_from("grammar", source)
         except Exception as e:  # noqa: BLE001 - the GBNF converter raises whatever its parser does
             raise InvalidRequest(f"{what}: {_one_line(str(e))}") from None
-        return self.grammar("grammar", text, what)
+        return self.grammar("grammar", text, what, end_on_exit)
 
     def response_format(self, fmt: Any, what: str = "response_format") -> Grammar | None:
         """OpenAI's response_format: {"type": "text"} (None), {"type": "json_object"}, or {"type": "json_schema",
@@ -218,13 +221,19 @@ def _one_line(text: str, limit: int = 400) -> str:
 
 
 class Grammar:
-    """A compiled, checked constraint for one Vocabulary. `guide()` starts a generation's parser."""
+    """A compiled, checked constraint for one Vocabulary. `guide()` starts a generation's parser.
 
-    def __init__(self, vocab: Vocabulary, kind: str, text: str, what: str) -> None:
+    end_on_exit: where the output so far is complete, the generation ends (as at an end-of-generation
+    token) when the model's most likely next token is one the grammar does not allow, instead of the mask
+    forcing it to go on. For a grammar that may repeat after it is complete (tool calls: one more call, or
+    the end), it is the model, not the mask, that decides whether more comes."""
+
+    def __init__(self, vocab: Vocabulary, kind: str, text: str, what: str, end_on_exit: bool = False) -> None:
         llg = _llguidance()
         self.vocab = vocab
         self.kind = kind
         self.text = text
+        self.end_on_exit = end_on_exit
         failed, messages = llg.LLMatcher.validate_grammar_with_warnings(text, vocab.ll)
         if failed:
             raise InvalidRequest(f"{what}: {_describe(messages[0] if messages else 'invalid')}")
@@ -327,6 +336,14 @@ class Guide:
     def accepting(self) -> bool:
         """Whether the output so far is a complete sentence of the grammar."""
         return self.matcher.is_accepting()
+
+    def exits(self, row: np.ndarray) -> bool:
+        """For an end_on_exit grammar: whether the generation ends here, before a token is drawn: the output
+        is complete and the most likely token of the logits `row` is not allowed by the last mask()."""
+        if not self.grammar.end_on_exit or self.error is not None or not self.matcher.is_accepting():
+            return False
+        top = int(np.argmax(row))
+        return not (int(self.buf[top >> 5]) >> (top & 31)) & 1
 
     def _fail(self, why: str) -> None:
         self.error = why

@@ -140,8 +140,22 @@ def build_app(args: argparse.Namespace, *, replica: str | None = None) -> Any:
                       stream_interval=args.stream_interval, replica=replica)
 
 
+def check_model(args: argparse.Namespace) -> None:
+    """Refuses a model that resolves to nothing (the error names the known models) before a server starts or
+    a Ray cluster is joined. A path given with --address is left to the cluster: it names a file there."""
+    from barellm import hub
+
+    m = args.model
+    if m is None or m in hub.REGISTRY or m in hub.ALIASES or hub.exists(m):
+        return
+    if args.ray and args.address is not None and not hub.close_names(m) and ("/" in m or "." in m):
+        return
+    raise hub.unknown_model(m)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     check_args(args)
+    check_model(args)
     if args.ray:
         from barellm.serve.ray import serve_on_ray
 

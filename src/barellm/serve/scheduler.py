@@ -63,8 +63,9 @@ class Event:
     "start"  the job has its slot(s): cached_tokens, prompt_tokens
     "delta"  new text (may be "") of choice `index` and the tokens that produced it (logprobs when asked)
     "done"   choice `index` ended: finish_reason ("stop" or "length"), usage counts of that choice, and
-             stop_type: "eos" (an end token), "word" (stop_word, a stop string) or "limit" (max_tokens, the
-             context, a dedent past min_indent)
+             stop_type: "eos" (the text ended: an end token, or a line indented less than min_indent,
+             which ends a fill), "word" (stop_word, a stop string) or "limit" (max_tokens, the context, the
+             time limit: finish_reason "length")
     "error"  status, message, error_type (the job ended without completing)
     "embeddings"  an EmbedJob's result: data, float32 [inputs, dim]; prompt_tokens
     """
@@ -551,7 +552,8 @@ class Scheduler:
         if job.live <= 0:
             job.done = True
         gen = s.gen
-        stop_type = "word" if gen.stop_word else "limit" if reason != "stop" or gen.dedented else "eos"
+        # a dedent ends a fill where its block ends: the text's own end, as "stop" says, not a limit
+        stop_type = "word" if gen.stop_word else "limit" if reason != "stop" else "eos"
         self._emit(job, Event("done", finish_reason=reason, prompt_tokens=len(job.prompt), cached_tokens=s.cached,
                               completion_tokens=len(gen.generated), index=s.index, stop_type=stop_type,
                               stop_word=gen.stop_word))

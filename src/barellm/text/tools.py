@@ -177,7 +177,9 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapp
 def call_grammar(tools: Sequence[Mapping[str, Any]], fmt: ToolFormat, name: str | None = None,
                  parallel: bool = True) -> str:
     """llguidance Lark grammar for output that is tool calls only: one (or, with parallel, one or more) calls
-    of the function `name` (None: any of tools), each with arguments valid for that function's schema."""
+    of the function `name` (None: any of tools), each with arguments valid for that function's schema.
+    Compiled with end_on_exit (Model.tool_grammar): after a complete call the model's own choice decides
+    whether another follows, so the list ends where the model ends its turn."""
     chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
     if not chosen:
         raise InvalidRequest(f"tool_choice names the function {name!r}, which is not among the tools")
@@ -196,7 +198,10 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], fmt: ToolFormat, name: str 
         call = f'{OPEN} "\\n" body "\\n" {CLOSE}'
     else:
         call = f'"{OPEN}\\n" body "\\n{CLOSE}"'
-    start = 'call ("\\n" call)*' if parallel else "call"
+    # the calls of one turn: after each, another one or the end; a line break after the last is allowed, as
+    # models trained on this format write one there before their end token (a list that could only go on
+    # after it would force a next call on a model that meant to stop)
+    start = 'call ("\\n" call)* "\\n"?' if parallel else "call"
     return f"start: {start}\ncall: {call}\nbody: %json {json.dumps(schema, ensure_ascii=False)}\n"
 
 
