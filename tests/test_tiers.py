@@ -71,3 +71,50 @@ def test_logits_identical_on_every_simd_tier(which, request):
     for tier in SIMD[1:]:
         assert np.array_equal(runs[SIMD[0]][0], runs[tier][0]), tier
         assert np.array_equal(runs[SIMD[0]][1], runs[tier][1]), tier
+
+
+def test_prefetch_rules_are_reported_and_set_by_env():
+    """The decode tiles' prefetch rules: chosen per CPU family when the core loads, shown by cpu_info (and
+    `barellm info`), replaced by BARELLM_PREFETCH; a value the core could not take is a one-line CLI error."""
+    code = "from barellm import _native as n; print(n.cpu_info()['prefetch'])"
+    default = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert default.startswith("kquants ") and ", blocks " in default
+    env = dict(os.environ, BARELLM_PREFETCH="l2:4096,nta:16384")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "kquants l2:4096 nta:16384, blocks l2:4096 nta:16384 (BARELLM_PREFETCH)"
+    env["BARELLM_PREFETCH"] = "none"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "kquants none:0 none:0, blocks none:0 none:0 (BARELLM_PREFETCH)"
+    for bad in ("l3:4096", "l2:16", "l2:4096,nta:16384,l1:64", "l2"):
+        env["BARELLM_PREFETCH"] = bad
+        r = subprocess.run([sys.executable, "-m", "barellm.cli", "info"], env=env, capture_output=True, text=True)
+        assert r.returncode == 1 and f"BARELLM_PREFETCH={bad!r}" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.model
+def test_prefetch_rules_change_no_bits(smollm_gguf, gemma_gguf):
+    """Prefetching is speed only: decode with none, into L1 and into L2 gives the same logits, the blocks
+    family (SmolLM2's Q4_1, Q8_0) and the K-quant family (Gemma's Q5_0, Q4_K, Q6_K) alike, on 1 and 2
+    threads (alone and shared rules)."""
+    code = """
+import sys, numpy as np
+from barellm.arch.config import config_from_metadata
+from barellm.engine import NativeEngine
+from barellm.formats.gguf import GGUFFile
+src = GGUFFile(sys.argv[1])
+cfg = config_from_metadata(src.metadata, src.tensors["token_embd.weight"].shape[0],
+                           tied_output="output.weight" not in src.tensors)
+out = []
+for threads in (1, 2):
+    e = NativeEngine(cfg, src, n_ctx=64, threads=threads, adaptive_threads=False)
+    e.forward(list(range(100, 110)), 0)
+    out += [e.forward([200 + i], 10 + i) for i in range(3)]
+sys.stdout.buffer.write(np.concatenate(out).astype(np.float32).tobytes())
+"""
+    for path in (smollm_gguf, gemma_gguf):
+        runs = []
+        for rule in ("none", "l1:4096,nta:16384", "l2:8192"):
+            env = dict(os.environ, BARELLM_PREFETCH=rule)
+            runs.append(subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True,
+                                       check=True).stdout)
+        assert len(runs[0]) > 0 and runs[0] == runs[1] == runs[2]

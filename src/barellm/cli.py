@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from barellm.cpu import check_isa_env
+from barellm.cpu import check_isa_env, check_prefetch_env
 from barellm.errors import BarellmError
 
 # each module has register(subparsers), which adds its command(s) to the parser
@@ -78,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         check_isa_env()
+        check_prefetch_env()
         return int(args.func(args) or 0)
     except BarellmError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -287,6 +287,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     for tier in ("scalar", "avx2", "avx512", "amx"):
         if tier in by_tier:
             print(f"  {tier} kernels: {', '.join(by_tier[tier])}")
+    print(f"decode prefetch: {info['prefetch']}  (BARELLM_PREFETCH=HINT:BYTES[,HINT:BYTES] sets it: alone, shared)")
     print(f"default threads: {default_threads()}")
     return 0
 def _register_convert(sub: argparse._SubParsersAction) -> None:

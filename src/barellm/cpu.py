@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from barellm.errors import InvalidRequest
@@ -39,6 +40,25 @@ def default_threads() -> int:
 
 
 TIERS = ("scalar", "avx2", "avx512", "amx")
+
+
+_PREFETCH_RULE = re.compile(r"none|(l1|l2|nta):(\d+)")
+
+
+def check_prefetch_env() -> None:
+    """Refuses a BARELLM_PREFETCH the native core would ignore: ALONE[,SHARED], each none or HINT:BYTES with
+    HINT l1, l2 or nta and BYTES in 64..1048576 (the distance the decode tiles prefetch ahead)."""
+    want = os.environ.get("BARELLM_PREFETCH")
+    if want is None:
+        return
+    parts = want.split(",")
+    ok = 1 <= len(parts) <= 2
+    for part in parts:
+        m = _PREFETCH_RULE.fullmatch(part)
+        ok = ok and m is not None and (m.group(2) is None or 64 <= int(m.group(2)) <= 1 << 20)
+    if not ok:
+        raise InvalidRequest(f"BARELLM_PREFETCH={want!r}: expected ALONE[,SHARED], each 'none' or HINT:BYTES "
+                             "with HINT l1, l2 or nta and BYTES in 64..1048576 (e.g. l2:8192,nta:16384)")
 
 
 def check_isa_env() -> None:

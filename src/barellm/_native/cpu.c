@@ -6,6 +6,7 @@
  * the pool's included). A CPU that lists AMX but where a tile instruction still faults (a hypervisor that
  * hides the state) is found by a probe under a signal handler and falls back to avx512: never a fault later. */
 #include <setjmp.h>
+#include <stdio.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +86,89 @@ static unsigned detect_tiers(void) {
 static unsigned detect_tiers(void) { return 1u << BL_ISA_SCALAR; }
 #endif
 
+/* ---- the decode tiles' prefetch rules ----
+ *
+ * Defaults (tuned on Zen 3, kept wherever nothing better was measured): into L1 (T0), 4 KB ahead for the
+ * Q4_0/Q4_1/Q8_0 tiles (avx2/quant.c says why), 8 KB for the K-quant tiles, 16 KB and past the outer
+ * caches (NTA) when threads stream together (kernels.h, avx2/quant_kq.c).
+ *
+ * Zen 4 (AMD family 19h with AVX-512): the K-quant tiles prefetch into L2 (T1) 8 KB ahead, alone and
+ * shared. Its L1 is 32 KB, and T0 prefetches several KB ahead of two streams crowd it. One thread streaming
+ * Qwen2.5-Coder-1.5B's Q4_K matrices from memory went from 19-21 GB/s (T0, 8 KB) to 24-27 GB/s (T1, 4-8 KB),
+ * and the avx2 tiles from 15-16 to 19-21 GB/s (bench/kernels.py cold rows, 2 rounds). Further ahead did worse
+ * with either hint (16-32 KB: 16-19 GB/s). The model's decode (barellm bench -p 0 -n 64, 2 rounds) went from
+ * 23.9-24.5 to 27.0-29.1 tokens/s at 1 thread, and from 31.7-34.8 (NTA 16 KB) to 44.9-47.5 at 2 in 3 of 4
+ * rounds (the fourth 30.6: two threads' figures swing on this shared machine). The Q4_0/Q4_1/Q8_0 tiles keep
+ * the defaults: SmolLM2's decode was 195-197 tokens/s at 1 thread with T0 4 KB, 169 with T1 4 KB, 196-200 with
+ * T1 8 KB, and its 2-thread figures were within their noise. */
+bl_prefetch_rule bl_prefetch_rules[2][2] = {
+    [BL_PF_BLOCKS] = {{BL_PF_L1, 4096}, {BL_PF_L1, 4096}},
+    [BL_PF_KQUANTS] = {{BL_PF_L1, 8192}, {BL_PF_NTA, 16384}},
+};
+static const char *prefetch_why = "defaults";
+static char prefetch_text[160];
+
+static const char *const HINTS[] = {"none", "l1", "l2", "nta"};
+
+#if defined(__x86_64__)
+static int is_zen4(void) {
+    uint32_t a, b, c, d;
+    char vendor[13] = {0};
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
+    if (strcmp(vendor, "AuthenticAMD") != 0 || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned family = (a >> 8 & 15) + (a >> 20 & 255);
+    return family == 0x19 && (bl_cpu_tiers() >> BL_ISA_AVX512 & 1); /* Zen 3 is 19h without AVX-512 */
+}
+#else
+static int is_zen4(void) { return 0; }
+#endif
+
+/* "HINT:BYTES" (hint none, l1, l2 or nta) into *r; 0 if it parses */
+static int parse_rule(const char *s, size_t n, bl_prefetch_rule *r) {
+    for (int h = 0; h < 4; h++) {
+        const size_t k = strlen(HINTS[h]);
+        if (n == k && h == BL_PF_NONE && strncmp(s, HINTS[h], k) == 0) return r->hint = h, r->bytes = 0, 0;
+        if (n > k + 1 && strncmp(s, HINTS[h], k) == 0 && s[k] == ':') {
+            char *end;
+            const long v = strtol(s + k + 1, &end, 10);
+            if (end != s + n || v < 64 || v > (1 << 20)) return -1;
+            return r->hint = h, r->bytes = (int)v, 0;
+        }
+    }
+    return -1;
+}
+
+/* BARELLM_PREFETCH="ALONE[,SHARED]" (each HINT:BYTES or none) sets both families' rules; 0 if it parses */
+static int prefetch_from_env(const char *v) {
+    bl_prefetch_rule alone, shared;
+    const char *comma = strchr(v, ',');
+    if (parse_rule(v, comma ? (size_t)(comma - v) : strlen(v), &alone) < 0) return -1;
+    shared = alone;
+    if (comma && parse_rule(comma + 1, strlen(comma + 1), &shared) < 0) return -1;
+    for (int f = 0; f < 2; f++) bl_prefetch_rules[f][0] = alone, bl_prefetch_rules[f][1] = shared;
+    return 0;
+}
+
+static void choose_prefetch(void) {
+    const char *v = getenv("BARELLM_PREFETCH");
+    if (v && prefetch_from_env(v) == 0) {
+        prefetch_why = "BARELLM_PREFETCH";
+    } else if (is_zen4()) {
+        const bl_prefetch_rule l2 = {BL_PF_L2, 8192};
+        bl_prefetch_rules[BL_PF_KQUANTS][0] = bl_prefetch_rules[BL_PF_KQUANTS][1] = l2;
+        prefetch_why = "zen4";
+    }
+}
+
+const char *bl_prefetch_describe(void) {
+    const bl_prefetch_rule(*r)[2] = bl_prefetch_rules;
+    snprintf(prefetch_text, sizeof prefetch_text, "kquants %s:%d %s:%d, blocks %s:%d %s:%d (%s)",
+             HINTS[r[1][0].hint], r[1][0].bytes, HINTS[r[1][1].hint], r[1][1].bytes, HINTS[r[0][0].hint],
+             r[0][0].bytes, HINTS[r[0][1].hint], r[0][1].bytes, prefetch_why);
+    return prefetch_text;
+}
+
 unsigned bl_cpu_tiers(void) {
     if (g_tiers < 0) g_tiers = (int)detect_tiers();
     return (unsigned)g_tiers;
@@ -110,6 +194,7 @@ enum bl_isa bl_isa(void) {
     if (g_isa < 0) {
         /* BARELLM_ISA caps the tier; a name that is not a tier's is refused by the Python side (cpu.py)
          * before the core loads, so here it means no cap */
+        choose_prefetch();
         const char *want = getenv("BARELLM_ISA");
         const int cap = want ? bl_isa_from_name(want) : -1;
         bl_set_isa(cap >= 0 ? (enum bl_isa)cap : (enum bl_isa)(BL_ISA_COUNT - 1));

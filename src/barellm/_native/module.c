@@ -15,7 +15,8 @@ static PyObject *py_cpu_info(PyObject *self, PyObject *args) {
         if (!n || PyList_Append(tiers, n) < 0) { Py_XDECREF(n); Py_DECREF(tiers); return NULL; }
         Py_DECREF(n);
     }
-    return Py_BuildValue("{s:N,s:s}", "tiers", tiers, "isa", bl_isa_name(bl_isa()));
+    return Py_BuildValue("{s:N,s:s,s:s}", "tiers", tiers, "isa", bl_isa_name(bl_isa()), "prefetch",
+                         bl_prefetch_describe());
 }
 
 static PyObject *py_set_isa(PyObject *self, PyObject *args) {
@@ -61,7 +62,7 @@ static PyObject *py_kernel_sources(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef core_methods[] = {
-    {"cpu_info", py_cpu_info, METH_NOARGS, "{'tiers': the ISA tiers this CPU can run, 'isa': the tier in use}."},
+    {"cpu_info", py_cpu_info, METH_NOARGS, "{'tiers': the ISA tiers this CPU can run, 'isa': the tier in use, 'prefetch': the decode tiles' prefetch rules}."},
     {"set_isa", py_set_isa, METH_VARARGS,
      "set_isa('scalar'|'avx2'|'avx512'|'amx'): cap the kernel tier; returns the tier in use (the best the CPU "
      "offers at or under the cap)."},

@@ -19,13 +19,12 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* Software prefetch distance for the interleaved weights. Measured here: streaming a Q4_1 or Q8_0 matrix
- * from memory at T = 1 went from ~8-11 GB/s (hardware prefetchers alone) to ~16-19 GB/s with it; 2 KB was
- * less, 8 KB no better. */
-#define BL_PF_BYTES 4096
-
+/* Software prefetch (kernels.h's rules, BL_PF_BLOCKS). Measured on Zen 3: streaming a Q4_1 or Q8_0 matrix
+ * from memory at T = 1 went from ~8-11 GB/s (hardware prefetchers alone) to ~16-19 GB/s at 4 KB ahead; 2 KB
+ * was less, 8 KB no better. */
 AI void prefetch_lines(const uint8_t *p, const int n) {
-    for (int i = 0; i < n; i++) _mm_prefetch((const char *)p + 64 * i, _MM_HINT_T0);
+    const int hint = bl_prefetch_rules[BL_PF_BLOCKS][bl_shared_stream != 0].hint;
+    for (int i = 0; i < n; i++) bl_prefetch_line(p + 64 * i, hint);
 }
 
 /* ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)), as the scalar path */
@@ -413,10 +412,12 @@ AI void matmul_i8(const int type, const bl_matrix *w, const void *xq, int T, flo
     const int ntmax = x2 ? 3 : type == BL_Q8_0 ? 4 : 8;
     const int nb = w->cols / BL_QK;
     const size_t gb = bl_i8_group_bytes(type, w->cols), xb = bl_act_row_bytes(w, w->cols);
-    /* prefetch BL_PF_BYTES ahead, spread over the blocks of a tile (each block prefetches its share pfs of a
+    /* prefetch the rule's bytes ahead, spread over the blocks of a tile (each block prefetches its share pfs of a
      * group's bytes, so every line of the range gets its prefetch); only a group's first token tile does it */
     const size_t pfs = (gb + (size_t)nb - 1) / (size_t)nb;
     const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
+    const bl_prefetch_rule rule = bl_prefetch_rules[BL_PF_BLOCKS][bl_shared_stream != 0];
+    const size_t ahead = rule.hint == BL_PF_NONE ? 0 : (size_t)rule.bytes;
     int r = r0;
     if (T == 1) {
         /* decode: two groups per tile (Q4: ~25% faster from cache than one), the first half's groups with
@@ -432,7 +433,7 @@ AI void matmul_i8(const int type, const bl_matrix *w, const void *xq, int T, flo
             const uint8_t *g = (const uint8_t *)w->data + (size_t)(ra / 8) * gb;
             const uint8_t *g2 = (const uint8_t *)w->data + (size_t)(rb / 8) * gb;
             g2fn(g, g2, nb, (const uint8_t *)xq, out + ra, out + rb, r1 - rb < 8 ? r1 - rb : 8,
-                 g + BL_PF_BYTES < end ? g + BL_PF_BYTES : NULL, g2 + BL_PF_BYTES < end ? g2 + BL_PF_BYTES : NULL,
+                 ahead && g + ahead < end ? g + ahead : NULL, ahead && g2 + ahead < end ? g2 + ahead : NULL,
                  pfs);
         }
         if (!(ng & 1)) return;
@@ -442,7 +443,7 @@ AI void matmul_i8(const int type, const bl_matrix *w, const void *xq, int T, flo
     for (; r < r1; r += 8) {
         const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
         const int nvalid = r1 - r < 8 ? r1 - r : 8;
-        const uint8_t *pf = g + BL_PF_BYTES < end ? g + BL_PF_BYTES : NULL;
+        const uint8_t *pf = ahead && g + ahead < end ? g + ahead : NULL;
         for (int t = 0; t < T; t += ntmax) {
             const int nt = T - t < ntmax ? T - t : ntmax;
             fns[nt - 1](g, nb, (const uint8_t *)xq + (size_t)t * xb, xb, out + (size_t)t * ldo + r, ldo, nvalid,

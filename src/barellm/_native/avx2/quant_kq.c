@@ -32,17 +32,11 @@
 #define AI static inline __attribute__((always_inline))
 #define MAXNT 4
 #define MAXNG 2 /* groups of the one-token tiles that read several streams */
-/* Software prefetch distance in the interleaved weights (0: none): without it their stream from memory
- * runs well behind the compute (measured on Zen 3 at T = 1, weights from memory: 55-65% of a plain read's
- * rate without, 80-95% at 8 KB ahead; 4-12 KB do about as well). With two threads streaming at once (NTA
- * prefetches, see bl_shared_stream) 16 KB did better: the Q4_K tile 94-95% -> 95-97% of a plain 2-thread
- * read, Q6_K 87-92% -> 93-96% (16-32 KB alike; lab:bench/tile_stream.c). */
-#ifndef PF_BYTES
-#define PF_BYTES 8192
-#endif
-#ifndef PF_BYTES_SHARED
-#define PF_BYTES_SHARED 16384
-#endif
+/* Software prefetch (kernels.h's rules, BL_PF_KQUANTS): without it the weights' stream from memory runs
+ * well behind the compute (measured on Zen 3 at T = 1, weights from memory: 55-65% of a plain read's rate
+ * without, 80-95% at 8 KB ahead; 4-12 KB do about as well). With two threads streaming at once, NTA
+ * prefetches 16 KB ahead did better there: the Q4_K tile 94-95% -> 95-97% of a plain 2-thread read, Q6_K
+ * 87-92% -> 93-96% (16-32 KB alike). cpu.c holds each CPU family's rule. */
 
 AI __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)); }
 
@@ -67,10 +61,8 @@ typedef struct {
 AI void prefetch_part(const tile_args *A, size_t *done, int u, int i, int n) {
     if (!A->pf) return;
     const size_t end = (size_t)u * A->pfs + (size_t)(i + 1) * A->pfs / (size_t)n;
-    if (bl_shared_stream)
-        for (; *done < end; *done += 64) _mm_prefetch((const char *)A->pf + *done, _MM_HINT_NTA);
-    else
-        for (; *done < end; *done += 64) _mm_prefetch((const char *)A->pf + *done, _MM_HINT_T0);
+    const int hint = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0].hint;
+    for (; *done < end; *done += 64) bl_prefetch_line(A->pf + *done, hint);
 }
 
 #define TOKENS(A, NT)                                                                                    \
@@ -1040,7 +1032,8 @@ static void matmul_kq(const tile_fn *fns, const tile_fn two, const int half, con
     tile_args A = {NULL, cols / tr->block_size, NULL, xb, NULL, NULL, ldo, 8, NULL, 0};
     A.pfs = (gb + (size_t)A.nu - 1) / (size_t)A.nu;
     const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
-    const size_t pf = bl_shared_stream ? PF_BYTES_SHARED : PF_BYTES;
+    const bl_prefetch_rule rule = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0];
+    const size_t pf = rule.hint == BL_PF_NONE ? 0 : (size_t)rule.bytes;
     if (two && T == 1 && !rows_layout) {
         A.xa = xq;
         A.xp = xp;

@@ -7,7 +7,7 @@
  * 256-bit vectors: Zen 4 splits 512-bit work in two, and 256 bits need no lane shuffles to pair groups.
  *
  * A call's groups are walked as two streams (the first half's and the second half's in step) as in the
- * avx2 tier, with the same software prefetch.
+ * avx2 tier, with the same software prefetch (kernels.h's rules).
  */
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 #include <immintrin.h>
@@ -20,10 +20,6 @@
 #include "avx512/decode.h"
 
 #define AI static inline __attribute__((always_inline))
-#ifndef PF_BYTES
-#define PF_BYTES 8192 /* as the avx2 tiles (avx2/quant_kq.c says why) */
-#endif
-#define PF_BYTES_SHARED 16384
 
 AI __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)); }
 AI __m256i load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
@@ -39,10 +35,8 @@ typedef struct {
 
 AI void prefetch_to(stream *s, size_t end) {
     if (!s->pf) return;
-    if (bl_shared_stream)
-        for (; s->pdone < end; s->pdone += 64) _mm_prefetch((const char *)s->pf + s->pdone, _MM_HINT_NTA);
-    else
-        for (; s->pdone < end; s->pdone += 64) _mm_prefetch((const char *)s->pf + s->pdone, _MM_HINT_T0);
+    const int hint = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0].hint;
+    for (; s->pdone < end; s->pdone += 64) bl_prefetch_line(s->pf + s->pdone, hint);
 }
 
 /* Q4_K (five = 0) or Q5_K (five = 1) for NG groups at once, each with quant_kq.h's float work in its order:
@@ -214,7 +208,8 @@ static void two_streams(const groups_fn one, const groups_fn two, const bl_matri
                         float *out, int r0, int r1) {
     const int type = w->type, cols = w->cols, nu = cols / bl_traits(type)->block_size;
     const size_t gb = bl_i8_group_bytes(type, cols), pfs = (gb + (size_t)nu - 1) / (size_t)nu;
-    const size_t pf = bl_shared_stream ? PF_BYTES_SHARED : PF_BYTES;
+    const bl_prefetch_rule rule = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0];
+    const size_t pf = rule.hint == BL_PF_NONE ? 0 : (size_t)rule.bytes;
     const uint8_t *base = w->data, *end = base + (size_t)((r1 + 7) / 8) * gb;
     const bl_act_q8 a = bl_act_q8_view(xq, cols);
     const int ng = (r1 - r0 + 7) / 8, half = ng / 2;
@@ -226,7 +221,7 @@ static void two_streams(const groups_fn one, const groups_fn two, const bl_matri
             S[k].g = base + (size_t)(r / 8) * gb;
             S[k].o = out + r;
             S[k].nvalid = r1 - r < 8 ? r1 - r : 8;
-            S[k].pf = (size_t)(end - S[k].g) >= pf + gb ? S[k].g + pf : NULL;
+            S[k].pf = pf && (size_t)(end - S[k].g) >= pf + gb ? S[k].g + pf : NULL;
             S[k].pdone = 0;
         }
         (n == 2 ? two : one)(S, &a, xp, nu, pfs);
