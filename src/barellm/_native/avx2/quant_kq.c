@@ -352,8 +352,7 @@ AI void tile_q45_k_groups(const int NG, const int five, const tile_args *A) {
 AI void tile_q6_k(const int NT, const tile_args *A) {
     const int nu = A->nu, nb = nu * 8;
     const size_t U = 1680; /* kq_fields8_of(BL_Q6_K): packed values 0, scales 1536, d 1664 */
-    const __m256i m6 = _mm256_set1_epi8(63), m3 = _mm256_set1_epi8(3), mc = _mm256_set1_epi8(0x0c);
-    const __m256i m30 = _mm256_set1_epi8(0x30);
+    const __m256i m6 = _mm256_set1_epi8(63);
     TOKENS(A, NT);
     for (int u = 0; u < nu; u++) {
         const uint8_t *gu = A->g + (size_t)u * U;
@@ -379,10 +378,7 @@ AI void tile_q6_k(const int NT, const tile_args *A) {
                     const __m256i V1 = load(q + 96 * a), V2 = load(q + 96 * a + 32), V3 = load(q + 96 * a + 64);
                     const __m256i q0 = _mm256_and_si256(V1, m6), q1 = _mm256_and_si256(V2, m6);
                     const __m256i q2 = _mm256_and_si256(V3, m6);
-                    const __m256i q3 = _mm256_or_si256(
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(V1, 6), m3),
-                                        _mm256_and_si256(_mm256_srli_epi16(V2, 4), mc)),
-                        _mm256_and_si256(_mm256_srli_epi16(V3, 2), m30));
+                    const __m256i q3 = q6k_fourth(V1, V2, V3);
                     const __m256i sc = a ? sb : sa;
 #pragma GCC unroll 4
                     for (int t = 0; t < NT; t++) {
@@ -415,8 +411,7 @@ AI void tile_q6_k(const int NT, const tile_args *A) {
 AI void tile_q6_k_groups(const int NG, const tile_args *A) {
     const int nu = A[0].nu;
     const size_t U = 1680;
-    const __m256i m6 = _mm256_set1_epi8(63), m3 = _mm256_set1_epi8(3), mc = _mm256_set1_epi8(0x0c);
-    const __m256i m30 = _mm256_set1_epi8(0x30);
+    const __m256i m6 = _mm256_set1_epi8(63);
     const bl_act_q8 a = bl_act_q8_view(A[0].xa, nu * 8 * BL_QK);
     __m256 acc[MAXNG];
     size_t pdone[MAXNG];
@@ -446,10 +441,7 @@ AI void tile_q6_k_groups(const int NG, const tile_args *A) {
                     for (int g = 0; g < NG; g++) {
                         const uint8_t *q = gu[g] + 192 * kb + 96 * h;
                         const __m256i V1 = load(q), V2 = load(q + 32), V3 = load(q + 64);
-                        const __m256i q3 = _mm256_or_si256(
-                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(V1, 6), m3),
-                                            _mm256_and_si256(_mm256_srli_epi16(V2, 4), mc)),
-                            _mm256_and_si256(_mm256_srli_epi16(V3, 2), m30));
+                        const __m256i q3 = q6k_fourth(V1, V2, V3);
                         const __m256i sc = _mm256_srai_epi16(
                             _mm256_shuffle_epi8(SV[g], pick(-128, o + h, -128, o + h)), 8);
                         const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(V1, m6), x0),
@@ -741,8 +733,7 @@ static void unpack_q4k(const uint8_t *g, int nu, uint8_t *dst) {
  * scale, sign-extended, in both int16 halves of each lane), sab [kb] (both halves' scales as one int16 pair:
  * the -32 correction's operand), d (8 f32) */
 static void unpack_q6k(const uint8_t *g, int nu, uint8_t *dst) {
-    const __m256i m6 = _mm256_set1_epi8(63), m3 = _mm256_set1_epi8(3), mc = _mm256_set1_epi8(0x0c);
-    const __m256i m30 = _mm256_set1_epi8(0x30);
+    const __m256i m6 = _mm256_set1_epi8(63);
     for (int u = 0; u < nu; u++) {
         const uint8_t *gu = g + (size_t)u * 1680;
         uint8_t *o = dst + (size_t)u * Q6K_UNIT_SCRATCH;
@@ -757,9 +748,7 @@ static void unpack_q6k(const uint8_t *g, int nu, uint8_t *dst) {
             const uint8_t *q = gu + 192 * kb;
             for (int a = 0; a < 2; a++) {
                 const __m256i V1 = load(q + 96 * a), V2 = load(q + 96 * a + 32), V3 = load(q + 96 * a + 64);
-                const __m256i q3 = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(V1, 6), m3),
-                                                                   _mm256_and_si256(_mm256_srli_epi16(V2, 4), mc)),
-                                                   _mm256_and_si256(_mm256_srli_epi16(V3, 2), m30));
+                const __m256i q3 = q6k_fourth(V1, V2, V3);
                 __m256i *v = (__m256i *)(void *)(o + 32 * (8 * kb + 4 * a));
                 _mm256_store_si256(v, _mm256_and_si256(V1, m6));
                 _mm256_store_si256(v + 1, _mm256_and_si256(V2, m6));

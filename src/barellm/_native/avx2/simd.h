@@ -90,4 +90,12 @@ static inline __attribute__((always_inline)) void q4k_scales8(const uint8_t *s, 
     }
 }
 
+/* Q6_K's interleaved packed values (quant_kq.h): of three vectors holding values 4p + i (p < 3) in their low
+ * 6 bits, the fourth vector's values (p = 3), spread over their top 2 bits */
+static inline __attribute__((always_inline)) __m256i q6k_fourth(__m256i v1, __m256i v2, __m256i v3) {
+    return _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 6), _mm256_set1_epi8(3)),
+                                           _mm256_and_si256(_mm256_srli_epi16(v2, 4), _mm256_set1_epi8(0x0c))),
+                           _mm256_and_si256(_mm256_srli_epi16(v3, 2), _mm256_set1_epi8(0x30)));
+}
+
 #endif

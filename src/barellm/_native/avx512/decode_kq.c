@@ -123,8 +123,7 @@ AI void q45k_groups(const int NG, const int five, stream *S, const bl_act_q8 *a,
  * sums (int16 pairs, avx512/quant_kq.c's half_sums). */
 AI void q6k_groups(const int NG, stream *S, const bl_act_q8 *a, const int32_t *xp, const int nu, const size_t pfs) {
     const kq_fields8 F = KQ_Q6_K;
-    const __m256i m6 = _mm256_set1_epi8(63), m3 = _mm256_set1_epi8(3), mc = _mm256_set1_epi8(0x0c);
-    const __m256i m30 = _mm256_set1_epi8(0x30);
+    const __m256i m6 = _mm256_set1_epi8(63);
     __m256 acc[2];
 #pragma GCC unroll 2
     for (int g = 0; g < NG; g++) acc[g] = _mm256_setzero_ps();
@@ -152,10 +151,7 @@ AI void q6k_groups(const int NG, stream *S, const bl_act_q8 *a, const int32_t *x
                     for (int g = 0; g < NG; g++) {
                         const uint8_t *q = gu[g] + 192 * kb + 96 * h;
                         const __m256i V1 = load(q), V2 = load(q + 32), V3 = load(q + 64);
-                        const __m256i q3 = _mm256_or_si256(
-                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(V1, 6), m3),
-                                            _mm256_and_si256(_mm256_srli_epi16(V2, 4), mc)),
-                            _mm256_and_si256(_mm256_srli_epi16(V3, 2), m30));
+                        const __m256i q3 = q6k_fourth(V1, V2, V3);
                         __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_and_si256(V1, m6), x0);
                         dot = _mm256_dpbusd_epi32(dot, _mm256_and_si256(V2, m6), x1);
                         dot = _mm256_dpbusd_epi32(dot, _mm256_and_si256(V3, m6), x2);
