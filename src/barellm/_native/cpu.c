@@ -100,7 +100,14 @@ static unsigned detect_tiers(void) { return 1u << BL_ISA_SCALAR; }
  * 23.9-24.5 to 27.0-29.1 tokens/s at 1 thread, and from 31.7-34.8 (NTA 16 KB) to 44.9-47.5 at 2 in 3 of 4
  * rounds (the fourth 30.6: two threads' figures swing on this shared machine). The Q4_0/Q4_1/Q8_0 tiles keep
  * the defaults: SmolLM2's decode was 195-197 tokens/s at 1 thread with T0 4 KB, 169 with T1 4 KB, 196-200 with
- * T1 8 KB, and its 2-thread figures were within their noise. */
+ * T1 8 KB, and its 2-thread figures were within their noise.
+ *
+ * Intel: threads streaming together prefetch into L1 (T0) 16 KB ahead, never NTA. On a Xeon with AVX-512
+ * and AMX (2 MB L2 a core), an NTA line skips L2 and the L2 streamer does not follow it, so two threads'
+ * NTA prefetches starved each other: Qwen2.5-Coder-1.5B decoded 8.8-9.4 tokens/s at 2 threads against
+ * 13.2 at 1. With T0 at 2 threads: 8 KB 15-24 (a wide spread), 16 KB 20-22.4, T1 16 KB 19-21, T1 4-8 KB
+ * 13-21 (barellm bench -p 0 -n 64, 2-4 rounds). Alone, T0 8 KB stays: T0 4 or 16 KB and T1 8 KB were within
+ * its noise (11.4-13.1 tokens/s). */
 bl_prefetch_rule bl_prefetch_rules[2][2] = {
     [BL_PF_BLOCKS] = {{BL_PF_L1, 4096}, {BL_PF_L1, 4096}},
     [BL_PF_KQUANTS] = {{BL_PF_L1, 8192}, {BL_PF_NTA, 16384}},
@@ -111,17 +118,25 @@ static char prefetch_text[160];
 static const char *const HINTS[] = {"none", "l1", "l2", "nta"};
 
 #if defined(__x86_64__)
-static int is_zen4(void) {
+static int vendor_is(const char *want) {
     uint32_t a, b, c, d;
     char vendor[13] = {0};
     if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
     memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
-    if (strcmp(vendor, "AuthenticAMD") != 0 || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    return strcmp(vendor, want) == 0;
+}
+
+static int is_zen4(void) {
+    uint32_t a, b, c, d;
+    if (!vendor_is("AuthenticAMD") || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
     const unsigned family = (a >> 8 & 15) + (a >> 20 & 255);
     return family == 0x19 && (bl_cpu_tiers() >> BL_ISA_AVX512 & 1); /* Zen 3 is 19h without AVX-512 */
 }
+
+static int is_intel(void) { return vendor_is("GenuineIntel"); }
 #else
 static int is_zen4(void) { return 0; }
+static int is_intel(void) { return 0; }
 #endif
 
 /* "HINT:BYTES" (hint none, l1, l2 or nta) into *r; 0 if it parses */
@@ -158,6 +173,10 @@ static void choose_prefetch(void) {
         const bl_prefetch_rule l2 = {BL_PF_L2, 8192};
         bl_prefetch_rules[BL_PF_KQUANTS][0] = bl_prefetch_rules[BL_PF_KQUANTS][1] = l2;
         prefetch_why = "zen4";
+    } else if (is_intel()) {
+        const bl_prefetch_rule l1 = {BL_PF_L1, 16384};
+        bl_prefetch_rules[BL_PF_KQUANTS][1] = l1;
+        prefetch_why = "intel";
     }
 }
 

@@ -192,7 +192,7 @@ for _name in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone
     _PRE_TOKENIZERS[_name] = ((r"\p{N}", _GPT2_RE), False)
 for _name in ("llama3", "llama-v3", "llama-bpe", "falcon3"):
     _PRE_TOKENIZERS[_name] = ((_LLAMA3_RE,), True)
-for _name in ("qwen2", "megrez", "stablelm2"):
+for _name in ("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"):  # (the R1 distills of Qwen: its split)
     _PRE_TOKENIZERS[_name] = ((_QWEN2_RE,), False)
 del _name
 
