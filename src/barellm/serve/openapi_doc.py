@@ -83,7 +83,7 @@ class AssistantMessage(_Out):
     tool_calls: list[ToolCall] | None = None
 
 
-FinishReason = Literal["stop", "length", "tool_calls"]
+FinishReason = Literal["stop", "length", "tool_calls", "constraint_failed"]
 
 
 class ChatChoice(_Out):

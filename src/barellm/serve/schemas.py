@@ -647,7 +647,11 @@ def _api_error(err: Any) -> ApiError:
     if kind in ("too_short", "too_long"):
         bound = f"at least {ctx.get('min_length')}" if kind == "too_short" else f"at most {ctx.get('max_length')}"
         n = ctx.get("min_length" if kind == "too_short" else "max_length")
-        return bad(f"{where} must have {bound} item{'' if n == 1 else 's'}, got {ctx.get('actual_length')}", where)
+        got_n = ctx.get("actual_length")
+        if got_n is None and isinstance(err.get("input"), (dict, list, str)):
+            got_n = len(err["input"])   # pydantic leaves the count out for a mapping
+        what = "entries" if isinstance(err.get("input"), dict) else f"item{'' if n == 1 else 's'}"
+        return bad(f"{where} must have {bound} {what}, got {got_n}", where)
     bounds = {"greater_than_equal": ("ge", ">="), "less_than_equal": ("le", "<="), "greater_than": ("gt", ">"),
               "less_than": ("lt", "<")}
     if kind in bounds:   # pydantic prints large bounds as floats
