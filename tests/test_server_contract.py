@@ -113,3 +113,31 @@ def test_huge_schema_number_is_named(client: TestClient) -> None:
     assert err["message"] == ("response_format.json_schema.schema.properties.n.minimum is an integer of 301 digits; "
                               "numbers in a schema must fit 64 bits (-2^63 .. 2^64-1)")
     assert "serializable" not in err["message"]
+
+
+# --- routing before content type, one Host --------------------------------------------------------
+
+def _fake_client() -> TestClient:
+    from test_server import FakeEngine, FakeModel
+
+    return TestClient(create_app(FakeModel(FakeEngine(n_slots=1))), raise_server_exceptions=False)
+
+
+def test_wrong_method_is_405_and_unknown_path_404_whatever_the_body() -> None:
+    with _fake_client() as c:
+        for headers in ({}, {"content-type": "text/plain"}):
+            err = _error(c.post("/health", content=b"x", headers=headers), 405)
+            assert err["code"] == "method_not_allowed"
+            err = _error(c.post("/no/such/route", content=b"x", headers=headers), 404)
+            assert err["code"] == "not_found"
+        # a route that takes a POST still wants JSON
+        err = _error(c.post("/tokenize", content=b"x", headers={"content-type": "text/plain"}), 415)
+        assert err["code"] == "unsupported_media_type"
+
+
+def test_two_host_headers_are_a_400() -> None:
+    with _fake_client() as c:
+        r = c.get("/health", headers=[("host", "localhost"), ("host", "evil.example")])
+        err = _error(r, 400)
+        assert err["code"] == "duplicate_host" and "2 Host headers" in err["message"]
+        assert c.get("/health").status_code == 200

@@ -691,7 +691,7 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
     app.state.server = state
     app.state.openapi = openapi_doc.openapi(__version__, ollama.MODELS, ollama.PATHS)
     # outermost last: every answer is counted, CORS headers go on the guard's refusals too
-    app.add_middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts)
+    app.add_middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts, routes=app.router.routes)
     origins = list(cors_origins)
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
