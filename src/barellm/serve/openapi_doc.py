@@ -245,6 +245,11 @@ _MODELS: list[type[BaseModel]] = [
 ERROR_STATUSES = {400: "invalid request", 401: "missing or wrong API key (with --api-key)", 404: "unknown model",
                   413: "body over 1 MiB", 415: "the body is not sent as application/json", 429: "the queue is full",
                   503: "waited past the time limit"}
+# what every operation may answer, whatever its handler: the Guard's refusals (security.py), and for a body
+# the parser's (schemas.py). A refusal of the connection itself (408, 503 past --max-connections:
+# connections.py) comes before any route and is not an operation's answer.
+_ALWAYS = (401,)
+_WITH_BODY = (400, 413, 415)
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -321,9 +326,36 @@ def openapi(version: str, extra_models: Sequence[type[BaseModel]] = (), extra_pa
         "openapi": "3.1.0",
         "info": {"title": "barellm", "version": version,
                  "description": "An OpenAI-compatible server for one model; concurrent requests are batched."},
-        "paths": {**PATHS, **(extra_paths or {})},
+        "paths": _every_status({**PATHS, **(extra_paths or {})}),
         "components": {"schemas": defs.get("$defs", {}),
                        "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer",
                                                       "description": "needed when started with --api-key"}}},
         "security": [{"apiKey": []}, {}],
     }
+
+
+def _every_status(paths: Mapping[str, Any]) -> dict[str, Any]:
+    """paths with the statuses every operation can answer added where an operation leaves them out: the
+    Guard's and the body parser's, and an unknown model's 404 on a body that names one. /api/* answer in
+    Ollama's error shape ({"error": "..."}), the others in OpenAI's."""
+    out: dict[str, Any] = {}
+    for path, ops in paths.items():
+        out[path] = {}
+        for method, op in ops.items():
+            op = {**op, "responses": dict(op.get("responses", {}))}
+            codes = list(_ALWAYS)
+            if "requestBody" in op:
+                codes += [*_WITH_BODY, 404]
+            if path.startswith("/api/"):
+                schema: dict[str, Any] = {"type": "object", "properties": {"error": {"type": "string"}},
+                                          "required": ["error"]}
+            else:
+                schema = _ref("Error")
+            for code in sorted(codes):
+                if path == "/health" and code == 401:
+                    continue   # open for liveness probes
+                op["responses"].setdefault(str(code), {
+                    "description": ERROR_STATUSES[code] if code != 404 else "the body names a model not served here",
+                    "content": {"application/json": {"schema": schema}}})
+            out[path][method] = op
+    return out
