@@ -183,3 +183,22 @@ def test_schemathesis_finds_no_undocumented_answer(smollm_gguf: Path) -> None:
                     raise
                 found[op.label] = [line for line in str(e).splitlines() if line.strip()][:12]
     assert not found, json.dumps(found, indent=1, ensure_ascii=False)
+
+
+# --- what the schema states is accepted ------------------------------------------------------------
+
+def test_one_prompt_in_a_batch_form_is_stated_and_accepted() -> None:
+    with _fake_client() as c:
+        prompt = c.get("/openapi.json").json()["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]
+        assert {"items": {"type": "string"}, "maxItems": 1, "minItems": 1, "type": "array"} in prompt["anyOf"]
+        r = c.post("/v1/completions", json={"prompt": ["abc"], "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 3
+        err = _error(c.post("/v1/completions", json={"prompt": ["abc", "def"], "max_tokens": 2}))
+        assert err["param"] == "prompt" and "one prompt per request" in err["message"]
+
+
+def test_tool_message_without_content_is_an_empty_result() -> None:
+    with _fake_client() as c:
+        messages = [{"role": "user", "content": "abc"}, {"role": "tool", "tool_call_id": "call_1"}]
+        r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
+        assert r.status_code == 200, r.text

@@ -260,11 +260,23 @@ def json_body(schema: str) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": _ref(schema)}}}
 
 
+def sse_event(schema: str, done: bool = True) -> dict[str, Any]:
+    """One server-sent event of a stream (before OpenAPI 3.2, a text/event-stream schema describes each
+    event): its data is the JSON of `schema` or of an Error, or (done) the closing `[DONE]`."""
+    data: dict[str, Any] = {"type": "string", "contentMediaType": "application/json",
+                            "contentSchema": {"anyOf": [_ref(schema), _ref("Error")]}}
+    if done:
+        data = {"anyOf": [{"const": "[DONE]"}, data]}
+    return {"type": "object", "required": ["data"], "properties": {"data": data}}
+
+
 def responses(ok: str, schema: str | None, *, stream: str | None = None, errors: tuple[int, ...] = (400,),
-              media: str = "application/json") -> dict[str, Any]:
+              media: str = "application/json", stream_schema: str | None = None, done: bool = True
+              ) -> dict[str, Any]:
     content: dict[str, Any] = {media: {"schema": _ref(schema) if schema else {"type": "string"}}}
     if stream:
-        content["text/event-stream"] = {"schema": {"type": "string", "description": stream}}
+        content["text/event-stream"] = {"schema": {**sse_event(stream_schema or schema or "Error", done),
+                                                   "description": stream}}
     out: dict[str, Any] = {"200": {"description": ok, "content": content}}
     for code in errors:
         out[str(code)] = {"description": ERROR_STATUSES[code],
@@ -279,7 +291,7 @@ PATHS: dict[str, Any] = {
         "summary": "Chat completion (streaming with stream: true)", "operationId": "createChatCompletion",
         "requestBody": json_body("ChatCompletionRequest"),
         "responses": responses("a chat.completion object; streamed, chat.completion.chunk events", "ChatCompletion",
-                               stream=_SSE, errors=_GEN_ERRORS)}},
+                               stream=_SSE, errors=_GEN_ERRORS, stream_schema="ChatCompletionChunk")}},
     "/v1/completions": {"post": {
         "summary": "Text completion (streaming with stream: true)", "operationId": "createCompletion",
         "requestBody": json_body("CompletionRequest"),
@@ -293,7 +305,7 @@ PATHS: dict[str, Any] = {
         "requestBody": json_body("InfillRequest"),
         "responses": responses("the fill and its counts", "Infill",
                                stream='with stream: true, `data: {"content", "stop": false}` events, then the '
-                                      'whole object with "stop": true', errors=_GEN_ERRORS)}},
+                                      'whole object with "stop": true', errors=_GEN_ERRORS, done=False)}},
     "/v1/models": {"get": {"summary": "The served model", "operationId": "listModels",
                            "responses": responses("a list of models", "ModelList", errors=(401,))}},
     "/v1/models/{model}": {"get": {
