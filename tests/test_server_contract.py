@@ -202,3 +202,12 @@ def test_tool_message_without_content_is_an_empty_result() -> None:
         messages = [{"role": "user", "content": "abc"}, {"role": "tool", "tool_call_id": "call_1"}]
         r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
         assert r.status_code == 200, r.text
+
+
+def test_numeric_bounds_are_stated_in_json_schema_words() -> None:
+    with _fake_client() as c:
+        schemas = c.get("/openapi.json").json()["components"]["schemas"]
+        n = schemas["CompletionRequest"]["properties"]["n"]["anyOf"][0]
+        assert n == {"type": "integer", "minimum": 1, "maximum": 128}
+        text = json.dumps(schemas)
+        assert all(f'"{k}":' not in text for k in ("ge", "le", "gt", "lt")), "a bound in pydantic's words"

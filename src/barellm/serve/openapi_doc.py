@@ -339,7 +339,7 @@ def openapi(version: str, extra_models: Sequence[type[BaseModel]] = (), extra_pa
         "info": {"title": "barellm", "version": version,
                  "description": "An OpenAI-compatible server for one model; concurrent requests are batched."},
         "paths": _every_status({**PATHS, **(extra_paths or {})}),
-        "components": {"schemas": defs.get("$defs", {}),
+        "components": {"schemas": _json_bounds(defs.get("$defs", {})),
                        "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer",
                                                       "description": "needed when started with --api-key"}}},
         "security": [{"apiKey": []}, {}],
@@ -371,3 +371,18 @@ def _every_status(paths: Mapping[str, Any]) -> dict[str, Any]:
                     "content": {"application/json": {"schema": schema}}})
             out[path][method] = op
     return out
+
+
+_BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+def _json_bounds(schema: Any) -> Any:
+    """schema with pydantic's bound keys put in JSON Schema's words. A Field(ge=...) on a type that carries a
+    validator of its own (schemas.Int: 16.0 read as 16) is written as "ge", which no JSON Schema reader
+    knows: the document stated no bound at all for n, top_k, dimensions, ..."""
+    if isinstance(schema, dict):
+        numeric = schema.get("type") in ("integer", "number")
+        return {(_BOUNDS[k] if numeric and k in _BOUNDS else k): _json_bounds(v) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_json_bounds(v) for v in schema]
+    return schema
