@@ -4,6 +4,7 @@ header and tensor table."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import struct
 import time
@@ -620,3 +621,21 @@ def test_a_written_model_file_leaves_the_page_cache(tmp_path):
     assert _resident_pages(kept) > n // 2          # a plain write stays cached
     assert _resident_pages(dropped) < n // 8       # synced, then dropped
     assert dropped.read_bytes() == data
+
+
+def test_overlapping_tensor_data_is_refused_naming_both(sample):
+    path, _ = sample
+    with BLMFile(path) as f:
+        infos = sorted(f.tensors.values(), key=lambda t: t.offset)
+        data_offset = f.data_offset
+    a, b = infos[0], infos[1]
+    buf = bytearray(path.read_bytes())
+    name = b.name.encode()
+    at = buf.index(struct.pack("<H", len(name)) + name, 64) + 2 + len(name)   # b's table entry
+    struct.pack_into("<Q", buf, at + 48, a.offset - data_offset)              # b's data now starts at a's
+    fix_crc(buf)
+    path.write_bytes(bytes(buf))
+    with pytest.raises(FormatError, match=rf"tensor '{re.escape(a.name)}' offset.*overlaps that of tensor "
+                                          rf"'{re.escape(b.name)}'|tensor '{re.escape(b.name)}' offset.*overlaps "
+                                          rf"that of tensor '{re.escape(a.name)}'"):
+        BLMFile(path)

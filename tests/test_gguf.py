@@ -578,3 +578,26 @@ def test_fuzzed_headers_load_or_raise_format_error(tmp_path: Path):
     assert loaded > 0 and refused > 0, (loaded, refused)
     # a hang or a runaway loop over a forged count shows up as one slow case
     assert slowest[0] < 2.0, f"case {slowest[1]} took {slowest[0]:.2f}s to open"
+
+
+def test_overlapping_tensor_data_is_refused_naming_both(tmp_path: Path):
+    built = build_gguf({}, [("a.weight", np.arange(64, dtype=np.float32), 0),
+                            ("b.weight", np.arange(64, dtype=np.float32), 0)])
+    data = bytearray(built.data)
+    # b's data offset pointed 32 bytes into a's (both are 256 bytes)
+    struct.pack_into("<Q", data, built.fields["tensor.b.weight.offset"], 32)
+    path = tmp_path / "overlap.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match=r"tensor 'b.weight' offset .*overlaps that of tensor 'a.weight'"):
+        GGUFFile(path)
+
+
+def test_tensor_name_that_is_not_utf8_is_named_as_such(tmp_path: Path):
+    built = build_gguf({}, [("ab.weight", np.arange(32, dtype=np.float32), 0)])
+    data = bytearray(built.data)
+    at = built.fields["tensor.ab.weight.name"] + 8   # past the u64 length
+    data[at:at + 2] = b"\xff\xfe"
+    path = tmp_path / "name.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match=r"tensor #0 name .*b'\\xff\\xfe.weight' is not valid UTF-8"):
+        GGUFFile(path)

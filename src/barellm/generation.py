@@ -43,6 +43,9 @@ __all__ = ["DEFAULT_MAX_TOKENS", "PHASES", "Delta", "Generation", "SlotTable", "
 # the rest of the engine call (its Python wrapper filling token and position arrays, the logits copied out);
 # "grammar" the constrained-decoding parser (waiting for its mask, taking the chosen token); "write" the
 # server's formatting and sending of the events (the Python API has none).
+# the finish reason of a generation whose output constraint reached a state no token can continue (not a
+# completed output): its text is not a sentence of the grammar, and the reply must not pass for a success
+CONSTRAINT_FAILED = "constraint_failed"
 PHASES = ("forward", "logits copy", "grammar", "sample", "logprobs", "detokenize", "stop", "bookkeeping", "write")
 
 # max_tokens when none is given, for the Python API, the command line, the chat and the server's chat routes:
@@ -214,7 +217,10 @@ class Generation:
         tm["sample"] += t1 - t0
         self.next_token = None
         if tok in self.eog:
-            return self._finish("stop")
+            # a constraint that reached a dead end (its parser failed, or it stopped short of a complete
+            # output, as a rule's max_tokens does) allows only the end tokens: the reply says it failed
+            failed = guide is not None and (guide.error is not None or not guide.accepting)
+            return self._finish(CONSTRAINT_FAILED if failed else "stop")
         if guide is not None:   # the next mask is computed from here on, beside the next forward pass
             guide.accept(tok)
             t2 = clock()

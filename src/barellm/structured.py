@@ -151,6 +151,7 @@ class Vocabulary:
             schema = {}
         if not isinstance(schema, Mapping):
             raise InvalidRequest(f"{what} must be a JSON schema object, got {type(schema).__name__}")
+        _check_numbers(schema, what)
         own = schema.get("x-guidance")   # llguidance's options in the schema win over the default whitespace
         defaults = {} if isinstance(own, Mapping) and {"whitespace_flexible", "whitespace_pattern"} & set(own) else \
             {"whitespace_pattern": JSON_WHITESPACE}
@@ -215,6 +216,28 @@ class Vocabulary:
         return None
 
 
+_INT_RANGE = (-(1 << 63), (1 << 64) - 1)
+
+
+def _check_numbers(value: Any, where: str) -> None:
+    """Refuses an integer in a schema that the schema compiler cannot hold (past 64 bits, as `minimum: 10**300`
+    is), naming where it is, instead of the compiler's 'Value is not JSON serializable'."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int):
+            if not _INT_RANGE[0] <= v <= _INT_RANGE[1]:
+                digits = len(str(abs(v)))
+                raise InvalidRequest(f"{at} is an integer of {digits} digits; numbers in a schema must fit "
+                                     "64 bits (-2^63 .. 2^64-1)")
+        elif isinstance(v, Mapping):
+            stack.extend((x, f"{at}.{k}") for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
+
+
 def _one_line(text: str, limit: int = 400) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[:limit] + "..."
@@ -240,6 +263,15 @@ class Grammar:
         matcher = llg.LLMatcher(vocab.ll, text, log_level=0)
         if matcher.is_error():
             raise InvalidRequest(f"{what}: {_describe(matcher.get_error())}")
+        # A grammar that lets no output begin (`root ::= root`, a schema that is only a $ref cycle, a regex
+        # of an empty character class) compiles; its first mask is where llguidance finds it out. Then it
+        # is refused here, with the request, instead of the reply ending empty.
+        probe = matcher.deep_copy()
+        buf = np.zeros(vocab.words, np.uint32)
+        probe.unsafe_compute_mask_ptr(buf.ctypes.data, buf.nbytes)
+        if probe.is_error() or not (buf.any() or probe.is_accepting()):
+            raise InvalidRequest(f"{what} can never be satisfied: no output matches it (llguidance: "
+                                 f"{_stop_reason(probe.get_error()) or 'no token can begin it'})")
         self._matcher = matcher
 
     def guide(self, background: bool = True) -> Guide:
@@ -252,6 +284,15 @@ class Grammar:
 
     def __repr__(self) -> str:
         return f"Grammar({self.kind}, {len(self.text)} characters)"
+
+
+def _stop_reason(message: str) -> str:
+    """The reason line of llguidance's parser-state dump ("Stop: NoExtensionBias"), in words."""
+    for line in message.splitlines():
+        if line.startswith("Stop: "):
+            why = line.removeprefix("Stop: ").strip()
+            return {"NoExtensionBias": "no token can begin it"}.get(why, why)
+    return _one_line(message, 200) if message else ""
 
 
 def _describe(message: str) -> str:

@@ -347,6 +347,12 @@ class GGUFFile(MappedFile):
             infos[info[0]] = info
         self.data_offset = -(-p.pos // self.alignment) * self.alignment
         self.tensors = {name: self._place(p, *info) for name, info in infos.items()}
+        # disjoint data: tensors that share bytes mean a corrupt or crafted file, whose weights are garbage
+        spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in self.tensors.values() if t.nbytes)
+        for (start_a, end_a, a), (start_b, end_b, b) in zip(spans, spans[1:], strict=False):
+            if start_b < end_a:
+                raise p.error(f"tensor {b!r} offset", infos[b][4],
+                              f"its data [{start_b}, {end_b}) overlaps that of tensor {a!r} [{start_a}, {end_a})")
 
     def _alignment(self, p: _Parser, at: int | None) -> int:
         if at is None:
@@ -360,7 +366,13 @@ class GGUFFile(MappedFile):
         return value
 
     def _tensor_info(self, p: _Parser, i: int) -> tuple[str, tuple[int, ...], int, int, int]:
+        name_at = p.pos
         name = p.string(f"tensor #{i} name", MAX_NAME_BYTES)
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:   # surrogateescape kept its bad bytes: no loader could ask for this name
+            raw = name.encode("utf-8", "surrogateescape")
+            raise p.error(f"tensor #{i} name", name_at, f"name {raw[:100]!r} is not valid UTF-8") from None
         label = f"tensor {name!r}"
         at = p.pos
         n_dims = p.u32(f"{label} n_dims")

@@ -53,6 +53,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="a browser origin allowed to call the API, e.g. https://app.example.com (repeatable; "
                         "'*' for any). Default: none, and no CORS headers are sent")
+    c = p.add_argument_group("connections (0 turns a timeout off)")
+    c.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="a request's headers must arrive within this of the connection opening or of the "
+                        "request's first byte; else 408 and close (default 10)")
+    c.add_argument("--body-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="a request body must arrive within this of its headers (default 60)")
+    c.add_argument("--min-body-rate", type=float, default=1024.0, metavar="BYTES",
+                   help="after 5 s, a body must arrive at this many bytes a second or faster (default 1024)")
+    c.add_argument("--keep-alive", type=float, default=5.0, metavar="SECONDS",
+                   help="an idle connection is closed this long after its last response (default 5)")
+    c.add_argument("--send-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="a client that reads none of its response for this long is dropped (default 60)")
+    c.add_argument("--max-connections", type=int, default=512,
+                   help="open connections at most; past them a new one gets 503 and is closed (default 512)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     g = p.add_argument_group("replicas on a Ray cluster (pip install 'barellm[ray]'; see docs/ray.md)")
     g.add_argument("--ray", action="store_true",
@@ -89,6 +103,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise InvalidRequest(f"--queue must be >= 0, got {args.queue}")
     if not args.timeout >= 0:
         raise InvalidRequest(f"--timeout must be >= 0 seconds, got {args.timeout}")
+    for name in ("header_timeout", "body_timeout", "min_body_rate", "keep_alive", "send_timeout"):
+        value = getattr(args, name)
+        if not 0 <= value <= 86400:
+            raise InvalidRequest(f"--{name.replace('_', '-')} must be in 0..86400, got {value}")
+    if not 1 <= args.max_connections <= 1 << 20:
+        raise InvalidRequest(f"--max-connections must be in 1..{1 << 20}, got {args.max_connections}")
     if args.prefill_chunk < 1:
         raise InvalidRequest(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
     if not 0 <= args.stream_interval <= 10:
@@ -140,6 +160,25 @@ def build_app(args: argparse.Namespace, *, replica: str | None = None) -> Any:
                       stream_interval=args.stream_interval, replica=replica)
 
 
+def connection_limits(args: argparse.Namespace) -> Any:
+    """The connection rules the options give (serve/connections.py), the cap held under the process's
+    open-file limit so that a refusal can still be sent."""
+    from barellm.serve.connections import Limits
+
+    cap = args.max_connections
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft != resource.RLIM_INFINITY:
+            cap = max(1, min(cap, soft - 64))
+    except (ImportError, OSError, ValueError):
+        pass
+    return Limits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                  min_body_rate=args.min_body_rate, keep_alive=args.keep_alive, send_timeout=args.send_timeout,
+                  max_connections=cap)
+
+
 def check_model(args: argparse.Namespace) -> None:
     """Refuses a model that resolves to nothing (the error names the known models) before a server starts or
     a Ray cluster is joined. A path given with --address is left to the cluster: it names a file there."""
@@ -177,5 +216,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not is_loopback(args.host) and args.api_key is None:
         print("barellm: warning: listening beyond loopback without --api-key: anyone who can reach this port "
               "can use the model", file=sys.stderr)
-    run(app, host=args.host, port=args.port, log_level=args.log_level)
+    run(app, host=args.host, port=args.port, log_level=args.log_level, limits=connection_limits(args))
     return 0

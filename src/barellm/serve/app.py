@@ -691,7 +691,7 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
     app.state.server = state
     app.state.openapi = openapi_doc.openapi(__version__, ollama.MODELS, ollama.PATHS)
     # outermost last: every answer is counted, CORS headers go on the guard's refusals too
-    app.add_middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts)
+    app.add_middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts, routes=app.router.routes)
     origins = list(cors_origins)
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
@@ -701,18 +701,24 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
     return app
 
 
-def server_config(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info"
-                  ) -> Any:
-    """uvicorn's settings for app: no Server header, and a cap on a request's header block while it
-    arrives (the Guard checks the complete headers too, whatever HTTP parser uvicorn picked)."""
+def server_config(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info",
+                  limits: Any = None) -> Any:
+    """uvicorn's settings for app: no Server header, a cap on a request's header block while it arrives (the
+    Guard checks the complete headers too), and connections.py's rules for slow, idle and excess
+    connections (limits: a connections.Limits; None: its defaults)."""
     import uvicorn
 
+    from barellm.serve.connections import Limits, protocol_class
+
+    limits = limits if limits is not None else Limits()
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5,
-                          server_header=False, h11_max_incomplete_event_size=2 * MAX_HEADER_BYTES)
+                          server_header=False, h11_max_incomplete_event_size=2 * MAX_HEADER_BYTES,
+                          http=protocol_class(limits), timeout_keep_alive=limits.keep_alive or 1 << 30)
 
 
-def run(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info") -> None:
+def run(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info",
+        limits: Any = None) -> None:
     """Serves app with uvicorn until interrupted."""
     import uvicorn
 
-    uvicorn.Server(server_config(app, host, port, log_level)).run()
+    uvicorn.Server(server_config(app, host, port, log_level, limits)).run()

@@ -83,7 +83,7 @@ class AssistantMessage(_Out):
     tool_calls: list[ToolCall] | None = None
 
 
-FinishReason = Literal["stop", "length", "tool_calls"]
+FinishReason = Literal["stop", "length", "tool_calls", "constraint_failed"]
 
 
 class ChatChoice(_Out):
@@ -245,6 +245,11 @@ _MODELS: list[type[BaseModel]] = [
 ERROR_STATUSES = {400: "invalid request", 401: "missing or wrong API key (with --api-key)", 404: "unknown model",
                   413: "body over 1 MiB", 415: "the body is not sent as application/json", 429: "the queue is full",
                   503: "waited past the time limit"}
+# what every operation may answer, whatever its handler: the Guard's refusals (security.py), and for a body
+# the parser's (schemas.py). A refusal of the connection itself (408, 503 past --max-connections:
+# connections.py) comes before any route and is not an operation's answer.
+_ALWAYS = (401,)
+_WITH_BODY = (400, 413, 415)
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -255,11 +260,23 @@ def json_body(schema: str) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": _ref(schema)}}}
 
 
+def sse_event(schema: str, done: bool = True) -> dict[str, Any]:
+    """One server-sent event of a stream (before OpenAPI 3.2, a text/event-stream schema describes each
+    event): its data is the JSON of `schema` or of an Error, or (done) the closing `[DONE]`."""
+    data: dict[str, Any] = {"type": "string", "contentMediaType": "application/json",
+                            "contentSchema": {"anyOf": [_ref(schema), _ref("Error")]}}
+    if done:
+        data = {"anyOf": [{"const": "[DONE]"}, data]}
+    return {"type": "object", "required": ["data"], "properties": {"data": data}}
+
+
 def responses(ok: str, schema: str | None, *, stream: str | None = None, errors: tuple[int, ...] = (400,),
-              media: str = "application/json") -> dict[str, Any]:
+              media: str = "application/json", stream_schema: str | None = None, done: bool = True
+              ) -> dict[str, Any]:
     content: dict[str, Any] = {media: {"schema": _ref(schema) if schema else {"type": "string"}}}
     if stream:
-        content["text/event-stream"] = {"schema": {"type": "string", "description": stream}}
+        content["text/event-stream"] = {"schema": {**sse_event(stream_schema or schema or "Error", done),
+                                                   "description": stream}}
     out: dict[str, Any] = {"200": {"description": ok, "content": content}}
     for code in errors:
         out[str(code)] = {"description": ERROR_STATUSES[code],
@@ -274,7 +291,7 @@ PATHS: dict[str, Any] = {
         "summary": "Chat completion (streaming with stream: true)", "operationId": "createChatCompletion",
         "requestBody": json_body("ChatCompletionRequest"),
         "responses": responses("a chat.completion object; streamed, chat.completion.chunk events", "ChatCompletion",
-                               stream=_SSE, errors=_GEN_ERRORS)}},
+                               stream=_SSE, errors=_GEN_ERRORS, stream_schema="ChatCompletionChunk")}},
     "/v1/completions": {"post": {
         "summary": "Text completion (streaming with stream: true)", "operationId": "createCompletion",
         "requestBody": json_body("CompletionRequest"),
@@ -288,7 +305,7 @@ PATHS: dict[str, Any] = {
         "requestBody": json_body("InfillRequest"),
         "responses": responses("the fill and its counts", "Infill",
                                stream='with stream: true, `data: {"content", "stop": false}` events, then the '
-                                      'whole object with "stop": true', errors=_GEN_ERRORS)}},
+                                      'whole object with "stop": true', errors=_GEN_ERRORS, done=False)}},
     "/v1/models": {"get": {"summary": "The served model", "operationId": "listModels",
                            "responses": responses("a list of models", "ModelList", errors=(401,))}},
     "/v1/models/{model}": {"get": {
@@ -321,9 +338,51 @@ def openapi(version: str, extra_models: Sequence[type[BaseModel]] = (), extra_pa
         "openapi": "3.1.0",
         "info": {"title": "barellm", "version": version,
                  "description": "An OpenAI-compatible server for one model; concurrent requests are batched."},
-        "paths": {**PATHS, **(extra_paths or {})},
-        "components": {"schemas": defs.get("$defs", {}),
+        "paths": _every_status({**PATHS, **(extra_paths or {})}),
+        "components": {"schemas": _json_bounds(defs.get("$defs", {})),
                        "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer",
                                                       "description": "needed when started with --api-key"}}},
         "security": [{"apiKey": []}, {}],
     }
+
+
+def _every_status(paths: Mapping[str, Any]) -> dict[str, Any]:
+    """paths with the statuses every operation can answer added where an operation leaves them out: the
+    Guard's and the body parser's, and an unknown model's 404 on a body that names one. /api/* answer in
+    Ollama's error shape ({"error": "..."}), the others in OpenAI's."""
+    out: dict[str, Any] = {}
+    for path, ops in paths.items():
+        out[path] = {}
+        for method, op in ops.items():
+            op = {**op, "responses": dict(op.get("responses", {}))}
+            codes = list(_ALWAYS)
+            if "requestBody" in op:
+                codes += [*_WITH_BODY, 404]
+            if path.startswith("/api/"):
+                schema: dict[str, Any] = {"type": "object", "properties": {"error": {"type": "string"}},
+                                          "required": ["error"]}
+            else:
+                schema = _ref("Error")
+            for code in sorted(codes):
+                if path == "/health" and code == 401:
+                    continue   # open for liveness probes
+                op["responses"].setdefault(str(code), {
+                    "description": ERROR_STATUSES[code] if code != 404 else "the body names a model not served here",
+                    "content": {"application/json": {"schema": schema}}})
+            out[path][method] = op
+    return out
+
+
+_BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+def _json_bounds(schema: Any) -> Any:
+    """schema with pydantic's bound keys put in JSON Schema's words. A Field(ge=...) on a type that carries a
+    validator of its own (schemas.Int: 16.0 read as 16) is written as "ge", which no JSON Schema reader
+    knows: the document stated no bound at all for n, top_k, dimensions, ..."""
+    if isinstance(schema, dict):
+        numeric = schema.get("type") in ("integer", "number")
+        return {(_BOUNDS[k] if numeric and k in _BOUNDS else k): _json_bounds(v) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_json_bounds(v) for v in schema]
+    return schema

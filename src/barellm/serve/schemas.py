@@ -212,7 +212,8 @@ class ToolCall(_Body):
 
 class Message(_Body):
     role: Role = Field(description="developer is read as system; tool: a tool's result (tool_call_id)")
-    content: Content | None = Field(None, description="may be null only on an assistant message with tool_calls")
+    content: Content | None = Field(None, description="may be null on an assistant message with tool_calls, and "
+                                                      "on a tool message (an empty result)")
     name: str | None = None
     tool_calls: list[ToolCall] | None = Field(None, description="an assistant's earlier tool calls")
     tool_call_id: str | None = Field(None, description="the call a tool message answers")
@@ -401,7 +402,9 @@ class ChatCompletionRequest(_Sampling):
 def _message(m: Message, i: int) -> dict[str, Any]:
     """A message as the chat template path takes it (text content; tool calls and results as dicts)."""
     out: dict[str, Any] = {"role": ROLES[m.role]}
-    if m.content is None:
+    if m.content is None and m.role == "tool":
+        out["content"] = ""   # a tool that returned nothing
+    elif m.content is None:
         if not (m.role == "assistant" and m.tool_calls):
             raise bad(f"messages[{i}].content is required (only an assistant message with tool_calls may leave it "
                       "out)", f"messages[{i}].content")
@@ -438,8 +441,12 @@ def _one_prompt(v: Any) -> Any:
 
 
 TokenId = Annotated[int, Field(ge=0)]
-Prompt = Annotated[_either(str, Annotated[list[TokenId], Field(min_length=1)],
-                           "must be a string or an array of token ids"), BeforeValidator(_one_prompt)]
+_TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+# what the schema says a prompt may be: OpenAI's batch forms with one prompt in them included
+_PromptInput = Union[str, _TokenIds, Annotated[list[str], Field(min_length=1, max_length=1)],  # noqa: UP007
+                     Annotated[list[_TokenIds], Field(min_length=1, max_length=1)]]
+Prompt = Annotated[_either(str, _TokenIds, "must be a string or an array of token ids"),
+                   BeforeValidator(_one_prompt, json_schema_input_type=_PromptInput)]
 
 
 class CompletionRequest(_Sampling):
@@ -647,7 +654,11 @@ def _api_error(err: Any) -> ApiError:
     if kind in ("too_short", "too_long"):
         bound = f"at least {ctx.get('min_length')}" if kind == "too_short" else f"at most {ctx.get('max_length')}"
         n = ctx.get("min_length" if kind == "too_short" else "max_length")
-        return bad(f"{where} must have {bound} item{'' if n == 1 else 's'}, got {ctx.get('actual_length')}", where)
+        got_n = ctx.get("actual_length")
+        if got_n is None and isinstance(err.get("input"), (dict, list, str)):
+            got_n = len(err["input"])   # pydantic leaves the count out for a mapping
+        what = "entries" if isinstance(err.get("input"), dict) else f"item{'' if n == 1 else 's'}"
+        return bad(f"{where} must have {bound} {what}, got {got_n}", where)
     bounds = {"greater_than_equal": ("ge", ">="), "less_than_equal": ("le", "<="), "greater_than": ("gt", ">"),
               "less_than": ("lt", "<")}
     if kind in bounds:   # pydantic prints large bounds as floats

@@ -2,14 +2,17 @@
 JSON content type, and (opted in) CORS.
 
 Each check answers in OpenAI's error shape before any handler runs:
+- Two Host headers: 400 (RFC 9112 section 3.2: a server must refuse them; the first would win otherwise).
 - Host not allowed: 421. A page on another site can make a browser send requests to a loopback server
   under a name it controls (DNS rebinding); such requests carry that name, not a loopback one.
 - Headers over the limit: 431, so a client cannot make every request hold large header blocks.
 - API key missing or wrong: 401. Compared in constant time; /health stays open for liveness probes,
   and so does the chat page at / (it asks for the key itself).
-- A POST whose body is not declared application/json: 415. Browsers send text/plain, form and multipart
-  bodies cross-origin without asking (no preflight); requiring JSON means a foreign page cannot start a
-  generation, as a JSON body from another origin needs a preflight that only --cors-origin lets through.
+- A POST whose body is not declared application/json: 415, once the route is known to exist and to take a POST
+  (an unknown path is a 404 and a wrong method a 405 whatever the body, from the router). Browsers send
+  text/plain, form and multipart bodies cross-origin without asking (no preflight); requiring JSON means a
+  foreign page cannot start a generation, as a JSON body from another origin needs a preflight that only
+  --cors-origin lets through.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 MAX_HEADER_BYTES = 16 * 1024
@@ -64,8 +68,9 @@ class Guard:
     """ASGI middleware applying the checks above, in that order."""
 
     def __init__(self, app: ASGIApp, *, api_key: str | None = None, allowed_hosts: Iterable[str] | None = None,
-                 max_header_bytes: int = MAX_HEADER_BYTES) -> None:
+                 max_header_bytes: int = MAX_HEADER_BYTES, routes: Sequence[BaseRoute] | None = None) -> None:
         self.app = app
+        self.routes = routes   # the router's own list (None: every path counts as routed)
         self.api_key = api_key.encode() if api_key else None
         hosts = None if allowed_hosts is None else {host_name(h) for h in allowed_hosts}
         self.allowed_hosts = None if hosts is None or "*" in hosts else hosts
@@ -82,6 +87,11 @@ class Guard:
                          "are accepted", "headers_too_large")
             return
         get = _getter(headers)
+        hosts = sum(1 for k, _ in headers if k == b"host")
+        if hosts > 1:
+            await _error(send, 400, f"the request carries {hosts} Host headers; HTTP/1.1 allows exactly one",
+                         "duplicate_host", headers=[(b"connection", b"close")])
+            return
         if self.allowed_hosts is not None:
             host = host_name(get(b"host").decode("latin-1"))
             if host not in self.allowed_hosts:
@@ -100,7 +110,7 @@ class Guard:
                              if not given else "the API key is not valid", "invalid_api_key",
                              headers=[(b"www-authenticate", b'Bearer realm="barellm"')])
                 return
-        if method == "POST":
+        if method == "POST" and self._routed(scope):
             mime = get(b"content-type").split(b";")[0].strip().lower()
             if mime != b"application/json":
                 shown = mime.decode("latin-1")[:100] or "none"
@@ -108,6 +118,13 @@ class Guard:
                              f"(got {shown})", "unsupported_media_type")
                 return
         await self.app(scope, receive, send)
+
+
+    def _routed(self, scope: Scope) -> bool:
+        """Whether a route takes this method at this path (else the router answers 404 or 405)."""
+        if self.routes is None:
+            return True
+        return any(r.matches(scope)[0] == Match.FULL for r in self.routes)
 
 
 def _getter(headers: list[tuple[bytes, bytes]]) -> Any:
