@@ -91,7 +91,7 @@ def cache_candidates(extra: Iterable[tuple[str, Path]] = (), aliases: dict[str, 
     from barellm import catalog, hub
 
     out: list[Candidate] = []
-    seen: set[Path] = set()
+    seen: dict[Path, int] = {}
 
     def add(name: str, path: Path, more: Iterable[str]) -> None:
         try:
@@ -99,10 +99,12 @@ def cache_candidates(extra: Iterable[tuple[str, Path]] = (), aliases: dict[str, 
             resolved = path.resolve()
         except OSError:
             return
-        if resolved in seen:
-            return
-        seen.add(resolved)
         names = {n.lower() for n in (name, path.name, path.stem, *more) if n}
+        if resolved in seen:   # a model given at start and found in the cache: one, by all its names
+            c = out[seen[resolved]]
+            out[seen[resolved]] = Candidate(c.name, c.path, c.names | names, c.size, c.modified)
+            return
+        seen[resolved] = len(out)
         out.append(Candidate(name, path, frozenset(names), st.st_size, st.st_mtime))
 
     for name, path in extra:
