@@ -74,8 +74,8 @@ def _home_with(tmp: Path, names: list[str]) -> Path:
 def _serve(home: Path, *args: str, context: int = 512) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = {**os.environ, "BARELLM_HOME": str(home), "PYTHONPATH": SRC}
-    proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", *args, "--port", str(port), "-c", str(context),
-                             "--slots", "2", "-t", "1", "--log-level", "warning"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", *args, "--port", str(port),
+                             "-c", str(context), "--slots", "2", "-t", "1", "--log-level", "warning"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
