@@ -295,3 +295,25 @@ def test_own_gguf_by_path_then_by_name(tmp_path) -> None:
     gone = _cli(home, "rm", "my-model")
     assert gone.returncode == 1 and "unknown model" in gone.stderr
     shutil.rmtree(home)
+
+
+@pytest.mark.model
+def test_forced_tool_call_ends_with_the_turn_through_the_openai_client(server) -> None:
+    pytest.importorskip("llguidance")
+    base, _ = server
+    oa = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        r = oa.chat.completions.create(model=SMALL, messages=ask, tools=tools, tool_choice=choice, temperature=0,
+                                       parallel_tool_calls=False)
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+        assert calls[0].function.name == "get_weather"
+        assert json.loads(calls[0].function.arguments)["city"] and r.usage.completion_tokens < 100
+        chunks = list(oa.chat.completions.create(model=SMALL, messages=ask, tools=tools, tool_choice=choice,
+                                                 temperature=0, parallel_tool_calls=False, stream=True))
+        reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        streamed = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+        assert reasons == ["tool_calls"] and [d.function.name for d in streamed if d.function.name] == ["get_weather"]
