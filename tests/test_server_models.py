@@ -317,3 +317,68 @@ def test_forced_tool_call_ends_with_the_turn_through_the_openai_client(server) -
         reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
         streamed = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
         assert reasons == ["tool_calls"] and [d.function.name for d in streamed if d.function.name] == ["get_weather"]
+
+
+def test_models_share_a_load_evict_the_least_recent_idle_one_and_keep_busy_ones(tmp_path) -> None:
+    """serve.models on its own, with a loader that counts its calls: concurrent requests for a model being
+    loaded wait for that one load; past the budget the least recently used idle model goes, a busy one
+    never (the load waits for it); keep_alive 0 unloads after the request."""
+    import asyncio
+
+    from barellm.serve.models import Candidate, Models
+
+    files = {}
+    for name in ("a", "b", "c"):
+        files[name] = tmp_path / f"{name}.gguf"
+        files[name].write_bytes(b"x" * 10)
+    cands = [Candidate(n, p, frozenset({n, p.name}), 10, 0.0) for n, p in files.items()]
+    loads: list[str] = []
+    unloads: list[str] = []
+
+    class State:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    def load(c: Candidate) -> State:
+        loads.append(c.name)
+        time.sleep(0.05)
+        return State(c.name)
+
+    async def main() -> None:
+        models = Models(lambda: cands, load, lambda s: unloads.append(s.name), max_loaded=2, keep_alive=60)
+        first = await asyncio.gather(*(models.acquire("a") for _ in range(3)))
+        assert loads == ["a"] and len({id(x.state) for x in first}) == 1
+        for lease in first:
+            lease.release()
+        b = await models.acquire("B.gguf")   # by its file name, any case
+        b.release()
+        a = await models.acquire("a:latest")   # a is now the more recent, and busy
+        c = await models.acquire("c")          # room for c: b goes (idle), not the busy a
+        await asyncio.sleep(0.05)
+        assert unloads == ["b"] and set(models.loaded) == {"a", "c"}
+        c.release()
+        a.release()   # both idle now, c the less recently used
+        got = await asyncio.wait_for(models.acquire("b"), 5)
+        assert unloads == ["b", "c"] and set(models.loaded) == {"a", "b"}
+        got.release()
+        busy_b, busy_c = await models.acquire("b"), await models.acquire("c")
+        assert unloads == ["b", "c", "a"]
+        pending = asyncio.ensure_future(models.acquire("a"))   # both busy: a waits, nothing is cut
+        await asyncio.sleep(0.2)
+        assert not pending.done() and set(models.loaded) == {"b", "c"}
+        busy_c.release()
+        lease_a = await asyncio.wait_for(pending, 5)
+        assert unloads[-1] == "c" and set(models.loaded) == {"a", "b"}
+        busy_b.release()
+        lease_a.release()
+        zero = await models.acquire("a", 0)
+        zero.release()
+        await asyncio.sleep(0.1)
+        assert "a" not in models.loaded and unloads[-1] == "a"
+        with pytest.raises(ApiError) as e:
+            await models.acquire("d")
+        assert e.value.status == 404 and "a, b, c" in e.value.message
+        await models.close()
+        assert not models.loaded
+
+    asyncio.run(main())
