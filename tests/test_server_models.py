@@ -270,8 +270,14 @@ def test_own_gguf_by_path_then_by_name(tmp_path) -> None:
     assert re.search(r"^my-model\s+instruct", listed.stdout, re.M) and hashed[0].stem not in listed.stdout
     r = _cli(home, "run", "my-model", "the cat", "-n", "3", "--temperature", "0", "-v")
     assert r.returncode == 0 and r.stdout.startswith("the cat"), r.stderr
-    chat = _cli(home, "chat", "my-model", "-n", "2")
-    assert chat.returncode == 0
+    env = {**os.environ, "BARELLM_HOME": str(home), "PYTHONPATH": SRC}
+    chat = subprocess.run([sys.executable, "-m", "barellm.cli", "chat", "my-model", "-n", "2"], input="/show\n/bye\n",
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert chat.returncode == 0 and re.search(r"model\s+my-model", chat.stderr), chat.stderr
+    bench = _cli(home, "bench", "my-model", "-p", "8", "-n", "4", "-r", "1", "--json")
+    assert bench.returncode == 0 and json.loads(bench.stdout)[0]["model"] == "my-model", bench.stderr
+    for out in (r.stdout + r.stderr, chat.stderr, bench.stdout + bench.stderr):
+        assert hashed[0].stem not in out   # the hash stays the cache's internal file name
     typo = _cli(home, "run", "my-modle", "hi")
     assert typo.returncode == 1 and "did you mean my-model" in typo.stderr and "my-model" in typo.stderr
     proc, base = _serve(home, "my-model", context=128)
