@@ -293,6 +293,7 @@ def test_own_gguf_by_path_then_by_name(tmp_path) -> None:
     rm = _cli(home, "rm", "my-model")
     assert rm.returncode == 0, rm.stderr
     assert list((home / "blm").glob("*.blm")) == [] and list((home / "blm" / "index").glob("*.json")) == []
+    assert list((home / "blm" / "names").glob("*")) == []
     assert "my-model" not in _cli(home, "list").stdout
     assert own.is_file()   # the user's own file stays
     # removed by its path as well

@@ -57,6 +57,14 @@ def _header(path: Path) -> tuple[str, str, str | None, bool] | None:
     key = (str(path), st.st_size, st.st_mtime_ns)
     if key in _headers:
         return _headers[key]
+    note = _note_path(path)
+    try:   # what an earlier read of this conversion noted: no header to parse (a large vocabulary takes a while)
+        n = json.loads(note.read_text())
+        if n.get("size") == st.st_size and n.get("mtime_ns") == st.st_mtime_ns:
+            _headers[key] = out = (n["sha256"], n["source"], n["general_name"], bool(n["instruct"]))
+            return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
     out = None
     try:
         with blm.BLMFile(path, prefetch=False) as f:
@@ -69,7 +77,22 @@ def _header(path: Path) -> tuple[str, str, str | None, bool] | None:
     except (BarellmError, OSError, ValueError):
         out = None
     _headers[key] = out
+    if out is not None:
+        from barellm.files import write_bytes_atomic
+
+        try:
+            note.parent.mkdir(exist_ok=True)
+            write_bytes_atomic(note, json.dumps({"sha256": out[0], "source": out[1], "general_name": out[2],
+                                                 "instruct": out[3], "size": st.st_size,
+                                                 "mtime_ns": st.st_mtime_ns}).encode())
+        except OSError:
+            pass   # a read-only cache: the header is parsed again next time
     return out
+
+
+def _note_path(blm_path: Path) -> Path:
+    """Where the names of a user's conversion are noted: blm/names/<sha256>.json beside blm/index."""
+    return blm_path.parent / "names" / f"{blm_path.stem}.json"
 
 
 def _registered_hashes() -> dict[str, str]:
@@ -174,6 +197,7 @@ def remove_local(m: LocalModel) -> list[tuple[Path, int]]:
     if m.path.is_file():
         m.path.unlink()
         removed.append((m.path, m.size))
+    _note_path(m.path).unlink(missing_ok=True)
     _headers.clear()
     return removed
 
