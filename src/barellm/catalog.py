@@ -11,10 +11,15 @@ Two conversions of different files with one name: the later ones get their hash'
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from barellm import hub
+from barellm.errors import ModelNotFound
 
 _HASH_NAME = re.compile(r"[0-9a-f]{64}")
 
@@ -96,8 +101,6 @@ def _note_path(blm_path: Path) -> Path:
 
 
 def _registered_hashes() -> dict[str, str]:
-    from barellm import hub
-
     return {spec.sha256: name for name, spec in hub.REGISTRY.items()}
 
 
@@ -111,7 +114,6 @@ def _stem(file_name: str) -> str:
 
 def local_models() -> list[LocalModel]:
     """The user's own conversions in the cache, oldest first, each under a unique name."""
-    from barellm import hub
     from barellm.cache import cache_dir
 
     directory = cache_dir()
@@ -205,8 +207,6 @@ def remove_local(m: LocalModel) -> list[tuple[Path, int]]:
 def display_name(path: str | Path) -> str:
     """The name to print for a model file: its registered name (the cache's conversion of a registered
     model, or its pulled GGUF), the name of a user's conversion, else the file's name without extension."""
-    from barellm import hub
-
     p = Path(path)
     registered = _registered_hashes()
     if p.stem in registered:
@@ -222,3 +222,48 @@ def display_name(path: str | Path) -> str:
                     return m.name
             return _stem(head[1])
     return _stem(p.name)
+
+
+# --- names over everything: the registry's (hub) and the user's own models ---------------------------
+
+def known_names() -> list[str]:
+    """Every model name a command takes: the registered ones, then the user's own models in the cache."""
+    return [*sorted(hub.REGISTRY), *(m.name for m in local_models())]
+
+
+def is_known(word: str) -> bool:
+    """Whether a word names a model without being a path: a registered name or alias, or one's own model."""
+    return word in hub.REGISTRY or word in hub.ALIASES or find_local(word) is not None
+
+
+def close_names(word: str) -> list[str]:
+    """The known names and aliases `word` is most likely a misspelling of, best first (maybe none)."""
+    names = [*hub.REGISTRY, *hub.ALIASES, *(m.name for m in local_models())]
+    return difflib.get_close_matches(word, names, n=3, cutoff=0.8)
+
+
+def looks_like_model(word: str) -> bool:
+    """hub.looks_like_model, one's own models' names and their near misses included."""
+    if hub.looks_like_model(word):
+        return True
+    return bool(word) and word != "-" and (is_known(word) or (not any(c.isspace() for c in word)
+                                                              and bool(close_names(word))))
+
+
+def unknown_model(target: str) -> ModelNotFound:
+    """The error for a model reference that resolves to nothing: one line naming the known models (one's
+    own among them), and the closest of them when the reference looks like a misspelling of one."""
+    close = close_names(target)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return ModelNotFound(f"{target!r} is neither a file nor a known model{hint} (known: {', '.join(known_names())})")
+
+
+def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing: bool = True) -> Path:
+    """The file a model name or path stands for (hub.resolve), one's own models by name too."""
+    target = os.fspath(name_or_path) if name_or_path is not None else hub.DEFAULT_MODEL
+    if target in hub.REGISTRY or target in hub.ALIASES or hub.exists(target):
+        return hub.resolve(target, pull_missing=pull_missing)
+    local = find_local(target)
+    if local is not None:
+        return local.path
+    raise unknown_model(target)

@@ -84,19 +84,20 @@ def is_model(word: str) -> bool:
     alias, an existing path, or a word shaped like a model reference (a path, a near miss of a known name,
     NAME-135m), which then must resolve (hub.looks_like_model). Anything else starts the prompt, so
     `barellm run Once upon a time` runs the default model."""
-    from barellm import hub
 
-    return hub.looks_like_model(word)
+    from barellm import catalog
+
+    return catalog.looks_like_model(word)
 
 
 def _check_model(word: str | None, command: str) -> None:
     """Fails before anything runs when `word`, taken as a model, resolves to nothing (its error names the
     known models). Registered models not yet pulled pass: loading pulls them."""
-    from barellm import hub
+    from barellm import catalog, hub
 
-    if word is None or hub.exists(word) or hub.is_known(word):
+    if word is None or hub.exists(word) or catalog.is_known(word):
         return
-    e = hub.unknown_model(word)
+    e = catalog.unknown_model(word)
     if command == "run":
         e = ModelNotFound(f"{e}; to start the prompt with this word, name the model first")
     raise e
@@ -228,7 +229,7 @@ def remove_model(name: str) -> list[tuple[Path, int]]:
         if hub.exists(name):
             raise InvalidRequest(f"{name}: not a model in barellm's cache (it was never converted, or already "
                                  "removed); rm only deletes what barellm itself put in its cache")
-        raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(hub.known_names())})")
+        raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(catalog.known_names())})")
     spec = hub.REGISTRY[canonical]
     models = home() / "models"
     model_dir = models / spec.name
@@ -322,11 +323,11 @@ def _register_convert(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from barellm import hub
+    from barellm import catalog
     from barellm.convert import convert
     from barellm.formats import blm
 
-    src = hub.resolve(args.src, pull_missing=False)
+    src = catalog.resolve(args.src, pull_missing=False)
     out = Path(args.output)
     if out.exists() and out.is_dir():
         raise BarellmError(f"{out}: is a directory")
@@ -339,12 +340,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from barellm import hub
+    from barellm import catalog
     from barellm.cache import cached_path
     from barellm.formats import blm, sniff
     from barellm.progress import Progress
 
-    path = hub.resolve(args.file, pull_missing=False)
+    path = catalog.resolve(args.file, pull_missing=False)
     if sniff(path) != "blm":
         cached = cached_path(path)
         if cached is None:

@@ -95,29 +95,9 @@ ALIASES = {"smollm2": "smollm2-135m", "default": DEFAULT_MODEL, "gemma3": "gemma
 _SIZED_NAME = re.compile(r"[a-z][\w.]*(?:-[\w.]+)*[-:]\d+(?:\.\d+)?[mb](?:-[\w.]+)*", re.IGNORECASE)
 
 
-def local_names() -> list[str]:
-    """The names of the user's own models in the cache (catalog.local_models)."""
-    from barellm import catalog
-
-    return [m.name for m in catalog.local_models()]
-
-
-def known_names() -> list[str]:
-    """Every model name a command takes: the registered ones, then the user's own models in the cache."""
-    return [*sorted(REGISTRY), *local_names()]
-
-
-def is_known(word: str) -> bool:
-    """Whether a word names a model without being a path: a registered name or alias, or a user's model in
-    the cache."""
-    from barellm import catalog
-
-    return word in REGISTRY or word in ALIASES or catalog.find_local(word) is not None
-
-
 def close_names(word: str) -> list[str]:
     """The known names and aliases `word` is most likely a misspelling of, best first (maybe none)."""
-    return difflib.get_close_matches(word, [*REGISTRY, *ALIASES, *local_names()], n=3, cutoff=0.8)
+    return difflib.get_close_matches(word, [*REGISTRY, *ALIASES], n=3, cutoff=0.8)
 
 
 def exists(word: str) -> bool:
@@ -137,10 +117,8 @@ def looks_like_model(word: str) -> bool:
     if word in REGISTRY or word in ALIASES or (word != "-" and exists(word)):
         return True
     if not word or any(c.isspace() for c in word):
-        from barellm import catalog
-
-        return bool(word) and catalog.find_local(word) is not None
-    return (is_known(word) or "/" in word or word.endswith((".gguf", ".blm")) or bool(_SIZED_NAME.fullmatch(word))
+        return False
+    return ("/" in word or word.endswith((".gguf", ".blm")) or bool(_SIZED_NAME.fullmatch(word))
             or bool(close_names(word)))
 
 
@@ -149,7 +127,7 @@ def unknown_model(target: str) -> ModelNotFound:
     closest of them when the reference looks like a misspelling of one."""
     close = close_names(target)
     hint = f"; did you mean {close[0]}?" if close else ""
-    known = ", ".join(known_names())
+    known = ", ".join(sorted(REGISTRY))
     return ModelNotFound(f"{target!r} is neither a file nor a known model{hint} (known: {known})")
 
 
@@ -213,11 +191,6 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
         return path
     if exists(target):
         return Path(target).expanduser()
-    from barellm import catalog
-
-    local = catalog.find_local(target)
-    if local is not None:
-        return local.path
     raise unknown_model(target)
 
 

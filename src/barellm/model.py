@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from barellm import hub
 from barellm.arch.config import ModelConfig, config_of
 from barellm.cpu import default_threads
 from barellm.errors import BarellmError, FormatError, InvalidRequest, SlotsBusy
@@ -903,7 +902,9 @@ def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = N
     verify: check every tensor of the model file against its checksum before running it (every load checks
     a sample of them).
     """
-    path = hub.resolve(model)
+    from barellm import catalog
+
+    path = catalog.resolve(model)
     try:
         return Model(path, threads=threads, context=context, engine=engine, chat_template=chat_template,
                      slots=slots, activations=activations, verify=verify)

@@ -187,14 +187,14 @@ def build_app(args: argparse.Namespace, *, replica: str | None = None) -> Any:
 def build_server(args: argparse.Namespace, allowed: Any, replica: str | None) -> Any:
     """Many models on demand (serve.models), the ones named loaded now."""
     import barellm
-    from barellm import hub
+    from barellm import catalog
     from barellm.serve.app import create_server, model_state, stop_state
     from barellm.serve.metrics import Metrics
     from barellm.serve.models import Models, cache_candidates, parse_bytes
 
     given: list[tuple[str, Path]] = []
     for m in args.models:
-        path = hub.resolve(m)
+        path = catalog.resolve(m)
         given.append((served_id(m, path), path))
     aliases: dict[str, str] = {}
     for a in args.alias:
@@ -224,14 +224,14 @@ def build_server(args: argparse.Namespace, allowed: Any, replica: str | None) ->
 def check_model(args: argparse.Namespace) -> None:
     """Refuses a model that resolves to nothing (the error names the known models) before a server starts or
     a Ray cluster is joined. A path given with --address is left to the cluster: it names a file there."""
-    from barellm import hub
+    from barellm import catalog, hub
 
     for m in args.models:
-        if hub.exists(m) or hub.is_known(m):
+        if hub.exists(m) or catalog.is_known(m):
             continue
-        if args.ray and args.address is not None and not hub.close_names(m) and ("/" in m or "." in m):
+        if args.ray and args.address is not None and not catalog.close_names(m) and ("/" in m or "." in m):
             continue
-        raise hub.unknown_model(m)
+        raise catalog.unknown_model(m)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

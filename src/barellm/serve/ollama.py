@@ -37,6 +37,7 @@ from starlette.types import Receive, Scope, Send
 from barellm import __version__
 from barellm.errors import InvalidRequest
 from barellm.serve import lifecycle, schemas
+from barellm.serve.lifecycle import _details, _details_of_file, _digest, _keep_alive, _tag
 from barellm.serve.models import leasing
 from barellm.serve.relay import RelayResponse, chat_prompt, constrain, read_body, submit
 from barellm.serve.scheduler import Event
@@ -234,66 +235,6 @@ def _error(status: int, message: str) -> Response:
 
 def _state(request: Request) -> Any:
     return request.app.state.server
-
-
-def _tag(name: str) -> str:
-    return f"{name}:latest"
-
-
-def _keep_alive(body: Any) -> float | None | str:
-    from barellm.serve.models import parse_keep_alive
-
-    return "default" if body.keep_alive is None else parse_keep_alive(body.keep_alive)
-
-
-def _details(state: Any) -> dict[str, Any]:
-    model = state.model
-    return _details_of(getattr(model, "metadata", {}) or {}, getattr(getattr(model, "source", None), "tensors", {}),
-                       getattr(getattr(model, "config", None), "arch", "unknown"))
-
-
-_file_details: dict[tuple[str, float], dict[str, Any]] = {}
-
-
-def _details_of_file(path: Any, modified: float) -> dict[str, Any]:
-    """The details of a model not loaded, from its file's header (read once per file)."""
-    key = (str(path), modified)
-    if key not in _file_details:
-        from barellm.formats import sniff
-
-        try:
-            if sniff(path) == "blm":
-                from barellm.formats.blm import BLMFile
-
-                with BLMFile(path, prefetch=False) as f:
-                    _file_details[key] = _details_of(f.metadata, f.tensors, "unknown")
-            else:
-                from barellm.formats.gguf import GGUFFile
-
-                g = GGUFFile(path)
-                try:
-                    _file_details[key] = _details_of(g.metadata, g.tensors, "unknown")
-                finally:
-                    g.close()
-        except Exception:   # an unreadable file is listed with what is known of it
-            _file_details[key] = {"parent_model": "", "format": "gguf", "family": "unknown", "families": ["unknown"],
-                                  "parameter_size": "", "quantization_level": "unknown"}
-    return _file_details[key]
-
-
-def _details_of(md: Any, tensors: Any, arch_default: str) -> dict[str, Any]:
-    arch = str(md.get("general.architecture", arch_default))
-    tensors = tensors or {}
-    n_params = sum(int(getattr(t, "n_elements", 0)) for t in tensors.values())
-    types: dict[str, int] = {}
-    for t in tensors.values():
-        if len(getattr(t, "shape", ())) == 2:
-            name = str(getattr(t, "type_name", "?")).upper()
-            types[name] = types.get(name, 0) + int(t.nbytes)
-    size = f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M"
-    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
-            "parameter_size": md.get("general.size_label") or size,
-            "quantization_level": max(types, key=lambda k: types[k]) if types else "unknown"}
 
 
 def _modified(created: float) -> str:
@@ -510,29 +451,6 @@ def _entry(server: Any, cand: Any) -> dict[str, Any]:
 async def tags(request: Request) -> Response:
     server = _state(request)
     return JSONResponse({"models": [_entry(server, c) for c in server.models.catalog(refresh=True)]})
-
-
-def _digest(cand: Any) -> str:
-    # a stable id for the file (Ollama's is the sha256 of the weights; hashing gigabytes per request is not)
-    import hashlib
-
-    return hashlib.sha256(f"{cand.path}:{int(cand.modified)}".encode()).hexdigest()
-
-
-async def ps(request: Request) -> Response:
-    """The loaded models: size (file and KV caches), when each unloads (far ahead: kept loaded)."""
-    server = _state(request)
-    out = []
-    for m in sorted(server.models.loaded.values(), key=lambda m: -m.last_used):
-        expires = m.expires_at
-        if expires is None:
-            expires = time.time() + (m.keep_alive if m.keep_alive is not None and not m.candidate.fixed else
-                                     100 * 365 * 86400.0)
-        out.append({"name": _tag(m.name), "model": _tag(m.name), "size": m.memory, "size_vram": 0,
-                    "digest": _digest(m.candidate), "details": _details(m.state),
-                    "expires_at": datetime.fromtimestamp(expires, timezone.utc).isoformat().replace("+00:00", "Z"),
-                    "context_length": m.state.n_ctx, "in_use": m.leases})
-    return JSONResponse({"models": out})
 
 
 @_ollama_errors
