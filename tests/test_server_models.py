@@ -144,6 +144,7 @@ def test_unknown_names_list_the_known_ones(server) -> None:
     with pytest.raises(ollama.ResponseError) as e:
         ollama.Client(host=base).chat(model="smollm2-13m", messages=[{"role": "user", "content": "hi"}])
     assert e.value.status_code == 404 and SMALL in e.value.error and OTHER in e.value.error
+    assert f"did you mean {SMALL}?" in e.value.error
     r = httpx.post(f"{base}/api/generate", json={"model": "nope", "prompt": "x"})
     assert r.status_code == 404 and set(r.json()) == {"error"}
     with pytest.raises(openai.NotFoundError) as oe:

@@ -240,13 +240,19 @@ class Models:
         raise self.not_found(name)
 
     def not_found(self, name: str) -> ApiError:
+        import difflib
+
         from barellm import hub
 
         known = self.known_names()
         hint = ""
         registered = hub.ALIASES.get(_key(name), _key(name))
+        close = difflib.get_close_matches(_key(name), [n for c in self.catalog() for n in sorted(c.names)], n=1,
+                                          cutoff=0.8)
         if registered in hub.REGISTRY:
             hint = f"; it is not pulled: POST /api/pull {{\"model\": \"{registered}\"}} or `barellm pull {registered}`"
+        elif close:
+            hint = f"; did you mean {self.resolve(close[0]).name}?"
         return ApiError(404, f"model {name!r} not found{hint}; this server knows: "
                              f"{', '.join(known) if known else '(none: the cache is empty, see barellm pull)'}",
                         param="model", code="model_not_found")
