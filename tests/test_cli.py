@@ -135,7 +135,7 @@ def test_run_words_that_are_not_a_model_are_the_prompt(tiny, capsys, monkeypatch
     assert not is_model("the") and not is_model("-")
 
 
-KNOWN = "(known: gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m)"
+KNOWN = "(known: gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m"   # then one's own models
 
 
 @pytest.mark.parametrize("argv, hint", [
@@ -319,7 +319,7 @@ def test_rm_frees_the_model_file_and_its_converted_blm(cache_with_tiny, capsys):
 
 @pytest.mark.parametrize("argv, fragment", [
     (["rm", "no-such-model"], "unknown model"),
-    (["rm", "{tiny}"], "takes a model name"),
+    (["rm", "{tiny}"], "only deletes what barellm itself put in its cache"),   # a file outside the cache
 ])
 def test_rm_refuses_what_is_not_a_cached_model(cache_with_tiny, tiny, capsys, argv, fragment):
     assert main([a.replace("{tiny}", tiny) for a in argv]) == 1

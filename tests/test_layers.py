@@ -19,6 +19,7 @@ LAYERS: list[list[str]] = [
     ["barellm.arch", "barellm.text", "barellm.plan", "barellm.sampling"],
     ["barellm.convert", "barellm.engine"],
     ["barellm.cache", "barellm.hub"],
+    ["barellm.catalog"],
     ["barellm.generation", "barellm.structured", "barellm.openai_format", "barellm.model"],
     ["barellm.arguments", "barellm.serve", "barellm.tools", "barellm.chat_repl", "barellm.commands"],
     ["barellm.cli"],

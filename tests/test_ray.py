@@ -185,8 +185,8 @@ def test_app_builder_args_and_docs_config() -> None:
 
     args = parse_options({"model": MODEL_ID, "replicas": 3, "threads": 2, "slots": 2, "prefill_chunk": 64,
                           "alias": ["a", "b"]})
-    assert (args.model, args.replicas, args.threads, args.slots, args.prefill_chunk, args.alias) == \
-        (MODEL_ID, 3, 2, 2, 64, ["a", "b"])
+    assert (args.models, args.replicas, args.threads, args.slots, args.prefill_chunk, args.alias) == \
+        ([MODEL_ID], 3, 2, 2, 64, ["a", "b"])
     with pytest.raises(InvalidRequest, match="unrecognized arguments"):
         parse_options({"model": MODEL_ID, "replica": 2})
     with pytest.raises(InvalidRequest, match="http_options"):

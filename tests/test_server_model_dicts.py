@@ -60,7 +60,7 @@ def test_results_are_the_servers_dicts(model: Any, smollm_gguf: Path) -> None:
     mine = model.create_chat_completion(CHAT, **kw)
     text = model.create_completion("The capital of France is", **kw)
     served = barellm.load(smollm_gguf, context=512)
-    with serving(create_app(served, model_id=model.path.stem)) as url:
+    with serving(create_app(served, model_id=model.name)) as url:
         theirs = httpx.post(f"{url}/v1/chat/completions", json={"messages": CHAT, **kw}, timeout=120).json()
         theirs_text = httpx.post(f"{url}/v1/completions", json={"prompt": "The capital of France is", **kw},
                                  timeout=120).json()
@@ -116,7 +116,7 @@ def test_logprobs_and_n_are_the_servers(model: Any, smollm_gguf: Path) -> None:
     text = two.create_completion("The capital of France is", **comp_kw)
     streamed = list(two.create_completion("The capital of France is", stream=True, **comp_kw))
     served = barellm.load(smollm_gguf, context=512, slots=2)
-    with serving(create_app(served, model_id=model.path.stem)) as url:
+    with serving(create_app(served, model_id=model.name)) as url:
         theirs = httpx.post(f"{url}/v1/chat/completions", json={"messages": CHAT, **chat_kw}, timeout=120).json()
         theirs_text = httpx.post(f"{url}/v1/completions", json={"prompt": "The capital of France is", **comp_kw},
                                  timeout=120).json()

@@ -435,7 +435,7 @@ class ChatSession:
             c = m.config
             name = m.metadata.get("general.name")
             rows = [
-                ("model", f"{m.path}" + (f" ({name})" if isinstance(name, str) else "")),
+                ("model", f"{m.name}" + (f" ({name})" if isinstance(name, str) and name != m.name else "")),
                 ("architecture", f"{c.arch}, {c.n_layers} layers, dim {c.dim}, vocab {c.n_vocab}"),
                 ("context", f"{m.n_ctx} tokens (trained on {c.context_length})"),
                 ("kind", self._kind()),
@@ -472,14 +472,14 @@ class ChatSession:
     def banner(self, interactive: bool) -> None:
         m = self.model
         if self.plain:
-            self._note(f"note: {m.path.name} is a base model (its file has no chat template): it continues your "
+            self._note(f"note: {m.name} is a base model (its file has no chat template): it continues your "
                        "text rather than answering it, with the conversation so far as context; --template "
                        "chatml or gemma forces a chat format it was not tuned on")
         elif not self.instruct:
-            self._note(f"note: {m.path.name} is a base model (its file has no chat template); chatting with the "
+            self._note(f"note: {m.name} is a base model (its file has no chat template); chatting with the "
                        f"built-in {self.template!r} template, which it was not tuned on")
         if interactive:
-            self._note(f"{m.path.name}: {'base' if not self.instruct else 'instruct'}, context {m.n_ctx} tokens. "
+            self._note(f"{m.name}: {'base' if not self.instruct else 'instruct'}, context {m.n_ctx} tokens. "
                        "/help for commands, /bye or Ctrl-D to end")
 
     def run(self, reader: LineReader, *, interactive: bool) -> int:

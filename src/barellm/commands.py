@@ -84,19 +84,20 @@ def is_model(word: str) -> bool:
     alias, an existing path, or a word shaped like a model reference (a path, a near miss of a known name,
     NAME-135m), which then must resolve (hub.looks_like_model). Anything else starts the prompt, so
     `barellm run Once upon a time` runs the default model."""
-    from barellm import hub
 
-    return hub.looks_like_model(word)
+    from barellm import catalog
+
+    return catalog.looks_like_model(word)
 
 
 def _check_model(word: str | None, command: str) -> None:
     """Fails before anything runs when `word`, taken as a model, resolves to nothing (its error names the
     known models). Registered models not yet pulled pass: loading pulls them."""
-    from barellm import hub
+    from barellm import catalog, hub
 
-    if word is None or word in hub.REGISTRY or word in hub.ALIASES or hub.exists(word):
+    if word is None or hub.exists(word) or catalog.is_known(word):
         return
-    e = hub.unknown_model(word)
+    e = catalog.unknown_model(word)
     if command == "run":
         e = ModelNotFound(f"{e}; to start the prompt with this word, name the model first")
     raise e
@@ -123,7 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     kw = sampling_kwargs(args)
     if args.chat:
         if not hub.is_instruct(model.metadata):
-            print(f"note: {model.path.name} is a base model (its file has no chat template); --chat wraps the prompt "
+            print(f"note: {model.name} is a base model (its file has no chat template); --chat wraps the prompt "
                   "in a built-in template it was not tuned on", file=sys.stderr)
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         ids = model.chat_prompt(messages + [{"role": "user", "content": prompt}])
@@ -199,6 +200,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         cached = ", ".join([w for w, p in (("converted", blm), ("gguf", gguf)) if p is not None]) or "no"
         kind = "instruct" if spec.instruct else "base"
         print(f"{name:<22} {kind:<9} {_mb(size) if size else '-':>9}  {cached:<18} {spec.description}")
+    from barellm import catalog
+
+    for m in catalog.local_models():
+        kind = "instruct" if m.instruct else "base"
+        about = f"{m.general_name}, " if m.general_name else ""
+        print(f"{m.name:<22} {kind:<9} {_mb(m.size):>9}  {'converted':<18} {about}your own, converted from {m.source}")
     return 0
 
 
@@ -210,16 +217,19 @@ def remove_model(name: str) -> list[tuple[Path, int]]:
     (files.remove_stale_temps) clears, and a converted .blm with no model file, which `rm` also takes.
     A process still running the model keeps its memory-mapped copy until it exits.
     """
-    from barellm import hub
+    from barellm import catalog, hub
     from barellm.cache import cache_dir
     from barellm.files import fsync_dir, home, remove_stale_temps, temp_path
 
     canonical = hub.ALIASES.get(name, name)
     if canonical not in hub.REGISTRY:
-        if Path(name).expanduser().exists():
-            raise InvalidRequest(f"{name}: rm takes a model name (see `barellm list`), not a path; it only deletes "
-                                 "what barellm itself put in its cache")
-        raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(sorted(hub.REGISTRY))})")
+        local = catalog.of_path(name) if hub.exists(name) else catalog.find_local(name)
+        if local is not None:
+            return catalog.remove_local(local)   # the cache's conversion; the user's own file stays
+        if hub.exists(name):
+            raise InvalidRequest(f"{name}: not a model in barellm's cache (it was never converted, or already "
+                                 "removed); rm only deletes what barellm itself put in its cache")
+        raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(catalog.known_names())})")
     spec = hub.REGISTRY[canonical]
     models = home() / "models"
     model_dir = models / spec.name
@@ -313,11 +323,11 @@ def _register_convert(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from barellm import hub
+    from barellm import catalog
     from barellm.convert import convert
     from barellm.formats import blm
 
-    src = hub.resolve(args.src, pull_missing=False)
+    src = catalog.resolve(args.src, pull_missing=False)
     out = Path(args.output)
     if out.exists() and out.is_dir():
         raise BarellmError(f"{out}: is a directory")
@@ -330,12 +340,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from barellm import hub
+    from barellm import catalog
     from barellm.cache import cached_path
     from barellm.formats import blm, sniff
     from barellm.progress import Progress
 
-    path = hub.resolve(args.file, pull_missing=False)
+    path = catalog.resolve(args.file, pull_missing=False)
     if sniff(path) != "blm":
         cached = cached_path(path)
         if cached is None:

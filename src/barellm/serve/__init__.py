@@ -20,10 +20,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server; concurrent requests share forward passes",
-        description="Serves MODEL (default smollm2-135m) over an OpenAI-compatible HTTP API: "
-                    "/v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /health, "
-                    "/metrics, /openapi.json. Needs the extra: pip install 'barellm[server]'.")
-    p.add_argument("model", nargs="?", default=None, help="model name or path (default smollm2-135m)")
+        description="Serves every model in the cache over OpenAI- and Ollama-compatible HTTP APIs, each loaded "
+                    "when a request first names it and unloaded after --keep-alive idle or to make room "
+                    "(--max-loaded, --max-memory); the MODELs given are loaded at start. Routes: "
+                    "/v1/chat/completions, /v1/completions, /v1/models, /api/chat, /api/ps, /tokenize, "
+                    "/health, /metrics, /openapi.json (docs/server.md). Needs the extra: pip install "
+                    "'barellm[server]'.")
+    p.add_argument("models", nargs="*", metavar="MODEL",
+                   help="models to load at start (names or paths; default: none, each loads on first use)")
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; 0.0.0.0 exposes the server to the network: "
@@ -41,8 +45,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stream-interval", type=float, default=0.02, metavar="SECONDS",
                    help="a streamed response sends its text at most once per interval, what arrived meanwhile "
                         "together (0 = every token as it comes; default 0.02)")
-    p.add_argument("--alias", action="append", default=[], metavar="NAME",
-                   help="another model name requests may use (repeatable)")
+    p.add_argument("--alias", action="append", default=[], metavar="NAME[=MODEL]",
+                   help="another model name requests may use, for MODEL or else the first MODEL given (repeatable)")
+    p.add_argument("--keep-alive", default="5m", metavar="DURATION",
+                   help="how long a model stays loaded after its last request: seconds or a duration (5m, 1h); "
+                        "0 unloads it at once, -1 never (a request's keep_alive overrides it; default 5m)")
+    p.add_argument("--max-loaded", type=int, default=3, metavar="N",
+                   help="models loaded at once at most; loading another unloads the least recently used idle "
+                        "one (default 3)")
+    p.add_argument("--max-memory", default=None, metavar="SIZE",
+                   help="memory the loaded models may take together (files and KV caches), e.g. 4G; loading "
+                        "past it unloads idle models first (default: no limit)")
     p.add_argument("--template", default=None, help="a built-in chat template to use instead of the file's")
     p.add_argument("--api-key", default=os.environ.get("BARELLM_API_KEY") or None, metavar="KEY",
                    help="requests must send 'Authorization: Bearer KEY' (default: the environment variable "
@@ -85,12 +98,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def served_id(model: str | None, path: Path) -> str:
-    """The id /v1/models reports: the registry name when the model was given by name, else the file's stem."""
-    from barellm import hub
+    """The id /v1/models reports: the registry name when the model was given by name, else the name the
+    cache knows the file by (a user's own model), else the file's stem."""
+    from barellm import catalog, hub
 
     name = model if model is not None else hub.DEFAULT_MODEL
     name = hub.ALIASES.get(name, name)
-    return name if name in hub.REGISTRY else path.stem
+    return name if name in hub.REGISTRY else catalog.display_name(path)
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -130,6 +144,32 @@ def check_args(args: argparse.Namespace) -> None:
         raise InvalidRequest(f"--routers must be >= 1, got {args.routers}")
     if args.autoscale is not None:
         autoscale_bounds(args.autoscale)
+    if args.ray and len(args.models) > 1:
+        raise InvalidRequest("--ray serves one model; give at most one MODEL")
+    if args.max_loaded < 1:
+        raise InvalidRequest(f"--max-loaded must be >= 1, got {args.max_loaded}")
+    from barellm.serve.models import parse_bytes
+
+    if args.max_memory is not None:
+        try:
+            parse_bytes(args.max_memory)
+        except ValueError as e:
+            raise InvalidRequest(f"--max-memory: {e}") from None
+    keep_alive(args)
+    for alias in args.alias:
+        if "=" not in alias and not args.models:
+            raise InvalidRequest(f"--alias {alias}: name its model (--alias {alias}=MODEL) when no MODEL is given")
+
+
+def keep_alive(args: argparse.Namespace) -> float | None:
+    """--keep-alive in seconds, None for never."""
+    from barellm.serve.models import parse_keep_alive
+    from barellm.serve.schemas import ApiError
+
+    try:
+        return parse_keep_alive(args.keep_alive, "--keep-alive")
+    except ApiError as e:
+        raise InvalidRequest(e.message) from None
 
 
 def autoscale_bounds(text: str) -> tuple[int, int]:
@@ -144,20 +184,61 @@ def autoscale_bounds(text: str) -> tuple[int, int]:
 
 
 def build_app(args: argparse.Namespace, *, replica: str | None = None) -> Any:
-    """Loads the model and builds the app the options describe: what `barellm serve` runs, and what each
-    replica on a Ray cluster runs. replica: the name its responses carry (default: host and process id)."""
+    """Builds the app the options describe and loads the models they name: what `barellm serve` runs.
+    With --ray (each replica runs this), the one model given or the default, served alone. replica: the
+    name its responses carry (default: host and process id)."""
     import barellm
     from barellm.serve.app import create_app
     from barellm.serve.security import default_allowed_hosts
 
     allowed = args.allowed_host if args.allowed_host else default_allowed_hosts(args.host)
-    model = barellm.load(args.model, threads=args.threads, context=args.context, engine=args.engine,
-                         chat_template=args.template, slots=args.slots, activations=args.activations,
-                         verify=args.verify)
-    return create_app(model, model_id=served_id(args.model, model.path), aliases=args.alias,
-                      max_queue=args.queue, timeout=args.timeout or None, prefill_chunk=args.prefill_chunk,
-                      api_key=args.api_key, allowed_hosts=allowed, cors_origins=args.cors_origin,
-                      stream_interval=args.stream_interval, replica=replica)
+    if getattr(args, "ray", False):
+        first = args.models[0] if args.models else None
+        model = barellm.load(first, threads=args.threads, context=args.context, engine=args.engine,
+                             chat_template=args.template, slots=args.slots, activations=args.activations,
+                             verify=args.verify)
+        return create_app(model, model_id=served_id(first, model.path), aliases=args.alias,
+                          max_queue=args.queue, timeout=args.timeout or None, prefill_chunk=args.prefill_chunk,
+                          api_key=args.api_key, allowed_hosts=allowed, cors_origins=args.cors_origin,
+                          stream_interval=args.stream_interval, replica=replica)
+    return build_server(args, allowed, replica)
+
+
+def build_server(args: argparse.Namespace, allowed: Any, replica: str | None) -> Any:
+    """Many models on demand (serve.models), the ones named loaded now."""
+    import barellm
+    from barellm import catalog
+    from barellm.serve.app import create_server, model_state, stop_state
+    from barellm.serve.metrics import Metrics
+    from barellm.serve.models import Models, cache_candidates, parse_bytes
+
+    given: list[tuple[str, Path]] = []
+    for m in args.models:
+        path = catalog.resolve(m)
+        given.append((served_id(m, path), path))
+    aliases: dict[str, str] = {}
+    for a in args.alias:
+        name, _, target = a.partition("=")
+        aliases[name] = target or given[0][0]
+    metrics = Metrics(0)
+    timeout = args.timeout or None
+
+    def load(cand: Any) -> Any:
+        model = barellm.load(cand.path, threads=args.threads, context=args.context, engine=args.engine,
+                             chat_template=args.template, slots=args.slots, activations=args.activations,
+                             verify=args.verify)
+        return model_state(model, cand.name, metrics, max_queue=args.queue, timeout=timeout,
+                           prefill_chunk=args.prefill_chunk, stream_interval=args.stream_interval)
+
+    models = Models(lambda: cache_candidates(given, aliases), load, stop_state, max_loaded=args.max_loaded,
+                    max_memory=parse_bytes(args.max_memory) if args.max_memory else None,
+                    keep_alive=keep_alive(args), default=given[0][0] if given else None)
+    for name, _ in given[: args.max_loaded]:
+        cand = models.resolve(name)
+        if cand.name not in models.loaded:
+            models.adopt(cand, load(cand), keep_alive=None)   # named at start: kept until a request says else
+    return create_server(models, metrics, timeout=timeout, api_key=args.api_key, allowed_hosts=allowed,
+                         cors_origins=args.cors_origin, stream_interval=args.stream_interval, replica=replica)
 
 
 def connection_limits(args: argparse.Namespace) -> Any:
@@ -182,14 +263,14 @@ def connection_limits(args: argparse.Namespace) -> Any:
 def check_model(args: argparse.Namespace) -> None:
     """Refuses a model that resolves to nothing (the error names the known models) before a server starts or
     a Ray cluster is joined. A path given with --address is left to the cluster: it names a file there."""
-    from barellm import hub
+    from barellm import catalog, hub
 
-    m = args.model
-    if m is None or m in hub.REGISTRY or m in hub.ALIASES or hub.exists(m):
-        return
-    if args.ray and args.address is not None and not hub.close_names(m) and ("/" in m or "." in m):
-        return
-    raise hub.unknown_model(m)
+    for m in args.models:
+        if hub.exists(m) or catalog.is_known(m):
+            continue
+        if args.ray and args.address is not None and not catalog.close_names(m) and ("/" in m or "." in m):
+            continue
+        raise catalog.unknown_model(m)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -210,9 +291,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from barellm.serve.security import is_loopback
 
     app = build_app(args)
-    model = app.state.server.model
-    print(f"barellm: serving {app.state.server.model_id} ({model!r}, {args.slots} slots) "
-          f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    models = app.state.server.models
+    loaded = ", ".join(models.loaded) or "none yet"
+    print(f"barellm: serving {len(models.catalog())} models on demand (loaded: {loaded}; {args.slots} slots each) "
+          f"on http://{args.host}:{args.port}/v1 and /api", file=sys.stderr)
     if not is_loopback(args.host) and args.api_key is None:
         print("barellm: warning: listening beyond loopback without --api-key: anyone who can reach this port "
               "can use the model", file=sys.stderr)

@@ -29,6 +29,7 @@ from barellm import __version__, openai_format
 from barellm.errors import InvalidRequest
 from barellm.serve import openapi_doc, schemas
 from barellm.serve.metrics import Metrics, endpoint_label
+from barellm.serve.models import Candidate, Models, Server, leasing
 from barellm.serve.relay import Outbox, RelayResponse, chat_prompt, constrain, read_body, submit, submit_embeddings
 from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
@@ -64,7 +65,8 @@ class ServerState:
 
     def __init__(self, model: Any, *, model_id: str | None = None, aliases: Iterable[str] = (),
                  max_queue: int = 64, timeout: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 max_body: int = schemas.MAX_BODY_BYTES, stream_interval: float = DEFAULT_STREAM_INTERVAL) -> None:
+                 max_body: int = schemas.MAX_BODY_BYTES, stream_interval: float = DEFAULT_STREAM_INTERVAL,
+                 metrics: Metrics | None = None) -> None:
         self.model = model
         self.stream_interval = max(0.0, stream_interval)
         self.tokenizer = model.tokenizer
@@ -79,7 +81,7 @@ class ServerState:
         self.timeout = timeout if timeout and timeout > 0 else None
         self.max_body = max_body
         self.fingerprint = f"barellm-{__version__}-{getattr(model, 'engine_name', 'engine')}"
-        self.metrics = Metrics(model.engine.n_slots)
+        self.metrics = metrics if metrics is not None else Metrics(model.engine.n_slots)
         self.scheduler = Scheduler(model.engine, model.tokenizer, n_ctx=self.n_ctx, max_queue=max_queue,
                                    prefill_chunk=prefill_chunk, metrics=self.metrics)
 
@@ -322,24 +324,37 @@ class GenerationResponse(RelayResponse):
 
 # --- handlers ------------------------------------------------------------------------------------
 
-def _state(request: Request) -> ServerState:
+def _state(request: Request) -> Server:
     return request.app.state.server
 
 
-async def _generate(request: Request, req: GenerationRequest, prompt_ids: list[int], prompt_chars: int
-                    ) -> Response:
-    state = _state(request)
+async def _model(request: Request, name: str | None) -> ServerState:
+    """The ServerState of the model a request names, loaded and held for the request (models.leasing)."""
+    return (await _state(request).lease(request, name)).state
+
+
+def _model_field(raw: bytes) -> str | None:
+    """The "model" of a request body, read ahead of the validation that needs the model's vocabulary."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):   # schemas.parse says what is wrong with it
+        return None
+    name = body.get("model") if isinstance(body, dict) else None
+    return name if isinstance(name, str) else None
+
+
+async def _generate(request: Request, state: ServerState, req: GenerationRequest, prompt_ids: list[int],
+                    prompt_chars: int) -> Response:
     job, events = submit(state, req, prompt_ids)
     return GenerationResponse(state, job, events, Formatter(state, req, prompt_chars), request.url.path)
 
 
 async def chat_completions(request: Request) -> Response:
-    state = _state(request)
-    req = schemas.chat_request(await read_body(request, state.max_body))
-    state.check_model(req.model)
+    req = schemas.chat_request(await read_body(request, _state(request).max_body))
+    state = await _model(request, req.model)
     assert req.messages is not None
     ids = await _run_sync(chat_prompt, state.model, req)
-    return await _generate(request, req, ids, 0)
+    return await _generate(request, state, req, ids, 0)
 
 
 def _completion_prompt(model: Any, req: GenerationRequest) -> list[int]:
@@ -444,9 +459,8 @@ class InfillResponse(RelayResponse):
 
 
 async def infill(request: Request) -> Response:
-    state = _state(request)
-    body, req = schemas.infill_request(await read_body(request, state.max_body))
-    state.check_model(req.model)
+    body, req = schemas.infill_request(await read_body(request, _state(request).max_body))
+    state = await _model(request, req.model)
     ids = await _run_sync(_infill_prompt, state.model, body, req)
     stream, req.stream = req.stream, True   # the job streams either way: its first delta times the prefill
     job, events = submit(state, req, ids)
@@ -454,36 +468,48 @@ async def infill(request: Request) -> Response:
 
 
 async def completions(request: Request) -> Response:
-    state = _state(request)
-    req = schemas.completion_request(await read_body(request, state.max_body), state.n_vocab)
-    state.check_model(req.model)
+    raw = await read_body(request, _state(request).max_body)
+    name = _model_field(raw)
+    if name is None:
+        schemas.completion_request(raw, 1 << 31)   # a body that is no request fails before any model loads
+    state = await _model(request, name)
+    req = schemas.completion_request(raw, state.n_vocab)
     if isinstance(req.prompt, str):
         ids = await _run_sync(_completion_prompt, state.model, req)
-        return await _generate(request, req, ids, len(req.prompt))
+        return await _generate(request, state, req, ids, len(req.prompt))
     assert req.prompt is not None
     if req.constraint is not None:
         await _run_sync(constrain, state.model, req)
-    return await _generate(request, req, list(req.prompt), 0)
+    return await _generate(request, state, req, list(req.prompt), 0)
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "barellm",
-            "context_length": state.n_ctx, "n_vocab": state.n_vocab, "slots": state.scheduler.n_slots}
+def _model_card(server: Server, cand: Candidate) -> dict[str, Any]:
+    """/v1/models' entry of a model: loaded ones with their context and slots; "loaded" says which are."""
+    m = server.models.loaded.get(cand.name)
+    if m is None:
+        return {"id": cand.name, "object": "model", "created": int(cand.modified), "owned_by": "barellm",
+                "loaded": False}
+    state = m.state
+    return {"id": cand.name, "object": "model", "created": state.created, "owned_by": "barellm",
+            "context_length": state.n_ctx, "n_vocab": state.n_vocab, "slots": state.scheduler.n_slots,
+            "loaded": True}
 
 
 async def list_models(request: Request) -> Response:
-    return _JSON({"object": "list", "data": [_model_card(_state(request))]})
+    server = _state(request)
+    return _JSON({"object": "list", "data": [_model_card(server, c) for c in server.models.catalog(refresh=True)]})
 
 
 async def get_model(request: Request) -> Response:
-    state = _state(request)
-    state.check_model(request.path_params["model"])
-    return _JSON(_model_card(state))
+    server = _state(request)
+    return _JSON(_model_card(server, server.models.resolve(request.path_params["model"])))
 
 
 async def health(request: Request) -> Response:
-    s = _state(request).scheduler
-    return _JSON({"status": "ok", "slots": s.n_slots, "slots_in_use": s.slots_in_use, "queue_depth": s.queue_depth})
+    loaded = [m.state.scheduler for m in _state(request).models.loaded.values()]
+    return _JSON({"status": "ok", "slots": sum(s.n_slots for s in loaded),
+                  "slots_in_use": sum(s.slots_in_use for s in loaded),
+                  "queue_depth": sum(s.queue_depth for s in loaded), "models_loaded": len(loaded)})
 
 
 async def metrics(request: Request) -> Response:
@@ -491,8 +517,8 @@ async def metrics(request: Request) -> Response:
 
 
 async def tokenize(request: Request) -> Response:
-    state = _state(request)
-    req = schemas.tokenize_request(await read_body(request, state.max_body))
+    req = schemas.tokenize_request(await read_body(request, _state(request).max_body))
+    state = await _model(request, req.model)
     try:
         ids = await _run_sync(state.model.tokenize, req.content, req.add_special, req.parse_special)
     except InvalidRequest as e:
@@ -505,8 +531,12 @@ async def tokenize(request: Request) -> Response:
 
 
 async def detokenize(request: Request) -> Response:
-    state = _state(request)
-    ids = schemas.detokenize_request(await read_body(request, state.max_body), state.n_vocab)
+    raw = await read_body(request, _state(request).max_body)
+    name = _model_field(raw)
+    if name is None:
+        schemas.detokenize_request(raw, 1 << 31)
+    state = await _model(request, name)
+    ids = schemas.detokenize_request(raw, state.n_vocab)
     try:
         text = await _run_sync(state.model.detokenize, ids)
     except InvalidRequest as e:
@@ -541,9 +571,8 @@ class EmbeddingResponse(RelayResponse):
 
 
 async def embeddings(request: Request) -> Response:
-    state = _state(request)
-    req = schemas.parse(schemas.EmbeddingRequest, await read_body(request, state.max_body))
-    state.check_model(req.model)
+    req = schemas.parse(schemas.EmbeddingRequest, await read_body(request, _state(request).max_body))
+    state = await _model(request, req.model)
     dim = state.model.config.dim
     if req.dimensions is not None and req.dimensions != dim:
         raise ApiError(400, f"dimensions: this model's embeddings have {dim} dimensions; it cannot make others",
@@ -573,6 +602,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     msg = {404: f"no such endpoint: {request.method} {request.url.path}",
            405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+    if request.url.path.startswith("/api/"):   # Ollama's routes answer in Ollama's shape
+        _state(request).metrics.error(endpoint_label(request.url.path), "invalid_request_error")
+        return _JSON({"error": msg}, status_code=exc.status_code, headers=dict(exc.headers or {}))
     return error_response(_state(request), request.url.path, ApiError(exc.status_code, msg, code=code),
                           headers=dict(exc.headers or {}))
 
@@ -642,7 +674,8 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
                max_body: int = schemas.MAX_BODY_BYTES, api_key: str | None = None,
                allowed_hosts: Iterable[str] | None = None, cors_origins: Iterable[str] = (),
                stream_interval: float = DEFAULT_STREAM_INTERVAL, replica: str | None = None) -> Starlette:
-    """The app for a loaded model (barellm.load(..., slots=N): one slot per concurrent sequence).
+    """The app for a loaded model (barellm.load(..., slots=N): one slot per concurrent sequence), which it
+    serves alone, never unloaded (create_server serves many, loaded on demand).
 
     stream_interval: seconds between a streamed response's events (the text that arrives meanwhile is sent
     together; 0 sends every token as it comes).
@@ -653,10 +686,16 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
     headers at all); replica: the name every response carries in X-Barellm-Replica (default: host and
     process id). The scheduler thread starts and stops with the app's lifespan.
     """
-    from barellm.serve import ollama, webui  # their handlers build on this module's
-
+    metrics = Metrics(model.engine.n_slots)
     state = ServerState(model, model_id=model_id, aliases=aliases, max_queue=max_queue, timeout=timeout,
-                        prefill_chunk=prefill_chunk, max_body=max_body, stream_interval=stream_interval)
+                        prefill_chunk=prefill_chunk, max_body=max_body, stream_interval=stream_interval,
+                        metrics=metrics)
+    path = Path(getattr(model, "path", "model"))
+    size = path.stat().st_size if path.is_file() else 0
+    cand = Candidate(state.model_id, path, frozenset(state.names), size, float(state.created), fixed=True)
+    models = Models(lambda: [cand], None, lambda _s: None, max_loaded=None, keep_alive=None, default=cand.name)
+    models.adopt(cand, state)
+    server = Server(models, metrics, max_body=max_body, stream_interval=state.stream_interval, timeout=state.timeout)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
@@ -671,32 +710,92 @@ def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str
             if hand_over is not None:
                 hand_over(False)
 
+    return _assemble(server, lifespan, api_key=api_key, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
+                     replica=replica)
+
+
+def model_state(model: Any, name: str, metrics: Metrics, *, max_queue: int = 64, timeout: float | None = None,
+                prefill_chunk: int = DEFAULT_PREFILL_CHUNK, stream_interval: float = DEFAULT_STREAM_INTERVAL,
+                aliases: Iterable[str] = ()) -> ServerState:
+    """A loaded model's ServerState, its scheduler started and the engine handed over to it (what a
+    server's Models loads; stop_state undoes it)."""
+    state = ServerState(model, model_id=name, aliases=aliases, max_queue=max_queue, timeout=timeout,
+                        prefill_chunk=prefill_chunk, stream_interval=stream_interval, metrics=metrics)
+    hand_over = getattr(model, "serving", None)
+    if hand_over is not None:
+        hand_over(True)
+    state.scheduler.start()
+    return state
+
+
+def stop_state(state: ServerState) -> None:
+    """Stops a model's scheduler and gives its engine back; the model is freed once nothing refers to it."""
+    import gc
+
+    state.scheduler.stop()
+    hand_over = getattr(state.model, "serving", None)
+    if hand_over is not None:
+        hand_over(False)
+    del state
+    gc.collect()
+
+
+def create_server(models: Models, metrics: Metrics, *, timeout: float | None = None,
+                  max_body: int = schemas.MAX_BODY_BYTES, api_key: str | None = None,
+                  allowed_hosts: Iterable[str] | None = None, cors_origins: Iterable[str] = (),
+                  stream_interval: float = DEFAULT_STREAM_INTERVAL, replica: str | None = None) -> Starlette:
+    """The app for many models (`barellm serve`): models loads and unloads them (serve.models); every
+    loaded one is unloaded when the app stops. The other settings as create_app's."""
+    server = Server(models, metrics, max_body=max_body, stream_interval=max(0.0, stream_interval),
+                    timeout=timeout if timeout and timeout > 0 else None)
+
+    def slots(loaded: list[Any]) -> None:
+        metrics.n_slots = sum(m.state.scheduler.n_slots for m in loaded)
+
+    models._on_change = slots
+    slots(list(models.loaded.values()))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
+        try:
+            yield
+        finally:
+            await models.close()
+
+    return _assemble(server, lifespan, api_key=api_key, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
+                     replica=replica)
+
+
+def _assemble(server: Server, lifespan: Any, *, api_key: str | None, allowed_hosts: Iterable[str] | None,
+              cors_origins: Iterable[str], replica: str | None) -> Starlette:
+    from barellm.serve import ollama, webui  # their handlers build on this module's
+
     routes = [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/embeddings", embeddings, methods=["POST"]),
-        Route("/infill", infill, methods=["POST"]),
+        Route("/v1/chat/completions", leasing(chat_completions), methods=["POST"]),
+        Route("/v1/completions", leasing(completions), methods=["POST"]),
+        Route("/v1/embeddings", leasing(embeddings), methods=["POST"]),
+        Route("/infill", leasing(infill), methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/tokenize", leasing(tokenize), methods=["POST"]),
+        Route("/detokenize", leasing(detokenize), methods=["POST"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         *ollama.routes(),
         *webui.routes(),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error})
-    app.state.server = state
+    app.state.server = server
     app.state.openapi = openapi_doc.openapi(__version__, ollama.MODELS, ollama.PATHS)
     # outermost last: every answer is counted, CORS headers go on the guard's refusals too
     app.add_middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts, routes=app.router.routes)
     origins = list(cors_origins)
     if origins:
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["authorization", "content-type"], max_age=600)
-    app.add_middleware(_CountRequests, metrics=state.metrics)
+    app.add_middleware(_CountRequests, metrics=server.metrics)
     app.add_middleware(_ReplicaHeader, name=replica or process_name())
     return app
 

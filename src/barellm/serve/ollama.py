@@ -36,7 +36,9 @@ from starlette.types import Receive, Scope, Send
 
 from barellm import __version__
 from barellm.errors import InvalidRequest
-from barellm.serve import schemas
+from barellm.serve import lifecycle, schemas
+from barellm.serve.lifecycle import _details, _details_of_file, _digest, _keep_alive, _tag
+from barellm.serve.models import leasing
 from barellm.serve.relay import RelayResponse, chat_prompt, constrain, read_body, submit
 from barellm.serve.scheduler import Event
 from barellm.serve.schemas import (
@@ -106,7 +108,9 @@ class _OllamaGenerate(_Body):
     options: OllamaOptions | None = None
     format: Annotated[Literal["json", ""] | dict[str, Any] | None, Field(
         description='"json" (any JSON object) or a JSON schema the answer follows')] = None
-    keep_alive: float | str | None = Field(None, description="accepted and ignored: the model stays loaded")
+    keep_alive: float | str | None = Field(
+        None, description='how long the model stays loaded after this request: seconds or a duration ("5m"); '
+                          '0 unloads it at once, a negative value keeps it loaded (default: the server\'s, 5m)')
     think: Annotated[bool | str | None, _no("think", "this server has no thinking mode")] = None
     logprobs: Annotated[bool | None, _no("logprobs", "not on the Ollama routes; /v1 has them")] = None
     top_logprobs: Annotated[Int | None, _no("top_logprobs", "not on the Ollama routes; /v1 has them")] = None
@@ -212,6 +216,8 @@ PATHS: dict[str, Any] = {
                              "tags": ["ollama"], "responses": {"200": {"description": "{version}"}}}},
 }
 
+MODELS += lifecycle.MODELS   # pull, delete, copy, embed, ps: serve/lifecycle.py
+PATHS.update(lifecycle.PATHS)
 
 # --- helpers ---------------------------------------------------------------------------------------
 
@@ -231,34 +237,8 @@ def _state(request: Request) -> Any:
     return request.app.state.server
 
 
-def _tag(state: Any) -> str:
-    return f"{state.model_id}:latest"
-
-
-def _check_model(state: Any, name: str) -> None:
-    # Ollama's names carry a tag; ":latest" is the one this server lists
-    state.check_model(name[: -len(":latest")] if name.lower().endswith(":latest") else name)
-
-
-def _details(state: Any) -> dict[str, Any]:
-    model = state.model
-    md = getattr(model, "metadata", {}) or {}
-    arch = str(md.get("general.architecture", getattr(getattr(model, "config", None), "arch", "unknown")))
-    tensors = getattr(getattr(model, "source", None), "tensors", {}) or {}
-    n_params = sum(int(getattr(t, "n_elements", 0)) for t in tensors.values())
-    types: dict[str, int] = {}
-    for t in tensors.values():
-        if len(getattr(t, "shape", ())) == 2:
-            name = str(getattr(t, "type_name", "?")).upper()
-            types[name] = types.get(name, 0) + int(t.nbytes)
-    size = f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M"
-    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
-            "parameter_size": md.get("general.size_label") or size,
-            "quantization_level": max(types, key=lambda k: types[k]) if types else "unknown"}
-
-
-def _modified(state: Any) -> str:
-    return datetime.fromtimestamp(state.created, timezone.utc).isoformat().replace("+00:00", "Z")
+def _modified(created: float) -> str:
+    return datetime.fromtimestamp(created, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 # --- the generation answer -------------------------------------------------------------------------
@@ -267,9 +247,10 @@ class OllamaResponse(RelayResponse):
     """Relays a job's events as Ollama's objects: one per line while streaming, or one in all."""
 
     def __init__(self, state: Any, job: Any, events: Any, req: GenerationRequest, path: str,
-                 chat: bool, model_name: str, prompt_ids: list[int]) -> None:
+                 chat: bool, model_name: str, prompt_ids: list[int], load_seconds: float = 0.0) -> None:
         super().__init__(state, job, events, path)
         self.req = req
+        self.load_ns = int(load_seconds * 1e9)
         self.chat = chat
         self.model_name = model_name
         self.prompt_ids = prompt_ids
@@ -302,7 +283,8 @@ class OllamaResponse(RelayResponse):
         out = self._piece(text, calls)
         now = time.perf_counter_ns()
         first = t_first if t_first is not None else now
-        out.update(done=True, done_reason=done.finish_reason, total_duration=now - self.t0, load_duration=0,
+        out.update(done=True, done_reason=done.finish_reason, total_duration=now - self.t0 + self.load_ns,
+                   load_duration=self.load_ns,
                    prompt_eval_count=done.prompt_tokens, prompt_eval_duration=first - t_start,
                    eval_count=done.completion_tokens, eval_duration=now - first)
         if not self.chat:
@@ -372,22 +354,35 @@ def _ollama_errors(handler: Any) -> Any:
     return wrapped
 
 
-def _loaded(state: Any, chat: bool) -> Response:
-    """Ollama answers a request with nothing to generate by loading the model: done at once."""
-    out: dict[str, Any] = {"model": "", "created_at": _now()}
+def _loaded(model: str, chat: bool, lease: Any) -> Response:
+    """Ollama answers a request with nothing to generate by loading the model (done_reason "load"), or, with
+    keep_alive 0, by unloading it (done_reason "unload": it goes once this answer is sent)."""
+    out: dict[str, Any] = {"model": model, "created_at": _now()}
     out.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
-    out.update(done=True, done_reason="load")
+    gone = lease.loaded.keep_alive is not None and lease.loaded.keep_alive <= 0
+    out.update(done=True, done_reason="unload" if gone else "load", load_duration=int(lease.load_seconds * 1e9))
     return JSONResponse(out)
+
+
+def _submit(state: Any, req: GenerationRequest, ids: list[int]) -> tuple[Any, Any]:
+    """submit(), the job streaming its deltas either way: the first one times the prompt's evaluation, so a
+    non-streamed answer's eval_duration is the decode's real time."""
+    stream, req.stream = req.stream, True
+    try:
+        return submit(state, req, ids)
+    finally:
+        req.stream = stream
 
 
 @_ollama_errors
 async def chat(request: Request) -> Response:
-    state = _state(request)
-    body = schemas.parse(OllamaChatRequest, await read_body(request, state.max_body))
-    _check_model(state, body.model)
+    server = _state(request)
+    body = schemas.parse(OllamaChatRequest, await read_body(request, server.max_body))
+    lease = await server.lease(request, body.model, _keep_alive(body))
+    state = lease.state
     req = body.generation(state, "chat")
     if not body.messages:
-        return _loaded(state, chat=True)
+        return _loaded(body.model, True, lease)
     req.messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
     if body.tools:
         req.tools = [t.model_dump(exclude_none=True) for t in body.tools]
@@ -395,18 +390,19 @@ async def chat(request: Request) -> Response:
         if len(set(names)) != len(names):
             raise bad("a function is defined twice in tools", "tools")
     ids = await _run(chat_prompt, state.model, req)
-    job, events = submit(state, req, ids)
-    return OllamaResponse(state, job, events, req, request.url.path, True, body.model, ids)
+    job, events = _submit(state, req, ids)
+    return OllamaResponse(state, job, events, req, request.url.path, True, body.model, ids, lease.load_seconds)
 
 
 @_ollama_errors
 async def generate(request: Request) -> Response:
-    state = _state(request)
-    body = schemas.parse(OllamaGenerateRequest, await read_body(request, state.max_body))
-    _check_model(state, body.model)
+    server = _state(request)
+    body = schemas.parse(OllamaGenerateRequest, await read_body(request, server.max_body))
+    lease = await server.lease(request, body.model, _keep_alive(body))
+    state = lease.state
     req = body.generation(state, "completion")
     if not body.prompt and not body.context:
-        return _loaded(state, chat=False)
+        return _loaded(body.model, False, lease)
     if req.constraint is not None:
         await _run(constrain, state.model, req)
     try:
@@ -424,8 +420,8 @@ async def generate(request: Request) -> Response:
     if body.context:
         schemas._check_ids(body.context, state.n_vocab, "context")
         ids = list(body.context) + ids
-    job, events = submit(state, req, ids)
-    return OllamaResponse(state, job, events, req, request.url.path, False, body.model, ids)
+    job, events = _submit(state, req, ids)
+    return OllamaResponse(state, job, events, req, request.url.path, False, body.model, ids, lease.load_seconds)
 
 
 def _ollama_call(call: dict[str, Any]) -> dict[str, Any]:
@@ -444,32 +440,27 @@ async def _run(fn: Any, *args: Any) -> Any:
     return await run_in_threadpool(fn, *args)
 
 
+def _entry(server: Any, cand: Any) -> dict[str, Any]:
+    """A model as /api/tags lists it."""
+    m = server.models.loaded.get(cand.name)
+    details = _details(m.state) if m is not None else _details_of_file(cand.path, cand.modified)
+    return {"name": _tag(cand.name), "model": _tag(cand.name), "modified_at": _modified(cand.modified),
+            "size": cand.size, "digest": _digest(cand), "details": details}
+
+
 async def tags(request: Request) -> Response:
-    state = _state(request)
-    path = getattr(state.model, "path", None)
-    size = path.stat().st_size if path is not None and path.exists() else 0
-    return JSONResponse({"models": [{
-        "name": _tag(state), "model": _tag(state), "modified_at": _modified(state), "size": size,
-        "digest": _digest(state), "details": _details(state)}]})
-
-
-def _digest(state: Any) -> str:
-    # a stable id for the file (Ollama's is the sha256 of the weights; hashing gigabytes per request is not)
-    import hashlib
-
-    path = getattr(state.model, "path", "")
-    stamp = f"{path}:{state.created}".encode()
-    return hashlib.sha256(stamp).hexdigest()
+    server = _state(request)
+    return JSONResponse({"models": [_entry(server, c) for c in server.models.catalog(refresh=True)]})
 
 
 @_ollama_errors
 async def show(request: Request) -> Response:
-    state = _state(request)
-    body = schemas.parse(OllamaShowRequest, await read_body(request, state.max_body))
+    server = _state(request)
+    body = schemas.parse(OllamaShowRequest, await read_body(request, server.max_body))
     name = body.model or body.name
     if not name:
         raise bad("model is required", "model")
-    _check_model(state, name)
+    state = (await server.lease(request, name)).state
     details = _details(state)
     md = getattr(state.model, "metadata", {}) or {}
     arch = details["family"]
@@ -477,20 +468,25 @@ async def show(request: Request) -> Response:
     info[f"{arch}.context_length"] = state.n_ctx
     template = getattr(getattr(state.model, "template", None), "source", "")
     return JSONResponse({
-        "modelfile": f"# served by barellm {__version__}\nFROM {getattr(state.model, 'path', '')}\n",
+        "modelfile": f"# served by barellm {__version__}\nFROM {state.model_id}\n",
         "parameters": "", "template": template, "details": details, "model_info": info,
-        "capabilities": ["completion"], "modified_at": _modified(state)})
+        "capabilities": ["completion"], "modified_at": _modified(state.created)})
 
 
 async def version(request: Request) -> Response:
     return JSONResponse({"version": OLLAMA_API_VERSION})
 
 
+def lifecycle_routes() -> list[Route]:
+    return lifecycle.routes()
+
+
 def routes() -> list[Route]:
     return [
-        Route("/api/chat", chat, methods=["POST"]),
-        Route("/api/generate", generate, methods=["POST"]),
-        Route("/api/show", show, methods=["POST"]),
+        Route("/api/chat", leasing(chat), methods=["POST"]),
+        Route("/api/generate", leasing(generate), methods=["POST"]),
+        Route("/api/show", leasing(show), methods=["POST"]),
         Route("/api/tags", tags, methods=["GET"]),
         Route("/api/version", version, methods=["GET"]),
+        *lifecycle_routes(),
     ]

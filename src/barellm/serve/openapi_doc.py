@@ -156,9 +156,10 @@ class ModelCard(_Out):
     object: Literal["model"]
     created: int
     owned_by: str
-    context_length: int
-    n_vocab: int
-    slots: int
+    loaded: bool = Field(description="whether the model is loaded now (one not loaded loads on first use)")
+    context_length: int | None = Field(None, description="the loaded model's context")
+    n_vocab: int | None = Field(None, description="the loaded model's vocabulary size")
+    slots: int | None = Field(None, description="the loaded model's slots")
 
 
 class ModelList(_Out):
@@ -231,6 +232,7 @@ class Health(_Out):
     slots: int
     slots_in_use: int
     queue_depth: int
+    models_loaded: int = Field(description="models loaded now (slots and queue: theirs together)")
 
 
 _MODELS: list[type[BaseModel]] = [

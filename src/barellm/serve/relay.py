@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -176,17 +177,21 @@ def _enqueue(state: Any, job: Job | EmbedJob) -> None:
                        code="queue_full") from None
 
 
-def submit_embeddings(state: Any, inputs: list[list[int]], pooling: str) -> tuple[EmbedJob, Outbox]:
+def submit_embeddings(state: Any, inputs: list[list[int]], pooling: str, normalize: bool = True
+                      ) -> tuple[EmbedJob, Outbox]:
     """Queues an embedding job (one slot; the scheduler feeds it beside the generations)."""
     events = Outbox(asyncio.get_running_loop())
-    job = EmbedJob(inputs=inputs, emit=events.push, pooling=pooling, timeout=state.timeout)
+    job = EmbedJob(inputs=inputs, emit=events.push, pooling=pooling, normalize=normalize, timeout=state.timeout)
     _enqueue(state, job)
     return job, events
 
 
 class RelayResponse(Response):
     """Relays a job's events (_respond, per API); cancels the job when the client disconnects or the
-    response ends early."""
+    response ends early. on_close, when set, runs once the relay has ended (models.leasing: the request's
+    hold on its model ends there)."""
+
+    on_close: Callable[[], None] | None = None
 
     def __init__(self, state: Any, job: Job | EmbedJob, events: Outbox, path: str) -> None:
         self.state = state
@@ -212,6 +217,8 @@ class RelayResponse(Response):
         finally:
             watcher.cancel()
             self.state.scheduler.cancel(self.job)   # no-op once the job is done
+            if self.on_close is not None:
+                self.on_close()
 
     async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
         raise NotImplementedError

@@ -276,7 +276,7 @@ def run_bench(model_name: str | None, prompts: Sequence[int], gens: Sequence[int
         rng = np.random.default_rng(seed)   # the same tokens for every thread count
         size, params = model_size(model.source)
         name = engine if engine != "native" or activations == "q8x2" else f"{engine}-{activations}"
-        base = {"model": model.path.name, "engine": name, "threads": nt, "size_bytes": size, "n_params": params}
+        base = {"model": model.name, "engine": name, "threads": nt, "size_bytes": size, "n_params": params}
         per_token = weight_bytes_per_token(model.source)
         vocab = model.config.n_vocab
         for p in prompts:

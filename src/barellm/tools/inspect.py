@@ -33,13 +33,13 @@ def preview(value: Any, full: bool = False, width: int = 72) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from barellm import hub
+    from barellm import catalog
     from barellm.cache import open_model
     from barellm.errors import FormatError
     from barellm.formats import sniff
     from barellm.quant import TYPES
 
-    path = hub.resolve(args.file, pull_missing=False)
+    path = catalog.resolve(args.file, pull_missing=False)
     kind = sniff(Path(path))
     if kind == "hf":
         raise FormatError(f"{path}: a checkpoint directory; `barellm convert` it and inspect the .blm")

@@ -282,10 +282,10 @@ def cmd_kld(args: argparse.Namespace) -> int:
         cases = golden_cases(golden, model.path.name)
         r = compare_golden(cases, lambda ids: model.logits(ids))
         if args.json:
-            print(json.dumps({"model": model.path.name, "engine": args.engine, "golden": str(golden),
+            print(json.dumps({"model": model.name, "engine": args.engine, "golden": str(golden),
                               "kl_top10": r.stats.__dict__, "cases": r.per_case}))
             return 0
-        print(f"{model.path.name}, engine {args.engine}, teacher-forced against {golden} "
+        print(f"{model.name}, engine {args.engine}, teacher-forced against {golden} "
               f"({len(cases)} prompts; KL over the golden top-10 plus the rest)")
         for c in r.per_case:
             print(f"  {c['label']:<12} rows {c['rows']:>3}  mean KL {c['mean_kl']:<10.4g}  top-1 {c['top1']:.1f} %")
@@ -363,10 +363,10 @@ def cmd_kld(args: argparse.Namespace) -> int:
             os.unlink(tmp_name)
 
     if args.json:
-        print(json.dumps({"model": model.path.name, "engine": args.engine, "file": str(path),
+        print(json.dumps({"model": model.name, "engine": args.engine, "file": str(path),
                           "base": args.base, **r.as_dict()}))
         return 0
-    print(f"{model.path.name}, engine {args.engine} against {args.base}: {r.n_chunks} windows of {r.n_ctx}",
+    print(f"{model.name}, engine {args.engine} against {args.base}: {r.n_chunks} windows of {r.n_ctx}",
           file=sys.stderr)
     print("\n".join(r.stats.lines()))
     print(f"PPL reference   {r.ppl_base:.4f}")

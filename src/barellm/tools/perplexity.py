@@ -225,9 +225,9 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     r = perplexity(model, text, args.ctx_size, n_chunks=args.chunks, full_window=args.full_window,
                    progress=not args.quiet)
     if args.json:
-        print(json.dumps({"model": model.path.name, "engine": args.engine, "file": str(path), **r.as_dict()}))
+        print(json.dumps({"model": model.name, "engine": args.engine, "file": str(path), **r.as_dict()}))
         return 0
-    print(f"{model.path.name}, engine {args.engine}: {r.n_tokens} tokens, {r.n_chunks} windows of {r.n_ctx}, "
+    print(f"{model.name}, engine {args.engine}: {r.n_tokens} tokens, {r.n_chunks} windows of {r.n_ctx}, "
           f"{r.n_scored} scored", file=sys.stderr)
     print("".join(f"[{i + 1}]{p:.4f}," for i, p in enumerate(r.running_ppl)), file=sys.stderr)
     print(f"PPL = {r.ppl:.4f} ± {r.uncertainty:.4f}")

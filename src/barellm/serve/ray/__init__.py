@@ -147,7 +147,7 @@ def serve_on_ray(args: argparse.Namespace) -> int:
             serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=logging)
         except RuntimeError as e:
             raise BarellmError(f"the replicas did not start: {_failure(serve, e)}") from None
-        print(f"barellm: serving {args.model or 'smollm2-135m'} on Ray: "
+        print(f"barellm: serving {(args.models or ['smollm2-135m'])[0]} on Ray: "
               f"{args.autoscale and f'{args.autoscale} (autoscaled)' or args.replicas or 1} replicas x {threads} "
               f"threads, {args.slots} slots each, on http://{args.host}:{args.port}/v1", file=sys.stderr)
         while not stop():

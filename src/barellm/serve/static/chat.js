@@ -176,7 +176,8 @@ async function loadModel() {
   const response = await fetch("/v1/models", {headers: headers()});
   if (response.ok) {
     const data = await response.json();
-    $("model").textContent = data.data.map((m) => m.id).join(", ");
+    const loaded = data.data.filter((m) => m.loaded !== false);   // the others load on first use
+    $("model").textContent = (loaded.length ? loaded : data.data).map((m) => m.id).join(", ");
   } else {
     $("model").textContent = response.status === 401 ? "enter the API key in the settings" : await errorText(response);
   }

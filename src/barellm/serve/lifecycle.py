@@ -1,0 +1,383 @@
+"""Ollama's model-management routes: /api/pull (streamed progress lines), /api/delete, /api/copy, and its
+embedding routes /api/embed and /api/embeddings. Errors in Ollama's shape, {"error": "..."}."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from barellm.errors import BarellmError, InvalidRequest
+from barellm.serve import schemas
+from barellm.serve.models import leasing
+from barellm.serve.relay import Outbox, RelayResponse, read_body, submit_embeddings
+from barellm.serve.schemas import ApiError, _Body, bad
+
+
+class PullRequest(_Body):
+    model: str | None = None
+    name: str | None = None   # older clients
+    stream: bool = True
+    insecure: bool | None = None
+
+
+class DeleteRequest(_Body):
+    model: str | None = None
+    name: str | None = None
+
+
+class CopyRequest(_Body):
+    source: str = Field(min_length=1)
+    destination: str = Field(min_length=1, max_length=256)
+
+
+class EmbedRequest(_Body):
+    model: str = Field(min_length=1)
+    input: str | list[str] = ""
+    truncate: bool = True
+    options: dict[str, Any] | None = None
+    keep_alive: float | str | None = None
+    dimensions: int | None = None
+
+
+class LegacyEmbeddingRequest(_Body):
+    model: str = Field(min_length=1)
+    prompt: str = ""
+    options: dict[str, Any] | None = None
+    keep_alive: float | str | None = None
+
+
+def _tag(name: str) -> str:
+    return f"{name}:latest"
+
+
+def _keep_alive(body: Any) -> float | None | str:
+    from barellm.serve.models import parse_keep_alive
+
+    return "default" if body.keep_alive is None else parse_keep_alive(body.keep_alive)
+
+
+def _details(state: Any) -> dict[str, Any]:
+    model = state.model
+    return _details_of(getattr(model, "metadata", {}) or {}, getattr(getattr(model, "source", None), "tensors", {}),
+                       getattr(getattr(model, "config", None), "arch", "unknown"))
+
+
+_file_details: dict[tuple[str, float], dict[str, Any]] = {}
+
+
+def _details_of_file(path: Any, modified: float) -> dict[str, Any]:
+    """The details of a model not loaded, from its file's header (read once per file)."""
+    key = (str(path), modified)
+    if key not in _file_details:
+        from barellm.formats import sniff
+
+        try:
+            if sniff(path) == "blm":
+                from barellm.formats.blm import BLMFile
+
+                with BLMFile(path, prefetch=False) as f:
+                    _file_details[key] = _details_of(f.metadata, f.tensors, "unknown")
+            else:
+                from barellm.formats.gguf import GGUFFile
+
+                g = GGUFFile(path)
+                try:
+                    _file_details[key] = _details_of(g.metadata, g.tensors, "unknown")
+                finally:
+                    g.close()
+        except Exception:   # an unreadable file is listed with what is known of it
+            _file_details[key] = {"parent_model": "", "format": "gguf", "family": "unknown", "families": ["unknown"],
+                                  "parameter_size": "", "quantization_level": "unknown"}
+    return _file_details[key]
+
+
+def _details_of(md: Any, tensors: Any, arch_default: str) -> dict[str, Any]:
+    arch = str(md.get("general.architecture", arch_default))
+    tensors = tensors or {}
+    n_params = sum(int(getattr(t, "n_elements", 0)) for t in tensors.values())
+    types: dict[str, int] = {}
+    for t in tensors.values():
+        if len(getattr(t, "shape", ())) == 2:
+            name = str(getattr(t, "type_name", "?")).upper()
+            types[name] = types.get(name, 0) + int(t.nbytes)
+    size = f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M"
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+            "parameter_size": md.get("general.size_label") or size,
+            "quantization_level": max(types, key=lambda k: types[k]) if types else "unknown"}
+
+
+def _digest(cand: Any) -> str:
+    # a stable id for the file (Ollama's is the sha256 of the weights; hashing gigabytes per request is not)
+    import hashlib
+
+    return hashlib.sha256(f"{cand.path}:{int(cand.modified)}".encode()).hexdigest()
+
+
+async def ps(request: Request) -> Response:
+    """The loaded models: size (file and KV caches), when each unloads (far ahead: kept loaded)."""
+    server = request.app.state.server
+    out = []
+    for m in sorted(server.models.loaded.values(), key=lambda m: -m.last_used):
+        expires = m.expires_at
+        if expires is None:
+            expires = time.time() + (m.keep_alive if m.keep_alive is not None and not m.candidate.fixed else
+                                     100 * 365 * 86400.0)
+        out.append({"name": _tag(m.name), "model": _tag(m.name), "size": m.memory, "size_vram": 0,
+                    "digest": _digest(m.candidate), "details": _details(m.state),
+                    "expires_at": datetime.fromtimestamp(expires, timezone.utc).isoformat().replace("+00:00", "Z"),
+                    "context_length": m.state.n_ctx, "in_use": m.leases})
+    return JSONResponse({"models": out})
+
+
+def _error(status: int, message: str) -> Response:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _ollama(handler: Any) -> Any:
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            request.app.state.server.metrics.error("other", e.type)
+            return _error(e.status, e.message)
+    wrapped.__name__ = handler.__name__
+    return wrapped
+
+
+def _name(body: Any) -> str:
+    name = body.model or body.name
+    if not name:
+        raise bad("model is required", "model")
+    return name
+
+
+def _line(obj: Any) -> bytes:
+    return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+_pull_lock: asyncio.Lock | None = None
+
+
+@_ollama
+async def pull(request: Request) -> Response:
+    """Fetches a model the cache knows by name (hub.REGISTRY), as `barellm pull` does."""
+    from barellm import hub
+
+    server = request.app.state.server
+    body = schemas.parse(PullRequest, await read_body(request, server.max_body))
+    name = _name(body)
+    key = name.lower().removesuffix(":latest")
+    key = hub.ALIASES.get(key, key)
+    if key not in hub.REGISTRY:
+        raise ApiError(404, f"model {name!r} is not one this server can pull; it pulls: "
+                            f"{', '.join(sorted(hub.REGISTRY))}", param="model", code="model_not_found")
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    def tell(status: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, status)
+
+    async def run() -> None:
+        global _pull_lock
+        from starlette.concurrency import run_in_threadpool
+
+        _pull_lock = _pull_lock or asyncio.Lock()
+        try:
+            async with _pull_lock:
+                await run_in_threadpool(lambda: hub.pull(key, quiet=True, on_status=tell))
+            server.models.catalog(refresh=True)
+            queue.put_nowait({"status": "success"})
+        except (BarellmError, OSError) as e:
+            queue.put_nowait({"error": f"pulling {key} failed: {e}"})
+        queue.put_nowait(None)
+
+    task = asyncio.ensure_future(run())
+    if not body.stream:
+        await task
+        last: dict[str, Any] = {}
+        while not queue.empty():
+            item = queue.get_nowait()
+            if item is not None:
+                last = item
+        if "error" in last:
+            return _error(500, last["error"])
+        return JSONResponse(last)
+
+    async def lines() -> AsyncIterator[bytes]:
+        while (item := await queue.get()) is not None:
+            yield _line(item)
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@_ollama
+async def delete(request: Request) -> Response:
+    """Removes a model from the cache (unloading it first); one in use is refused, 409."""
+    from barellm import catalog, hub
+    from barellm.commands import remove_model
+
+    server = request.app.state.server
+    body = schemas.parse(DeleteRequest, await read_body(request, server.max_body))
+    cand = server.models.resolve(_name(body))
+    if cand.fixed:
+        raise ApiError(400, f"model {cand.name!r} was handed to this server in memory; it cannot delete it")
+    registered = cand.name in hub.REGISTRY
+    local = None if registered else catalog.find_local(cand.name)
+    if not registered and local is None:
+        raise ApiError(400, f"model {cand.name!r} is served from {cand.path}, outside barellm's cache; "
+                            "delete only removes what barellm put in its cache")
+    if not await server.models.unload(cand.name):
+        raise ApiError(409, f"model {cand.name!r} is in use; delete it once its requests end", code="model_busy")
+    from starlette.concurrency import run_in_threadpool
+
+    try:
+        if registered:
+            await run_in_threadpool(remove_model, cand.name)
+        else:
+            assert local is not None
+            await run_in_threadpool(catalog.remove_local, local)
+    except BarellmError as e:
+        raise ApiError(500, f"deleting {cand.name} failed: {e}", type="server_error") from None
+    server.models.forget(cand)
+    server.models.catalog(refresh=True)
+    return JSONResponse({})
+
+
+@_ollama
+async def copy(request: Request) -> Response:
+    """Another name for a model, for as long as this server runs."""
+    server = request.app.state.server
+    body = schemas.parse(CopyRequest, await read_body(request, server.max_body))
+    cand = server.models.resolve(body.source)
+    dest = body.destination.strip().lower().removesuffix(":latest")
+    if not dest:
+        raise bad("destination is empty", "destination")
+    try:
+        other = server.models.resolve(dest)
+    except ApiError:
+        other = None
+    if other is not None and other.name != cand.name:
+        raise ApiError(400, f"destination {body.destination!r} already names the model {other.name!r}",
+                       param="destination")
+    server.models.aliases[dest] = cand.name
+    return JSONResponse({})
+
+
+class EmbedResponse(RelayResponse):
+    """/api/embed's {"embeddings": [...]} or /api/embeddings' {"embedding": [...]}."""
+
+    def __init__(self, state: Any, job: Any, events: Outbox, path: str, model: str, legacy: bool,
+                 load_seconds: float) -> None:
+        super().__init__(state, job, events, path)
+        self.model = model
+        self.legacy = legacy
+        self.t0 = time.perf_counter_ns()
+        self.load_ns = int(load_seconds * 1e9)
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+        while True:
+            for ev in await self.events.batch():
+                if ev is None:
+                    return
+                if ev.kind == "error":
+                    await _error(ev.status, ev.message)(scope, receive, send)
+                    return
+                if ev.kind == "embeddings":
+                    vectors = ev.data.tolist()
+                    if self.legacy:
+                        body: dict[str, Any] = {"embedding": vectors[0]}
+                    else:
+                        body = {"model": self.model, "embeddings": vectors,
+                                "total_duration": time.perf_counter_ns() - self.t0 + self.load_ns,
+                                "load_duration": self.load_ns, "prompt_eval_count": ev.prompt_tokens}
+                    await JSONResponse(body)(scope, receive, send)
+                    return
+
+
+async def _embed(request: Request, legacy: bool) -> Response:
+    from starlette.concurrency import run_in_threadpool
+
+    server = request.app.state.server
+    raw = await read_body(request, server.max_body)
+    body: Any = schemas.parse(LegacyEmbeddingRequest if legacy else EmbedRequest, raw)
+    lease = await server.lease(request, body.model, _keep_alive(body))
+    state = lease.state
+    texts = [body.prompt] if legacy else ([body.input] if isinstance(body.input, str) else list(body.input))
+    if not texts or any(not t for t in texts):
+        raise bad("input is empty: give a text or a list of texts", "prompt" if legacy else "input")
+    dim = state.model.config.dim
+    if not legacy and body.dimensions is not None and body.dimensions != dim:
+        raise bad(f"dimensions: this model's embeddings have {dim} dimensions; it cannot make others", "dimensions")
+
+    def ids_of() -> list[list[int]]:
+        out = []
+        for i, t in enumerate(texts):
+            ids = state.model.tokenize(t)
+            if len(ids) > state.n_ctx:
+                if legacy or not body.truncate:
+                    raise InvalidRequest(f"input {i} has {len(ids)} tokens; the context holds {state.n_ctx}")
+                ids = ids[: state.n_ctx]
+            out.append(ids)
+        return state.model.embed_ids(out)
+
+    try:
+        ids = await run_in_threadpool(ids_of)
+    except InvalidRequest as e:
+        raise bad(str(e), "input") from None
+    job, events = submit_embeddings(state, ids, state.model.pooling, normalize=not legacy)
+    return EmbedResponse(state, job, events, request.url.path, body.model, legacy, lease.load_seconds)
+
+
+@_ollama
+async def embed(request: Request) -> Response:
+    return await _embed(request, legacy=False)
+
+
+@_ollama
+async def embeddings(request: Request) -> Response:
+    return await _embed(request, legacy=True)
+
+
+MODELS = [PullRequest, DeleteRequest, CopyRequest, EmbedRequest, LegacyEmbeddingRequest]
+
+
+def _op(method: str, summary: str, op_id: str, schema: str, response: str) -> dict[str, Any]:
+    return {method: {"summary": summary, "operationId": op_id, "tags": ["ollama"],
+                     "requestBody": {"required": True, "content": {"application/json": {
+                         "schema": {"$ref": f"#/components/schemas/{schema}"}}}},
+                     "responses": {"200": {"description": response}}}}
+
+
+PATHS: dict[str, Any] = {
+    "/api/pull": _op("post", "Ollama: fetch a model the cache knows by name", "ollamaPull", "PullRequest",
+                     "streamed: one progress object per line, the last {status: success}"),
+    "/api/delete": _op("delete", "Ollama: remove a model from the cache", "ollamaDelete", "DeleteRequest", "{}"),
+    "/api/copy": _op("post", "Ollama: another name for a model (while the server runs)", "ollamaCopy",
+                     "CopyRequest", "{}"),
+    "/api/embed": _op("post", "Ollama: embeddings of texts", "ollamaEmbed", "EmbedRequest", "{embeddings}"),
+    "/api/embeddings": _op("post", "Ollama: the embedding of one text (older route)", "ollamaEmbeddings",
+                           "LegacyEmbeddingRequest", "{embedding}"),
+    "/api/ps": {"get": {"summary": "Ollama: the loaded models", "operationId": "ollamaPs", "tags": ["ollama"],
+                        "responses": {"200": {"description": "{models: [...]}"}}}},
+}
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/api/pull", pull, methods=["POST"]),
+        Route("/api/delete", delete, methods=["DELETE"]),
+        Route("/api/copy", copy, methods=["POST"]),
+        Route("/api/embed", leasing(embed), methods=["POST"]),
+        Route("/api/embeddings", leasing(embeddings), methods=["POST"]),
+        Route("/api/ps", ps, methods=["GET"]),
+    ]
