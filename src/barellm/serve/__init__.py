@@ -133,7 +133,7 @@ def build_app(args: argparse.Namespace, *, replica: str | None = None) -> Any:
     allowed = args.allowed_host if args.allowed_host else default_allowed_hosts(args.host)
     model = barellm.load(args.model, threads=args.threads, context=args.context, engine=args.engine,
                          chat_template=args.template, slots=args.slots, activations=args.activations,
-                         verify=args.verify)
+                         kv_type=args.kv_type, verify=args.verify)
     return create_app(model, model_id=served_id(args.model, model.path), aliases=args.alias,
                       max_queue=args.queue, timeout=args.timeout or None, prefill_chunk=args.prefill_chunk,
                       api_key=args.api_key, allowed_hosts=allowed, cors_origins=args.cors_origin,
