@@ -13,6 +13,10 @@ Tolerances, per op (x, w ~ N(0, 1) unless said):
 - attention: online softmax over tiles vs the exact float64 softmax: rtol/atol 2e-5 (scores ~ 8, so
   exp amplifies score rounding by ~ 8 ulp; sums over up to 300 keys).
   And: a query gives identical bits whether attended alone or in a block with others.
+- q8_0 KV cache: the stored bytes equal ggml's q8_0 of each key and value block (quant.q8_0_split, the
+  NumPy reference) exactly; attention over it is held to the same tolerance against the float64 attention
+  over the dequantized keys and values (the kernels compute with those exact values), and every SIMD tier
+  gives avx2's bits.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from kernel_tiers import PRESENT, using
 
 from barellm import _native as nat
 from barellm import kernels
+from barellm.quant import q8_0_join, q8_0_split
 
 TILE = nat.KV_TILE
 
@@ -210,21 +215,87 @@ def test_float_to_half():
     assert np.isnan(nan.view(np.float16)[0])
 
 
-KV_TYPES = {"f32": np.float32, "f16": np.float16}
+KV_TYPES = {"f32": np.float32, "f16": np.float16, "q8_0": np.uint8}
+KV_CODE = {"f32": 0, "f16": 1, "q8_0": nat.KV_Q8_0}  # ops.h's enum bl_kv_type
+
+
+def row_bytes(hd, kv):
+    """One position's bytes of one head's K (and of its V): q8_0 takes hd int8 and hd / 32 f16 scales."""
+    return hd + hd // 16 if kv == "q8_0" else hd * np.dtype(KV_TYPES[kv]).itemsize
+
+
+def skip_unless_holds(kv, hd):
+    if kv == "q8_0" and hd % 32:
+        pytest.skip("a q8_0 cache needs head_dim % 32 == 0")
 
 
 def _cache(n_kv, n_ctx, hd, S, rng, kv="f32"):
     dt = KV_TYPES[kv]
-    kc, vc = aligned(n_kv * n_ctx * hd, dt), aligned(n_kv * n_ctx * hd, dt)
+    n = n_kv * n_ctx * row_bytes(hd, kv) // np.dtype(dt).itemsize
+    kc, vc = aligned(n, dt), aligned(n, dt)
     K = rng.standard_normal((S, n_kv, hd)).astype(np.float32)
     V = rng.standard_normal((S, n_kv, hd)).astype(np.float32)
     for p in range(S):
-        nat.kv_store(kc, vc, K[p].reshape(-1), V[p].reshape(-1), p, n_kv, hd, n_ctx, kv == "f16")
+        nat.kv_store(kc, vc, K[p].reshape(-1), V[p].reshape(-1), p, n_kv, hd, n_ctx, KV_CODE[kv])
     # what the cache holds
+    if kv == "q8_0":
+        return kc, vc, q8_0_join(*q8_0_split(K)), q8_0_join(*q8_0_split(V))
     return kc, vc, K.astype(dt).astype(np.float32), V.astype(dt).astype(np.float32)
 
 
-@pytest.mark.parametrize("kv", KV_TYPES)
+def q8_views(kc, vc, n_kv, n_ctx, hd):
+    """A q8_0 cache's parts (ops.h): K int8 [n_kv, tiles, hd, TILE] and f16 scales [n_kv, tiles, hd / 32, TILE],
+    V int8 [n_kv, n_ctx, hd] and scales [n_kv, n_ctx, hd / 32]."""
+    rb, tiles = row_bytes(hd, "q8_0"), n_ctx // TILE
+    kt = kc.reshape(n_kv, tiles, TILE * rb)
+    kq = kt[..., :TILE * hd].view(np.int8).reshape(n_kv, tiles, hd, TILE)
+    kd = kt[..., TILE * hd:].view(np.float16).reshape(n_kv, tiles, hd // 32, TILE)
+    vr = vc.reshape(n_kv, n_ctx, rb)
+    return kq, kd, vr[..., :hd].view(np.int8), vr[..., hd:].view(np.float16)
+
+
+@pytest.mark.parametrize("hd", [32, 64, 96, 256])
+def test_kv_store_q8_0_bytes(isa, hd):
+    """The stored int8 values and f16 scales are ggml's q8_0 of each 32-value block of every key and value,
+    bit for bit, in ops.h's layout; positions not written stay zero."""
+    rng = np.random.default_rng(hd)
+    n_kv, n_ctx, S = 3, 192, 130
+    kc, vc, _, _ = _cache(n_kv, n_ctx, hd, S, rng, "q8_0")
+    rng = np.random.default_rng(hd)  # the same K, V again
+    K = rng.standard_normal((S, n_kv, hd)).astype(np.float32)
+    V = rng.standard_normal((S, n_kv, hd)).astype(np.float32)
+    kq, kd, vq, vd = q8_views(kc, vc, n_kv, n_ctx, hd)
+    (Kq, Kd), (Vq, Vd) = q8_0_split(K), q8_0_split(V)
+    k_vals = kq.transpose(0, 1, 3, 2).reshape(n_kv, n_ctx, hd)
+    k_scales = kd.transpose(0, 1, 3, 2).reshape(n_kv, n_ctx, hd // 32)
+    assert np.array_equal(k_vals[:, :S], Kq.transpose(1, 0, 2))
+    assert np.array_equal(k_scales[:, :S].view(np.uint16), Kd.transpose(1, 0, 2).view(np.uint16))
+    assert np.array_equal(vq[:, :S], Vq.transpose(1, 0, 2))
+    assert np.array_equal(vd[:, :S].view(np.uint16), Vd.transpose(1, 0, 2).view(np.uint16))
+    assert not k_vals[:, S:].any() and not k_scales[:, S:].view(np.uint16).any()
+    assert not vq[:, S:].any() and not vd[:, S:].view(np.uint16).any()
+
+
+def test_kv_q8_0_rounding_rule():
+    """ggml's rule on the cases that tell rules apart: halves go away from zero (roundf, not rint), the block's
+    largest magnitude maps to +-127, an all-zero block gets scale 0 and zeros."""
+    hd, n_ctx = 32, TILE
+    x = np.zeros((2, hd), np.float32)
+    x[0, :4] = [127.0, -63.5, 0.5, -1.5]  # d = 1: x / d is exact, halves must go away from zero
+    x[0, 4:] = np.linspace(-100, 100, hd - 4)
+    kc, vc = aligned(n_ctx * row_bytes(hd, "q8_0"), np.uint8), aligned(n_ctx * row_bytes(hd, "q8_0"), np.uint8)
+    for p in range(2):
+        nat.kv_store(kc, vc, x[p], x[p], p, 1, hd, n_ctx, KV_CODE["q8_0"])
+    kq, kd, vq, vd = q8_views(kc, vc, 1, n_ctx, hd)
+    assert vq[0, 0, :4].tolist() == [127, -64, 1, -2]
+    assert kq[0, 0, :4, 0].tolist() == [127, -64, 1, -2]
+    assert vd[0, 0, 0] == 1.0 and kd[0, 0, 0, 0] == 1.0
+    assert not vq[0, 1].any() and vd[0, 1, 0] == 0
+    want_q, want_d = q8_0_split(x[0])
+    assert np.array_equal(vq[0, 0], want_q) and vd[0, 0, 0] == want_d[0]
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16"])
 def test_kv_store_layout(isa, kv):
     rng = np.random.default_rng(0)
     n_kv, hd, n_ctx, S = 2, 12, 128, 70  # head_dim 12: a vector of 8 and a tail of 4
@@ -235,8 +306,10 @@ def test_kv_store_layout(isa, kv):
 
 
 @pytest.mark.parametrize("kv", KV_TYPES)
-@pytest.mark.parametrize("hd,window", [(64, 0), (128, 0), (40, 0), (6, 0), (64, 70), (64, 1), (16, 130)])
+@pytest.mark.parametrize("hd,window", [(64, 0), (128, 0), (40, 0), (6, 0), (64, 70), (64, 1), (16, 130), (96, 0),
+                                       (32, 130)])
 def test_attention(isa, hd, kv, window):
+    skip_unless_holds(kv, hd)
     rng = np.random.default_rng(hd + window)
     n_kv, n_ctx, S = 2, 320, 300
     kc, vc, K, V = _cache(n_kv, n_ctx, hd, S, rng, kv)
@@ -245,12 +318,13 @@ def test_attention(isa, hd, kv, window):
     nq = len(positions)
     head = 1
     q = (rng.standard_normal((nq, hd)) * 3).astype(np.float32)
-    kh = kc[head * n_ctx * hd:(head + 1) * n_ctx * hd]
-    vh = vc[head * n_ctx * hd:(head + 1) * n_ctx * hd]
+    per = n_ctx * row_bytes(hd, kv) // kc.itemsize  # one head's elements
+    kh = kc[head * per:(head + 1) * per]
+    vh = vc[head * per:(head + 1) * per]
     out = np.empty((nq, hd), np.float32)
 
     def attend(q, pos, out):
-        nat.attend(q, pos, kh, vh, out, len(pos), hd, n_ctx, float(scale), kv == "f16", window)
+        nat.attend(q, pos, kh, vh, out, len(pos), hd, n_ctx, float(scale), KV_CODE[kv], window)
 
     attend(q, positions, out)
     for i, p in enumerate(positions):
@@ -270,11 +344,12 @@ def test_attention(isa, hd, kv, window):
 
 
 @pytest.mark.parametrize("kv", KV_TYPES)
-@pytest.mark.parametrize("hd,window", [(64, 0), (128, 0), (128, 70), (64, 130), (80, 0), (16, 1)])
+@pytest.mark.parametrize("hd,window", [(64, 0), (128, 0), (128, 70), (64, 130), (80, 0), (16, 1), (96, 0), (32, 1)])
 def test_attention_bits_equal_on_every_simd_tier(hd, kv, window):
     """Every SIMD tier gives avx2's bits for every query (greedy output must not depend on the tier),
     whatever the block: 1..16 queries, some sharing a key range (one position, several heads; those a
     tier may attend together), some not, positions on and around tile boundaries."""
+    skip_unless_holds(kv, hd)
     tiers = [t for t in PRESENT if t != "scalar"]
     if "avx2" not in tiers:
         pytest.skip("this CPU lacks the avx2 tier")
@@ -298,7 +373,7 @@ def test_attention_bits_equal_on_every_simd_tier(hd, kv, window):
             for b, pos in enumerate(blocks):
                 q = (np.random.default_rng(b).standard_normal((len(pos), hd)) * 3).astype(np.float32)
                 out = np.empty((len(pos), hd), np.float32)
-                nat.attend(q, pos, kc, vc, out, len(pos), hd, n_ctx, float(1 / np.sqrt(hd)), kv == "f16", window)
+                nat.attend(q, pos, kc, vc, out, len(pos), hd, n_ctx, float(1 / np.sqrt(hd)), KV_CODE[kv], window)
                 outs.append(out)
         return outs
 
@@ -318,12 +393,18 @@ def test_attention_ignores_stale_cache(isa, kv):
     q = rng.standard_normal((1, hd)).astype(np.float32)
     pos = np.array([9], np.int32)
     a = np.empty((1, hd), np.float32)
-    f16 = kv == "f16"
-    nat.attend(q, pos, kc, vc, a, 1, hd, n_ctx, 0.125, f16, 6)
-    for p in [*range(0, 4), *range(10, 128)]:
-        nat.kv_store(kc, vc, np.full(hd, np.nan, np.float32), np.full(hd, np.nan, np.float32), p, 1, hd, n_ctx, f16)
+    code = KV_CODE[kv]
+    nat.attend(q, pos, kc, vc, a, 1, hd, n_ctx, 0.125, code, 6)
+    stale = [*range(0, 4), *range(10, 128)]
+    for p in stale:
+        nat.kv_store(kc, vc, np.full(hd, np.nan, np.float32), np.full(hd, np.nan, np.float32), p, 1, hd, n_ctx, code)
+    if kv == "q8_0":  # int8 holds no NaN: make the stale entries' scales NaN and their values extreme
+        kq, kd, vq, vd = q8_views(kc, vc, 1, n_ctx, hd)
+        for p in stale:
+            kq[0, p // TILE, :, p % TILE], kd[0, p // TILE, :, p % TILE] = -128, np.nan
+            vq[0, p], vd[0, p] = -128, np.nan
     b = np.empty((1, hd), np.float32)
-    nat.attend(q, pos, kc, vc, b, 1, hd, n_ctx, 0.125, f16, 6)
+    nat.attend(q, pos, kc, vc, b, 1, hd, n_ctx, 0.125, code, 6)
     assert np.array_equal(a, b)
 
 
@@ -335,3 +416,10 @@ def test_bad_arguments():
         nat.rope(x, x, 1, 1, 8, 3, 0)  # odd rope_dim
     with pytest.raises(ValueError):
         nat.attend(x, np.zeros(1, np.int32), x, x, x, 1, 8, 100, 1.0)  # n_ctx not a tile multiple
+    big = np.zeros(TILE * 64, np.float32)
+    with pytest.raises(ValueError, match="head_dim"):
+        nat.attend(x, np.zeros(1, np.int32), big, big, x, 1, 8, TILE, 1.0, KV_CODE["q8_0"])  # 8 % 32
+    with pytest.raises(ValueError, match="head_dim"):
+        nat.kv_store(big, big, x, x, 0, 1, 8, TILE, KV_CODE["q8_0"])
+    with pytest.raises(ValueError, match="kv_type"):
+        nat.kv_store(big, big, x, x, 0, 1, 8, TILE, 7)

@@ -35,6 +35,15 @@ def add_activations_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activations", choices=ACTIVATIONS, default=ACTIVATIONS[0],
                    help="native engine: activation precision of the quantized matmuls; q8x2 (default): ~15 bits, "
                         "logits closest to the float reference; q8: 8-bit blocks, faster prefill")
+    add_kv_type_arg(p)
+
+
+def add_kv_type_arg(p: argparse.ArgumentParser) -> None:
+    from barellm.model import KV_TYPES
+
+    p.add_argument("--kv-type", choices=KV_TYPES, default=None,
+                   help="what the KV cache holds: f16 (the native default), q8_0 (8-bit blocks: 53%% of f16's "
+                        "memory, for long contexts and many slots) or f32")
 
 
 def add_model_args(p: argparse.ArgumentParser, *, engine: bool = True) -> None:

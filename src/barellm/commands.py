@@ -76,7 +76,7 @@ def _load(args: argparse.Namespace, model: str | None, **kw: object):
 
     return barellm.load(model, threads=args.threads, context=args.context,
                         engine=getattr(args, "engine", "auto"), activations=getattr(args, "activations", "q8x2"),
-                        verify=getattr(args, "verify", False), **kw)
+                        kv_type=getattr(args, "kv_type", None), verify=getattr(args, "verify", False), **kw)
 
 
 def is_model(word: str) -> bool:

@@ -43,10 +43,13 @@ from barellm.kernels import (
     matrix_layout,
 )
 from barellm.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV, buffer_widths, llama_plan
+from barellm.quant import q8_0_join, q8_0_split
 
 F32 = 0  # ggml type id of float32
 KIND_IDS: dict[str, int] = dict(nat.OP_KINDS)  # the op kinds the executor has, and their ids (py_engine.c)
 KV_TILE = nat.KV_TILE
+KV_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q8_0": nat.KV_Q8_0}  # the cache element types (ops.h, bl_kv_type)
+KV_QK = 32  # values per block of a q8_0 cache
 FLOAT_ALIGN = 16  # buffer rows start on cache lines: strides are multiples of 16 floats
 ROPE_FIRST = 512  # positions of the RoPE tables filled by the first forward call (see _rope_upto)
 
@@ -89,6 +92,21 @@ def _round_up(n: int, a: int) -> int:
 class NativeUnsupported(FormatError):
     """A legal model the native core refuses to plan (a combination of types or shapes it has no path for).
     engine="auto" falls back on the reference engine; engine="native" reports it."""
+
+
+def check_kv_type(kv_type: str, cfg: ModelConfig) -> None:
+    if kv_type not in KV_TYPES:
+        raise InvalidRequest(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+    if kv_type == "q8_0" and cfg.head_dim % KV_QK:
+        raise InvalidRequest(f"kv_type q8_0 needs a head_dim that is a multiple of {KV_QK}; this model's is "
+                             f"{cfg.head_dim}")
+
+
+def kv_bytes_per_token(cfg: ModelConfig, kv_type: str) -> int:
+    """Bytes a position takes in one slot's cache, K and V of every layer (q8_0: 34 bytes per 32 values)."""
+    hd = cfg.head_dim
+    per_head = {"f32": 4 * hd, "f16": 2 * hd, "q8_0": hd + hd // KV_QK * 2}[kv_type]
+    return 2 * cfg.n_layers * cfg.n_kv_heads * per_head
 
 
 def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
@@ -159,6 +177,7 @@ class NativeEngine:
     def __init__(self, cfg: ModelConfig, source: Any, n_ctx: int | None = None, threads: int | None = None,
                  n_slots: int = 1, chunk: int = 64, pin: bool = False, kv_type: str = "f16",
                  adaptive_threads: bool = True, activations: str = "q8x2") -> None:
+        check_kv_type(kv_type, cfg)
         check_tensors(cfg, source.tensors)
         reason = unsupported_reason(cfg, source)
         if reason is not None:
@@ -173,8 +192,6 @@ class NativeEngine:
         self.threads = int(threads or default_threads())
         if self.n_ctx < 1 or self.n_slots < 1 or not 1 <= self.chunk <= 4096 or not 1 <= self.threads <= 256:
             raise InvalidRequest(f"bad engine sizes: n_ctx={n_ctx} n_slots={n_slots} chunk={chunk} threads={threads}")
-        if kv_type not in ("f16", "f32"):
-            raise InvalidRequest(f"kv_type must be 'f16' or 'f32', got {kv_type!r}")
         self.kv_type = kv_type
         if activations not in ACTIVATIONS:
             raise InvalidRequest(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
@@ -201,7 +218,7 @@ class NativeEngine:
     def _check_memory(self) -> None:
         """What _alloc will take, against the machine's available memory (the weights are mapped, not counted)."""
         cfg = self.cfg
-        kv = 2 * self.n_slots * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * (2 if self.kv_type == "f16" else 4)
+        kv = self.n_slots * kv_bytes_per_token(cfg, self.kv_type)
         bases = len({cfg.layer_rope_theta(i) for i in range(cfg.n_layers)})
         rope = bases * cfg.rope_dim * 24  # the float32 table, and the float64 angles, cosines and sines it comes from
         pad = _round_up(self.n_ctx, KV_TILE) - self.n_ctx
@@ -215,11 +232,20 @@ class NativeEngine:
         self._qbufs: dict[tuple[str, int, int, int], np.ndarray] = {}
         self.n_ctx_pad = _round_up(self.n_ctx, KV_TILE)
         hd, nkv, L = cfg.head_dim, cfg.n_kv_heads, cfg.n_layers
-        # K: [slot][layer][kv head][n_ctx / tile][head_dim][tile]; V: [slot][layer][kv head][n_ctx][head_dim]
-        kv_dtype = np.float16 if self.kv_type == "f16" else np.float32
-        self.k_cache = lazy_zeros((self.n_slots, L, nkv, self.n_ctx_pad // KV_TILE, hd, KV_TILE), kv_dtype)
-        self.v_cache = lazy_zeros((self.n_slots, L, nkv, self.n_ctx_pad, hd), kv_dtype)
-        self._layer_elems = nkv * self.n_ctx_pad * hd
+        # K: [slot][layer][kv head][n_ctx / tile][head_dim][tile]; V: [slot][layer][kv head][n_ctx][head_dim];
+        # q8_0 (bytes): K [slot][layer][kv head][n_ctx / tile][tile's int8 values, then its f16 scales],
+        # V [slot][layer][kv head][n_ctx][a row's int8 values, then its scales] (ops.h)
+        tiles = self.n_ctx_pad // KV_TILE
+        if self.kv_type == "q8_0":
+            per_pos = hd + hd // KV_QK * 2
+            self.k_cache = lazy_zeros((self.n_slots, L, nkv, tiles, KV_TILE * per_pos), np.uint8)
+            self.v_cache = lazy_zeros((self.n_slots, L, nkv, self.n_ctx_pad, per_pos), np.uint8)
+        else:
+            per_pos = hd
+            kv_dtype = np.float16 if self.kv_type == "f16" else np.float32
+            self.k_cache = lazy_zeros((self.n_slots, L, nkv, tiles, hd, KV_TILE), kv_dtype)
+            self.v_cache = lazy_zeros((self.n_slots, L, nkv, self.n_ctx_pad, hd), kv_dtype)
+        self._layer_elems = nkv * self.n_ctx_pad * per_pos  # in the cache's elements (q8_0: bytes)
         self._slot_elems = L * self._layer_elems
         # RoPE tables [n_ctx, rope_dim]: cos then sin of position * base^(-2i/rope_dim), one per base. Filled
         # when positions come into use (_rope_upto): all 4096 positions' cosines and sines take 7-14 ms of
@@ -455,7 +481,7 @@ class NativeEngine:
             off = self.k_cache.itemsize * op.layer * self._layer_elems
             d.update(n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, n_ctx=self.n_ctx_pad,
                      kc=(self.k_cache, off), vc=(self.v_cache, off), slot_stride=self._slot_elems,
-                     kv_f16=int(self.kv_type == "f16"))
+                     kv_type=KV_TYPES[self.kv_type])
             if isinstance(op, RopeKV):
                 if op.q_norm and op.k_norm:
                     d.update(q_norm=self._norm(op.q_norm), k_norm=self._norm(op.k_norm))
@@ -617,11 +643,29 @@ class NativeEngine:
             self.v_cache[dst, :, :, :n] = self.v_cache[src, :, :, :n]
 
     def kv(self, slot: int, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of the first n cached positions of a slot and layer: K, V [n, n_kv_heads, head_dim]."""
+        """Copies of the first n cached positions of a slot and layer, as float32 values (a q8_0 cache's
+        dequantized): K, V [n, n_kv_heads, head_dim]."""
+        nkv, hd = self.cfg.n_kv_heads, self.cfg.head_dim
+        if self.kv_type == "q8_0":
+            (kq, kd), (vq, vd) = self._q8_views(slot, layer)
+            kq = kq.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd)[:, :n]
+            kd = kd.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd // KV_QK)[:, :n]
+            k, v = q8_0_join(kq, kd), q8_0_join(vq[:, :n], vd[:, :n])
+            return k.transpose(1, 0, 2), v.transpose(1, 0, 2)
         kc = self.k_cache[slot, layer]  # [nkv, tiles, hd, tile]
-        k = kc.transpose(0, 1, 3, 2).reshape(self.cfg.n_kv_heads, self.n_ctx_pad, self.cfg.head_dim)[:, :n]
+        k = kc.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd)[:, :n]
         v = self.v_cache[slot, layer][:, :n]
         return k.transpose(1, 0, 2).astype(np.float32), v.transpose(1, 0, 2).astype(np.float32)
+
+    def _q8_views(self, slot: int, layer: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """A q8_0 cache's parts for a slot and layer, as writable views: K's int8 values [nkv, tiles, hd, tile]
+        and scales [nkv, tiles, hd / 32, tile], V's values [nkv, n_ctx, hd] and scales [nkv, n_ctx, hd / 32]."""
+        nkv, hd = self.cfg.n_kv_heads, self.cfg.head_dim
+        kc, vc = self.k_cache[slot, layer], self.v_cache[slot, layer]
+        tiles = kc.shape[1]
+        kq = kc[..., :KV_TILE * hd].view(np.int8).reshape(nkv, tiles, hd, KV_TILE)
+        kd = kc[..., KV_TILE * hd:].view(np.float16).reshape(nkv, tiles, hd // KV_QK, KV_TILE)
+        return (kq, kd), (vc[..., :hd].view(np.int8), vc[..., hd:].view(np.float16))
 
     def debug_forward(self, tokens: Sequence[int], start: int, all_logits: bool = False, slot: int = 0, *,
                       backend: str = "native", replace: dict[int | str, Hook] | None = None,
@@ -732,6 +776,11 @@ class NativeEngine:
             v = qkv[:, qd + kd:qd + 2 * kd].reshape(T, cfg.n_kv_heads, hd)
             for t in range(T):
                 s, p = int(ctx.slots[t]), int(ctx.positions[t])
+                if self.kv_type == "q8_0":
+                    (kq, kd), (vq, vd) = self._q8_views(s, op.layer)
+                    kq[:, p // KV_TILE, :, p % KV_TILE], kd[:, p // KV_TILE, :, p % KV_TILE] = q8_0_split(k[t])
+                    vq[:, p], vd[:, p] = q8_0_split(v[t])
+                    continue
                 self.k_cache[s, op.layer, :, p // KV_TILE, :, p % KV_TILE] = k[t]
                 self.v_cache[s, op.layer, :, p] = v[t]
         elif isinstance(op, Attention):

@@ -33,6 +33,7 @@ from barellm.sampling import SamplingParams, TokenLogprob
 
 ENGINES = ("auto", "native", "reference")
 ACTIVATIONS = ("q8x2", "q8")  # the native engine's activation precisions (engine.ACTIVATIONS)
+KV_TYPES = ("f16", "q8_0", "f32")  # what the KV cache holds (engine.KV_TYPES)
 GENERATION_KEYWORDS = ("max_tokens", "stop", "n", "logprobs", "top_logprobs", "allowed_tokens", "timings",
                        "json_schema", "grammar", "regex", "min_indent")
 
@@ -142,7 +143,7 @@ class Model:
 
     def __init__(self, path: Path, *, threads: int | None = None, context: int | None = None,
                  engine: str = "auto", chat_template: str | None = None, slots: int = 1,
-                 activations: str = "q8x2", verify: bool = False) -> None:
+                 activations: str = "q8x2", kv_type: str | None = None, verify: bool = False) -> None:
         from barellm.text.chat import ChatTemplate, template_for
         from barellm.text.tokenizer import Tokenizer
 
@@ -150,6 +151,8 @@ class Model:
             raise InvalidRequest(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if activations not in ACTIVATIONS:
             raise InvalidRequest(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+        if kv_type is not None and kv_type not in KV_TYPES:
+            raise InvalidRequest(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
         if threads is not None and not (isinstance(threads, int) and 1 <= threads <= 256):
             raise InvalidRequest(f"threads must be an integer in 1..256, got {threads!r}")
         from barellm.catalog import display_name
@@ -178,6 +181,7 @@ class Model:
         self.slots = slots
         self.threads = threads or default_threads()
         self.activations = activations
+        self.kv_type = kv_type  # None: the engine's default (native f16, reference f32)
         self.engine_name, self.engine = self._make_engine(engine)
         self._table = SlotTable(slots)            # what each slot's cache holds; guarded by _cond
         self._owner: list[int | None] = [None] * slots   # the thread holding each busy slot
@@ -195,7 +199,8 @@ class Model:
             if reason is None:
                 try:
                     return "native", NativeEngine(self.config, self.source, n_ctx=self.n_ctx, threads=self.threads,
-                                                  n_slots=self.slots, activations=self.activations)
+                                                  n_slots=self.slots, activations=self.activations,
+                                                  kv_type=self.kv_type or "f16")
                 except NativeUnsupported as e:
                     if engine == "native":
                         raise
@@ -206,7 +211,7 @@ class Model:
                           "which is slow", RuntimeWarning, stacklevel=3)
         from barellm.arch import reference_engine
 
-        return "reference", reference_engine(self.config, self.source, self.n_ctx, self.slots)
+        return "reference", reference_engine(self.config, self.source, self.n_ctx, self.slots, self.kv_type or "f32")
 
     # --- text <-> ids -------------------------------------------------------------------------
 
@@ -887,7 +892,7 @@ class Model:
 
 def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = None, context: int | None = None,
          engine: str = "auto", chat_template: str | None = None, slots: int = 1,
-         activations: str = "q8x2", verify: bool = False) -> Model:
+         activations: str = "q8x2", kv_type: str | None = None, verify: bool = False) -> Model:
     """Loads a model by name ("smollm2-135m", pulled on first use) or path.
 
     threads: worker threads (default: physical cores); context: KV cache size in tokens;
@@ -899,6 +904,9 @@ def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = N
     activations: the native engine's activation precision in the quantized matmuls: "q8x2" (the default,
     ~15 bits: logits within a mean KL of 0.0002 of the float reference on SmolLM2) or "q8" (8-bit blocks as
     llama.cpp uses: ~1.6x faster prefill, KL ~0.003);
+    kv_type: what the KV cache holds: "f16" (the native engine's default), "q8_0" (ggml's 8-bit blocks of 32
+    with an f16 scale: 53% of f16's memory; head_dim a multiple of 32) or "f32"; the reference engine keeps
+    float32 and rounds K and V to what the type would hold (exact f32 by default);
     verify: check every tensor of the model file against its checksum before running it (every load checks
     a sample of them).
     """
@@ -907,7 +915,7 @@ def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = N
     path = catalog.resolve(model)
     try:
         return Model(path, threads=threads, context=context, engine=engine, chat_template=chat_template,
-                     slots=slots, activations=activations, verify=verify)
+                     slots=slots, activations=activations, kv_type=kv_type, verify=verify)
     except BarellmError:
         raise
     except (OSError, MemoryError) as e:

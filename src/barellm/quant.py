@@ -338,6 +338,27 @@ def _q8_0_from_float(x: np.ndarray) -> np.ndarray:
     return out.view(np.uint8)
 
 
+def q8_0_split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's q8_0 along the last axis (a multiple of 32), as the 8-bit KV cache stores it: the int8 values
+    [..., n] and the f16 scales [..., n / 32] (d = amax / 127, q = roundf(x * (1 / d)))."""
+    x = np.asarray(x, dtype=_F32)
+    xb = x.reshape(*x.shape[:-1], -1, QK)
+    d = np.abs(xb).max(axis=-1) / _F32(127)
+    q = _roundf(xb * _inverse(d)[..., None]).astype(np.int8)
+    return q.reshape(x.shape), d.astype(np.float16)
+
+
+def q8_0_join(q: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """The float32 values of q8_0_split's (values, scales): each int8 times its block's f16 scale."""
+    qb = np.asarray(q).reshape(*q.shape[:-1], -1, QK).astype(_F32)
+    return (qb * np.asarray(d).astype(_F32)[..., None]).reshape(q.shape)
+
+
+def q8_0_round_trip(x: np.ndarray) -> np.ndarray:
+    """x as an 8-bit KV cache holds it."""
+    return q8_0_join(*q8_0_split(x))
+
+
 def _q4_0_from_float(x: np.ndarray) -> np.ndarray:
     xb = _as_blocks(x, QK)
     d = _signed_absmax(xb) / _F32(-8)

@@ -166,6 +166,9 @@ static void op_matmul(const bl_plan *p, const bl_op *op, int tid, int nth, unsig
         matmul_rows(op, T, c * CH, c + 1 < nch ? (c + 1) * CH : op->n_rows);
 }
 
+/* bytes of the unit slot_stride counts in: an element of an f32 or f16 cache, a byte of a q8_0 one */
+static inline size_t kv_unit(int kv_type) { return kv_type == BL_KV_F32 ? 4 : kv_type == BL_KV_F16 ? 2 : 1; }
+
 static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth) {
     int t0, t1;
     bl_split(p->T, 1, tid, nth, &t0, &t1);
@@ -181,9 +184,9 @@ static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth) {
                 bl_rmsnorm(row + qd + h * op->head_dim, op->k_norm, row + qd + h * op->head_dim, op->head_dim, op->eps);
         bl_rope(row, op->n_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
         bl_rope(row + qd, op->n_kv_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
-        const size_t s = (size_t)p->slot[t] * op->slot_stride * (op->kv_f16 ? 2 : 4);
+        const size_t s = (size_t)p->slot[t] * op->slot_stride * kv_unit(op->kv_type);
         bl_kv_store(op->kc + s, op->vc + s, row + qd, row + qd + kd, p->pos[t], op->n_kv_heads, op->head_dim,
-                    op->n_ctx, op->kv_f16);
+                    op->n_ctx, op->kv_type);
     }
 }
 
@@ -192,7 +195,7 @@ static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth) {
  * within a unit, consecutive items of one kv head and one slot go to bl_attend together. */
 static void attend_items(const bl_plan *p, const bl_op *op, int u0, int u1) {
     const int grp = op->n_heads / op->n_kv_heads, per_g = p->T * grp, hd = op->head_dim;
-    const size_t esz = op->kv_f16 ? 2 : 4, head = (size_t)op->n_ctx * hd * esz;
+    const size_t esz = kv_unit(op->kv_type), head = (size_t)op->n_ctx * bl_kv_row_bytes(hd, op->kv_type);
     bl_attn_query qs[BL_ATT_MAXQ];
     int nq = 0, cur_g = -1, cur_slot = -1;
     for (int u = u0; u <= u1; u++) {
@@ -204,7 +207,7 @@ static void attend_items(const bl_plan *p, const bl_op *op, int u0, int u1) {
         }
         if (nq && (u == u1 || g != cur_g || p->slot[t] != cur_slot || nq == BL_ATT_MAXQ)) {
             const size_t off = (size_t)cur_slot * op->slot_stride * esz + (size_t)cur_g * head;
-            bl_attend(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->kv_f16);
+            bl_attend(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->kv_type);
             nq = 0;
         }
         if (u == u1) break;

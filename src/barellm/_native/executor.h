@@ -75,7 +75,7 @@ typedef struct bl_op {
     const float *rope_cs;  /* [n_ctx][rope_dim]: cos then sin of each position */
     char *kc, *vc;         /* this layer's cache in slot 0 */
     size_t slot_stride;    /* elements from one slot's cache to the next */
-    int kv_f16;            /* cache elements are IEEE halves (else f32) */
+    int kv_type;           /* enum bl_kv_type: f32, f16 or q8_0 cache (ops.h) */
     int window;            /* attention: keys a query sees, counting its own (0: all before it) */
     float scale;
 } bl_op;

@@ -10,10 +10,10 @@ void bl_silu_mul(const float *gate, const float *up, float *out, int n) { bl_ker
 void bl_gelu_mul(const float *gate, const float *up, float *out, int n) { bl_kernels.gelu_mul(gate, up, out, n); }
 void bl_add(float *x, const float *y, int n) { bl_kernels.add(x, y, n); }
 void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
-               int kv_f16) {
-    bl_kernels.attend(qs, nq, kc, vc, head_dim, scale, kv_f16);
+               int kv_type) {
+    bl_kernels.attend(qs, nq, kc, vc, head_dim, scale, kv_type);
 }
 void bl_kv_store(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
-                 int n_ctx, int kv_f16) {
-    bl_kernels.kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_f16);
+                 int n_ctx, int kv_type) {
+    bl_kernels.kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_type);
 }

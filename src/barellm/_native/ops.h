@@ -4,11 +4,19 @@
  * for a row whatever the other rows, the row count or the thread are: the executor's invariance rests
  * on that (greedy output independent of threads, chunking and batching).
  *
- * KV cache of one (slot, layer), f32 or f16 (IEEE half, rounded to nearest even), n_ctx a multiple of
- * BL_KV_TILE:
+ * KV cache of one (slot, layer), f32, f16 (IEEE half, rounded to nearest even) or q8_0 (enum bl_kv_type),
+ * n_ctx a multiple of BL_KV_TILE:
  *   K: [n_kv_heads][n_ctx / BL_KV_TILE][head_dim][BL_KV_TILE]  keys transposed tile by tile, so a
  *      query's scores against a tile of keys are BL_KV_TILE independent fma chains over head_dim;
  *   V: [n_kv_heads][n_ctx][head_dim]                            values row by row.
+ * q8_0 quantizes each key and each value row in blocks of 32 along head_dim (head_dim a multiple of 32) as
+ * ggml's q8_0 does: d = amax / 127, q = roundf(x / d) (x * (1 / d), halves away from 0), d kept as an f16;
+ * the value is f16(d) * q. A K tile is then int8 [head_dim][BL_KV_TILE] followed by the scales
+ * [head_dim / 32][BL_KV_TILE] (f16), a V row int8 [head_dim] followed by its head_dim / 32 scales: a
+ * position takes bl_kv_row_bytes = head_dim + head_dim / 16 bytes of K and as many of V (53% of f16).
+ * Attention dequantizes on the fly: a score is, block by block, an fma chain over the block's 32 int8 keys
+ * (converted exactly to float) times the f32 query, scaled by the key's block scale; each value row adds
+ * (p * its block scale) * int8 values. The query stays f32 (ggml quantizes it to q8_0 as well).
  * Attention for a query at position p visits keys in tiles [0,64), [64,128), ... up to p with an online
  * softmax: the same tiles and updates in decode and in prefill, so both give identical bits. A sliding
  * window only masks the keys before it: the tiles stay aligned to key 0.
@@ -22,6 +30,19 @@
 #define BL_ATT_MAXQ 16 /* queries per attention block */
 
 enum bl_rope_style { BL_ROPE_NORM = 0, BL_ROPE_NEOX = 1 };
+enum bl_kv_type { BL_KV_F32 = 0, BL_KV_F16 = 1, BL_KV_Q8_0 = 2 };
+#define BL_KV_QK 32 /* values per q8_0 block */
+
+/* Bytes one position takes in K (and in V) of one kv head; 0 for a type or head_dim the cache cannot hold. */
+static inline size_t bl_kv_row_bytes(int head_dim, int kv_type) {
+    if (head_dim < 1) return 0;
+    switch (kv_type) {
+    case BL_KV_F32: return (size_t)head_dim * 4;
+    case BL_KV_F16: return (size_t)head_dim * 2;
+    case BL_KV_Q8_0: return head_dim % BL_KV_QK ? 0 : (size_t)head_dim + (size_t)head_dim / BL_KV_QK * 2;
+    default: return 0;
+    }
+}
 
 typedef struct bl_attn_query {
     const float *q; /* head_dim values */
@@ -47,11 +68,11 @@ BL_API void bl_add(float *x, const float *y, int n);
 
 /* Writes one position's key and value rows (n_kv_heads * head_dim each) into a (slot, layer) cache. */
 BL_API void bl_kv_store(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads,
-                        int head_dim, int n_ctx, int kv_f16);
+                        int head_dim, int n_ctx, int kv_type);
 /* Attention of nq queries (all of one KV head) over that head's keys and values:
- * kc = K + head * (n_ctx * head_dim), vc = V + head * (n_ctx * head_dim) elements; nq <= BL_ATT_MAXQ. */
+ * kc = K + head * n_ctx * bl_kv_row_bytes, vc = V + as many bytes; nq <= BL_ATT_MAXQ. */
 BL_API void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
-                      float scale, int kv_f16);
+                      float scale, int kv_type);
 
 /* the per-ISA implementations, for tests and dispatch */
 #define BL_OPS_DECLARE(sfx)                                                                            \
@@ -62,12 +83,12 @@ BL_API void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const voi
     void bl_gelu_mul_##sfx(const float *gate, const float *up, float *out, int n);                     \
     void bl_add_##sfx(float *x, const float *y, int n);                                                \
     void bl_attend_##sfx(const bl_attn_query *qs, int nq, const void *kc, const void *vc,              \
-                         int head_dim, float scale, int kv_f16);
+                         int head_dim, float scale, int kv_type);
 BL_OPS_DECLARE(scalar)
 BL_OPS_DECLARE(avx2)
 BL_OPS_DECLARE(avx512)
 void bl_kv_store_scalar(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
-                        int n_ctx, int kv_f16);
+                        int n_ctx, int kv_type);
 void bl_kv_store_f16_avx2(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
                           int n_ctx);
 

@@ -249,11 +249,11 @@ static const op_keys OP_KEYS[] = {
      KEYS("res", "res_stride", "qjobs")},
     {"matmul", BL_OP_MATMUL, KEYS("parts", "qjobs"), KEYS("prequantized")},
     {"rope_kv", BL_OP_ROPE_KV,
-     KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_f16", "out", "out_stride",
+     KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "out", "out_stride",
           "rope_dim", "eps", "rope_style", "rope_cs"),
      KEYS("q_norm", "k_norm")},
     {"attention", BL_OP_ATTENTION,
-     KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_f16", "window", "x",
+     KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "window", "x",
           "x_stride", "out", "out_stride", "scale"),
      KEYS(NULL)},
     {"silu_mul", BL_OP_SILU_MUL, KEYS("x", "x2", "x_stride", "out", "out_stride", "n", "gelu"), KEYS("qjobs")},
@@ -320,10 +320,15 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
         d_int(d, "rope_dim", 0, &op->rope_dim) || d_int(d, "rope_style", 0, &op->rope_style) ||
         d_int(d, "n_ctx", 0, &op->n_ctx) || d_size(d, "slot_stride", &op->slot_stride) ||
         d_float(d, "scale", &op->scale) ||
-        d_int(d, "kv_f16", 0, &op->kv_f16) || d_int(d, "window", 0, &op->window) ||
+        d_int(d, "kv_type", 0, &op->kv_type) || d_int(d, "window", 0, &op->window) ||
         d_size(d, "res_stride", &op->res_stride) || d_int(d, "gelu", 0, &op->gelu) ||
         d_float(d, "scale_embed", &op->scale_embed))
         return -1;
+    if ((op->kind == BL_OP_ROPE_KV || op->kind == BL_OP_ATTENTION) && !bl_kv_row_bytes(op->head_dim, op->kv_type)) {
+        PyErr_Format(PyExc_ValueError, "%s: kv_type %d cannot hold head_dim %d (q8_0: a multiple of %d)", spec->name,
+                     op->kv_type, op->head_dim, BL_KV_QK);
+        return -1;
+    }
     void *p;
     if (d_ptr(self, d, "out", 1, &p)) return -1;
     op->out = p;
@@ -715,46 +720,56 @@ static PyObject *py_add(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_f16=0) */
+/* bytes of one kv head's cache region of n_ctx positions; 0 (with the error set) for a bad type or head_dim */
+static Py_ssize_t kv_head_bytes(int n_ctx, int hd, int kv_type, const char *what) {
+    const size_t rb = bl_kv_row_bytes(hd, kv_type);
+    if (!rb) PyErr_Format(PyExc_ValueError, "%s: kv_type %d cannot hold head_dim %d (q8_0: a multiple of %d)", what,
+                          kv_type, hd, BL_KV_QK);
+    return (Py_ssize_t)(rb * (size_t)n_ctx);
+}
+
+/* kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_type=0): kv_type 0 f32, 1 (True) f16, 2 q8_0 */
 static PyObject *py_kv_store(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *kco, *vco, *ko, *vo;
-    int pos, nkv, hd, n_ctx, f16 = 0;
-    if (!PyArg_ParseTuple(args, "OOOOiiii|p", &kco, &vco, &ko, &vo, &pos, &nkv, &hd, &n_ctx, &f16)) return NULL;
-    if (n_ctx % BL_KV_TILE || pos < 0 || pos >= n_ctx) {
+    int pos, nkv, hd, n_ctx, kvt = 0;
+    if (!PyArg_ParseTuple(args, "OOOOiiii|i", &kco, &vco, &ko, &vo, &pos, &nkv, &hd, &n_ctx, &kvt)) return NULL;
+    if (n_ctx % BL_KV_TILE || pos < 0 || pos >= n_ctx || nkv < 1) {
         PyErr_SetString(PyExc_ValueError, "kv_store: n_ctx must be a multiple of the tile, 0 <= pos < n_ctx");
         return NULL;
     }
+    const Py_ssize_t head = kv_head_bytes(n_ctx, hd, kvt, "kv_store");
+    if (!head) return NULL;
     views vs = {.n = 0};
-    Py_ssize_t cache = (Py_ssize_t)nkv * n_ctx * hd, esz = f16 ? 2 : 4;
-    void *kc = vbuf(&vs, kco, 1, cache, esz, "kc"), *vc = kc ? vbuf(&vs, vco, 1, cache, esz, "vc") : NULL;
+    void *kc = vbuf(&vs, kco, 1, head * nkv, 1, "kc"), *vc = kc ? vbuf(&vs, vco, 1, head * nkv, 1, "vc") : NULL;
     float *k = vc ? vbuf(&vs, ko, 0, (Py_ssize_t)nkv * hd, 4, "k") : NULL;
     float *v = k ? vbuf(&vs, vo, 0, (Py_ssize_t)nkv * hd, 4, "v") : NULL;
-    if (v) bl_kv_store(kc, vc, k, v, pos, nkv, hd, n_ctx, f16);
+    if (v) bl_kv_store(kc, vc, k, v, pos, nkv, hd, n_ctx, kvt);
     views_release(&vs);
     if (!v) return NULL;
     Py_RETURN_NONE;
 }
 
-/* attend(q [nq, hd], pos int32 [nq], kc, vc (one head: [n_ctx, hd] each), out [nq, hd], nq, hd, n_ctx, scale,
- *        kv_f16=0, window=0) */
+/* attend(q [nq, hd], pos int32 [nq], kc, vc (one head: n_ctx positions each), out [nq, hd], nq, hd, n_ctx, scale,
+ *        kv_type=0, window=0) */
 static PyObject *py_attend(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *qo, *po, *kco, *vco, *oo;
-    int nq, hd, n_ctx, f16 = 0, window = 0;
+    int nq, hd, n_ctx, kvt = 0, window = 0;
     float scale;
-    if (!PyArg_ParseTuple(args, "OOOOOiiif|pi", &qo, &po, &kco, &vco, &oo, &nq, &hd, &n_ctx, &scale, &f16, &window))
+    if (!PyArg_ParseTuple(args, "OOOOOiiif|ii", &qo, &po, &kco, &vco, &oo, &nq, &hd, &n_ctx, &scale, &kvt, &window))
         return NULL;
     if (nq < 1 || nq > BL_ATT_MAXQ || n_ctx % BL_KV_TILE || window < 0) {
         PyErr_Format(PyExc_ValueError, "attend: 1 <= nq <= %d, n_ctx a multiple of %d", BL_ATT_MAXQ, BL_KV_TILE);
         return NULL;
     }
+    const Py_ssize_t head = kv_head_bytes(n_ctx, hd, kvt, "attend");
+    if (!head) return NULL;
     views vs = {.n = 0};
-    const Py_ssize_t esz = f16 ? 2 : 4;
     float *q = vbuf(&vs, qo, 0, (Py_ssize_t)nq * hd, 4, "q");
     int32_t *pos = q ? vbuf(&vs, po, 0, nq, 4, "pos") : NULL;
-    void *kc = pos ? vbuf(&vs, kco, 0, (Py_ssize_t)n_ctx * hd, esz, "kc") : NULL;
-    void *vc = kc ? vbuf(&vs, vco, 0, (Py_ssize_t)n_ctx * hd, esz, "vc") : NULL;
+    void *kc = pos ? vbuf(&vs, kco, 0, head, 1, "kc") : NULL;
+    void *vc = kc ? vbuf(&vs, vco, 0, head, 1, "vc") : NULL;
     float *out = vc ? vbuf(&vs, oo, 1, (Py_ssize_t)nq * hd, 4, "out") : NULL;
     int ok = out != NULL;
     for (int i = 0; ok && i < nq; i++)
@@ -770,7 +785,7 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
             qs[i].pos = pos[i];
             qs[i].lo = window && pos[i] >= window ? pos[i] - window + 1 : 0;
         }
-        bl_attend(qs, nq, kc, vc, hd, scale, f16);
+        bl_attend(qs, nq, kc, vc, hd, scale, kvt);
     }
     views_release(&vs);
     if (!ok) return NULL;
@@ -814,9 +829,9 @@ PyMethodDef bl_engine_methods[] = {
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate, up, out, n)"},
     {"gelu_mul", py_gelu_mul, METH_VARARGS, "gelu_mul(gate, up, out, n)"},
     {"add", py_add, METH_VARARGS, "add(x, y, n): x += y"},
-    {"kv_store", py_kv_store, METH_VARARGS, "kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_f16=0)"},
+    {"kv_store", py_kv_store, METH_VARARGS, "kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_type=0)"},
     {"attend", py_attend, METH_VARARGS,
-     "attend(q, pos, kc, vc, out, nq, head_dim, n_ctx, scale, kv_f16=0, window=0): one kv head"},
+     "attend(q, pos, kc, vc, out, nq, head_dim, n_ctx, scale, kv_type=0, window=0): one kv head"},
     {"float_to_half", py_float_to_half, METH_VARARGS, "float_to_half(x_f32, out_u16, n): round to nearest even"},
     {"pool_stats", py_pool_stats, METH_NOARGS, "{'barrier_sleeps': n, 'idle_sleeps': n} so far"},
     {"alloc_count", py_alloc_count, METH_NOARGS, "native heap allocations so far"},
@@ -836,6 +851,7 @@ int bl_engine_module_init(PyObject *m) {
         return -1;
     }
     PyModule_AddIntConstant(m, "KV_TILE", BL_KV_TILE);
+    PyModule_AddIntConstant(m, "KV_Q8_0", BL_KV_Q8_0);
     PyObject *kinds = PyDict_New();
     if (!kinds) return -1;
     for (size_t i = 0; i < sizeof OP_KEYS / sizeof OP_KEYS[0]; i++) {

@@ -137,10 +137,20 @@ class LayerWeights:
 
 
 class ReferenceEngine:
-    """The NumPy float32 forward pass over a KV cache allocated once for n_ctx positions."""
+    """The NumPy float32 forward pass over a KV cache allocated once for n_ctx positions.
 
-    def __init__(self, cfg: ModelConfig, source: WeightSource, n_ctx: int | None = None, n_slots: int = 1) -> None:
+    kv_type: what the cache holds: "f32" (the default: exact), or the values a native cache of "f16" or
+    "q8_0" would hold (K and V rounded to halves, or through ggml's q8_0 blocks), kept as float32."""
+
+    def __init__(self, cfg: ModelConfig, source: WeightSource, n_ctx: int | None = None, n_slots: int = 1,
+                 kv_type: str = "f32") -> None:
         check_tensors(cfg, source.tensors)
+        if kv_type not in ("f32", "f16", "q8_0"):
+            raise InvalidRequest(f"kv_type must be one of f32, f16, q8_0, got {kv_type!r}")
+        if kv_type == "q8_0" and cfg.head_dim % 32:
+            raise InvalidRequest(f"kv_type q8_0 needs a head_dim that is a multiple of 32; this model's is "
+                                 f"{cfg.head_dim}")
+        self.kv_type = kv_type
         self.cfg = cfg
         self.n_ctx = n_ctx or cfg.context_length
         self.n_vocab = cfg.n_vocab
@@ -191,6 +201,16 @@ class ReferenceEngine:
                   for base in {cfg.layer_rope_theta(i) for i in range(cfg.n_layers)}}
         self.rope = [tables[cfg.layer_rope_theta(i)] for i in range(cfg.n_layers)]
         self.act = ACTIVATIONS[cfg.act]
+
+    def _cached(self, x: np.ndarray) -> np.ndarray:
+        """x as the cache holds it (see kv_type)."""
+        if self.kv_type == "f16":
+            return x.astype(np.float16).astype(np.float32)
+        if self.kv_type == "q8_0":
+            from barellm.quant import q8_0_round_trip
+
+            return q8_0_round_trip(x)
+        return x
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Copies the KV entries of positions 0..n-1 from slot src to slot dst."""
@@ -255,8 +275,8 @@ class ReferenceEngine:
                 q, k = rmsnorm(q, L.q_norm, eps), rmsnorm(k, L.k_norm, eps)
             cos, sin = (table[start:end] for table in self.rope[i])
             q = rope(q, cos, sin, cfg.rope_style)
-            k_cache[i, start:end] = rope(k, cos, sin, cfg.rope_style)
-            v_cache[i, start:end] = v
+            k_cache[i, start:end] = self._cached(rope(k, cos, sin, cfg.rope_style))
+            v_cache[i, start:end] = self._cached(v)
             att = attention(q, k_cache[i, :end], v_cache[i, :end], start, cfg.scale, cfg.layer_window(i)) @ L.wo
             if L.post_attn_norm is not None:
                 att = rmsnorm(att, L.post_attn_norm, eps)

@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a request body must arrive within this of its headers (default 60)")
     c.add_argument("--min-body-rate", type=float, default=1024.0, metavar="BYTES",
                    help="after 5 s, a body must arrive at this many bytes a second or faster (default 1024)")
-    c.add_argument("--keep-alive", type=float, default=5.0, metavar="SECONDS",
+    c.add_argument("--idle-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="an idle connection is closed this long after its last response (default 5)")
     c.add_argument("--send-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a client that reads none of its response for this long is dropped (default 60)")
@@ -117,7 +117,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise InvalidRequest(f"--queue must be >= 0, got {args.queue}")
     if not args.timeout >= 0:
         raise InvalidRequest(f"--timeout must be >= 0 seconds, got {args.timeout}")
-    for name in ("header_timeout", "body_timeout", "min_body_rate", "keep_alive", "send_timeout"):
+    for name in ("header_timeout", "body_timeout", "min_body_rate", "idle_timeout", "send_timeout"):
         value = getattr(args, name)
         if not 0 <= value <= 86400:
             raise InvalidRequest(f"--{name.replace('_', '-')} must be in 0..86400, got {value}")
@@ -196,6 +196,7 @@ def build_app(args: argparse.Namespace, *, replica: str | None = None) -> Any:
         first = args.models[0] if args.models else None
         model = barellm.load(first, threads=args.threads, context=args.context, engine=args.engine,
                              chat_template=args.template, slots=args.slots, activations=args.activations,
+                             kv_type=args.kv_type,
                              verify=args.verify)
         return create_app(model, model_id=served_id(first, model.path), aliases=args.alias,
                           max_queue=args.queue, timeout=args.timeout or None, prefill_chunk=args.prefill_chunk,
@@ -226,6 +227,7 @@ def build_server(args: argparse.Namespace, allowed: Any, replica: str | None) ->
     def load(cand: Any) -> Any:
         model = barellm.load(cand.path, threads=args.threads, context=args.context, engine=args.engine,
                              chat_template=args.template, slots=args.slots, activations=args.activations,
+                             kv_type=args.kv_type,
                              verify=args.verify)
         return model_state(model, cand.name, metrics, max_queue=args.queue, timeout=timeout,
                            prefill_chunk=args.prefill_chunk, stream_interval=args.stream_interval)
@@ -256,7 +258,7 @@ def connection_limits(args: argparse.Namespace) -> Any:
     except (ImportError, OSError, ValueError):
         pass
     return Limits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
-                  min_body_rate=args.min_body_rate, keep_alive=args.keep_alive, send_timeout=args.send_timeout,
+                  min_body_rate=args.min_body_rate, keep_alive=args.idle_timeout, send_timeout=args.send_timeout,
                   max_connections=cap)
 
 

@@ -259,7 +259,7 @@ def run_bench(model_name: str | None, prompts: Sequence[int], gens: Sequence[int
               reps: int, engine: str = "native", depths: Sequence[int] = (0,), roofline: bool = False,
               bandwidth: float | None = None, seed: int = 1234,
               on_row: Callable[[BenchRow], None] | None = None, activations: str = "q8x2",
-              breakdown: bool = False) -> list[BenchRow]:
+              breakdown: bool = False, kv_type: str | None = None) -> list[BenchRow]:
     """Every (threads, test) combination; rows come in the order they were measured."""
     import barellm
 
@@ -272,10 +272,13 @@ def run_bench(model_name: str | None, prompts: Sequence[int], gens: Sequence[int
 
     need = max([*prompts, *(d + g for d in depths for g in gens), DECODE_PROMPT + max(gens, default=0)], default=16)
     for nt in threads:
-        model = barellm.load(model_name, threads=nt, engine=engine, context=max(16, need), activations=activations)
+        model = barellm.load(model_name, threads=nt, engine=engine, context=max(16, need), activations=activations,
+                             kv_type=kv_type)
         rng = np.random.default_rng(seed)   # the same tokens for every thread count
         size, params = model_size(model.source)
         name = engine if engine != "native" or activations == "q8x2" else f"{engine}-{activations}"
+        if kv_type not in (None, "f16"):
+            name += f"-kv-{kv_type}"
         base = {"model": model.name, "engine": name, "threads": nt, "size_bytes": size, "n_params": params}
         per_token = weight_bytes_per_token(model.source)
         vocab = model.config.n_vocab
@@ -465,7 +468,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"  {row.threads} threads {row.test}: {row.tps} t/s", file=sys.stderr)
 
     rows = run_bench(args.model, prompts, gens, threads, args.repetitions, args.engine, depths, args.roofline,
-                     args.bandwidth, on_row=show, activations=args.activations, breakdown=args.breakdown)
+                     args.bandwidth, on_row=show, activations=args.activations, breakdown=args.breakdown,
+                     kv_type=args.kv_type)
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=1))
     else:

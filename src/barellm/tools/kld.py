@@ -278,7 +278,7 @@ def cmd_kld(args: argparse.Namespace) -> int:
         if not golden.is_file():
             raise InvalidRequest(f"{golden}: no such file")
         model = barellm.load(args.words[0] if args.words else None, threads=args.threads, engine=args.engine,
-                             activations=args.activations)
+                             activations=args.activations, kv_type=args.kv_type)
         cases = golden_cases(golden, model.path.name)
         r = compare_golden(cases, lambda ids: model.logits(ids))
         if args.json:
@@ -310,7 +310,7 @@ def cmd_kld(args: argparse.Namespace) -> int:
     text = read_text(path)
     n_ctx = args.ctx_size if saved is None else int(saved.tokens.shape[1])
     model = barellm.load(name, threads=args.threads, context=n_ctx, engine=args.engine,
-                         activations=args.activations)
+                         activations=args.activations, kv_type=args.kv_type)
     first, end = scored_rows(n_ctx, args.full_window)
 
     if saved is not None:

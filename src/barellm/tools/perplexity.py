@@ -221,7 +221,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     check_window(args.ctx_size, args.chunks)
     text = read_text(path)
     model = barellm.load(name, threads=args.threads, context=args.ctx_size, engine=args.engine,
-                         activations=args.activations)
+                         activations=args.activations, kv_type=args.kv_type)
     r = perplexity(model, text, args.ctx_size, n_chunks=args.chunks, full_window=args.full_window,
                    progress=not args.quiet)
     if args.json:

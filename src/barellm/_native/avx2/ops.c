@@ -252,22 +252,94 @@ ALWAYS void pv_pass(int QB, const bl_attn_query *qs, const float *p, const float
     }
 }
 
-/* QB queries (QB <= 2) with the same key range [k0, k1) in tile (kt, vt): K and V loads are shared. */
-ALWAYS void tile_block(int QB, const bl_attn_query *qs, float *m, float *l, const void *kc, size_t kt,
-                       const void *vc, size_t vt, int k0, int k1, int head_dim, float scale, int f16) {
+ALWAYS __m256 ld8_i8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+
+/* qk_pass on a q8_0 tile (ops.h): per 32-value block an fma chain over its int8 keys, then
+ * s = fma(chain, key scale, s), s kept in memory between blocks (the registers hold one block's chains) */
+ALWAYS void qk_pass_q8(int QB, const bl_attn_query *qs, const uint8_t *tile, int h, int head_dim, float *s) {
+    enum { KT = BL_KV_TILE };
+    const int8_t *kq = (const int8_t *)tile;
+    const uint16_t *kd = (const uint16_t *)(tile + (size_t)KT * head_dim);
+    for (int i = 0; i < QB; i++)
+        for (int u = 0; u < 4; u++) _mm256_store_ps(s + i * KT + 32 * h + 8 * u, _mm256_setzero_ps());
+    for (int b = 0; b < head_dim / BL_KV_QK; b++) {
+        __m256 a[2][4];
+        for (int i = 0; i < QB; i++)
+            for (int u = 0; u < 4; u++) a[i][u] = _mm256_setzero_ps();
+        for (int d = b * BL_KV_QK; d < (b + 1) * BL_KV_QK; d++) {
+            const int8_t *kr = kq + (size_t)d * KT + 32 * h;
+            const __m256 k0 = ld8_i8(kr), k1 = ld8_i8(kr + 8), k2 = ld8_i8(kr + 16), k3 = ld8_i8(kr + 24);
+            for (int i = 0; i < QB; i++) {
+                const __m256 qd = _mm256_broadcast_ss(qs[i].q + d);
+                a[i][0] = _mm256_fmadd_ps(qd, k0, a[i][0]);
+                a[i][1] = _mm256_fmadd_ps(qd, k1, a[i][1]);
+                a[i][2] = _mm256_fmadd_ps(qd, k2, a[i][2]);
+                a[i][3] = _mm256_fmadd_ps(qd, k3, a[i][3]);
+            }
+        }
+        for (int u = 0; u < 4; u++) {
+            const __m256 dk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + b * KT + 32 * h + 8 * u)));
+            for (int i = 0; i < QB; i++) {
+                float *si = s + i * KT + 32 * h + 8 * u;
+                _mm256_store_ps(si, _mm256_fmadd_ps(a[i][u], dk, _mm256_load_ps(si)));
+            }
+        }
+    }
+}
+
+/* pv_pass on q8_0 value rows: per value an fma chain over k in order of (p[k] * the row's block scale) times
+ * the int8 value; head_dim a multiple of 32, a block at a time */
+ALWAYS void pv_pass_q8(int QB, const bl_attn_query *qs, const float *p, const float *corr, const uint8_t *vtile,
+                       int k0, int k1, int head_dim) {
+    enum { KT = BL_KV_TILE };
+    const size_t rb = bl_kv_row_bytes(head_dim, BL_KV_Q8_0);
+    for (int d0 = 0; d0 < head_dim; d0 += BL_KV_QK) {
+        __m256 a[2][4];
+        for (int i = 0; i < QB; i++) {
+            const __m256 c = _mm256_set1_ps(corr[i]);
+            for (int u = 0; u < 4; u++) a[i][u] = _mm256_mul_ps(_mm256_loadu_ps(qs[i].out + d0 + 8 * u), c);
+        }
+        for (int k = k0; k < k1; k++) {
+            const uint8_t *row = vtile + (size_t)k * rb;
+            const int8_t *vr = (const int8_t *)row + d0;
+            const float dv = bl_half_to_float(((const uint16_t *)(row + head_dim))[d0 / BL_KV_QK]);
+            const __m256 v0 = ld8_i8(vr), v1 = ld8_i8(vr + 8), v2 = ld8_i8(vr + 16), v3 = ld8_i8(vr + 24);
+            for (int i = 0; i < QB; i++) {
+                const __m256 pk = _mm256_set1_ps(p[i * KT + k] * dv);
+                a[i][0] = _mm256_fmadd_ps(pk, v0, a[i][0]);
+                a[i][1] = _mm256_fmadd_ps(pk, v1, a[i][1]);
+                a[i][2] = _mm256_fmadd_ps(pk, v2, a[i][2]);
+                a[i][3] = _mm256_fmadd_ps(pk, v3, a[i][3]);
+            }
+        }
+        for (int i = 0; i < QB; i++)
+            for (int u = 0; u < 4; u++) _mm256_storeu_ps(qs[i].out + d0 + 8 * u, a[i][u]);
+    }
+}
+
+/* QB queries (QB <= 2) with the same key range [k0, k1) in tile j: K and V loads are shared. */
+ALWAYS void tile_block(int QB, const bl_attn_query *qs, float *m, float *l, const void *kc, const void *vc, int j,
+                       int k0, int k1, int head_dim, float scale, int kvt) {
     enum { KT = BL_KV_TILE };
     _Alignas(32) float s[2 * KT];
     float corr[2];
-    qk_pass(QB, qs, kc, kt, 0, head_dim, f16, s);
-    if (k1 > 32) qk_pass(QB, qs, kc, kt, 1, head_dim, f16, s);
-    else
+    const int f16 = kvt == BL_KV_F16;
+    const size_t kt = (size_t)j * head_dim * KT, vt = (size_t)j * KT * head_dim;
+    const size_t tb = (size_t)j * KT * bl_kv_row_bytes(head_dim, kvt); /* the tile's byte offset (q8_0) */
+    if (kvt == BL_KV_Q8_0) qk_pass_q8(QB, qs, (const uint8_t *)kc + tb, 0, head_dim, s);
+    else qk_pass(QB, qs, kc, kt, 0, head_dim, f16, s);
+    if (k1 > 32) {
+        if (kvt == BL_KV_Q8_0) qk_pass_q8(QB, qs, (const uint8_t *)kc + tb, 1, head_dim, s);
+        else qk_pass(QB, qs, kc, kt, 1, head_dim, f16, s);
+    } else
         for (int i = 0; i < QB; i++) memset(s + i * KT + 32, 0, 32 * sizeof(float)); /* masked below */
     for (int i = 0; i < QB; i++) corr[i] = softmax_tile(s + i * KT, &m[i], &l[i], k0, k1, scale);
-    pv_pass(QB, qs, s, corr, vc, vt, k0, k1, head_dim, f16);
+    if (kvt == BL_KV_Q8_0) pv_pass_q8(QB, qs, s, corr, (const uint8_t *)vc + tb, k0, k1, head_dim);
+    else pv_pass(QB, qs, s, corr, vc, vt, k0, k1, head_dim, f16);
 }
 
 ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
-                   int f16) {
+                   int kvt) {
     enum { KT = BL_KV_TILE };
     float m[BL_ATT_MAXQ], l[BL_ATT_MAXQ];
     int tiles = 0, first = 1 << 30;
@@ -279,7 +351,6 @@ ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *
         if (qs[i].lo / KT < first) first = qs[i].lo / KT;
     }
     for (int j = first; j < tiles; j++) {
-        const size_t kt = (size_t)j * head_dim * KT, vt = (size_t)j * KT * head_dim;
         int r0[BL_ATT_MAXQ], r1[BL_ATT_MAXQ];
         for (int i = 0; i < nq; i++) {
             const int pos = qs[i].pos, lo = qs[i].lo;
@@ -296,10 +367,10 @@ ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *
             int n = i + 1;
             while (n < nq && r1[n] <= r0[n]) n++;
             if (n < nq && r0[n] == r0[i] && r1[n] == r1[i] && n == i + 1) {
-                tile_block(2, qs + i, m + i, l + i, kc, kt, vc, vt, r0[i], r1[i], head_dim, scale, f16);
+                tile_block(2, qs + i, m + i, l + i, kc, vc, j, r0[i], r1[i], head_dim, scale, kvt);
                 i += 2;
             } else {
-                tile_block(1, qs + i, m + i, l + i, kc, kt, vc, vt, r0[i], r1[i], head_dim, scale, f16);
+                tile_block(1, qs + i, m + i, l + i, kc, vc, j, r0[i], r1[i], head_dim, scale, kvt);
                 i++;
             }
         }
@@ -312,8 +383,9 @@ ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *
 }
 
 void bl_attend_avx2(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
-                    int kv_f16) {
-    if (head_dim % 8) bl_attend_scalar(qs, nq, kc, vc, head_dim, scale, kv_f16);
-    else if (kv_f16) attend(qs, nq, kc, vc, head_dim, scale, 1);
-    else attend(qs, nq, kc, vc, head_dim, scale, 0);
+                    int kv_type) {
+    if (head_dim % 8) bl_attend_scalar(qs, nq, kc, vc, head_dim, scale, kv_type);
+    else if (kv_type == BL_KV_Q8_0) attend(qs, nq, kc, vc, head_dim, scale, BL_KV_Q8_0);
+    else if (kv_type == BL_KV_F16) attend(qs, nq, kc, vc, head_dim, scale, BL_KV_F16);
+    else attend(qs, nq, kc, vc, head_dim, scale, BL_KV_F32);
 }

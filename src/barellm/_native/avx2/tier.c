@@ -12,9 +12,9 @@
 #define SPLIT(T, t) [BL_##T] = {[ROWS] = bl_mm_##t##_rows_avx2, [I8] = bl_mm_##t##_avx2}
 
 static void kv_store_avx2(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
-                          int n_ctx, int kv_f16) {
-    if (kv_f16) bl_kv_store_f16_avx2(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx);
-    else bl_tier_scalar.kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, 0);
+                          int n_ctx, int kv_type) {
+    if (kv_type == BL_KV_F16) bl_kv_store_f16_avx2(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx);
+    else bl_tier_scalar.kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_type); /* f32, q8_0 */
 }
 
 static uint64_t read_sum_avx2(const uint64_t *p, size_t lo, size_t hi) {

@@ -3,7 +3,8 @@
  * chains over d, the online-softmax update of each 64-key tile (exp8's polynomial lane for lane, the
  * tile's sum in avx2's tree), the value chains over keys from acc * corr, the final 1 / l. What changes is
  * how much is done per load: a tile's 64 keys are 4 zmm, 16 output values a zmm, and up to 4 queries with
- * the same key range in a tile share each K and V load (the avx2 kernel pairs at most 2 neighbours). */
+ * the same key range in a tile share each K and V load (the avx2 kernel pairs at most 2 neighbours). A q8_0
+ * cache (ops.h) keeps avx2's q8_0 order the same way. */
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #include <immintrin.h>
 #include <math.h>
@@ -130,24 +131,100 @@ ALWAYS void pv_block(int QB, int DV, const blk *b, const float *p, const float *
         for (int u = 0; u < DV; u++) _mm512_storeu_ps(b->out[i] + d0 + 16 * u, a[i][u]);
 }
 
-ALWAYS void tile_block(int QB, const blk *b, const void *kc, size_t kt, const void *vc, size_t vt, int k0, int k1,
-                       int head_dim, float scale, int f16) {
+ALWAYS __m512 ld16_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* avx2's qk_pass_q8 on the tile's keys [0, 16 NC): per 32-value block an fma chain over its int8 keys, then
+ * s = fma(chain, key scale, s) */
+ALWAYS void qk_pass_q8(int QB, int NC, const blk *b, const uint8_t *tile, int head_dim, float *s) {
+    enum { KT = BL_KV_TILE };
+    const int8_t *kq = (const int8_t *)tile;
+    const uint16_t *kd = (const uint16_t *)(tile + (size_t)KT * head_dim);
+    for (int i = 0; i < QB; i++)
+        for (int c = 0; c < NC; c++) _mm512_store_ps(s + i * KT + 16 * c, _mm512_setzero_ps());
+    for (int bk = 0; bk < head_dim / BL_KV_QK; bk++) {
+        __m512 a[QMAX][4];
+        for (int i = 0; i < QB; i++)
+            for (int c = 0; c < NC; c++) a[i][c] = _mm512_setzero_ps();
+        for (int d = bk * BL_KV_QK; d < (bk + 1) * BL_KV_QK; d++) {
+            const int8_t *kr = kq + (size_t)d * KT;
+            __m512 k[4];
+            for (int c = 0; c < NC; c++) k[c] = ld16_i8(kr + 16 * c);
+            for (int i = 0; i < QB; i++) {
+                const __m512 qd = _mm512_set1_ps(b->q[i][d]);
+                for (int c = 0; c < NC; c++) a[i][c] = _mm512_fmadd_ps(qd, k[c], a[i][c]);
+            }
+        }
+        for (int c = 0; c < NC; c++) {
+            const __m512 dk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kd + bk * KT + 16 * c)));
+            for (int i = 0; i < QB; i++) {
+                float *si = s + i * KT + 16 * c;
+                _mm512_store_ps(si, _mm512_fmadd_ps(a[i][c], dk, _mm512_load_ps(si)));
+            }
+        }
+    }
+}
+
+/* avx2's pv_pass_q8, DB blocks of 32 output values (2 zmm each) at a time */
+ALWAYS void pv_block_q8(int QB, int DB, const blk *b, const float *p, const float *corr, const uint8_t *vtile,
+                        int d0, int k0, int k1, int head_dim) {
+    enum { KT = BL_KV_TILE };
+    const size_t rb = bl_kv_row_bytes(head_dim, BL_KV_Q8_0);
+    __m512 a[QMAX][4];
+    for (int i = 0; i < QB; i++) {
+        const __m512 c = _mm512_set1_ps(corr[i]);
+        for (int u = 0; u < 2 * DB; u++) a[i][u] = _mm512_mul_ps(_mm512_loadu_ps(b->out[i] + d0 + 16 * u), c);
+    }
+    for (int k = k0; k < k1; k++) {
+        const uint8_t *row = vtile + (size_t)k * rb;
+        const int8_t *vr = (const int8_t *)row + d0;
+        const uint16_t *vd = (const uint16_t *)(row + head_dim) + d0 / BL_KV_QK;
+        __m512 v[4];
+        for (int u = 0; u < 2 * DB; u++) v[u] = ld16_i8(vr + 16 * u);
+        float dv[2];
+        for (int e = 0; e < DB; e++) dv[e] = bl_half_to_float(vd[e]);
+        for (int i = 0; i < QB; i++)
+            for (int e = 0; e < DB; e++) {
+                const __m512 pk = _mm512_set1_ps(p[i * KT + k] * dv[e]);
+                a[i][2 * e] = _mm512_fmadd_ps(pk, v[2 * e], a[i][2 * e]);
+                a[i][2 * e + 1] = _mm512_fmadd_ps(pk, v[2 * e + 1], a[i][2 * e + 1]);
+            }
+    }
+    for (int i = 0; i < QB; i++)
+        for (int u = 0; u < 2 * DB; u++) _mm512_storeu_ps(b->out[i] + d0 + 16 * u, a[i][u]);
+}
+
+ALWAYS void tile_block(int QB, const blk *b, const void *kc, const void *vc, int j, int k0, int k1, int head_dim,
+                       float scale, int kvt) {
     enum { KT = BL_KV_TILE };
     _Alignas(64) float s[QMAX * KT];
     float corr[QMAX];
-    if (k1 > 32) qk_pass(QB, 4, b, kc, kt, head_dim, f16, s);
-    else { /* keys past 32 are masked below: as avx2, their scores are not computed */
-        qk_pass(QB, 2, b, kc, kt, head_dim, f16, s);
+    const int f16 = kvt == BL_KV_F16;
+    const size_t kt = (size_t)j * head_dim * KT, vt = (size_t)j * KT * head_dim;
+    const size_t tb = (size_t)j * KT * bl_kv_row_bytes(head_dim, kvt); /* the tile's byte offset (q8_0) */
+    const int NC = k1 > 32 ? 4 : 2; /* keys past 32 are masked below: as avx2, their scores are not computed */
+    if (kvt == BL_KV_Q8_0) {
+        if (NC == 4) qk_pass_q8(QB, 4, b, (const uint8_t *)kc + tb, head_dim, s);
+        else qk_pass_q8(QB, 2, b, (const uint8_t *)kc + tb, head_dim, s);
+    } else if (NC == 4) qk_pass(QB, 4, b, kc, kt, head_dim, f16, s);
+    else qk_pass(QB, 2, b, kc, kt, head_dim, f16, s);
+    if (NC == 2)
         for (int i = 0; i < QB; i++) memset(s + i * KT + 32, 0, 32 * sizeof(float));
-    }
     for (int i = 0; i < QB; i++) corr[i] = softmax_tile(s + i * KT, b->m[i], b->l[i], k0, k1, scale);
     int d0 = 0;
+    if (kvt == BL_KV_Q8_0) {
+        const uint8_t *vtile = (const uint8_t *)vc + tb;
+        for (; d0 + 64 <= head_dim; d0 += 64) pv_block_q8(QB, 2, b, s, corr, vtile, d0, k0, k1, head_dim);
+        for (; d0 < head_dim; d0 += 32) pv_block_q8(QB, 1, b, s, corr, vtile, d0, k0, k1, head_dim);
+        return;
+    }
     for (; d0 + 64 <= head_dim; d0 += 64) pv_block(QB, 4, b, s, corr, vc, vt, d0, k0, k1, head_dim, f16);
     for (; d0 < head_dim; d0 += 16) pv_block(QB, 1, b, s, corr, vc, vt, d0, k0, k1, head_dim, f16);
 }
 
 ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
-                   int f16) {
+                   int kvt) {
     enum { KT = BL_KV_TILE };
     float m[BL_ATT_MAXQ], l[BL_ATT_MAXQ];
     int tiles = 0, first = 1 << 30;
@@ -159,7 +236,6 @@ ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *
         if (qs[i].lo / KT < first) first = qs[i].lo / KT;
     }
     for (int j = first; j < tiles; j++) {
-        const size_t kt = (size_t)j * head_dim * KT, vt = (size_t)j * KT * head_dim;
         int r0[BL_ATT_MAXQ], r1[BL_ATT_MAXQ];
         for (int i = 0; i < nq; i++) {
             const int pos = qs[i].pos, lo = qs[i].lo;
@@ -187,10 +263,10 @@ ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *
                 todo &= ~(1u << i);
             }
             switch (n) {
-            case 1: tile_block(1, &b, kc, kt, vc, vt, r0[i0], r1[i0], head_dim, scale, f16); break;
-            case 2: tile_block(2, &b, kc, kt, vc, vt, r0[i0], r1[i0], head_dim, scale, f16); break;
-            case 3: tile_block(3, &b, kc, kt, vc, vt, r0[i0], r1[i0], head_dim, scale, f16); break;
-            default: tile_block(4, &b, kc, kt, vc, vt, r0[i0], r1[i0], head_dim, scale, f16); break;
+            case 1: tile_block(1, &b, kc, vc, j, r0[i0], r1[i0], head_dim, scale, kvt); break;
+            case 2: tile_block(2, &b, kc, vc, j, r0[i0], r1[i0], head_dim, scale, kvt); break;
+            case 3: tile_block(3, &b, kc, vc, j, r0[i0], r1[i0], head_dim, scale, kvt); break;
+            default: tile_block(4, &b, kc, vc, j, r0[i0], r1[i0], head_dim, scale, kvt); break;
             }
         }
     }
@@ -202,8 +278,9 @@ ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *
 }
 
 void bl_attend_avx512(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
-                      int kv_f16) {
-    if (head_dim % 16) bl_attend_avx2(qs, nq, kc, vc, head_dim, scale, kv_f16);
-    else if (kv_f16) attend(qs, nq, kc, vc, head_dim, scale, 1);
-    else attend(qs, nq, kc, vc, head_dim, scale, 0);
+                      int kv_type) {
+    if (head_dim % 16) bl_attend_avx2(qs, nq, kc, vc, head_dim, scale, kv_type);
+    else if (kv_type == BL_KV_Q8_0) attend(qs, nq, kc, vc, head_dim, scale, BL_KV_Q8_0);
+    else if (kv_type == BL_KV_F16) attend(qs, nq, kc, vc, head_dim, scale, BL_KV_F16);
+    else attend(qs, nq, kc, vc, head_dim, scale, BL_KV_F32);
 }

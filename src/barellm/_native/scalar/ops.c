@@ -63,9 +63,37 @@ static inline float kv_at(const void *base, size_t i, int f16) {
     return f16 ? bl_half_to_float(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
-void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
-                      float scale, int f16) {
+/* A q8_0 tile's scores: s[k] = sum over blocks b of fma(chain_b[k], d_b[k], s[k]), chain_b[k] an fma chain
+ * over the block's 32 values of q[d] * key int8 (the avx2 and avx512 kernels' order). */
+static void qk_q8(const float *q, const uint8_t *tile, int head_dim, int k0, int k1, float *s) {
     enum { KT = BL_KV_TILE };
+    const int8_t *kq = (const int8_t *)tile;
+    const uint16_t *kd = (const uint16_t *)(tile + (size_t)KT * head_dim);
+    for (int k = 0; k < KT; k++) s[k] = 0;
+    for (int b = 0; b < head_dim / BL_KV_QK; b++) {
+        float a[KT];
+        for (int k = 0; k < KT; k++) a[k] = 0;
+        for (int d = b * BL_KV_QK; d < (b + 1) * BL_KV_QK; d++)
+            for (int k = k0; k < k1; k++) a[k] = fmaf(q[d], (float)kq[(size_t)d * KT + k], a[k]);
+        for (int k = k0; k < k1; k++) s[k] = fmaf(a[k], bl_half_to_float(kd[b * KT + k]), s[k]);
+    }
+}
+
+/* acc += p * dequantized V row (q8_0): per block, (p * d) times each int8, fma'd into acc */
+static void pv_q8(float *acc, float p, const uint8_t *row, int head_dim) {
+    const int8_t *vq = (const int8_t *)row;
+    const uint16_t *vd = (const uint16_t *)(row + head_dim);
+    for (int b = 0; b < head_dim / BL_KV_QK; b++) {
+        const float pd = p * bl_half_to_float(vd[b]);
+        for (int d = b * BL_KV_QK; d < (b + 1) * BL_KV_QK; d++) acc[d] = fmaf(pd, (float)vq[d], acc[d]);
+    }
+}
+
+void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
+                      float scale, int kv_type) {
+    enum { KT = BL_KV_TILE };
+    const int f16 = kv_type == BL_KV_F16, q8 = kv_type == BL_KV_Q8_0;
+    const size_t rb = bl_kv_row_bytes(head_dim, kv_type);
     float m[BL_ATT_MAXQ], l[BL_ATT_MAXQ];
     int tiles = 0, first = 1 << 30;
     for (int i = 0; i < nq; i++) {
@@ -77,6 +105,7 @@ void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const voi
     }
     for (int j = first; j < tiles; j++) {
         const size_t kt = (size_t)j * head_dim * KT, vt = (size_t)j * KT * head_dim;
+        const uint8_t *ktile = (const uint8_t *)kc + (size_t)j * KT * rb, *vtile = (const uint8_t *)vc + (size_t)j * KT * rb;
         for (int i = 0; i < nq; i++) {
             const int pos = qs[i].pos, lo = qs[i].lo;
             if (pos < j * KT || lo >= (j + 1) * KT) continue;
@@ -85,11 +114,14 @@ void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const voi
             const float *q = qs[i].q;
             float *acc = qs[i].out;
             float s[KT];
-            for (int k = 0; k < KT; k++) s[k] = 0;
-            for (int d = 0; d < head_dim; d++) {
-                const float qd = q[d];
-                const size_t kr = kt + (size_t)d * KT;
-                for (int k = k0; k < k1; k++) s[k] += qd * kv_at(kc, kr + k, f16);
+            if (q8) qk_q8(q, ktile, head_dim, k0, k1, s);
+            else {
+                for (int k = 0; k < KT; k++) s[k] = 0;
+                for (int d = 0; d < head_dim; d++) {
+                    const float qd = q[d];
+                    const size_t kr = kt + (size_t)d * KT;
+                    for (int k = k0; k < k1; k++) s[k] += qd * kv_at(kc, kr + k, f16);
+                }
             }
             float mt = -INFINITY;
             for (int k = k0; k < k1; k++) {
@@ -108,6 +140,10 @@ void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const voi
             for (int d = 0; d < head_dim; d++) acc[d] *= corr;
             for (int k = k0; k < k1; k++) {
                 const float p = s[k];
+                if (q8) {
+                    pv_q8(acc, p, vtile + (size_t)k * rb, head_dim);
+                    continue;
+                }
                 const size_t vr = vt + (size_t)k * head_dim;
                 for (int d = 0; d < head_dim; d++) acc[d] += p * kv_at(vc, vr + d, f16);
             }
@@ -119,8 +155,39 @@ void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const voi
     }
 }
 
+/* ggml's quantize_row_q8_0_ref on one block of 32: d = amax / 127, q = roundf(x * (1 / d)); the clamp
+ * changes nothing for finite x (|x / d| <= 127 up to rounding) and keeps a NaN's conversion defined */
+static void q8_block(const float *x, int8_t *q, size_t q_step, uint16_t *d_out) {
+    float amax = 0;
+    for (int i = 0; i < BL_KV_QK; i++) {
+        const float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    *d_out = bl_float_to_half(d);
+    for (int i = 0; i < BL_KV_QK; i++)
+        q[(size_t)i * q_step] = (int8_t)roundf(fminf(fmaxf(x[i] * id, -127.0f), 127.0f));
+}
+
 void bl_kv_store_scalar(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
-                 int n_ctx, int kv_f16) {
+                 int n_ctx, int kv_type) {
+    if (kv_type == BL_KV_Q8_0) {
+        enum { KT = BL_KV_TILE };
+        const size_t rb = bl_kv_row_bytes(head_dim, kv_type), head = (size_t)n_ctx * rb;
+        for (int h = 0; h < n_kv_heads; h++) {
+            const float *kh = k + (size_t)h * head_dim, *vh = v + (size_t)h * head_dim;
+            uint8_t *tile = (uint8_t *)kc + h * head + (size_t)(pos / KT) * KT * rb;
+            uint8_t *row = (uint8_t *)vc + h * head + (size_t)pos * rb;
+            uint16_t *kd = (uint16_t *)(tile + (size_t)KT * head_dim), *vd = (uint16_t *)(row + head_dim);
+            for (int b = 0; b < head_dim / BL_KV_QK; b++) {
+                q8_block(kh + b * BL_KV_QK, (int8_t *)tile + (size_t)b * BL_KV_QK * KT + pos % KT, KT,
+                         kd + b * KT + pos % KT);
+                q8_block(vh + b * BL_KV_QK, (int8_t *)row + b * BL_KV_QK, 1, vd + b);
+            }
+        }
+        return;
+    }
+    const int kv_f16 = kv_type == BL_KV_F16;
     const size_t head = (size_t)n_ctx * head_dim;
     const size_t kofs = (size_t)(pos / BL_KV_TILE) * head_dim * BL_KV_TILE + pos % BL_KV_TILE;
     for (int h = 0; h < n_kv_heads; h++) {
