@@ -85,6 +85,9 @@ def test_prefetch_rules_are_reported_and_set_by_env():
     env["BARELLM_PREFETCH"] = "none"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "kquants none:0 none:0, blocks none:0 none:0 (BARELLM_PREFETCH)"
+    env["BARELLM_PREFETCH"] = ""  # set but empty: the CPU family's rules, as if unset
+    out = subprocess.run([sys.executable, "-m", "barellm.cli", "info"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and f"decode prefetch: {default.strip()}" in out.stdout
     for bad in ("l3:4096", "l2:16", "l2:4096,nta:16384,l1:64", "l2"):
         env["BARELLM_PREFETCH"] = bad
         r = subprocess.run([sys.executable, "-m", "barellm.cli", "info"], env=env, capture_output=True, text=True)

@@ -47,9 +47,10 @@ _PREFETCH_RULE = re.compile(r"none|(l1|l2|nta):(\d+)")
 
 def check_prefetch_env() -> None:
     """Refuses a BARELLM_PREFETCH the native core would ignore: ALONE[,SHARED], each none or HINT:BYTES with
-    HINT l1, l2 or nta and BYTES in 64..1048576 (the distance the decode tiles prefetch ahead)."""
+    HINT l1, l2 or nta and BYTES in 64..1048576 (the distance the decode tiles prefetch ahead). Set but
+    empty means unset (`BARELLM_PREFETCH= barellm ...` restores the CPU family's rules), as in the core."""
     want = os.environ.get("BARELLM_PREFETCH")
-    if want is None:
+    if not want:
         return
     parts = want.split(",")
     ok = 1 <= len(parts) <= 2
@@ -62,9 +63,10 @@ def check_prefetch_env() -> None:
 
 
 def check_isa_env() -> None:
-    """Refuses a BARELLM_ISA that names no kernel tier (the native core would take it as no cap)."""
+    """Refuses a BARELLM_ISA that names no kernel tier (the native core would take it as no cap); set but
+    empty means unset, the best tier the CPU has."""
     want = os.environ.get("BARELLM_ISA")
-    if want is not None and want not in TIERS:
+    if want and want not in TIERS:
         raise InvalidRequest(f"BARELLM_ISA={want!r} is not a kernel tier: expected one of {', '.join(TIERS)}")
 
 

@@ -166,8 +166,8 @@ static int prefetch_from_env(const char *v) {
 }
 
 static void choose_prefetch(void) {
-    const char *v = getenv("BARELLM_PREFETCH");
-    if (v && prefetch_from_env(v) == 0) {
+    const char *v = getenv("BARELLM_PREFETCH"); /* set but empty: unset */
+    if (v && *v && prefetch_from_env(v) == 0) {
         prefetch_why = "BARELLM_PREFETCH";
     } else if (is_zen4()) {
         const bl_prefetch_rule l2 = {BL_PF_L2, 8192};
