@@ -71,6 +71,33 @@ typedef struct {
  * m [j] (16 f32), dmin (16 f32) */
 enum { Q4K_VALS = 0, Q4K_SC = 4096, Q4K_D = 4608, Q4K_M = 4672, Q4K_DMIN = 5184, Q4K_UNIT = 5248 };
 
+/* byte k of every 32-bit lane of v, as 16 floats */
+AI __m512 lane_byte_ps(const __m512i v, const int k) {
+    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * k), _mm512_set1_epi32(255)));
+}
+
+/* The 6-bit scales and mins of a unit of groups A and B (B NULL: zeros) as floats, kq_q4k_scales on 16 rows
+ * at once: sc[16 j + r], m[16 j + r] for sub-block j and row r (A's rows, then B's). The odd sub-blocks'
+ * scales are multiplied by `odd` (a power of two, so exactly): 1/16 for kernels that keep the high nibbles
+ * in place. */
+AI void q45k_scales16(const uint8_t *sa, const uint8_t *sb, const float odd, float *sc, float *m) {
+    const __m512i m4 = _mm512_set1_epi8(15), m6 = _mm512_set1_epi8(63), m30 = _mm512_set1_epi8(0x30);
+    const __m512i A = pair32(sa, sb), B = pair32(sa + 32, sb ? sb + 32 : NULL), C = pair32(sa + 64, sb ? sb + 64 : NULL);
+    const __m512i slo = _mm512_and_si512(A, m6), mlo = _mm512_and_si512(B, m6);
+    const __m512i shi = _mm512_or_si512(_mm512_and_si512(C, m4), _mm512_and_si512(_mm512_srli_epi16(A, 2), m30));
+    const __m512i mhi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(C, 4), m4),
+                                        _mm512_and_si512(_mm512_srli_epi16(B, 2), m30));
+    const __m512 o = _mm512_set1_ps(odd);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const __m512 s0 = lane_byte_ps(slo, k), s1 = lane_byte_ps(shi, k);
+        _mm512_store_ps(sc + 16 * k, (k & 1) ? _mm512_mul_ps(s0, o) : s0);
+        _mm512_store_ps(sc + 16 * (4 + k), (k & 1) ? _mm512_mul_ps(s1, o) : s1);
+        _mm512_store_ps(m + 16 * k, lane_byte_ps(mlo, k));
+        _mm512_store_ps(m + 16 * (4 + k), lane_byte_ps(mhi, k));
+    }
+}
+
 /* Q4_K, or Q5_K (five = 1: each value's fifth bit from qh, same scratch) */
 AI void unpack_q45k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst, const int five) {
     const __m512i m4 = _mm512_set1_epi8(15), m16 = _mm512_set1_epi8(16);
@@ -91,14 +118,8 @@ AI void unpack_q45k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst, 
                 _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * (2 * c) + jj)), lo);
                 _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * (2 * c + 1) + jj)), hi);
             }
-        float *sc = (float *)(void *)(o + Q4K_SC), *m = (float *)(void *)(o + Q4K_M);
-        for (int r = 0; r < 16; r++) {
-            const uint8_t *g = r < 8 ? ua : ub;
-            uint8_t s12[12], s[8], mm[8];
-            for (int k = 0; k < 12; k++) s12[k] = g ? field_byte(g + F.sc, r % 8, k) : 0;
-            kq_q4k_scales(s12, s, mm);
-            for (int j = 0; j < 8; j++) sc[16 * j + r] = (float)s[j], m[16 * j + r] = (float)mm[j];
-        }
+        q45k_scales16(ua + F.sc, ub ? ub + F.sc : NULL, 1.0f, (float *)(void *)(o + Q4K_SC),
+                      (float *)(void *)(o + Q4K_M));
         _mm512_store_ps((float *)(void *)(o + Q4K_D), f16x16(ua + F.d, ub ? ub + F.d : NULL));
         _mm512_store_ps((float *)(void *)(o + Q4K_DMIN), f16x16(ua + F.d + 16, ub ? ub + F.d + 16 : NULL));
     }
@@ -232,6 +253,24 @@ AI void lean_q5_0(const int n, const lean_args *L) {
  * operand), d (16 f32) */
 enum { Q6K_VALS = 0, Q6K_SC = 4096, Q6K_SAB = 5120, Q6K_D = 5632, Q6K_UNIT = 5696 };
 
+/* Q6_K's signed scales of a unit of groups A and B (B NULL: zeros) for 16 rows at once: sc [2 kb + half][r]
+ * (int32), sab [kb][r] (both halves' scales as an int16 pair, low = the first half's) */
+AI void q6k_scales16(const uint8_t *sa, const uint8_t *sb, uint8_t *sc, uint8_t *sab) {
+    const __m512i low16 = _mm512_set1_epi32(0xffff);
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) { /* granule g: scale bytes 4g..4g+3, blocks 2g and 2g + 1 */
+        const __m512i V = pair32(sa + 32 * g, sb ? sb + 32 * g : NULL);
+        const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(V, 8), 8), odd = _mm512_srai_epi16(V, 8);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) /* byte k, sign-extended: block 2g + k / 2, half k % 2 */
+            _mm512_store_si512((void *)(sc + 64 * (4 * g + k)), _mm512_srai_epi32(_mm512_slli_epi32(V, 24 - 8 * k), 24));
+        _mm512_store_si512((void *)(sab + 64 * (2 * g)),
+                           _mm512_or_si512(_mm512_and_si512(even, low16), _mm512_slli_epi32(odd, 16)));
+        _mm512_store_si512((void *)(sab + 64 * (2 * g + 1)),
+                           _mm512_or_si512(_mm512_srli_epi32(even, 16), _mm512_andnot_si512(low16, odd)));
+    }
+}
+
 static void unpack_q6k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *dst) {
     const __m512i m6 = _mm512_set1_epi8(63), m3 = _mm512_set1_epi8(3), mc = _mm512_set1_epi8(0x0c);
     const __m512i m30 = _mm512_set1_epi8(0x30);
@@ -252,16 +291,7 @@ static void unpack_q6k(const uint8_t *ga, const uint8_t *gb, int nu, uint8_t *ds
                 _mm512_store_si512((void *)(v + 128), _mm512_and_si512(V3, m6));
                 _mm512_store_si512((void *)(v + 192), q3);
             }
-        int32_t *sc = (int32_t *)(void *)(o + Q6K_SC), *sab = (int32_t *)(void *)(o + Q6K_SAB);
-        for (int r = 0; r < 16; r++) {
-            const uint8_t *g = r < 8 ? ua : ub;
-            for (int kb = 0; kb < 8; kb++) {
-                const int8_t sa = g ? (int8_t)field_byte(g + 1536, r % 8, 2 * kb) : 0;
-                const int8_t sb = g ? (int8_t)field_byte(g + 1536, r % 8, 2 * kb + 1) : 0;
-                sc[32 * kb + r] = sa, sc[32 * kb + 16 + r] = sb;
-                sab[16 * kb + r] = (int32_t)((uint32_t)(uint16_t)sa | (uint32_t)(uint16_t)sb << 16);
-            }
-        }
+        q6k_scales16(ua + 1536, ub ? ub + 1536 : NULL, o + Q6K_SC, o + Q6K_SAB);
         _mm512_store_ps((float *)(void *)(o + Q6K_D), f16x16(ua + 1664, ub ? ub + 1664 : NULL));
     }
 }
