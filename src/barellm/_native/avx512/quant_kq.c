@@ -1,8 +1,9 @@
 /* AVX-512 VNNI prefill kernels for Q5_0, Q3_K, Q4_K, Q5_K and Q6_K (Gemma's, Qwen2.5's Q4_K_M weights; Q5_K
  * and Q3_K from the _M and _S mixes). They read the same interleaved layout as the avx2 tier (quant_kq.h:
  * one .blm file for every tier) and do quant_kq.h's float work in its order, so their bits are the scalar
- * path's. One-token calls of Q4_K, Q5_K and Q6_K go to avx512/decode_kq.c; other calls of fewer than
- * PREFILL_MIN_T tokens keep the avx2 tiles.
+ * path's. One-token calls of Q4_K, Q5_K and Q6_K go to avx512/decode_kq.c, calls of 2 to PREFILL_MIN_T - 1
+ * tokens to the few-token tiles below (values unpacked in registers, weights prefetched as a decode's: such
+ * calls read their weights from memory); Q5_0's and Q3_K's short calls keep the avx2 tiles.
  *
  * A call's rows go 16 at a time (two groups of 8): each group pair is first unpacked into a scratch that
  * stays in cache (values as plain u8, one 64-byte vector holding 4 consecutive values of all 16 rows, the
@@ -31,7 +32,7 @@
 #include "avx512/decode.h"
 
 #define AI static inline __attribute__((always_inline))
-#define PREFILL_MIN_T 8 /* as the avx2 tier's lean path: under it the tiles run */
+#define PREFILL_MIN_T 12 /* from here the lean path; under it the few-token tiles (one token: decode_kq.c) */
 #define NT 8            /* tokens a lean tile runs at once */
 
 AI __m512i bcast(const int8_t *p) { return _mm512_set1_epi32(bl_rd32(p)); }
@@ -390,6 +391,214 @@ AI void lean_q36_k(const int n, const int off, const lean_args *L) {
 AI void lean_q6_k(const int n, const lean_args *L) { lean_q36_k(n, 5, L); }
 AI void lean_q3_k(const int n, const lean_args *L) { lean_q36_k(n, 2, L); }
 
+/* ---- Q4_K, Q5_K, Q6_K for a few tokens ----
+ *
+ * A verification of drafted tokens or a small batch of sequences is a call of 2 to 7 tokens, and its weights
+ * come from memory as a decode's do. Unpacking a pair into the scratch first (the lean path) costs as much as
+ * several tokens' work and reads the weights without prefetch; here each 64-byte vector of 16 rows' values is
+ * unpacked in registers as it is loaded (an and, or a shift and an and), used for every token of the call,
+ * and the weights are prefetched ahead by kernels.h's rules. Only the unit's scales go through the stack. */
+#define FEW_NT 4 /* tokens a few-token tile runs at once: their chains fit the 32 registers with the mins */
+
+typedef struct {
+    const uint8_t *ga, *gb; /* the pair's groups (gb NULL: the last group alone) */
+    int nu;
+    const uint8_t *xa; /* the first token's activation row */
+    size_t xs;
+    float *o;
+    size_t ldo;
+    __mmask16 store;
+    size_t pf;       /* prefetch distance in bytes (0: none) */
+    size_t gbytes;   /* bytes of a group */
+    const uint8_t *end; /* the matrix's end: no prefetch past it */
+} few_args;
+
+/* Prefetches bytes [from, to) ahead of the start of group g in its stream: the pair's groups are read side by
+ * side, so group g's stream goes on past its end in the next pair's group of its side, one group further on */
+AI void few_prefetch(const uint8_t *g, const size_t gb, const size_t from, const size_t to, const uint8_t *end,
+                     const int hint) {
+    for (size_t o = from; o < to; o += 64) {
+        const uint8_t *p = g + (o < gb ? o : o + gb);
+        if (p < end) bl_prefetch_line(p, hint);
+    }
+}
+
+AI void few_q45k(const int n, const int five, const few_args *L) {
+    const kq_fields8 F = five ? KQ_Q5_K : KQ_Q4_K;
+    const int nu = L->nu, nb = nu * 8;
+    const __m512i m4 = _mm512_set1_epi8(15), m16 = _mm512_set1_epi8(16);
+    const int hint = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0].hint;
+    const int8_t *xq[FEW_NT];
+    const float *xd[FEW_NT], *xs[FEW_NT];
+    __m512 acc[FEW_NT], accm[FEW_NT];
+    float sc[128] __attribute__((aligned(64))), m[128] __attribute__((aligned(64)));
+#pragma GCC unroll 4
+    for (int t = 0; t < n; t++) {
+        const bl_act_q8 a = bl_act_q8_view(L->xa + (size_t)t * L->xs, nb * BL_QK);
+        xq[t] = a.qs, xd[t] = a.d, xs[t] = a.s;
+        acc[t] = accm[t] = _mm512_setzero_ps();
+    }
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *ua = L->ga + (size_t)u * F.unit, *ub = L->gb ? L->gb + (size_t)u * F.unit : NULL;
+        if (L->pf) {
+            const size_t at = (size_t)u * F.unit + L->pf;
+            few_prefetch(L->ga, L->gbytes, at, at + F.unit, L->end, hint);
+            if (ub) few_prefetch(L->gb, L->gbytes, at, at + F.unit, L->end, hint);
+        }
+        /* Q4_K keeps the high nibbles in place (16 times the value): their scales carry the 1/16 */
+        q45k_scales16(ua + F.sc, ub ? ub + F.sc : NULL, five ? 1.0f : 0.0625f, sc, m);
+        __m512 pu[FEW_NT], mu[FEW_NT];
+#pragma GCC unroll 4
+        for (int t = 0; t < n; t++) pu[t] = mu[t] = _mm512_setzero_ps();
+#pragma GCC unroll 1
+        for (int j = 0; j < 8; j++) {
+            const int b = 8 * u + j, c = j / 2, hi = j & 1;
+            __m512i dot[FEW_NT];
+#pragma GCC unroll 4
+            for (int t = 0; t < n; t++) dot[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int jj = 0; jj < 8; jj++) {
+                const size_t q = 256 * (size_t)c + 32 * (size_t)jj;
+                const __m512i v = pair32(ua + q, ub ? ub + q : NULL);
+                __m512i x;
+                if (five) {
+                    x = _mm512_and_si512(hi ? _mm512_srli_epi16(v, 4) : v, m4);
+                    const __m512i h = pair32(ua + F.qh + 32 * jj, ub ? ub + F.qh + 32 * jj : NULL);
+                    x = _mm512_mask_add_epi8(x, _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << j))), x, m16);
+                } else {
+                    x = hi ? _mm512_andnot_si512(m4, v) : _mm512_and_si512(v, m4);
+                }
+#pragma GCC unroll 4
+                for (int t = 0; t < n; t++) dot[t] = _mm512_dpbusd_epi32(dot[t], x, bcast(xq[t] + (size_t)b * 32 + 4 * jj));
+            }
+            const __m512 s = _mm512_load_ps(sc + 16 * j), mj = _mm512_load_ps(m + 16 * j);
+#pragma GCC unroll 4
+            for (int t = 0; t < n; t++) {
+                pu[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[t]), s), _mm512_set1_ps(xd[t][b]), pu[t]);
+                mu[t] = _mm512_fmadd_ps(mj, _mm512_set1_ps(xs[t][b]), mu[t]);
+            }
+        }
+        const __m512 dw = f16x16(ua + F.d, ub ? ub + F.d : NULL), dm = f16x16(ua + F.d + 16, ub ? ub + F.d + 16 : NULL);
+#pragma GCC unroll 4
+        for (int t = 0; t < n; t++) {
+            acc[t] = _mm512_fmadd_ps(pu[t], dw, acc[t]);
+            accm[t] = _mm512_fmadd_ps(mu[t], dm, accm[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < n; t++) _mm512_mask_storeu_ps(L->o + (size_t)t * L->ldo, L->store, _mm512_sub_ps(acc[t], accm[t]));
+}
+
+/* Q6_K: each 16-value half's three packed vectors give its four value vectors (q6k_fourth); the float work
+ * as lean_q36_k's. xp: the tokens' half sums (half_sums), nb apart. */
+AI void few_q6k(const int n, const few_args *L, const int32_t *xp) {
+    const int nu = L->nu, nb = nu * 8;
+    const __m512i m6 = _mm512_set1_epi8(63), m3 = _mm512_set1_epi8(3), mc = _mm512_set1_epi8(0x0c);
+    const __m512i m30 = _mm512_set1_epi8(0x30);
+    const int hint = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0].hint;
+    const int8_t *xq[FEW_NT];
+    const float *xd[FEW_NT];
+    __m512 acc[FEW_NT];
+    uint8_t scr[1536] __attribute__((aligned(64))); /* sc [16][16] i32, sab [8][16] i32 */
+#pragma GCC unroll 4
+    for (int t = 0; t < n; t++) {
+        const bl_act_q8 a = bl_act_q8_view(L->xa + (size_t)t * L->xs, nb * BL_QK);
+        xq[t] = a.qs, xd[t] = a.d;
+        acc[t] = _mm512_setzero_ps();
+    }
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *ua = L->ga + (size_t)u * 1680, *ub = L->gb ? L->gb + (size_t)u * 1680 : NULL;
+        if (L->pf) {
+            const size_t at = (size_t)u * 1680 + L->pf;
+            few_prefetch(L->ga, L->gbytes, at, at + 1680, L->end, hint);
+            if (ub) few_prefetch(L->gb, L->gbytes, at, at + 1680, L->end, hint);
+        }
+        q6k_scales16(ua + 1536, ub ? ub + 1536 : NULL, scr, scr + 1024);
+        __m512 pu[FEW_NT];
+#pragma GCC unroll 4
+        for (int t = 0; t < n; t++) pu[t] = _mm512_setzero_ps();
+#pragma GCC unroll 1
+        for (int kb = 0; kb < 8; kb++) {
+            const int b = 8 * u + kb;
+            __m512i i32[FEW_NT];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const size_t q = 192 * (size_t)kb + 96 * (size_t)h;
+                const __m512i V1 = pair32(ua + q, ub ? ub + q : NULL), V2 = pair32(ua + q + 32, ub ? ub + q + 32 : NULL);
+                const __m512i V3 = pair32(ua + q + 64, ub ? ub + q + 64 : NULL);
+                const __m512i v[4] = {_mm512_and_si512(V1, m6), _mm512_and_si512(V2, m6), _mm512_and_si512(V3, m6),
+                                      _mm512_or_si512(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(V1, 6), m3),
+                                                                      _mm512_and_si512(_mm512_srli_epi16(V2, 4), mc)),
+                                                      _mm512_and_si512(_mm512_srli_epi16(V3, 2), m30))};
+                __m512i dot[FEW_NT];
+#pragma GCC unroll 4
+                for (int t = 0; t < n; t++) {
+                    const int8_t *x = xq[t] + (size_t)b * 32 + 16 * h;
+                    dot[t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], bcast(x));
+                    dot[t] = _mm512_dpbusd_epi32(dot[t], v[1], bcast(x + 4));
+                    dot[t] = _mm512_dpbusd_epi32(dot[t], v[2], bcast(x + 8));
+                    dot[t] = _mm512_dpbusd_epi32(dot[t], v[3], bcast(x + 12));
+                }
+                const __m512i sc = _mm512_load_si512((const void *)(scr + 64 * (2 * kb + h)));
+#pragma GCC unroll 4
+                for (int t = 0; t < n; t++) {
+                    const __m512i p = _mm512_mullo_epi32(dot[t], sc);
+                    i32[t] = h ? _mm512_add_epi32(i32[t], p) : p;
+                }
+            }
+            const __m512i sab = _mm512_load_si512((const void *)(scr + 1024 + 64 * kb));
+#pragma GCC unroll 4
+            for (int t = 0; t < n; t++) {
+                const __m512i corr = _mm512_madd_epi16(sab, _mm512_set1_epi32(xp[(size_t)t * nb + b]));
+                const __m512i i = _mm512_sub_epi32(i32[t], _mm512_slli_epi32(corr, 5));
+                pu[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(xd[t][b]), pu[t]);
+            }
+        }
+        const __m512 dw = f16x16(ua + 1664, ub ? ub + 1664 : NULL);
+#pragma GCC unroll 4
+        for (int t = 0; t < n; t++) acc[t] = _mm512_fmadd_ps(pu[t], dw, acc[t]);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < n; t++) _mm512_mask_storeu_ps(L->o + (size_t)t * L->ldo, L->store, acc[t]);
+}
+
+typedef void (*few_fn)(const few_args *, const int32_t *xp);
+static void fq4k_1(const few_args *L, const int32_t *xp) { (void)xp, few_q45k(1, 0, L); }
+static void fq4k_2(const few_args *L, const int32_t *xp) { (void)xp, few_q45k(2, 0, L); }
+static void fq4k_3(const few_args *L, const int32_t *xp) { (void)xp, few_q45k(3, 0, L); }
+static void fq4k_4(const few_args *L, const int32_t *xp) { (void)xp, few_q45k(4, 0, L); }
+static void fq5k_1(const few_args *L, const int32_t *xp) { (void)xp, few_q45k(1, 1, L); }
+static void fq5k_2(const few_args *L, const int32_t *xp) { (void)xp, few_q45k(2, 1, L); }
+static void fq5k_3(const few_args *L, const int32_t *xp) { (void)xp, few_q45k(3, 1, L); }
+static void fq5k_4(const few_args *L, const int32_t *xp) { (void)xp, few_q45k(4, 1, L); }
+static void fq6k_1(const few_args *L, const int32_t *xp) { few_q6k(1, L, xp); }
+static void fq6k_2(const few_args *L, const int32_t *xp) { few_q6k(2, L, xp); }
+static void fq6k_3(const few_args *L, const int32_t *xp) { few_q6k(3, L, xp); }
+static void fq6k_4(const few_args *L, const int32_t *xp) { few_q6k(4, L, xp); }
+static const few_fn FQ6K[FEW_NT] = {fq6k_1, fq6k_2, fq6k_3, fq6k_4};
+static const few_fn FQ4K[FEW_NT] = {fq4k_1, fq4k_2, fq4k_3, fq4k_4}, FQ5K[FEW_NT] = {fq5k_1, fq5k_2, fq5k_3, fq5k_4};
+
+/* rows [r0, r1) of a few tokens' call, a pair of groups at a time; the pair's bytes are read once from memory
+ * for the first FEW_NT tokens, and from cache for the rest */
+static void matmul_few(const few_fn *fns, const int32_t *xp, BL_MM_ARGS) {
+    const int type = w->type, cols = w->cols, nu = cols / bl_traits(type)->block_size;
+    const size_t gb = bl_i8_group_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
+    const bl_prefetch_rule rule = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0];
+    const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
+    for (int r = r0; r < r1; r += 16) {
+        const uint8_t *ga = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
+        const int n = r1 - r < 16 ? r1 - r : 16;
+        few_args L = {ga, n > 8 ? ga + gb : NULL, nu, NULL, xb, NULL, ldo, (__mmask16)((1u << n) - 1), 0, gb, end};
+        for (int t = 0; t < T; t += FEW_NT) {
+            const int nt = T - t < FEW_NT ? T - t : FEW_NT;
+            L.xa = (const uint8_t *)xq + (size_t)t * xb;
+            L.o = out + (size_t)t * ldo + r;
+            L.pf = t == 0 && rule.hint != BL_PF_NONE ? (size_t)rule.bytes : 0;
+            fns[nt - 1](&L, xp ? xp + (size_t)t * (size_t)(cols / BL_QK) : NULL);
+        }
+    }
+}
+
 /* Q6_K's and Q3_K's per-block half sums of the activations as int16 pairs (sum qx[0:16] | sum qx[16:32] << 16) */
 static void half_sums(const void *xq, int T, size_t xb, int nb, int32_t *xp) {
     const __m256i ones = _mm256_set1_epi8(1);
@@ -467,12 +676,20 @@ static void matmul_lean(const lean_path *P, const bl_matmul_fn fallback, BL_MM_A
     }
     int32_t *xp = P->half_sums ? (int32_t *)(void *)(s + pair) : NULL;
     if (xp) half_sums(xq, T, xb, nb, xp);
+    const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
+    const int chunks = (T + NT - 1) / NT;
     for (int r = r0; r < r1; r += 16) {
         const uint8_t *ga = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
         const int n = r1 - r < 16 ? r1 - r : 16;
         P->unpack(ga, n > 8 ? ga + gb : NULL, nu, s);
         lean_args L = {s, nu, NULL, xb, NULL, NULL, ldo, (__mmask16)((1u << n) - 1)};
-        for (int t = 0; t < T; t += NT) {
+        /* the next pair's weights are fetched into L2 while this pair's tokens run (the unpacking then finds
+         * them there), spread over the token chunks so as not to flood the miss queue at once */
+        const uint8_t *next = ga + 2 * gb;
+        const size_t span = next + 2 * gb <= end ? 2 * gb : next < end ? (size_t)(end - next) : 0;
+        for (int t = 0, c = 0; t < T; t += NT, c++) {
+            for (size_t o = span * (size_t)c / (size_t)chunks; o < span * (size_t)(c + 1) / (size_t)chunks; o += 64)
+                bl_prefetch_line(next + o, BL_PF_L2);
             const int nt = T - t < NT ? T - t : NT;
             L.xa = (const uint8_t *)xq + (size_t)t * xb;
             L.xp = xp ? xp + (size_t)t * nb : NULL;
@@ -484,21 +701,26 @@ static void matmul_lean(const lean_path *P, const bl_matmul_fn fallback, BL_MM_A
 
 void bl_mm_q4_k_avx512(BL_MM_ARGS) {
     if (T == 1 && w->layout == BL_LAYOUT_INTERLEAVE8) bl_decode_q4_k_avx512(w, xq, out, r0, r1);
+    else if (T < PREFILL_MIN_T && w->layout == BL_LAYOUT_INTERLEAVE8) matmul_few(FQ4K, NULL, w, xq, T, out, ldo, r0, r1);
     else matmul_lean(&LEAN_Q4K, bl_mm_q4_k_avx2, w, xq, T, out, ldo, r0, r1);
 }
 void bl_mm_q5_0_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q50, bl_mm_q5_0_avx2, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q6_k_avx512(BL_MM_ARGS) {
     const int nb = w->cols / BL_QK;
-    int32_t xp[1024];
+    int32_t xp[4096]; /* the half sums of a few tokens (16 KB) */
     if (T == 1 && w->layout == BL_LAYOUT_INTERLEAVE8 && nb <= 1024) {
         half_sums(xq, 1, 0, nb, xp);
         bl_decode_q6_k_avx512(w, xq, xp, out, r0, r1);
+    } else if (T < PREFILL_MIN_T && w->layout == BL_LAYOUT_INTERLEAVE8 && (size_t)T * (size_t)nb <= 4096) {
+        half_sums(xq, T, bl_act_row_bytes(w, w->cols), nb, xp);
+        matmul_few(FQ6K, xp, w, xq, T, out, ldo, r0, r1);
     } else {
         matmul_lean(&LEAN_Q6K, bl_mm_q6_k_avx2, w, xq, T, out, ldo, r0, r1);
     }
 }
 void bl_mm_q5_k_avx512(BL_MM_ARGS) {
     if (T == 1 && w->layout == BL_LAYOUT_INTERLEAVE8) bl_decode_q5_k_avx512(w, xq, out, r0, r1);
+    else if (T < PREFILL_MIN_T && w->layout == BL_LAYOUT_INTERLEAVE8) matmul_few(FQ5K, NULL, w, xq, T, out, ldo, r0, r1);
     else matmul_lean(&LEAN_Q5K, bl_mm_q5_k_avx2, w, xq, T, out, ldo, r0, r1);
 }
 void bl_mm_q3_k_avx512(BL_MM_ARGS) { matmul_lean(&LEAN_Q3K, bl_mm_q3_k_avx2, w, xq, T, out, ldo, r0, r1); }
