@@ -6,8 +6,11 @@
  * consecutive values of each of 8 rows, so a broadcast of the 4 matching activation bytes and one maddubs
  * give each 32-bit lane a partial dot of one row, and the 8 lanes end as the 8 rows' block sums with no
  * horizontal reduction. GGUF rows are interleaved 8 at a time into a scratch group first (slower: the
- * fast layout is the interleaved one). A tile is 8 rows x NT tokens (NT <= 4): each weight
- * vector is loaded and unpacked once for NT tokens (prefill); NT = 1 is the decode kernel.
+ * fast layout is the interleaved one). A tile is NG groups of 8 rows x NT tokens, one kernel per type for
+ * both shapes it comes in: NG = 1, NT <= 4 (prefill: each weight vector loaded and unpacked once for NT
+ * tokens) and NG = 2, NT = 1 (decode: each activation broadcast serves two groups read from two streams,
+ * see two_streams). NG and NT are compile-time constants, so each instantiation has its own fully unrolled
+ * loops, its accumulators in registers.
  *
  * 16-bit sums (maddubs lanes, each a sum of two products, add up in int16 before a madd widens them):
  *   Q5_0  q < 32: |pair| <= 2 * 31 * 128 = 7936, 4 pairs a madd;
@@ -31,7 +34,7 @@
 
 #define AI static inline __attribute__((always_inline))
 #define MAXNT 4
-#define MAXNG 2 /* groups of the one-token tiles that read several streams */
+#define MAXNG 2 /* groups of a tile (decode's two streams) */
 /* Software prefetch (kernels.h's rules, BL_PF_KQUANTS): without it the weights' stream from memory runs
  * well behind the compute (measured on Zen 3 at T = 1, weights from memory: 55-65% of a plain read's rate
  * without, 80-95% at 8 KB ahead; 4-12 KB do about as well). With two threads streaming at once, NTA
@@ -42,7 +45,8 @@ AI __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((cons
 
 AI __m256i load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
 
-/* The arguments of one tile: 8 rows (a group of nu units) x NT tokens. */
+/* The arguments of one tile: 8 rows (a group of nu units) x NT tokens. A tile over NG groups takes NG of them,
+ * one per group; the tokens' fields (xa, xs, xp, ldo) are read from the first. */
 typedef struct {
     const uint8_t *g;   /* interleaved group */
     int nu;             /* units per row */
@@ -65,93 +69,46 @@ AI void prefetch_part(const tile_args *A, size_t *done, int u, int i, int n) {
     for (; *done < end; *done += 64) bl_prefetch_line(A->pf + *done, hint);
 }
 
-#define TOKENS(A, NT)                                                                                    \
+/* A tile's per-token activation pointers, and its accumulators acc[group][token] */
+#define TOKENS(A, NG, NT)                                                                                \
     const int8_t *xq[MAXNT];                                                                             \
     const float *xd[MAXNT], *xs[MAXNT];                                                                  \
     const int32_t *xsq[MAXNT];                                                                           \
-    __m256 acc[MAXNT];                                                                                   \
-    size_t pdone = 0;                                                                                    \
+    __m256 acc[MAXNG][MAXNT];                                                                            \
+    size_t pdone[MAXNG];                                                                                 \
+    for (int g = 0; g < NG; g++) pdone[g] = 0;                                                           \
     for (int t = 0; t < NT; t++) {                                                                       \
         const bl_act_q8 a = bl_act_q8_view((A)->xa + (size_t)t * (A)->xs, nb * BL_QK);                    \
-        xq[t] = a.qs, xd[t] = a.d, xs[t] = a.s, xsq[t] = a.sq, acc[t] = _mm256_setzero_ps();             \
+        xq[t] = a.qs, xd[t] = a.d, xs[t] = a.s, xsq[t] = a.sq;                                           \
+        for (int g = 0; g < NG; g++) acc[g][t] = _mm256_setzero_ps();                                    \
     }                                                                                                    \
-    (void)xsq, (void)xs, (void)pdone
+    (void)xsq, (void)xs
 
-#define STORE(A, NT)                                                                                     \
-    for (int t = 0; t < NT; t++) store8((A)->o + (size_t)t * (A)->ldo, acc[t], (A)->nvalid)
+#define STORE(A, NG, NT)                                                                                 \
+    for (int g = 0; g < NG; g++)                                                                         \
+        for (int t = 0; t < NT; t++) store8((A)[g].o + (size_t)t * (A)[g].ldo, acc[g][t], (A)[g].nvalid)
 
 /* ---- Q5_0 ---- */
 
-AI void tile_q5_0(const int NT, const tile_args *A) {
+AI void tile_q5_0(const int NG, const int NT, const tile_args *A) {
     const int nb = A->nu;
     const size_t U = 176; /* kq_fields8_of(BL_Q5_0): packed values 0, d 160 */
     const __m256i m5 = _mm256_set1_epi8(31), m7 = _mm256_set1_epi8(7), m18 = _mm256_set1_epi8(0x18);
     const __m256i ones = _mm256_set1_epi16(1);
-    TOKENS(A, NT);
-    for (int b = 0; b < nb; b++) {
-        prefetch_part(A, &pdone, b, 0, 1);
-        const uint8_t *q = A->g + (size_t)b * U;
-        /* vector j: values 4j + i in bits 0-4, 16 + 4j + i: low 3 bits in bits 5-7, top 2 bits in bits 2j, 2j + 1
-         * of X */
-        const __m256i X = load(q + 128);
-        __m256i i32[MAXNT];
-#pragma GCC unroll 2
-        for (int jp = 0; jp < 2; jp++) {
-            __m256i lo[2], hi[2];
-#pragma GCC unroll 2
-            for (int e = 0; e < 2; e++) {
-                const int j = 2 * jp + e;
-                const __m256i M = load(q + 32 * j);
-                const __m256i xh = j == 0 ? _mm256_slli_epi16(X, 3) : j == 1 ? _mm256_slli_epi16(X, 1)
-                                   : j == 2 ? _mm256_srli_epi16(X, 1) : _mm256_srli_epi16(X, 3);
-                lo[e] = _mm256_and_si256(M, m5);
-                hi[e] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(M, 5), m7), _mm256_and_si256(xh, m18));
-            }
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) {
-                const int8_t *x = xq[t] + (size_t)b * 32 + 8 * jp;
-                const __m256i s = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[0], bcast32(x)),
-                                                                    _mm256_maddubs_epi16(hi[0], bcast32(x + 16))),
-                                                   _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], bcast32(x + 4)),
-                                                                    _mm256_maddubs_epi16(hi[1], bcast32(x + 20))));
-                const __m256i p = _mm256_madd_epi16(s, ones);
-                i32[t] = jp ? _mm256_add_epi32(i32[t], p) : p;
-            }
-        }
-        const __m256 dw = f16x8(q + 160);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            const __m256i i = _mm256_sub_epi32(i32[t], _mm256_set1_epi32(16 * xsq[t][b]));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][b])), acc[t]);
-        }
-    }
-    STORE(A, NT);
-}
-
-/* The Q5_0 tile for one token over NG groups at once (as tile_q45_k_groups) */
-AI void tile_q5_0_groups(const int NG, const tile_args *A) {
-    const int nb = A[0].nu;
-    const size_t U = 176;
-    const __m256i m5 = _mm256_set1_epi8(31), m7 = _mm256_set1_epi8(7), m18 = _mm256_set1_epi8(0x18);
-    const __m256i ones = _mm256_set1_epi16(1);
-    const bl_act_q8 a = bl_act_q8_view(A[0].xa, nb * BL_QK);
-    __m256 acc[MAXNG];
-    size_t pdone[MAXNG];
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) acc[g] = _mm256_setzero_ps(), pdone[g] = 0;
+    TOKENS(A, NG, NT);
     for (int b = 0; b < nb; b++) {
         const uint8_t *q[MAXNG];
-        __m256i X[MAXNG], i32[MAXNG];
+        __m256i X[MAXNG], i32[MAXNG][MAXNT];
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
             prefetch_part(&A[g], &pdone[g], b, 0, 1);
             q[g] = A[g].g + (size_t)b * U;
+            /* vector j: values 4j + i in bits 0-4, 16 + 4j + i: low 3 bits in bits 5-7, top 2 bits in bits 2j,
+             * 2j + 1 of X */
             X[g] = load(q[g] + 128);
         }
 #pragma GCC unroll 2
         for (int jp = 0; jp < 2; jp++) {
-            const int8_t *x = a.qs + (size_t)b * 32 + 8 * jp;
-            const __m256i x0 = bcast32(x), x4 = bcast32(x + 4), x16 = bcast32(x + 16), x20 = bcast32(x + 20);
 #pragma GCC unroll 2
             for (int g = 0; g < NG; g++) {
                 __m256i lo[2], hi[2];
@@ -164,22 +121,30 @@ AI void tile_q5_0_groups(const int NG, const tile_args *A) {
                     lo[e] = _mm256_and_si256(M, m5);
                     hi[e] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(M, 5), m7), _mm256_and_si256(xh, m18));
                 }
-                const __m256i sum = _mm256_add_epi16(
-                    _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], x0), _mm256_maddubs_epi16(hi[0], x16)),
-                    _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], x4), _mm256_maddubs_epi16(hi[1], x20)));
-                const __m256i p = _mm256_madd_epi16(sum, ones);
-                i32[g] = jp ? _mm256_add_epi32(i32[g], p) : p;
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    const int8_t *x = xq[t] + (size_t)b * 32 + 8 * jp;
+                    const __m256i s = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[0], bcast32(x)),
+                                                                        _mm256_maddubs_epi16(hi[0], bcast32(x + 16))),
+                                                       _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], bcast32(x + 4)),
+                                                                        _mm256_maddubs_epi16(hi[1], bcast32(x + 20))));
+                    const __m256i p = _mm256_madd_epi16(s, ones);
+                    i32[g][t] = jp ? _mm256_add_epi32(i32[g][t], p) : p;
+                }
             }
         }
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
-            const __m256i i = _mm256_sub_epi32(i32[g], _mm256_set1_epi32(16 * a.sq[b]));
-            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(f16x8(q[g] + 160), _mm256_set1_ps(a.d[b])),
-                                     acc[g]);
+            const __m256 dw = f16x8(q[g] + 160);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const __m256i i = _mm256_sub_epi32(i32[g][t], _mm256_set1_epi32(16 * xsq[t][b]));
+                acc[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][b])),
+                                            acc[g][t]);
+            }
         }
     }
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) store8(A[g].o, acc[g], A[g].nvalid);
+    STORE(A, NG, NT);
 }
 
 /* ---- Q4_K ---- */
@@ -226,80 +191,27 @@ AI void q4k_minus_mins(const int NT, const uint8_t *g, const int nu, const float
     kq_minus_mins(NT, 1152, 1024, 1136, g, nu, xs, acc);
 }
 
-AI void tile_q4_k(const int NT, const tile_args *A) {
+/* The Q4_K (five = 0) or Q5_K (five = 1) tile. Q5_K adds each value's fifth bit from qh and, its 16-bit sums
+ * being larger, takes a madd every 4 vectors instead of every 8. */
+AI void tile_q45_k(const int NG, const int NT, const int five, const tile_args *A) {
     const int nu = A->nu, nb = nu * 8;
-    const size_t U = 1152; /* kq_fields8_of(BL_Q4_K): qs 0, scales 1024, d 1120 (dmin 1136) */
-    const __m256i m4 = _mm256_set1_epi8(15);
-    TOKENS(A, NT);
-    /* acc: the scales chain */
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *gu = A->g + (size_t)u * U;
-        /* kept in memory, not in registers, across the loop below */
-        __m256i scj[8];
-        q4k_scale_pairs(gu + 1024, scj);
-        __m256 pu[MAXNT];
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
-#pragma GCC unroll 1
-        for (int c = 0; c < 4; c++) {
-            prefetch_part(A, &pdone, u, c, 4);
-            const uint8_t *q = gu + 256 * c;
-#pragma GCC unroll 2
-            for (int hi = 0; hi < 2; hi++) {
-                const int j = 2 * c + hi, b = 8 * u + j;
-                __m256i s[MAXNT];
-#pragma GCC unroll 8
-                for (int jj = 0; jj < 8; jj++) {
-                    const __m256i v = load(q + 32 * jj);
-                    const __m256i n = hi ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
-#pragma GCC unroll 4
-                    for (int t = 0; t < NT; t++) {
-                        const __m256i p = _mm256_maddubs_epi16(n, bcast32(xq[t] + (size_t)b * 32 + 4 * jj));
-                        s[t] = jj ? _mm256_add_epi16(s[t], p) : p;
-                    }
-                }
-                const __m256i sc = scj[j];
-#pragma GCC unroll 4
-                for (int t = 0; t < NT; t++)
-                    pu[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], sc)), _mm256_set1_ps(xd[t][b]),
-                                            pu[t]);
-            }
-        }
-        const __m256 dw = f16x8(gu + 1120);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
-    }
-    /* accm: the mins chain, a pass of its own (fewer live registers; the group is in cache by now) */
-    q4k_minus_mins(NT, A->g, nu, xs, acc);
-    STORE(A, NT);
-}
-
-/* The Q4_K (five = 0) or Q5_K (five = 1) tile for one token over NG groups (NG <= MAXNG) at once, each
- * group's float work exactly tile_q4_k's or tile_q5_k's for NT = 1 and in its order (the same bits); the
- * groups' weights are read 256 bytes from each in turn, and each activation broadcast serves them all.
- * Q5_K adds each value's fifth bit from qh and, its 16-bit sums being larger, takes a madd every 4
- * vectors instead of every 8. */
-AI void tile_q45_k_groups(const int NG, const int five, const tile_args *A) {
-    const int nu = A[0].nu;
     /* kq_fields8_of: Q4_K qs 0, scales 1024, d 1120, dmin 1136; Q5_K qs 0, qh 1024, scales 1280, d 1376,
      * dmin 1392 */
     const size_t U = five ? 1408 : 1152, SO = five ? 1280 : 1024, DO = SO + 96;
     const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
-    const bl_act_q8 a = bl_act_q8_view(A[0].xa, nu * 8 * BL_QK);
-    const float *xs = a.s;
-    __m256 acc[MAXNG];
-    size_t pdone[MAXNG];
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) acc[g] = _mm256_setzero_ps(), pdone[g] = 0;
+    TOKENS(A, NG, NT);
+    /* acc: the scales chain */
     for (int u = 0; u < nu; u++) {
         const uint8_t *gu[MAXNG];
+        /* kept in memory, not in registers, across the loop below */
         __m256i scj[MAXNG][8];
-        __m256 pu[MAXNG];
+        __m256 pu[MAXNG][MAXNT];
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
             gu[g] = A[g].g + (size_t)u * U;
             q4k_scale_pairs(gu[g] + SO, scj[g]);
-            pu[g] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
         }
 #pragma GCC unroll 1
         for (int c = 0; c < 4; c++) {
@@ -309,10 +221,9 @@ AI void tile_q45_k_groups(const int NG, const int five, const tile_args *A) {
             for (int hi = 0; hi < 2; hi++) {
                 const int j = 2 * c + hi, b = 8 * u + j;
                 const __m256i bit = _mm256_set1_epi8((char)(1 << j)); /* Q5_K: sub-block j's fifth bits */
-                __m256i s[MAXNG], i32[MAXNG];
+                __m256i s[MAXNG][MAXNT], i32[MAXNG][MAXNT];
 #pragma GCC unroll 8
                 for (int jj = 0; jj < 8; jj++) {
-                    const __m256i x = bcast32(a.qs + (size_t)b * 32 + 4 * jj);
 #pragma GCC unroll 2
                     for (int g = 0; g < NG; g++) {
                         const __m256i v = load(gu[g] + 256 * c + 32 * jj);
@@ -321,206 +232,113 @@ AI void tile_q45_k_groups(const int NG, const int five, const tile_args *A) {
                             const __m256i h = load(gu[g] + 1024 + 32 * jj);
                             n = _mm256_or_si256(n, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), m16));
                         }
-                        const __m256i p = _mm256_maddubs_epi16(n, x);
-                        const int first = five ? (jj & 3) == 0 : jj == 0;
-                        s[g] = first ? p : _mm256_add_epi16(s[g], p);
-                        if (five && (jj & 3) == 3) {
-                            const __m256i m = _mm256_madd_epi16(s[g], scj[g][j]);
-                            i32[g] = jj == 3 ? m : _mm256_add_epi32(i32[g], m);
+#pragma GCC unroll 4
+                        for (int t = 0; t < NT; t++) {
+                            const __m256i p = _mm256_maddubs_epi16(n, bcast32(xq[t] + (size_t)b * 32 + 4 * jj));
+                            const int first = five ? (jj & 3) == 0 : jj == 0;
+                            s[g][t] = first ? p : _mm256_add_epi16(s[g][t], p);
+                            if (five && (jj & 3) == 3) {
+                                const __m256i m = _mm256_madd_epi16(s[g][t], scj[g][j]);
+                                i32[g][t] = jj == 3 ? m : _mm256_add_epi32(i32[g][t], m);
+                            }
                         }
                     }
                 }
 #pragma GCC unroll 2
-                for (int g = 0; g < NG; g++) {
-                    const __m256i dot = five ? i32[g] : _mm256_madd_epi16(s[g], scj[g][j]);
-                    pu[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(a.d[b]), pu[g]);
-                }
+                for (int g = 0; g < NG; g++)
+#pragma GCC unroll 4
+                    for (int t = 0; t < NT; t++) {
+                        const __m256i dot = five ? i32[g][t] : _mm256_madd_epi16(s[g][t], scj[g][j]);
+                        pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(xd[t][b]), pu[g][t]);
+                    }
             }
         }
 #pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) acc[g] = _mm256_fmadd_ps(pu[g], f16x8(gu[g] + DO), acc[g]);
+        for (int g = 0; g < NG; g++) {
+            const __m256 dw = f16x8(gu[g] + DO);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
+        }
     }
+    /* accm: the mins chain, a pass of its own (fewer live registers; the group is in cache by now) */
 #pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) {
-        kq_minus_mins(1, U, SO, DO + 16, A[g].g, nu, &xs, &acc[g]);
-        store8(A[g].o, acc[g], A[g].nvalid);
-    }
+    for (int g = 0; g < NG; g++) kq_minus_mins(NT, U, SO, DO + 16, A[g].g, nu, xs, acc[g]);
+    STORE(A, NG, NT);
 }
 
 /* ---- Q6_K ---- */
 
-AI void tile_q6_k(const int NT, const tile_args *A) {
+AI void tile_q6_k(const int NG, const int NT, const tile_args *A) {
     const int nu = A->nu, nb = nu * 8;
     const size_t U = 1680; /* kq_fields8_of(BL_Q6_K): packed values 0, scales 1536, d 1664 */
     const __m256i m6 = _mm256_set1_epi8(63);
-    TOKENS(A, NT);
+    TOKENS(A, NG, NT);
     for (int u = 0; u < nu; u++) {
-        const uint8_t *gu = A->g + (size_t)u * U;
-        __m256 pu[MAXNT];
+        const uint8_t *gu[MAXNG];
+        __m256 pu[MAXNG][MAXNT];
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; g++) {
+            gu[g] = A[g].g + (size_t)u * U;
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
+            for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
+        }
 #pragma GCC unroll 1
         for (int k2 = 0; k2 < 4; k2++) {
             /* scales 2 kb and 2 kb + 1 of blocks kb = 2 k2, 2 k2 + 1: bytes 0-3 of the lanes of SV */
-            const __m256i SV = load(gu + 1536 + 32 * k2);
-#pragma GCC unroll 2
-            for (int odd = 0; odd < 2; odd++) {
-                const int kb = 2 * k2 + odd, b = 8 * u + kb, o = 2 * odd;
-                prefetch_part(A, &pdone, u, kb, 8);
-                const __m256i sa = _mm256_srai_epi16(_mm256_shuffle_epi8(SV, pick(-128, o, -128, o)), 8);
-                const __m256i sb = _mm256_srai_epi16(_mm256_shuffle_epi8(SV, pick(-128, o + 1, -128, o + 1)), 8);
-                const uint8_t *q = gu + 192 * kb;
-                __m256i i32[MAXNT];
-#pragma GCC unroll 2
-                for (int a = 0; a < 2; a++) {
-                    /* values 4j + i, j = 4a .. 4a + 3, of the block: three vectors, the fourth spread over their
-                     * top bits */
-                    const __m256i V1 = load(q + 96 * a), V2 = load(q + 96 * a + 32), V3 = load(q + 96 * a + 64);
-                    const __m256i q0 = _mm256_and_si256(V1, m6), q1 = _mm256_and_si256(V2, m6);
-                    const __m256i q2 = _mm256_and_si256(V3, m6);
-                    const __m256i q3 = q6k_fourth(V1, V2, V3);
-                    const __m256i sc = a ? sb : sa;
-#pragma GCC unroll 4
-                    for (int t = 0; t < NT; t++) {
-                        const int8_t *x = xq[t] + (size_t)b * 32 + 16 * a;
-                        const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, bcast32(x)),
-                                                            _mm256_maddubs_epi16(q1, bcast32(x + 4)));
-                        const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(q2, bcast32(x + 8)),
-                                                            _mm256_maddubs_epi16(q3, bcast32(x + 12)));
-                        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(s0, sc), _mm256_madd_epi16(s1, sc));
-                        i32[t] = a ? _mm256_add_epi32(i32[t], p) : p;
-                    }
-                }
-                const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(SV, pick(-128, o, -128, o + 1)), 8);
-#pragma GCC unroll 4
-                for (int t = 0; t < NT; t++) {
-                    const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
-                    const __m256i i = _mm256_sub_epi32(i32[t], _mm256_slli_epi32(corr, 5));
-                    pu[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[t]);
-                }
-            }
-        }
-        const __m256 dw = f16x8(gu + 1664);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
-    }
-    STORE(A, NT);
-}
-
-/* The Q6_K tile for one token over NG groups at once (as tile_q45_k_groups) */
-AI void tile_q6_k_groups(const int NG, const tile_args *A) {
-    const int nu = A[0].nu;
-    const size_t U = 1680;
-    const __m256i m6 = _mm256_set1_epi8(63);
-    const bl_act_q8 a = bl_act_q8_view(A[0].xa, nu * 8 * BL_QK);
-    __m256 acc[MAXNG];
-    size_t pdone[MAXNG];
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) acc[g] = _mm256_setzero_ps(), pdone[g] = 0;
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *gu[MAXNG];
-        __m256 pu[MAXNG];
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) gu[g] = A[g].g + (size_t)u * U, pu[g] = _mm256_setzero_ps();
-#pragma GCC unroll 1
-        for (int k2 = 0; k2 < 4; k2++) {
             __m256i SV[MAXNG];
 #pragma GCC unroll 2
             for (int g = 0; g < NG; g++) SV[g] = load(gu[g] + 1536 + 32 * k2);
 #pragma GCC unroll 2
             for (int odd = 0; odd < 2; odd++) {
                 const int kb = 2 * k2 + odd, b = 8 * u + kb, o = 2 * odd;
-                __m256i i32[MAXNG];
+                __m256i i32[MAXNG][MAXNT];
 #pragma GCC unroll 2
                 for (int g = 0; g < NG; g++) prefetch_part(&A[g], &pdone[g], u, kb, 8);
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++) {
-                    const int8_t *x = a.qs + (size_t)b * 32 + 16 * h;
-                    const __m256i x0 = bcast32(x), x1 = bcast32(x + 4), x2 = bcast32(x + 8), x3 = bcast32(x + 12);
 #pragma GCC unroll 2
                     for (int g = 0; g < NG; g++) {
+                        /* values 4j + i, j = 4h .. 4h + 3, of the block: three vectors, the fourth spread over
+                         * their top bits */
                         const uint8_t *q = gu[g] + 192 * kb + 96 * h;
                         const __m256i V1 = load(q), V2 = load(q + 32), V3 = load(q + 64);
+                        const __m256i q0 = _mm256_and_si256(V1, m6), q1 = _mm256_and_si256(V2, m6);
+                        const __m256i q2 = _mm256_and_si256(V3, m6);
                         const __m256i q3 = q6k_fourth(V1, V2, V3);
                         const __m256i sc = _mm256_srai_epi16(
                             _mm256_shuffle_epi8(SV[g], pick(-128, o + h, -128, o + h)), 8);
-                        const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(V1, m6), x0),
-                                                            _mm256_maddubs_epi16(_mm256_and_si256(V2, m6), x1));
-                        const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(V3, m6), x2),
-                                                            _mm256_maddubs_epi16(q3, x3));
-                        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(s0, sc), _mm256_madd_epi16(s1, sc));
-                        i32[g] = h ? _mm256_add_epi32(i32[g], p) : p;
+#pragma GCC unroll 4
+                        for (int t = 0; t < NT; t++) {
+                            const int8_t *x = xq[t] + (size_t)b * 32 + 16 * h;
+                            const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, bcast32(x)),
+                                                                _mm256_maddubs_epi16(q1, bcast32(x + 4)));
+                            const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(q2, bcast32(x + 8)),
+                                                                _mm256_maddubs_epi16(q3, bcast32(x + 12)));
+                            const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(s0, sc), _mm256_madd_epi16(s1, sc));
+                            i32[g][t] = h ? _mm256_add_epi32(i32[g][t], p) : p;
+                        }
                     }
                 }
 #pragma GCC unroll 2
                 for (int g = 0; g < NG; g++) {
                     const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g], pick(-128, o, -128, o + 1)), 8);
-                    const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A[0].xp[b]));
-                    const __m256i i = _mm256_sub_epi32(i32[g], _mm256_slli_epi32(corr, 5));
-                    pu[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(a.d[b]), pu[g]);
-                }
-            }
-        }
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) acc[g] = _mm256_fmadd_ps(pu[g], f16x8(gu[g] + 1664), acc[g]);
-    }
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) store8(A[g].o, acc[g], A[g].nvalid);
-}
-
-/* ---- Q5_K ---- */
-
-AI void tile_q5_k(const int NT, const tile_args *A) {
-    const int nu = A->nu, nb = nu * 8;
-    const size_t U = 1408; /* KQ_Q5_K: qs 0, qh 1024, scales 1280, d 1376 (dmin 1392) */
-    const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
-    TOKENS(A, NT);
-    /* acc: the scales chain */
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *gu = A->g + (size_t)u * U;
-        __m256i scj[8];
-        q4k_scale_pairs(gu + 1280, scj);
-        __m256 pu[MAXNT];
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
-#pragma GCC unroll 1
-        for (int c = 0; c < 4; c++) {
-            prefetch_part(A, &pdone, u, c, 4);
-            const uint8_t *q = gu + 256 * c;
-#pragma GCC unroll 2
-            for (int hi = 0; hi < 2; hi++) {
-                const int j = 2 * c + hi, b = 8 * u + j;
-                const __m256i bit = _mm256_set1_epi8((char)(1 << j)); /* sub-block j's fifth bits */
-                const __m256i sc = scj[j];
-                __m256i s[MAXNT], i32[MAXNT];
-#pragma GCC unroll 8
-                for (int jj = 0; jj < 8; jj++) {
-                    const __m256i v = load(q + 32 * jj), h = load(gu + 1024 + 32 * jj);
-                    const __m256i lo4 = hi ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
-                    const __m256i h5 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), m16);
-                    const __m256i n = _mm256_or_si256(lo4, h5);
 #pragma GCC unroll 4
                     for (int t = 0; t < NT; t++) {
-                        const __m256i p = _mm256_maddubs_epi16(n, bcast32(xq[t] + (size_t)b * 32 + 4 * jj));
-                        s[t] = jj & 3 ? _mm256_add_epi16(s[t], p) : p;
-                        if ((jj & 3) == 3) {
-                            const __m256i m = _mm256_madd_epi16(s[t], sc);
-                            i32[t] = jj == 3 ? m : _mm256_add_epi32(i32[t], m);
-                        }
+                        const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
+                        const __m256i i = _mm256_sub_epi32(i32[g][t], _mm256_slli_epi32(corr, 5));
+                        pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[g][t]);
                     }
                 }
-#pragma GCC unroll 4
-                for (int t = 0; t < NT; t++)
-                    pu[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[t]), _mm256_set1_ps(xd[t][b]), pu[t]);
             }
         }
-        const __m256 dw = f16x8(gu + 1376);
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; g++) {
+            const __m256 dw = f16x8(gu[g] + 1664);
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
+            for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
+        }
     }
-    /* accm: the mins chain, a pass of its own (as Q4_K's) */
-    kq_minus_mins(NT, 1408, 1280, 1392, A->g, nu, xs, acc);
-    STORE(A, NT);
+    STORE(A, NG, NT);
 }
 
 /* ---- Q3_K ---- */
@@ -538,161 +356,95 @@ AI void q3k_scales8(const uint8_t *s, __m256i v[4]) {
     for (int i = 0; i < 4; i++) v[i] = _mm256_sub_epi8(_mm256_or_si256(lo[i], _mm256_slli_epi16(hi[i], 4)), k32);
 }
 
-AI void tile_q3_k(const int NT, const tile_args *A) {
+AI void tile_q3_k(const int NG, const int NT, const tile_args *A) {
     const int nu = A->nu, nb = nu * 8;
     const size_t U = 880; /* KQ_Q3_K: qs 0, hmask 512, scales 768, d 864 */
     const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
-    TOKENS(A, NT);
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *gu = A->g + (size_t)u * U;
-        __m256i SV[4];
-        q3k_scales8(gu + 768, SV);
-        __m256 pu[MAXNT];
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
-#pragma GCC unroll 1
-        for (int kb = 0; kb < 8; kb++) {
-            const int b = 8 * u + kb, h = kb / 4, k = kb % 4, o = 2 * (kb & 1);
-            prefetch_part(A, &pdone, u, kb, 8);
-            /* scales 2 kb, 2 kb + 1 as int16 pairs (sign-extended from the high byte) */
-            const __m256i sv = SV[kb / 2];
-            const __m256i sa = _mm256_srai_epi16(_mm256_shuffle_epi8(sv, pick(-128, o, -128, o)), 8);
-            const __m256i sb = _mm256_srai_epi16(_mm256_shuffle_epi8(sv, pick(-128, o + 1, -128, o + 1)), 8);
-            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k))); /* the block's hmask bit */
-            const __m128i sh = _mm_cvtsi32_si128(2 * k);
-            __m256i i32[MAXNT];
-#pragma GCC unroll 2
-            for (int a = 0; a < 2; a++) {
-                __m256i s[MAXNT];
-#pragma GCC unroll 4
-                for (int j4 = 0; j4 < 4; j4++) {
-                    const int jj = 4 * a + j4;
-                    const __m256i qv = load(gu + 32 * (8 * h + jj)), hv = load(gu + 512 + 32 * jj);
-                    const __m256i un = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(qv, sh), m3),
-                                                       _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hv, bit), bit), m4));
-#pragma GCC unroll 4
-                    for (int t = 0; t < NT; t++) {
-                        const __m256i p = _mm256_maddubs_epi16(un, bcast32(xq[t] + (size_t)b * 32 + 4 * jj));
-                        s[t] = j4 ? _mm256_add_epi16(s[t], p) : p;
-                    }
-                }
-                const __m256i sc = a ? sb : sa;
-#pragma GCC unroll 4
-                for (int t = 0; t < NT; t++) {
-                    const __m256i p = _mm256_madd_epi16(s[t], sc);
-                    i32[t] = a ? _mm256_add_epi32(i32[t], p) : p;
-                }
-            }
-            const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(sv, pick(-128, o, -128, o + 1)), 8);
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) {
-                const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
-                const __m256i i = _mm256_sub_epi32(i32[t], _mm256_slli_epi32(corr, 2));
-                pu[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[t]);
-            }
-        }
-        const __m256 dw = f16x8(gu + 864);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
-    }
-    STORE(A, NT);
-}
-
-/* The Q3_K tile for one token over NG groups at once (as tile_q45_k_groups) */
-AI void tile_q3_k_groups(const int NG, const tile_args *A) {
-    const int nu = A[0].nu;
-    const size_t U = 880;
-    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
-    const bl_act_q8 a = bl_act_q8_view(A[0].xa, nu * 8 * BL_QK);
-    __m256 acc[MAXNG];
-    size_t pdone[MAXNG];
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) acc[g] = _mm256_setzero_ps(), pdone[g] = 0;
+    TOKENS(A, NG, NT);
     for (int u = 0; u < nu; u++) {
         const uint8_t *gu[MAXNG];
         __m256i SV[MAXNG][4];
-        __m256 pu[MAXNG];
+        __m256 pu[MAXNG][MAXNT];
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
             gu[g] = A[g].g + (size_t)u * U;
             q3k_scales8(gu[g] + 768, SV[g]);
-            pu[g] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
         }
 #pragma GCC unroll 1
         for (int kb = 0; kb < 8; kb++) {
             const int b = 8 * u + kb, h = kb / 4, k = kb % 4, o = 2 * (kb & 1);
-            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k)));
+            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k))); /* the block's hmask bit */
             const __m128i sh = _mm_cvtsi32_si128(2 * k);
-            __m256i i32[MAXNG];
+            __m256i i32[MAXNG][MAXNT];
 #pragma GCC unroll 2
             for (int g = 0; g < NG; g++) prefetch_part(&A[g], &pdone[g], u, kb, 8);
 #pragma GCC unroll 2
-            for (int ah = 0; ah < 2; ah++) {
-                __m256i s[MAXNG];
+            for (int a = 0; a < 2; a++) {
+                __m256i s[MAXNG][MAXNT];
 #pragma GCC unroll 4
                 for (int j4 = 0; j4 < 4; j4++) {
-                    const int jj = 4 * ah + j4;
-                    const __m256i x = bcast32(a.qs + (size_t)b * 32 + 4 * jj);
+                    const int jj = 4 * a + j4;
 #pragma GCC unroll 2
                     for (int g = 0; g < NG; g++) {
                         const __m256i qv = load(gu[g] + 32 * (8 * h + jj)), hv = load(gu[g] + 512 + 32 * jj);
                         const __m256i un =
                             _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(qv, sh), m3),
                                             _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hv, bit), bit), m4));
-                        const __m256i p = _mm256_maddubs_epi16(un, x);
-                        s[g] = j4 ? _mm256_add_epi16(s[g], p) : p;
+#pragma GCC unroll 4
+                        for (int t = 0; t < NT; t++) {
+                            const __m256i p = _mm256_maddubs_epi16(un, bcast32(xq[t] + (size_t)b * 32 + 4 * jj));
+                            s[g][t] = j4 ? _mm256_add_epi16(s[g][t], p) : p;
+                        }
                     }
                 }
 #pragma GCC unroll 2
                 for (int g = 0; g < NG; g++) {
+                    /* scale 2 kb + a as an int16 pair (sign-extended from the high byte) */
                     const __m256i sc =
-                        _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g][kb / 2], pick(-128, o + ah, -128, o + ah)), 8);
-                    const __m256i p = _mm256_madd_epi16(s[g], sc);
-                    i32[g] = ah ? _mm256_add_epi32(i32[g], p) : p;
+                        _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g][kb / 2], pick(-128, o + a, -128, o + a)), 8);
+#pragma GCC unroll 4
+                    for (int t = 0; t < NT; t++) {
+                        const __m256i p = _mm256_madd_epi16(s[g][t], sc);
+                        i32[g][t] = a ? _mm256_add_epi32(i32[g][t], p) : p;
+                    }
                 }
             }
 #pragma GCC unroll 2
             for (int g = 0; g < NG; g++) {
                 const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g][kb / 2], pick(-128, o, -128, o + 1)), 8);
-                const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A[0].xp[b]));
-                const __m256i i = _mm256_sub_epi32(i32[g], _mm256_slli_epi32(corr, 2));
-                pu[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(a.d[b]), pu[g]);
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
+                    const __m256i i = _mm256_sub_epi32(i32[g][t], _mm256_slli_epi32(corr, 2));
+                    pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[g][t]);
+                }
             }
         }
 #pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) acc[g] = _mm256_fmadd_ps(pu[g], f16x8(gu[g] + 864), acc[g]);
+        for (int g = 0; g < NG; g++) {
+            const __m256 dw = f16x8(gu[g] + 864);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
+        }
     }
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) store8(A[g].o, acc[g], A[g].nvalid);
+    STORE(A, NG, NT);
 }
 
-#define TILE_FN(name, tile, NT)                                                                          \
-    static void name(const tile_args *A) { tile(NT, A); }
-TILE_FN(q50_1, tile_q5_0, 1)
-TILE_FN(q50_2, tile_q5_0, 2)
-TILE_FN(q50_3, tile_q5_0, 3)
-TILE_FN(q50_4, tile_q5_0, 4)
-TILE_FN(q4k_1, tile_q4_k, 1)
-TILE_FN(q4k_2, tile_q4_k, 2)
-TILE_FN(q4k_3, tile_q4_k, 3)
-TILE_FN(q4k_4, tile_q4_k, 4)
-TILE_FN(q6k_1, tile_q6_k, 1)
-TILE_FN(q6k_2, tile_q6_k, 2)
-TILE_FN(q6k_3, tile_q6_k, 3)
-TILE_FN(q6k_4, tile_q6_k, 4)
-TILE_FN(q5k_1, tile_q5_k, 1)
-TILE_FN(q5k_2, tile_q5_k, 2)
-TILE_FN(q5k_3, tile_q5_k, 3)
-TILE_FN(q5k_4, tile_q5_k, 4)
-TILE_FN(q3k_1, tile_q3_k, 1)
-TILE_FN(q3k_2, tile_q3_k, 2)
-TILE_FN(q3k_3, tile_q3_k, 3)
-TILE_FN(q3k_4, tile_q3_k, 4)
-TILE_FN(q50_g2, tile_q5_0_groups, 2)
-TILE_FN(q6k_g2, tile_q6_k_groups, 2)
-TILE_FN(q3k_g2, tile_q3_k_groups, 2)
-static void q4k_g2(const tile_args *A) { tile_q45_k_groups(2, 0, A); }
-static void q5k_g2(const tile_args *A) { tile_q45_k_groups(2, 1, A); }
+#define TILES(name, tile)                                                                                \
+    static void name##_1(const tile_args *A) { tile(1, 1, A); }                                          \
+    static void name##_2(const tile_args *A) { tile(1, 2, A); }                                          \
+    static void name##_3(const tile_args *A) { tile(1, 3, A); }                                          \
+    static void name##_4(const tile_args *A) { tile(1, 4, A); }                                          \
+    static void name##_g2(const tile_args *A) { tile(2, 1, A); }
+AI void tile_q4_k(const int NG, const int NT, const tile_args *A) { tile_q45_k(NG, NT, 0, A); }
+AI void tile_q5_k(const int NG, const int NT, const tile_args *A) { tile_q45_k(NG, NT, 1, A); }
+TILES(q50, tile_q5_0)
+TILES(q4k, tile_q4_k)
+TILES(q6k, tile_q6_k)
+TILES(q5k, tile_q5_k)
+TILES(q3k, tile_q3_k)
 
 typedef void (*tile_fn)(const tile_args *);
 
