@@ -31,6 +31,7 @@
 #include "quant_kq.h"
 #include "tier.h"
 #include "avx2/simd.h"
+#include "avx2/tiles.h"
 
 #define AI static inline __attribute__((always_inline))
 #define MAXNT 4
@@ -45,30 +46,6 @@ AI __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((cons
 
 AI __m256i load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
 
-/* The arguments of one tile: 8 rows (a group of nu units) x NT tokens. A tile over NG groups takes NG of them,
- * one per group; the tokens' fields (xa, xs, xp, ldo) are read from the first. */
-typedef struct {
-    const uint8_t *g;   /* interleaved group */
-    int nu;             /* units per row */
-    const uint8_t *xa;  /* the first token's activation row */
-    size_t xs;          /* bytes from one token's row to the next */
-    const int32_t *xp;  /* Q6_K: per token (nb apart), per block: int16 pair (sum qx[0:16], sum qx[16:32]) */
-    float *o;           /* out for the first token and row of the tile */
-    size_t ldo;
-    int nvalid;         /* rows of the 8 to store */
-    const uint8_t *pf;  /* software prefetch: unit u fetches up to pf + (u + 1) * pfs; NULL: none */
-    size_t pfs;
-} tile_args;
-
-/* Prefetches the lines of [pf + *done, pf + the end of part i of n of unit u's span) and moves *done past them:
- * spread over a unit's loop, a few lines at a time, each line once. */
-AI void prefetch_part(const tile_args *A, size_t *done, int u, int i, int n) {
-    if (!A->pf) return;
-    const size_t end = (size_t)u * A->pfs + (size_t)(i + 1) * A->pfs / (size_t)n;
-    const int hint = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0].hint;
-    for (; *done < end; *done += 64) bl_prefetch_line(A->pf + *done, hint);
-}
-
 /* A tile's per-token activation pointers, and its accumulators acc[group][token] */
 #define TOKENS(A, NG, NT)                                                                                \
     const int8_t *xq[MAXNT];                                                                             \
@@ -82,7 +59,7 @@ AI void prefetch_part(const tile_args *A, size_t *done, int u, int i, int n) {
         xq[t] = a.qs, xd[t] = a.d, xs[t] = a.s, xsq[t] = a.sq;                                           \
         for (int g = 0; g < NG; g++) acc[g][t] = _mm256_setzero_ps();                                    \
     }                                                                                                    \
-    (void)xsq, (void)xs
+    (void)xsq, (void)xs, (void)pdone
 
 #define STORE(A, NG, NT)                                                                                 \
     for (int g = 0; g < NG; g++)                                                                         \
@@ -230,7 +207,8 @@ AI void tile_q45_k(const int NG, const int NT, const int five, const tile_args *
                         __m256i n = hi ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
                         if (five) {
                             const __m256i h = load(gu[g] + 1024 + 32 * jj);
-                            n = _mm256_or_si256(n, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), m16));
+                            const __m256i h5 = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
+                            n = _mm256_or_si256(n, _mm256_and_si256(h5, m16));
                         }
 #pragma GCC unroll 4
                         for (int t = 0; t < NT; t++) {
@@ -446,8 +424,6 @@ TILES(q6k, tile_q6_k)
 TILES(q5k, tile_q5_k)
 TILES(q3k, tile_q3_k)
 
-typedef void (*tile_fn)(const tile_args *);
-
 /* ---- prefill: each group unpacked once, then every token of the call ----
  *
  * With many tokens the tiles above unpack every weight vector again for each 4 tokens and broadcast every
@@ -512,92 +488,66 @@ static void unpack_q6k(const uint8_t *g, int nu, uint8_t *dst) {
     }
 }
 
-/* The arguments of one lean tile: G groups (scratch and, for Q4_K's mins, the interleaved group) x NT tokens */
-typedef struct {
-    const uint8_t *s[2], *g[2];
-    int nu;
-    const uint8_t *xa;
-    size_t xs;
-    const int32_t *xp;  /* Q6_K: half sums, as tile_args */
-    float *o;           /* out for the first token and the first group's first row */
-    size_t ldo;
-    int nvalid[2];
-} lean_args;
-
-#define LEAN_TOKENS(L, NT)                                                                               \
-    const int8_t *xq[MAXNT];                                                                             \
-    const float *xd[MAXNT], *xs[MAXNT];                                                                  \
-    for (int t = 0; t < NT; t++) {                                                                       \
-        const bl_act_q8 a = bl_act_q8_view((L)->xa + (size_t)t * (L)->xs, nb * BL_QK);                    \
-        xq[t] = a.qs, xd[t] = a.d, xs[t] = a.s;                                                          \
-    }                                                                                                    \
-    (void)xs
-
-AI void lean_store(const int G, const int NT, const lean_args *L, __m256 acc[2][MAXNT]) {
-    for (int g = 0; g < G; g++)
-        for (int t = 0; t < NT; t++) store8(L->o + (size_t)t * L->ldo + 8 * g, acc[g][t], L->nvalid[g]);
-}
-
-AI void lean_q4_k(const int G, const int NT, const lean_args *L) {
-    const int nu = L->nu, nb = nu * 8;
-    LEAN_TOKENS(L, NT);
-    __m256 acc[2][MAXNT];
-    for (int g = 0; g < G; g++)
-        for (int t = 0; t < NT; t++) acc[g][t] = _mm256_setzero_ps();
+/* The lean tiles take tile_args too (g: the interleaved group, for Q4_K's mins; s: its unpacked scratch), for
+ * NG <= 2 groups x NT <= PNT tokens. */
+AI void lean_q4_k(const int NG, const int NT, const tile_args *A) {
+    const int nu = A->nu, nb = nu * 8;
+    TOKENS(A, NG, NT);
     for (int u = 0; u < nu; u++) {
-        const uint8_t *su[2] = {L->s[0] + (size_t)u * Q4K_UNIT_SCRATCH, L->s[G - 1] + (size_t)u * Q4K_UNIT_SCRATCH};
-        __m256 pu[2][MAXNT];
-        for (int g = 0; g < G; g++)
+        const uint8_t *su[MAXNG];
+        __m256 pu[MAXNG][MAXNT];
+        for (int g = 0; g < NG; g++) {
+            su[g] = A[g].s + (size_t)u * Q4K_UNIT_SCRATCH;
             for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
+        }
 #pragma GCC unroll 1
         for (int j = 0; j < 8; j++) {
             const int b = 8 * u + j;
-            __m256i s[2][MAXNT];
-            for (int g = 0; g < G; g++)
+            __m256i s[MAXNG][MAXNT];
+            for (int g = 0; g < NG; g++)
                 for (int t = 0; t < NT; t++) s[g][t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
             for (int jj = 0; jj < 8; jj++) {
                 __m256i bx[MAXNT];
                 for (int t = 0; t < NT; t++) bx[t] = bcast32(xq[t] + (size_t)b * 32 + 4 * jj);
-                for (int g = 0; g < G; g++) {
+                for (int g = 0; g < NG; g++) {
                     const __m256i v = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 32 * (8 * j + jj)));
                     for (int t = 0; t < NT; t++) {
                         s[g][t] = _mm256_add_epi16(s[g][t], _mm256_maddubs_epi16(v, bx[t]));
                     }
                 }
             }
-            for (int g = 0; g < G; g++) {
+            for (int g = 0; g < NG; g++) {
                 const __m256i sc = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2048 + 32 * j));
                 for (int t = 0; t < NT; t++)
                     pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[g][t], sc)),
                                                _mm256_set1_ps(xd[t][b]), pu[g][t]);
             }
         }
-        for (int g = 0; g < G; g++) {
+        for (int g = 0; g < NG; g++) {
             const __m256 dw = _mm256_load_ps((const float *)(const void *)(su[g] + 2304));
             for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
         }
     }
-    for (int g = 0; g < G; g++) q4k_minus_mins(NT, L->g[g], nu, xs, acc[g]);
-    lean_store(G, NT, L, acc);
+    for (int g = 0; g < NG; g++) q4k_minus_mins(NT, A[g].g, nu, xs, acc[g]);
+    STORE(A, NG, NT);
 }
 
-AI void lean_q6_k(const int G, const int NT, const lean_args *L) {
-    const int nu = L->nu, nb = nu * 8;
-    LEAN_TOKENS(L, NT);
-    __m256 acc[2][MAXNT];
-    for (int g = 0; g < G; g++)
-        for (int t = 0; t < NT; t++) acc[g][t] = _mm256_setzero_ps();
+AI void lean_q6_k(const int NG, const int NT, const tile_args *A) {
+    const int nu = A->nu, nb = nu * 8;
+    TOKENS(A, NG, NT);
     for (int u = 0; u < nu; u++) {
-        const uint8_t *su[2] = {L->s[0] + (size_t)u * Q6K_UNIT_SCRATCH, L->s[G - 1] + (size_t)u * Q6K_UNIT_SCRATCH};
-        __m256 pu[2][MAXNT];
-        for (int g = 0; g < G; g++)
+        const uint8_t *su[MAXNG];
+        __m256 pu[MAXNG][MAXNT];
+        for (int g = 0; g < NG; g++) {
+            su[g] = A[g].s + (size_t)u * Q6K_UNIT_SCRATCH;
             for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
+        }
 #pragma GCC unroll 1
         for (int kb = 0; kb < 8; kb++) {
             const int b = 8 * u + kb;
-            __m256i i32[2][MAXNT];
-            for (int g = 0; g < G; g++)
+            __m256i i32[MAXNG][MAXNT];
+            for (int g = 0; g < NG; g++)
                 for (int t = 0; t < NT; t++) i32[g][t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
             for (int pr = 0; pr < 4; pr++) {  /* granules 2 pr, 2 pr + 1 (half pr / 2) */
@@ -606,7 +556,7 @@ AI void lean_q6_k(const int G, const int NT, const lean_args *L) {
                     b0[t] = bcast32(xq[t] + (size_t)b * 32 + 8 * pr);
                     b1[t] = bcast32(xq[t] + (size_t)b * 32 + 8 * pr + 4);
                 }
-                for (int g = 0; g < G; g++) {
+                for (int g = 0; g < NG; g++) {
                     const __m256i *v = (const __m256i *)(const void *)(su[g] + 32 * (8 * kb + 2 * pr));
                     const __m256i v0 = _mm256_load_si256(v), v1 = _mm256_load_si256(v + 1);
                     const __m256i sc = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2048 + 64 * kb +
@@ -618,40 +568,36 @@ AI void lean_q6_k(const int G, const int NT, const lean_args *L) {
                     }
                 }
             }
-            for (int g = 0; g < G; g++) {
+            for (int g = 0; g < NG; g++) {
                 const __m256i sab = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2560 + 32 * kb));
                 for (int t = 0; t < NT; t++) {
-                    const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(L->xp[(size_t)t * nb + b]));
+                    const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
                     const __m256i i = _mm256_sub_epi32(i32[g][t], _mm256_slli_epi32(corr, 5));
                     pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[g][t]);
                 }
             }
         }
-        for (int g = 0; g < G; g++) {
+        for (int g = 0; g < NG; g++) {
             const __m256 dw = _mm256_load_ps((const float *)(const void *)(su[g] + 2816));
             for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
         }
     }
-    lean_store(G, NT, L, acc);
+    STORE(A, NG, NT);
 }
 
-typedef void (*lean_fn)(const lean_args *);
-#define LEAN_FN(name, lean, G, NT)                                                                       \
-    static void name(const lean_args *L) { lean(G, NT, L); }
-LEAN_FN(lq4k_11, lean_q4_k, 1, 1)
-LEAN_FN(lq4k_12, lean_q4_k, 1, 2)
-LEAN_FN(lq4k_21, lean_q4_k, 2, 1)
-LEAN_FN(lq4k_22, lean_q4_k, 2, 2)
-LEAN_FN(lq6k_11, lean_q6_k, 1, 1)
-LEAN_FN(lq6k_12, lean_q6_k, 1, 2)
-LEAN_FN(lq6k_21, lean_q6_k, 2, 1)
-LEAN_FN(lq6k_22, lean_q6_k, 2, 2)
+#define LEAN_TILES(name, lean)                                                                           \
+    static void name##_11(const tile_args *A) { lean(1, 1, A); }                                         \
+    static void name##_12(const tile_args *A) { lean(1, 2, A); }                                         \
+    static void name##_21(const tile_args *A) { lean(2, 1, A); }                                         \
+    static void name##_22(const tile_args *A) { lean(2, 2, A); }
+LEAN_TILES(lq4k, lean_q4_k)
+LEAN_TILES(lq6k, lean_q6_k)
 
-/* A type's prefill path: its unpacking, scratch bytes per unit, and lean tiles [G - 1][NT - 1]. */
+/* A type's prefill path: its unpacking, scratch bytes per unit, and lean tiles [NG - 1][NT - 1]. */
 typedef struct {
     void (*unpack)(const uint8_t *g, int nu, uint8_t *dst);
     size_t unit_scratch;
-    lean_fn fns[2][PNT];
+    tile_fn fns[MAXNG][PNT];
 } lean_path;
 
 static const lean_path LEAN_Q4K = {unpack_q4k, Q4K_UNIT_SCRATCH, {{lq4k_11, lq4k_12}, {lq4k_21, lq4k_22}}};
@@ -680,20 +626,20 @@ static int matmul_lean(const lean_path *P, const bl_matrix *w, const void *xq, i
     uint8_t *scratch = lean_buffer(2 * per_group);
     if (!scratch) return -1;
     for (int r = r0; r < r1; r += 16) {
-        const int G = r1 - r > 8 ? 2 : 1;
-        lean_args L = {{scratch, scratch + per_group}, {NULL, NULL}, nu, NULL, xb, NULL, NULL, ldo, {8, 8}};
-        for (int g = 0; g < G; g++) {
+        const int ng = r1 - r > 8 ? 2 : 1;
+        tile_args L[MAXNG];
+        for (int g = 0; g < ng; g++) {
             const int rg = r + 8 * g;
-            L.g[g] = (const uint8_t *)w->data + (size_t)(rg / 8) * gb;
-            L.nvalid[g] = r1 - rg < 8 ? r1 - rg : 8;
-            P->unpack(L.g[g], nu, scratch + (size_t)g * per_group);
+            L[g] = (tile_args){.g = (const uint8_t *)w->data + (size_t)(rg / 8) * gb, .nu = nu, .xs = xb, .ldo = ldo,
+                               .nvalid = r1 - rg < 8 ? r1 - rg : 8, .s = scratch + (size_t)g * per_group};
+            P->unpack(L[g].g, nu, scratch + (size_t)g * per_group);
         }
         for (int t = 0; t < T; t += PNT) {
             const int nt = T - t < PNT ? T - t : PNT;
-            L.xa = (const uint8_t *)xq + (size_t)t * xb;
-            L.xp = xp ? xp + (size_t)t * nb : NULL;
-            L.o = out + (size_t)t * ldo + r;
-            P->fns[G - 1][nt - 1](&L);
+            L[0].xa = (const uint8_t *)xq + (size_t)t * xb;
+            L[0].xp = xp ? xp + (size_t)t * nb : NULL;
+            for (int g = 0; g < ng; g++) L[g].o = out + (size_t)t * ldo + r + 8 * g;
+            P->fns[ng - 1][nt - 1](L);
         }
     }
     return 0;
@@ -717,38 +663,12 @@ static void half_sums(const void *xq, int T, size_t xb, int cols, int32_t *xp) {
     }
 }
 
-/* One token (decode): the groups of [r0, r1) walked as two streams, the first half's groups and the
- * second half's in step (a 2-group tile), and an odd group left over on its own. A core streaming weights
- * reads them faster from two places at once than from one: on Zen 3 a plain read of 2 or 3 far-apart
- * streams came 15-25% faster than of one, and Qwen2.5-Coder-1.5B's decode went from 83.5% to 97.5% of a
- * plain read of its weights at 1 thread (14.6 -> 17.7 tok/s) and from 85.5% to 90% at 2 (22.5 -> 23.1),
- * every one of 6 alternating rounds faster (lab:bench/decode_share.py); the 0.5B, mostly Q5_0, 30.3 -> 35.9
- * and 43.0 -> 48.6 tok/s. */
-static void two_streams(const tile_fn one, const tile_fn two, const tile_args *A0, const uint8_t *base, size_t gb,
-                        float *out, int r0, int r1, const uint8_t *end, size_t pf) {
-    const int ng = (r1 - r0 + 7) / 8, half = ng / 2;
-    tile_args P[2] = {*A0, *A0};
-    for (int i = 0; i < ng - half; i++) {
-        const int n = i < half ? 2 : 1; /* the last, when ng is odd, alone */
-        for (int k = 0; k < n; k++) {
-            const int r = r0 + 8 * (i + k * (ng - half));
-            P[k].g = base + (size_t)(r / 8) * gb;
-            P[k].o = out + r;
-            P[k].nvalid = r1 - r < 8 ? r1 - r : 8;
-            P[k].pf = pf && (size_t)(end - P[k].g) >= pf + gb ? P[k].g + pf : NULL;
-        }
-        if (n == 2) two(P);
-        else one(P);
-    }
-}
-
 /* fns: the type's tiles for 1..MAXNT tokens; two: its 2-group tile for one token (NULL: none); half:
  * whether they take the activations' half sums (xp) */
 static void matmul_kq(const tile_fn *fns, const tile_fn two, const int half, const lean_path *lean,
                       const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
-    const bl_type_traits *tr = bl_traits(w->type);
     const int type = w->type, cols = w->cols, nb = cols / BL_QK;
-    const size_t gb = bl_i8_group_bytes(type, cols), rb = bl_row_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
+    const size_t gb = bl_i8_group_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
     const int rows_layout = w->layout == BL_LAYOUT_ROWS;
     int32_t xp_stack[1024];
     int32_t *xp = NULL;
@@ -765,42 +685,8 @@ static void matmul_kq(const tile_fn *fns, const tile_fn two, const int half, con
         return;
     }
     if (xp) half_sums(xq, T, xb, cols, xp);
-    if (lean && !rows_layout && T >= PREFILL_MIN_T && matmul_lean(lean, w, xq, T, xp, out, ldo, r0, r1) == 0) {
-        if (xp != xp_stack) free(xp);
-        free(scratch);
-        return;
-    }
-    tile_args A = {NULL, cols / tr->block_size, NULL, xb, NULL, NULL, ldo, 8, NULL, 0};
-    A.pfs = (gb + (size_t)A.nu - 1) / (size_t)A.nu;
-    const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
-    const bl_prefetch_rule rule = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0];
-    const size_t pf = rule.hint == BL_PF_NONE ? 0 : (size_t)rule.bytes;
-    if (two && T == 1 && !rows_layout) {
-        A.xa = xq;
-        A.xp = xp;
-        two_streams(fns[0], two, &A, w->data, gb, out, r0, r1, end, pf);
-        if (xp != xp_stack) free(xp);
-        return;
-    }
-    for (int r = r0; r < r1; r += 8) {
-        A.nvalid = r1 - r < 8 ? r1 - r : 8;
-        if (rows_layout) {
-            const uint8_t *p[8];
-            for (int l = 0; l < 8; l++) p[l] = l < A.nvalid ? (const uint8_t *)w->data + (size_t)(r + l) * rb : NULL;
-            tr->pack8(cols, p, scratch);
-            A.g = scratch;
-        } else {
-            A.g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
-        }
-        for (int t = 0; t < T; t += MAXNT) {
-            const int nt = T - t < MAXNT ? T - t : MAXNT;
-            A.xa = (const uint8_t *)xq + (size_t)t * xb;
-            A.xp = xp ? xp + (size_t)t * nb : NULL;
-            A.o = out + (size_t)t * ldo + r;
-            A.pf = pf && !rows_layout && t == 0 && (size_t)(end - A.g) >= pf + gb ? A.g + pf : NULL;
-            fns[nt - 1](&A);
-        }
-    }
+    if (!lean || rows_layout || T < PREFILL_MIN_T || matmul_lean(lean, w, xq, T, xp, out, ldo, r0, r1) != 0)
+        run_tiles(fns, MAXNT, two, BL_PF_KQUANTS, w, xq, T, xp, out, ldo, r0, r1, scratch);
     if (xp != xp_stack) free(xp);
     free(scratch);
 }
