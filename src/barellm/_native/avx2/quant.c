@@ -247,7 +247,7 @@ AI void tile_q8(const int x2, const int NT, const tile_args *A) {
 #define UPTO3(X, k) X(k, 1) X(k, 2) X(k, 3)
 #define UPTO4(X, k) UPTO3(X, k) X(k, 4)
 #define UPTO8(X, k) UPTO4(X, k) X(k, 5) X(k, 6) X(k, 7) X(k, 8)
-#define TILE(k, NT) static void k##_##NT(const tile_args *A) { k(NT, A); }
+#define TILE(k, NT) static void k##_##NT(tile_args *A) { k(NT, A); }
 #define ENTRY(k, NT) k##_##NT,
 #define TILES(k, UPTO) UPTO(TILE, k) static const tile_fn k##_tiles[] = {UPTO(ENTRY, k)};
 AI void q40(const int NT, const tile_args *A) { tile_q4(BL_Q4_0, 0, NT, A); }
@@ -332,10 +332,10 @@ AI void tile_q4_g2(const int type, const int x2, const tile_args *A) {
     store8(o2, type == BL_Q4_1 ? _mm256_add_ps(acc2, accm2) : acc2, nvalid2);
 }
 
-static void q40_g2(const tile_args *A) { tile_q4_g2(BL_Q4_0, 0, A); }
-static void q41_g2(const tile_args *A) { tile_q4_g2(BL_Q4_1, 0, A); }
-static void q40x2_g2(const tile_args *A) { tile_q4_g2(BL_Q4_0, 1, A); }
-static void q41x2_g2(const tile_args *A) { tile_q4_g2(BL_Q4_1, 1, A); }
+static void q40_g2(tile_args *A) { tile_q4_g2(BL_Q4_0, 0, A); }
+static void q41_g2(tile_args *A) { tile_q4_g2(BL_Q4_1, 0, A); }
+static void q40x2_g2(tile_args *A) { tile_q4_g2(BL_Q4_0, 1, A); }
+static void q41x2_g2(tile_args *A) { tile_q4_g2(BL_Q4_1, 1, A); }
 
 /* Q8_0 decode over two groups of 8 rows from two streams (as tile_q4_g2). x2: Q8X2 activations. Same float
  * work per output as tile_q8. */
@@ -382,8 +382,8 @@ AI void tile_q8_g2(const int x2, const tile_args *A) {
     store8(o2, acc2, nvalid2);
 }
 
-static void q80_g2(const tile_args *A) { tile_q8_g2(0, A); }
-static void q80x2_g2(const tile_args *A) { tile_q8_g2(1, A); }
+static void q80_g2(tile_args *A) { tile_q8_g2(0, A); }
+static void q80x2_g2(tile_args *A) { tile_q8_g2(1, A); }
 
 /* the matmul of one type (a constant: each caller below is its own specialization) */
 AI void matmul_i8(const int type, BL_MM_ARGS) {

@@ -411,11 +411,11 @@ AI void tile_q3_k(const int NG, const int NT, const tile_args *A) {
 }
 
 #define TILES(name, tile)                                                                                \
-    static void name##_1(const tile_args *A) { tile(1, 1, A); }                                          \
-    static void name##_2(const tile_args *A) { tile(1, 2, A); }                                          \
-    static void name##_3(const tile_args *A) { tile(1, 3, A); }                                          \
-    static void name##_4(const tile_args *A) { tile(1, 4, A); }                                          \
-    static void name##_g2(const tile_args *A) { tile(2, 1, A); }
+    static void name##_1(tile_args *A) { tile(1, 1, A); }                                          \
+    static void name##_2(tile_args *A) { tile(1, 2, A); }                                          \
+    static void name##_3(tile_args *A) { tile(1, 3, A); }                                          \
+    static void name##_4(tile_args *A) { tile(1, 4, A); }                                          \
+    static void name##_g2(tile_args *A) { tile(2, 1, A); }
 AI void tile_q4_k(const int NG, const int NT, const tile_args *A) { tile_q45_k(NG, NT, 0, A); }
 AI void tile_q5_k(const int NG, const int NT, const tile_args *A) { tile_q45_k(NG, NT, 1, A); }
 TILES(q50, tile_q5_0)
@@ -586,10 +586,10 @@ AI void lean_q6_k(const int NG, const int NT, const tile_args *A) {
 }
 
 #define LEAN_TILES(name, lean)                                                                           \
-    static void name##_11(const tile_args *A) { lean(1, 1, A); }                                         \
-    static void name##_12(const tile_args *A) { lean(1, 2, A); }                                         \
-    static void name##_21(const tile_args *A) { lean(2, 1, A); }                                         \
-    static void name##_22(const tile_args *A) { lean(2, 2, A); }
+    static void name##_11(tile_args *A) { lean(1, 1, A); }                                         \
+    static void name##_12(tile_args *A) { lean(1, 2, A); }                                         \
+    static void name##_21(tile_args *A) { lean(2, 1, A); }                                         \
+    static void name##_22(tile_args *A) { lean(2, 2, A); }
 LEAN_TILES(lq4k, lean_q4_k)
 LEAN_TILES(lq6k, lean_q6_k)
 

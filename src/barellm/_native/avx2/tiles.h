@@ -27,24 +27,34 @@ typedef struct {
     int nvalid;         /* rows of the 8 to store */
     const uint8_t *pf;  /* software prefetch: unit u fetches up to pf + (u + 1) * pfs; NULL: none */
     size_t pfs;
+    size_t pdone;       /* bytes of that span prefetched, for tiles that keep the count here (avx512/decode_kq.c:
+                           kept in a register, its Q5_K tile's count cost it 40 more vector spills) */
     const uint8_t *s;   /* avx2/quant_kq.c's lean tiles: the group unpacked */
 } tile_args;
 
-typedef void (*tile_fn)(const tile_args *A);
+typedef void (*tile_fn)(tile_args *A);
 
 /* the calling thread's prefetch hint for a family of tiles (enum bl_prefetch_hint) */
 static inline __attribute__((always_inline)) int prefetch_hint(const int family) {
     return bl_prefetch_rules[family][bl_shared_stream != 0].hint;
 }
 
-/* K-quant tiles: prefetches the lines of [pf + *done, pf + the end of part i of n of unit u's span) and moves
- * *done past them: spread over a unit's loop, a few lines at a time, each line once. */
-static inline __attribute__((always_inline)) void prefetch_part(const tile_args *A, size_t *done, int u, int i,
-                                                                int n) {
+/* K-quant tiles: prefetches the lines of [pf + *done, pf + end) and moves *done past them: spread over a unit's
+ * loop, a few lines at a time, each line once. */
+static inline __attribute__((always_inline)) void prefetch_until(const tile_args *A, size_t *done, size_t end) {
     if (!A->pf) return;
-    const size_t end = (size_t)u * A->pfs + (size_t)(i + 1) * A->pfs / (size_t)n;
     const int hint = prefetch_hint(BL_PF_KQUANTS);
     for (; *done < end; *done += 64) bl_prefetch_line(A->pf + *done, hint);
+}
+
+/* the end of part i of n of unit u's span */
+static inline __attribute__((always_inline)) size_t prefetch_end(const size_t pfs, int u, int i, int n) {
+    return (size_t)u * pfs + (size_t)(i + 1) * pfs / (size_t)n;
+}
+
+static inline __attribute__((always_inline)) void prefetch_part(const tile_args *A, size_t *done, int u, int i,
+                                                                int n) {
+    prefetch_until(A, done, prefetch_end(A->pfs, u, i, n));
 }
 
 /* group g's prefetch base: pf bytes ahead, if the whole group there is still the call's */
@@ -72,6 +82,7 @@ static inline void two_streams(const tile_fn one, const tile_fn two, const tile_
             P[k].o = out + r;
             P[k].nvalid = r1 - r < 8 ? r1 - r : 8;
             P[k].pf = prefetch_base(P[k].g, end, pf, gb);
+            P[k].pdone = 0;
         }
         if (n == 2) two(P);
         else one(P);
