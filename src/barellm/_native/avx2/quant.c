@@ -147,7 +147,12 @@ void bl_act_q8x2_avx2(const float *x, int cols, uint8_t *row, int b0, int b1) {
     __m256i s##t, sl##t;                                                                                 \
     (void)accm##t; (void)sl##t
 
-#define ACT_PTRS_ALL                                                                                     \
+/* a tile's arguments, and its tokens' pointers and accumulators */
+#define TILE_VARS(A)                                                                                     \
+    const uint8_t *g = (A)->g, *xa = (A)->xa, *pf = (A)->pf;                                             \
+    const int nb = (A)->nu, nvalid = (A)->nvalid;                                                        \
+    const size_t xs = (A)->xs, ldo = (A)->ldo, pfs = (A)->pfs;                                           \
+    float *o = (A)->o;                                                                                   \
     ACT_PTRS(0);                                                                                         \
     ACT_PTRS(1);                                                                                         \
     ACT_PTRS(2);                                                                                         \
@@ -158,14 +163,10 @@ void bl_act_q8x2_avx2(const float *x, int cols, uint8_t *row, int b0, int b1) {
     ACT_PTRS(7)
 
 AI void tile_q4(const int type, const int x2, const int NT, const tile_args *A) {
-    const uint8_t *g = A->g, *xa = A->xa, *pf = A->pf;
-    const int nb = A->nu, nvalid = A->nvalid;
-    const size_t xs = A->xs, ldo = A->ldo, pfs = A->pfs;
-    float *o = A->o;
+    TILE_VARS(A);
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const __m256i khi = x2 ? _mm256_set1_epi16(254) : ones; /* the weight of the (hi) plane */
     const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
-    ACT_PTRS_ALL;
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 128;
         const size_t xo = (size_t)b * 32;
@@ -210,13 +211,9 @@ AI void tile_q4(const int type, const int x2, const int NT, const tile_args *A) 
 }
 
 AI void tile_q8(const int x2, const int NT, const tile_args *A) {
-    const uint8_t *g = A->g, *xa = A->xa, *pf = A->pf;
-    const int nb = A->nu, nvalid = A->nvalid;
-    const size_t xs = A->xs, ldo = A->ldo, pfs = A->pfs;
-    float *o = A->o;
+    TILE_VARS(A);
     const __m256i ones = _mm256_set1_epi16(1), khi = x2 ? _mm256_set1_epi16(254) : ones;
     const uint8_t *dp = g + (size_t)nb * 256;
-    ACT_PTRS_ALL;
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 256;
         const size_t xo = (size_t)b * 32;
@@ -263,6 +260,18 @@ TILES(q40x2, UPTO3)
 TILES(q41x2, UPTO3)
 TILES(q80x2, UPTO3)
 
+/* tile_q4_g2's int16 sums of one activation plane x over vector j (lo, hi: its nibbles; 2: the second group's) */
+AI void q4_g2_plane(const __m256i lo, const __m256i hi, const __m256i lo2, const __m256i hi2, const int8_t *x,
+                    const int j, __m256i *s, __m256i *s2) {
+    const __m256i xl = bcast32(x + 4 * j), xh = bcast32(x + 16 + 4 * j);
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
+    const __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo2, xl), _mm256_maddubs_epi16(hi2, xh));
+    *s = j ? _mm256_add_epi16(*s, p) : p;
+    *s2 = j ? _mm256_add_epi16(*s2, p2) : p2;
+    PIN(*s);
+    PIN(*s2);
+}
+
 /* Decode (one token) over two groups of 8 rows, g and g2, from two streams (two_streams in avx2/tiles.h: the
  * first is a whole group): each activation broadcast serves both. Same float work per output as tile_q4. */
 AI void tile_q4_g2(const int type, const int x2, const tile_args *A) {
@@ -290,22 +299,8 @@ AI void tile_q4_g2(const int type, const int x2, const tile_args *A) {
             const __m256i v2 = _mm256_loadu_si256((const __m256i *)(q2 + 32 * j));
             const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             const __m256i lo2 = _mm256_and_si256(v2, m4), hi2 = _mm256_and_si256(_mm256_srli_epi16(v2, 4), m4);
-            const __m256i hl = bcast32(h + 4 * j), hh = bcast32(h + 16 + 4 * j);
-            const __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, hl), _mm256_maddubs_epi16(hi, hh));
-            const __m256i ph2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo2, hl), _mm256_maddubs_epi16(hi2, hh));
-            sh = j ? _mm256_add_epi16(sh, ph) : ph;
-            sh2 = j ? _mm256_add_epi16(sh2, ph2) : ph2;
-            PIN(sh);
-            PIN(sh2);
-            if (x2) {
-                const __m256i ll = bcast32(l + 4 * j), lh = bcast32(l + 16 + 4 * j);
-                const __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ll), _mm256_maddubs_epi16(hi, lh));
-                const __m256i pl2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo2, ll), _mm256_maddubs_epi16(hi2, lh));
-                sl = j ? _mm256_add_epi16(sl, pl) : pl;
-                sl2 = j ? _mm256_add_epi16(sl2, pl2) : pl2;
-                PIN(sl);
-                PIN(sl2);
-            }
+            q4_g2_plane(lo, hi, lo2, hi2, h, j, &sh, &sh2);
+            if (x2) q4_g2_plane(lo, hi, lo2, hi2, l, j, &sl, &sl2);
         }
         __m256i i = _mm256_madd_epi16(sh, khi), i2 = _mm256_madd_epi16(sh2, khi);
         if (x2) {

@@ -65,6 +65,45 @@ AI __m256i load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(
     for (int g = 0; g < NG; g++)                                                                         \
         for (int t = 0; t < NT; t++) store8((A)[g].o + (size_t)t * (A)[g].ldo, acc[g][t], (A)[g].nvalid)
 
+/* The start of unit u: where it is in each group (U bytes a unit; lean: in the group's scratch), and pu = 0 */
+AI void unit_start(const int NG, const int NT, const tile_args *A, const int lean, const size_t U, const int u,
+                   const uint8_t *p[MAXNG], __m256 pu[MAXNG][MAXNT]) {
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++) {
+        p[g] = (lean ? A[g].s : A[g].g) + (size_t)u * U;
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
+    }
+}
+
+/* The end of a unit: acc = fma(pu, d, acc), d the unit's 8 rows' scales at p[g] + off (f16 in a group, f32 in a
+ * lean tile's scratch) */
+AI void unit_end(const int NG, const int NT, const uint8_t *const p[MAXNG], const size_t off, const int f16,
+                 __m256 pu[MAXNG][MAXNT], __m256 acc[MAXNG][MAXNT]) {
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++) {
+        const __m256 dw = f16 ? f16x8(p[g] + off) : _mm256_load_ps((const float *)(const void *)(p[g] + off));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
+    }
+}
+
+/* Q6_K's and Q3_K's block b into pu: its integer i32 less the offset's share 2^sh * (sa * sum(qx[0:16]) + sb *
+ * sum(qx[16:32])) (sab: each row's two half scales as an int16 pair; A->xp: the half sums), converted once */
+AI void q36k_block_end(const int NG, const int NT, const tile_args *A, const int b, const int sh,
+                       const __m256i sab[MAXNG], __m256i i32[MAXNG][MAXNT], const float *const xd[MAXNT],
+                       __m256 pu[MAXNG][MAXNT]) {
+    const int nb = A->nu * 8;
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const __m256i corr = _mm256_madd_epi16(sab[g], _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
+            const __m256i i = _mm256_sub_epi32(i32[g][t], _mm256_slli_epi32(corr, sh));
+            pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[g][t]);
+        }
+}
+
 /* ---- Q5_0 ---- */
 
 AI void tile_q5_0(const int NG, const int NT, const tile_args *A) {
@@ -183,13 +222,9 @@ AI void tile_q45_k(const int NG, const int NT, const int five, const tile_args *
         /* kept in memory, not in registers, across the loop below */
         __m256i scj[MAXNG][8];
         __m256 pu[MAXNG][MAXNT];
+        unit_start(NG, NT, A, 0, U, u, gu, pu);
 #pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) {
-            gu[g] = A[g].g + (size_t)u * U;
-            q4k_scale_pairs(gu[g] + SO, scj[g]);
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
-        }
+        for (int g = 0; g < NG; g++) q4k_scale_pairs(gu[g] + SO, scj[g]);
 #pragma GCC unroll 1
         for (int c = 0; c < 4; c++) {
 #pragma GCC unroll 2
@@ -231,12 +266,7 @@ AI void tile_q45_k(const int NG, const int NT, const int five, const tile_args *
                     }
             }
         }
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) {
-            const __m256 dw = f16x8(gu[g] + DO);
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
-        }
+        unit_end(NG, NT, gu, DO, 1, pu, acc);
     }
     /* accm: the mins chain, a pass of its own (fewer live registers; the group is in cache by now) */
 #pragma GCC unroll 2
@@ -254,12 +284,7 @@ AI void tile_q6_k(const int NG, const int NT, const tile_args *A) {
     for (int u = 0; u < nu; u++) {
         const uint8_t *gu[MAXNG];
         __m256 pu[MAXNG][MAXNT];
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) {
-            gu[g] = A[g].g + (size_t)u * U;
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
-        }
+        unit_start(NG, NT, A, 0, U, u, gu, pu);
 #pragma GCC unroll 1
         for (int k2 = 0; k2 < 4; k2++) {
             /* scales 2 kb and 2 kb + 1 of blocks kb = 2 k2, 2 k2 + 1: bytes 0-3 of the lanes of SV */
@@ -297,24 +322,14 @@ AI void tile_q6_k(const int NG, const int NT, const tile_args *A) {
                         }
                     }
                 }
+                __m256i sab[MAXNG];
 #pragma GCC unroll 2
-                for (int g = 0; g < NG; g++) {
-                    const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g], pick(-128, o, -128, o + 1)), 8);
-#pragma GCC unroll 4
-                    for (int t = 0; t < NT; t++) {
-                        const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
-                        const __m256i i = _mm256_sub_epi32(i32[g][t], _mm256_slli_epi32(corr, 5));
-                        pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[g][t]);
-                    }
-                }
+                for (int g = 0; g < NG; g++)
+                    sab[g] = _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g], pick(-128, o, -128, o + 1)), 8);
+                q36k_block_end(NG, NT, A, b, 5, sab, i32, xd, pu);
             }
         }
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) {
-            const __m256 dw = f16x8(gu[g] + 1664);
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
-        }
+        unit_end(NG, NT, gu, 1664, 1, pu, acc);
     }
     STORE(A, NG, NT);
 }
@@ -343,13 +358,9 @@ AI void tile_q3_k(const int NG, const int NT, const tile_args *A) {
         const uint8_t *gu[MAXNG];
         __m256i SV[MAXNG][4];
         __m256 pu[MAXNG][MAXNT];
+        unit_start(NG, NT, A, 0, U, u, gu, pu);
 #pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) {
-            gu[g] = A[g].g + (size_t)u * U;
-            q3k_scales8(gu[g] + 768, SV[g]);
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
-        }
+        for (int g = 0; g < NG; g++) q3k_scales8(gu[g] + 768, SV[g]);
 #pragma GCC unroll 1
         for (int kb = 0; kb < 8; kb++) {
             const int b = 8 * u + kb, h = kb / 4, k = kb % 4, o = 2 * (kb & 1);
@@ -389,23 +400,13 @@ AI void tile_q3_k(const int NG, const int NT, const tile_args *A) {
                     }
                 }
             }
+            __m256i sab[MAXNG];
 #pragma GCC unroll 2
-            for (int g = 0; g < NG; g++) {
-                const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g][kb / 2], pick(-128, o, -128, o + 1)), 8);
-#pragma GCC unroll 4
-                for (int t = 0; t < NT; t++) {
-                    const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
-                    const __m256i i = _mm256_sub_epi32(i32[g][t], _mm256_slli_epi32(corr, 2));
-                    pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[g][t]);
-                }
-            }
+            for (int g = 0; g < NG; g++)
+                sab[g] = _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g][kb / 2], pick(-128, o, -128, o + 1)), 8);
+            q36k_block_end(NG, NT, A, b, 2, sab, i32, xd, pu);
         }
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) {
-            const __m256 dw = f16x8(gu[g] + 864);
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
-        }
+        unit_end(NG, NT, gu, 864, 1, pu, acc);
     }
     STORE(A, NG, NT);
 }
@@ -488,110 +489,89 @@ static void unpack_q6k(const uint8_t *g, int nu, uint8_t *dst) {
     }
 }
 
-/* The lean tiles take tile_args too (g: the interleaved group, for Q4_K's mins; s: its unpacked scratch), for
- * NG <= 2 groups x NT <= PNT tokens. */
-AI void lean_q4_k(const int NG, const int NT, const tile_args *A) {
+/* Block j of a lean unit, Q4_K: sub-block j's dots, with its scale, into pu */
+AI void lean_q4k_block(const int NG, const int NT, const uint8_t *const su[MAXNG], const int j, const int b,
+                       const int8_t *const xq[MAXNT], const float *const xd[MAXNT], __m256 pu[MAXNG][MAXNT]) {
+    __m256i s[MAXNG][MAXNT];
+    for (int g = 0; g < NG; g++)
+        for (int t = 0; t < NT; t++) s[g][t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int jj = 0; jj < 8; jj++) {
+        __m256i bx[MAXNT];
+        for (int t = 0; t < NT; t++) bx[t] = bcast32(xq[t] + (size_t)b * 32 + 4 * jj);
+        for (int g = 0; g < NG; g++) {
+            const __m256i v = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 32 * (8 * j + jj)));
+            for (int t = 0; t < NT; t++) {
+                s[g][t] = _mm256_add_epi16(s[g][t], _mm256_maddubs_epi16(v, bx[t]));
+            }
+        }
+    }
+    for (int g = 0; g < NG; g++) {
+        const __m256i sc = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2048 + 32 * j));
+        for (int t = 0; t < NT; t++)
+            pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[g][t], sc)), _mm256_set1_ps(xd[t][b]),
+                                       pu[g][t]);
+    }
+}
+
+/* Block kb of a lean unit, Q6_K: both halves' dots with their scales, less the -32 offset's share, into pu */
+AI void lean_q6k_block(const int NG, const int NT, const tile_args *A, const uint8_t *const su[MAXNG], const int kb,
+                       const int b, const int8_t *const xq[MAXNT], const float *const xd[MAXNT],
+                       __m256 pu[MAXNG][MAXNT]) {
+    __m256i i32[MAXNG][MAXNT];
+    for (int g = 0; g < NG; g++)
+        for (int t = 0; t < NT; t++) i32[g][t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int pr = 0; pr < 4; pr++) {  /* granules 2 pr, 2 pr + 1 (half pr / 2) */
+        __m256i b0[MAXNT], b1[MAXNT];
+        for (int t = 0; t < NT; t++) {
+            b0[t] = bcast32(xq[t] + (size_t)b * 32 + 8 * pr);
+            b1[t] = bcast32(xq[t] + (size_t)b * 32 + 8 * pr + 4);
+        }
+        for (int g = 0; g < NG; g++) {
+            const __m256i *v = (const __m256i *)(const void *)(su[g] + 32 * (8 * kb + 2 * pr));
+            const __m256i v0 = _mm256_load_si256(v), v1 = _mm256_load_si256(v + 1);
+            const __m256i sc =
+                _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2048 + 64 * kb + 32 * (pr / 2)));
+            for (int t = 0; t < NT; t++) {
+                const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(v0, b0[t]), _mm256_maddubs_epi16(v1, b1[t]));
+                i32[g][t] = _mm256_add_epi32(i32[g][t], _mm256_madd_epi16(s, sc));
+            }
+        }
+    }
+    __m256i sab[MAXNG];
+    for (int g = 0; g < NG; g++) sab[g] = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2560 + 32 * kb));
+    q36k_block_end(NG, NT, A, b, 5, sab, i32, xd, pu);
+}
+
+/* The lean tile of Q4_K (six = 0) or Q6_K (six = 1): NG <= 2 groups x NT <= PNT tokens. It takes tile_args too
+ * (g: the interleaved group, for Q4_K's mins; s: its unpacked scratch). */
+AI void lean_tile(const int NG, const int NT, const int six, const tile_args *A) {
     const int nu = A->nu, nb = nu * 8;
     TOKENS(A, NG, NT);
     for (int u = 0; u < nu; u++) {
         const uint8_t *su[MAXNG];
         __m256 pu[MAXNG][MAXNT];
-        for (int g = 0; g < NG; g++) {
-            su[g] = A[g].s + (size_t)u * Q4K_UNIT_SCRATCH;
-            for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
-        }
+        unit_start(NG, NT, A, 1, six ? Q6K_UNIT_SCRATCH : Q4K_UNIT_SCRATCH, u, su, pu);
 #pragma GCC unroll 1
         for (int j = 0; j < 8; j++) {
-            const int b = 8 * u + j;
-            __m256i s[MAXNG][MAXNT];
-            for (int g = 0; g < NG; g++)
-                for (int t = 0; t < NT; t++) s[g][t] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-            for (int jj = 0; jj < 8; jj++) {
-                __m256i bx[MAXNT];
-                for (int t = 0; t < NT; t++) bx[t] = bcast32(xq[t] + (size_t)b * 32 + 4 * jj);
-                for (int g = 0; g < NG; g++) {
-                    const __m256i v = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 32 * (8 * j + jj)));
-                    for (int t = 0; t < NT; t++) {
-                        s[g][t] = _mm256_add_epi16(s[g][t], _mm256_maddubs_epi16(v, bx[t]));
-                    }
-                }
-            }
-            for (int g = 0; g < NG; g++) {
-                const __m256i sc = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2048 + 32 * j));
-                for (int t = 0; t < NT; t++)
-                    pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[g][t], sc)),
-                                               _mm256_set1_ps(xd[t][b]), pu[g][t]);
-            }
+            if (six) lean_q6k_block(NG, NT, A, su, j, 8 * u + j, xq, xd, pu);
+            else lean_q4k_block(NG, NT, su, j, 8 * u + j, xq, xd, pu);
         }
-        for (int g = 0; g < NG; g++) {
-            const __m256 dw = _mm256_load_ps((const float *)(const void *)(su[g] + 2304));
-            for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
-        }
+        unit_end(NG, NT, su, six ? 2816 : 2304, 0, pu, acc);
     }
-    for (int g = 0; g < NG; g++) q4k_minus_mins(NT, A[g].g, nu, xs, acc[g]);
+    if (!six)
+        for (int g = 0; g < NG; g++) q4k_minus_mins(NT, A[g].g, nu, xs, acc[g]);
     STORE(A, NG, NT);
 }
 
-AI void lean_q6_k(const int NG, const int NT, const tile_args *A) {
-    const int nu = A->nu, nb = nu * 8;
-    TOKENS(A, NG, NT);
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *su[MAXNG];
-        __m256 pu[MAXNG][MAXNT];
-        for (int g = 0; g < NG; g++) {
-            su[g] = A[g].s + (size_t)u * Q6K_UNIT_SCRATCH;
-            for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
-        }
-#pragma GCC unroll 1
-        for (int kb = 0; kb < 8; kb++) {
-            const int b = 8 * u + kb;
-            __m256i i32[MAXNG][MAXNT];
-            for (int g = 0; g < NG; g++)
-                for (int t = 0; t < NT; t++) i32[g][t] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-            for (int pr = 0; pr < 4; pr++) {  /* granules 2 pr, 2 pr + 1 (half pr / 2) */
-                __m256i b0[MAXNT], b1[MAXNT];
-                for (int t = 0; t < NT; t++) {
-                    b0[t] = bcast32(xq[t] + (size_t)b * 32 + 8 * pr);
-                    b1[t] = bcast32(xq[t] + (size_t)b * 32 + 8 * pr + 4);
-                }
-                for (int g = 0; g < NG; g++) {
-                    const __m256i *v = (const __m256i *)(const void *)(su[g] + 32 * (8 * kb + 2 * pr));
-                    const __m256i v0 = _mm256_load_si256(v), v1 = _mm256_load_si256(v + 1);
-                    const __m256i sc = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2048 + 64 * kb +
-                                                                                          32 * (pr / 2)));
-                    for (int t = 0; t < NT; t++) {
-                        const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(v0, b0[t]),
-                                                           _mm256_maddubs_epi16(v1, b1[t]));
-                        i32[g][t] = _mm256_add_epi32(i32[g][t], _mm256_madd_epi16(s, sc));
-                    }
-                }
-            }
-            for (int g = 0; g < NG; g++) {
-                const __m256i sab = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2560 + 32 * kb));
-                for (int t = 0; t < NT; t++) {
-                    const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
-                    const __m256i i = _mm256_sub_epi32(i32[g][t], _mm256_slli_epi32(corr, 5));
-                    pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[g][t]);
-                }
-            }
-        }
-        for (int g = 0; g < NG; g++) {
-            const __m256 dw = _mm256_load_ps((const float *)(const void *)(su[g] + 2816));
-            for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
-        }
-    }
-    STORE(A, NG, NT);
-}
-
-#define LEAN_TILES(name, lean)                                                                           \
-    static void name##_11(tile_args *A) { lean(1, 1, A); }                                         \
-    static void name##_12(tile_args *A) { lean(1, 2, A); }                                         \
-    static void name##_21(tile_args *A) { lean(2, 1, A); }                                         \
-    static void name##_22(tile_args *A) { lean(2, 2, A); }
-LEAN_TILES(lq4k, lean_q4_k)
-LEAN_TILES(lq6k, lean_q6_k)
+#define LEAN_TILES(name, six)                                                                            \
+    static void name##_11(tile_args *A) { lean_tile(1, 1, six, A); }                                     \
+    static void name##_12(tile_args *A) { lean_tile(1, 2, six, A); }                                     \
+    static void name##_21(tile_args *A) { lean_tile(2, 1, six, A); }                                     \
+    static void name##_22(tile_args *A) { lean_tile(2, 2, six, A); }
+LEAN_TILES(lq4k, 0)
+LEAN_TILES(lq6k, 1)
 
 /* A type's prefill path: its unpacking, scratch bytes per unit, and lean tiles [NG - 1][NT - 1]. */
 typedef struct {
