@@ -2,6 +2,7 @@
  * only ever ask the table: sizes, repacking both ways, row access, activation conversion, matmul dispatch.
  * Adding a weight type means adding its row here and its kernels to the tiers' tables (tier.h). */
 #include <limits.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -126,6 +127,18 @@ int bl_dequantize_row(const bl_matrix *w, int r, float *out) {
 }
 
 /* ---- activations and matmuls ---- */
+
+static _Thread_local uint8_t *scratch;
+static _Thread_local size_t scratch_bytes;
+
+uint8_t *bl_thread_scratch(size_t bytes) {
+    if (bytes > scratch_bytes) {
+        free(scratch);
+        scratch = aligned_alloc(64, bl_round_up(bytes, 64));
+        scratch_bytes = scratch ? bl_round_up(bytes, 64) : 0;
+    }
+    return scratch;
+}
 
 size_t bl_act_row_bytes(const bl_matrix *w, int cols) {
     const bl_type_traits *t = bl_traits(w->type);

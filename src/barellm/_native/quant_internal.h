@@ -141,6 +141,12 @@ static inline const uint8_t *bl_load_block(const bl_type_traits *t, const bl_mat
     return buf;
 }
 
+/* The scratch the calling thread's kernels unpack weights into, at least bytes long and 64-byte aligned (NULL:
+ * out of memory, and the kernel takes a path that needs none). One buffer per thread for every kernel (none
+ * calls another while it holds it), kept between calls: prefill's come one chunk after the other; grown when a
+ * wider matrix needs more. quant.c. */
+uint8_t *bl_thread_scratch(size_t bytes);
+
 /* The tiers' kernels their tables (tier.h) point at (scalar/, avx2/, avx512/). Activation rows: blocks [b0, b1) of one vector of cols values into the integer blocks
  * of its row (the row's own layout, so threads can share one row). Matmuls: as
  * bl_matmul, for the type in the name and the layout(s) the table gives them. */

@@ -583,27 +583,13 @@ typedef struct {
 static const lean_path LEAN_Q4K = {unpack_q4k, Q4K_UNIT_SCRATCH, {{lq4k_11, lq4k_12}, {lq4k_21, lq4k_22}}};
 static const lean_path LEAN_Q6K = {unpack_q6k, Q6K_UNIT_SCRATCH, {{lq6k_11, lq6k_12}, {lq6k_21, lq6k_22}}};
 
-/* The scratch a thread unpacks its groups into: kept between calls (prefill calls come one chunk after the
- * other), grown when a wider matrix needs more. */
-static _Thread_local uint8_t *lean_scratch;
-static _Thread_local size_t lean_scratch_bytes;
-
-static uint8_t *lean_buffer(size_t bytes) {
-    if (bytes > lean_scratch_bytes) {
-        free(lean_scratch);
-        lean_scratch = aligned_alloc(64, bl_round_up(bytes, 64));
-        lean_scratch_bytes = lean_scratch ? bl_round_up(bytes, 64) : 0;
-    }
-    return lean_scratch;
-}
-
 /* 0 when it ran; -1 when there was no memory for the scratch (the caller takes the tiles instead) */
 static int matmul_lean(const lean_path *P, const bl_matrix *w, const void *xq, int T, const int32_t *xp,
                        float *out, size_t ldo, int r0, int r1) {
     const int type = w->type, cols = w->cols, nb = cols / BL_QK, nu = cols / bl_traits(type)->block_size;
     const size_t gb = bl_i8_group_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
     const size_t per_group = (size_t)nu * P->unit_scratch;
-    uint8_t *scratch = lean_buffer(2 * per_group);
+    uint8_t *scratch = bl_thread_scratch(2 * per_group);
     if (!scratch) return -1;
     for (int r = r0; r < r1; r += 16) {
         const int ng = r1 - r > 8 ? 2 : 1;
