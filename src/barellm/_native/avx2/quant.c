@@ -77,10 +77,7 @@ void bl_act_q8_avx2(const float *x, int cols, uint8_t *row, int b0, int b1) {
         /* the sum of the stored (saturated) bytes */
         const int32_t sum = hsum_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p),
                                                          _mm256_set1_epi16(1)));
-        const float sf = d * (float)sum;
-        memcpy(row + (size_t)nb * 32 + (size_t)b * 4, &d, 4);
-        memcpy(row + (size_t)nb * 36 + (size_t)b * 4, &sf, 4);
-        memcpy(row + (size_t)nb * 40 + (size_t)b * 4, &sum, 4);
+        bl_act_put_block(row, nb, 32, b, d, sum);
     }
 }
 
@@ -105,11 +102,7 @@ void bl_act_q8x2_avx2(const float *x, int cols, uint8_t *row, int b0, int b1) {
         }
         _mm256_storeu_si256((__m256i *)(row + (size_t)b * 32), pack_i8(h[0], h[1], h[2], h[3]));
         _mm256_storeu_si256((__m256i *)(row + (size_t)(nb + b) * 32), pack_i8(l[0], l[1], l[2], l[3]));
-        const int32_t isum = hsum_epi32(sum);
-        const float sf = d * (float)isum;
-        memcpy(row + (size_t)nb * 64 + (size_t)b * 4, &d, 4);
-        memcpy(row + (size_t)nb * 68 + (size_t)b * 4, &sf, 4);
-        memcpy(row + (size_t)nb * 72 + (size_t)b * 4, &isum, 4);
+        bl_act_put_block(row, nb, 64, b, d, hsum_epi32(sum));
     }
 }
 
@@ -445,16 +438,17 @@ AI void rows8_quant(const int type, const int x2, const uint8_t *const *p, const
     store8(o, type == BL_Q4_1 ? _mm256_add_ps(acc, accm) : acc, nvalid);
 }
 
-#define ROWS8_FN(name, type, x2)                                                                         \
+/* a type's kernels for both activation types */
+#define ROWS8_FNS(name, type)                                                                            \
     static void name(const uint8_t *const *p, int nb, bl_act_q8 a, float *o, int n) {                    \
-        rows8_quant(type, x2, p, nb, a, o, n);                                                           \
+        rows8_quant(type, 0, p, nb, a, o, n);                                                            \
+    }                                                                                                    \
+    static void name##x2(const uint8_t *const *p, int nb, bl_act_q8 a, float *o, int n) {                \
+        rows8_quant(type, 1, p, nb, a, o, n);                                                            \
     }
-ROWS8_FN(rows8_q40, BL_Q4_0, 0)
-ROWS8_FN(rows8_q41, BL_Q4_1, 0)
-ROWS8_FN(rows8_q80, BL_Q8_0, 0)
-ROWS8_FN(rows8_q40x2, BL_Q4_0, 1)
-ROWS8_FN(rows8_q41x2, BL_Q4_1, 1)
-ROWS8_FN(rows8_q80x2, BL_Q8_0, 1)
+ROWS8_FNS(rows8_q40, BL_Q4_0)
+ROWS8_FNS(rows8_q41, BL_Q4_1)
+ROWS8_FNS(rows8_q80, BL_Q8_0)
 
 AI void matmul_rows_quant(const int type, const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0,
                           int r1) {
