@@ -357,12 +357,12 @@ static PyObject *py_sum_exp(PyObject *self, PyObject *args) {
 }
 
 PyMethodDef bl_sample_methods[] = {
-    {"logprobs", py_logprobs, METH_VARARGS,
-     "logprobs(logits, n, token, k) -> (logprob of token, [(id, logprob)] of the k best, best first)"},
-    {"argmax", py_argmax, METH_VARARGS, "argmax(logits, n, allowed=None): first index of the largest allowed value"},
-    {"top", py_top, METH_VARARGS, "top(logits, n, m, allowed=None): ids of the m largest, best first, ties by id"},
-    {"sum_exp", py_sum_exp, METH_VARARGS,
-     "sum_exp(logits, n, ref, scale, lo, allowed=None): sum of exp((x - ref) * scale) over allowed x >= lo"},
+    BL_METHOD(logprobs,
+        "logprobs(logits, n, token, k) -> (logprob of token, [(id, logprob)] of the k best, best first)"),
+    BL_METHOD(argmax, "argmax(logits, n, allowed=None): first index of the largest allowed value"),
+    BL_METHOD(top, "top(logits, n, m, allowed=None): ids of the m largest, best first, ties by id"),
+    BL_METHOD(sum_exp,
+        "sum_exp(logits, n, ref, scale, lo, allowed=None): sum of exp((x - ref) * scale) over allowed x >= lo"),
     {NULL, NULL, 0, NULL},
 };
 
