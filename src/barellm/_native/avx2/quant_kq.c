@@ -46,7 +46,7 @@ AI __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((cons
 
 AI __m256i load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
 
-/* A tile's per-token activation pointers, and its accumulators acc[group][token] */
+/* A tile's per-token activation pointers, its accumulators acc[group][token] and each group's prefetch progress */
 #define TOKENS(A, NG, NT)                                                                                \
     const int8_t *xq[MAXNT];                                                                             \
     const float *xd[MAXNT], *xs[MAXNT];                                                                  \
