@@ -501,41 +501,41 @@ done:
 }
 
 PyMethodDef bl_kernel_methods[] = {
-    {"type_info", py_type_info, METH_VARARGS,
-     "type_info(type) -> the traits table's row as a dict (name, block_size, block_bytes, acts, int_acts, layout,\n"
-     "layouts), or None for a type it does not know."},
-    {"row_bytes", py_row_bytes, METH_VARARGS, "row_bytes(type, cols) -> bytes of one GGUF row; 0 if unsupported."},
-    {"group_bytes", py_group_bytes, METH_VARARGS,
-     "group_bytes(type, layout, cols) -> bytes of one group of layout_rows(layout) rows; 0 if unsupported."},
-    {"layout_rows", py_layout_rows, METH_VARARGS, "layout_rows(layout) -> rows per group of the layout."},
-    {"repack_into", py_repack_into, METH_VARARGS, "repack_into(type, layout, rows, cols, src_rows, dst)"},
-    {"unrepack_into", py_unrepack_into, METH_VARARGS, "unrepack_into(type, layout, rows, cols, src, dst_rows)"},
-    {"dequantize_rows", py_dequantize_rows, METH_VARARGS,
-     "dequantize_rows(type, layout, rows, cols, w, out_f32, r0=0, r1=rows): rows [r0, r1) of W as float32."},
-    {"matrix_bytes", py_matrix_bytes, METH_VARARGS,
-     "matrix_bytes(type, layout, rows, cols) -> bytes of W[rows, cols] stored in that type and layout."},
-    {"act_row_bytes", py_act_row_bytes, METH_VARARGS,
-     "act_row_bytes(type, layout, cols, act=0) -> bytes of one activation vector converted for such weights\n"
-     "(act: 0 = 8-bit blocks, 1 = two 8-bit planes, for Q4_0 / Q4_1 / Q8_0)."},
-    {"act_supported", py_act_supported, METH_VARARGS,
-     "act_supported(type, act) -> whether the kernels for `type` take activations of type `act`."},
-    {"row_align", py_row_align, METH_VARARGS,
-     "row_align(type, layout) -> row ranges of a matmul must start at a multiple of this."},
-    {"repack", py_repack, METH_VARARGS,
-     "repack(type, layout, rows, cols, w_rows) -> bytearray: GGUF-ordered rows w_rows in `layout`."},
-    {"quantize_act", py_quantize_act, METH_VARARGS,
-     "quantize_act(type, layout, cols, x_f32[T, cols], act=0, piece=0) -> bytearray of T activation vectors; "
-     "piece > 0: each converted in ranges of that many blocks (bl_quantize_act_blocks)."},
+    BL_METHOD(type_info,
+        "type_info(type) -> the traits table's row as a dict (name, block_size, block_bytes, acts, int_acts, layout,\n"
+        "layouts), or None for a type it does not know."),
+    BL_METHOD(row_bytes, "row_bytes(type, cols) -> bytes of one GGUF row; 0 if unsupported."),
+    BL_METHOD(group_bytes,
+        "group_bytes(type, layout, cols) -> bytes of one group of layout_rows(layout) rows; 0 if unsupported."),
+    BL_METHOD(layout_rows, "layout_rows(layout) -> rows per group of the layout."),
+    BL_METHOD(repack_into, "repack_into(type, layout, rows, cols, src_rows, dst)"),
+    BL_METHOD(unrepack_into, "unrepack_into(type, layout, rows, cols, src, dst_rows)"),
+    BL_METHOD(dequantize_rows,
+        "dequantize_rows(type, layout, rows, cols, w, out_f32, r0=0, r1=rows): rows [r0, r1) of W as float32."),
+    BL_METHOD(matrix_bytes,
+        "matrix_bytes(type, layout, rows, cols) -> bytes of W[rows, cols] stored in that type and layout."),
+    BL_METHOD(act_row_bytes,
+        "act_row_bytes(type, layout, cols, act=0) -> bytes of one activation vector converted for such weights\n"
+        "(act: 0 = 8-bit blocks, 1 = two 8-bit planes, for Q4_0 / Q4_1 / Q8_0)."),
+    BL_METHOD(act_supported,
+        "act_supported(type, act) -> whether the kernels for `type` take activations of type `act`."),
+    BL_METHOD(row_align,
+        "row_align(type, layout) -> row ranges of a matmul must start at a multiple of this."),
+    BL_METHOD(repack,
+        "repack(type, layout, rows, cols, w_rows) -> bytearray: GGUF-ordered rows w_rows in `layout`."),
+    BL_METHOD(quantize_act,
+        "quantize_act(type, layout, cols, x_f32[T, cols], act=0, piece=0) -> bytearray of T activation vectors; "
+        "piece > 0: each converted in ranges of that many blocks (bl_quantize_act_blocks)."),
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
      "matmul(type, layout, rows, cols, w, x_f32[T, cols], r0=0, r1=rows, act=0) -> f32 memoryview [T, rows]\n"
      "(out[t, r] = sum_k W[r, k] x[t, k] for r in [r0, r1), zero elsewhere)."},
     {"matmul_q", (PyCFunction)(void (*)(void))py_matmul_q, METH_VARARGS | METH_KEYWORDS,
      "matmul_q(type, layout, rows, cols, w, xq, T, r0=0, r1=rows, act=0) -> f32 memoryview [T, rows], xq from "
      "quantize_act."},
-    {"dequantize_row", py_dequantize_row, METH_VARARGS,
-     "dequantize_row(type, layout, rows, cols, w, r) -> f32 memoryview [cols]: row r of W."},
-    {"bench_matmul", py_bench_matmul, METH_VARARGS,
-     "bench_matmul(type, layout, rows, cols, ws, x_f32[T, cols], iters, cpu=False, act=0) -> seconds per call\n"
-     "(cpu=True: this thread's CPU time rather than wall time)."},
+    BL_METHOD(dequantize_row,
+        "dequantize_row(type, layout, rows, cols, w, r) -> f32 memoryview [cols]: row r of W."),
+    BL_METHOD(bench_matmul,
+        "bench_matmul(type, layout, rows, cols, ws, x_f32[T, cols], iters, cpu=False, act=0) -> seconds per call\n"
+        "(cpu=True: this thread's CPU time rather than wall time)."),
     {NULL, NULL, 0, NULL},
 };

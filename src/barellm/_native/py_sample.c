@@ -140,6 +140,15 @@ static void release3(views3 *vs) {
     vs->nv = 0;
 }
 
+/* unless ao is None, the allowed-token mask of a row of n logits into *allowed, its view into vs; -1: an error */
+static int get_allowed(PyObject *ao, Py_ssize_t n, const uint32_t **allowed, views3 *vs) {
+    if (ao == Py_None) return 0;
+    *allowed = get_buf(ao, &vs->v[vs->nv], 0, (n + 31) / 32, 'I', "allowed");
+    if (!*allowed) return -1;
+    vs->nv++;
+    return 0;
+}
+
 static float *prepare(SamplerObject *s, PyObject *lo, PyObject *ho, Py_ssize_t start, Py_ssize_t end, PyObject *ao,
                       bl_sample_ctx *c, views3 *vs) {
     if (!s->scratch) {
@@ -167,12 +176,7 @@ static float *prepare(SamplerObject *s, PyObject *lo, PyObject *ho, Py_ssize_t s
         c->recent = h + start;
         c->n_recent = (int)(end - start);
     }
-    if (ao != Py_None) {
-        c->allowed = get_buf(ao, &vs->v[vs->nv], 0, (s->n + 31) / 32, 'I', "allowed");
-        if (!c->allowed) return NULL;
-        vs->nv++;
-    }
-    return x;
+    return get_allowed(ao, s->n, &c->allowed, vs) < 0 ? NULL : x;
 }
 
 static PyObject *sampler_sample(SamplerObject *s, PyObject *args, PyObject *kw) {
@@ -251,6 +255,20 @@ static PyTypeObject SamplerType = {
 
 /* ---- row kernels ---- */
 
+/* a row kernel's logits (n values) and allowed-token mask (ao None: none); their views into vs. fn: the kernel's
+ * name, for the error of an n out of range */
+static const float *row_views(const char *fn, PyObject *lo, Py_ssize_t n, PyObject *ao, const uint32_t **allowed,
+                              views3 *vs) {
+    if (n < 1 || n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: n must be positive", fn);
+        return NULL;
+    }
+    const float *x = get_buf(lo, &vs->v[vs->nv], 0, n, 'f', "logits");
+    if (!x) return NULL;
+    vs->nv++;
+    return get_allowed(ao, n, allowed, vs) < 0 ? NULL : x;
+}
+
 static PyObject *py_logprobs(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *lo;
@@ -289,22 +307,12 @@ static PyObject *py_argmax(PyObject *self, PyObject *args) {
     PyObject *lo, *ao = Py_None;
     Py_ssize_t n;
     if (!PyArg_ParseTuple(args, "On|O", &lo, &n, &ao)) return NULL;
-    if (n < 1 || n > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "argmax: n must be positive");
-        return NULL;
-    }
-    Py_buffer v, va;
-    const float *x = get_buf(lo, &v, 0, n, 'f', "logits");
-    if (!x) return NULL;
+    views3 vs = {.nv = 0};
     const uint32_t *allowed = NULL;
-    if (ao != Py_None && !(allowed = get_buf(ao, &va, 0, (n + 31) / 32, 'I', "allowed"))) {
-        PyBuffer_Release(&v);
-        return NULL;
-    }
-    int r = bl_argmax(x, (int)n, allowed);
-    PyBuffer_Release(&v);
-    if (allowed) PyBuffer_Release(&va);
-    return PyLong_FromLong(r);
+    const float *x = row_views("argmax", lo, n, ao, &allowed, &vs);
+    const int r = x ? bl_argmax(x, (int)n, allowed) : 0;
+    release3(&vs);
+    return x ? PyLong_FromLong(r) : NULL;
 }
 
 static PyObject *py_top(PyObject *self, PyObject *args) {
@@ -317,26 +325,20 @@ static PyObject *py_top(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "top: 1 <= m <= n");
         return NULL;
     }
-    Py_buffer v, va;
-    const float *x = get_buf(lo, &v, 0, n, 'f', "logits");
-    if (!x) return NULL;
+    views3 vs = {.nv = 0};
     const uint32_t *allowed = NULL;
-    if (ao != Py_None && !(allowed = get_buf(ao, &va, 0, (n + 31) / 32, 'I', "allowed"))) {
-        PyBuffer_Release(&v);
-        return NULL;
-    }
-    bl_cand *h = malloc(sizeof(bl_cand) * m);
+    const float *x = row_views("top", lo, n, ao, &allowed, &vs);
+    bl_cand *h = x ? malloc(sizeof(bl_cand) * m) : NULL;
     PyObject *res = NULL;
-    if (!h) {
+    if (x && !h) {
         PyErr_NoMemory();
-    } else {
+    } else if (x) {
         int k = bl_top(x, (int)n, allowed, m, h);
         res = PyList_New(k);
         for (int i = 0; res && i < k; i++) PyList_SET_ITEM(res, i, PyLong_FromLong(h[i].id));
     }
     free(h);
-    PyBuffer_Release(&v);
-    if (allowed) PyBuffer_Release(&va);
+    release3(&vs);
     return res;
 }
 
@@ -346,31 +348,21 @@ static PyObject *py_sum_exp(PyObject *self, PyObject *args) {
     Py_ssize_t n;
     float ref, scale, floor_;
     if (!PyArg_ParseTuple(args, "Onfff|O", &lo, &n, &ref, &scale, &floor_, &ao)) return NULL;
-    if (n < 1 || n > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "sum_exp: n must be positive");
-        return NULL;
-    }
-    Py_buffer v, va;
-    const float *x = get_buf(lo, &v, 0, n, 'f', "logits");
-    if (!x) return NULL;
+    views3 vs = {.nv = 0};
     const uint32_t *allowed = NULL;
-    if (ao != Py_None && !(allowed = get_buf(ao, &va, 0, (n + 31) / 32, 'I', "allowed"))) {
-        PyBuffer_Release(&v);
-        return NULL;
-    }
-    double s = bl_sum_exp(x, (int)n, allowed, ref, scale, floor_);
-    PyBuffer_Release(&v);
-    if (allowed) PyBuffer_Release(&va);
-    return PyFloat_FromDouble(s);
+    const float *x = row_views("sum_exp", lo, n, ao, &allowed, &vs);
+    const double s = x ? bl_sum_exp(x, (int)n, allowed, ref, scale, floor_) : 0.0;
+    release3(&vs);
+    return x ? PyFloat_FromDouble(s) : NULL;
 }
 
 PyMethodDef bl_sample_methods[] = {
-    {"logprobs", py_logprobs, METH_VARARGS,
-     "logprobs(logits, n, token, k) -> (logprob of token, [(id, logprob)] of the k best, best first)"},
-    {"argmax", py_argmax, METH_VARARGS, "argmax(logits, n, allowed=None): first index of the largest allowed value"},
-    {"top", py_top, METH_VARARGS, "top(logits, n, m, allowed=None): ids of the m largest, best first, ties by id"},
-    {"sum_exp", py_sum_exp, METH_VARARGS,
-     "sum_exp(logits, n, ref, scale, lo, allowed=None): sum of exp((x - ref) * scale) over allowed x >= lo"},
+    BL_METHOD(logprobs,
+        "logprobs(logits, n, token, k) -> (logprob of token, [(id, logprob)] of the k best, best first)"),
+    BL_METHOD(argmax, "argmax(logits, n, allowed=None): first index of the largest allowed value"),
+    BL_METHOD(top, "top(logits, n, m, allowed=None): ids of the m largest, best first, ties by id"),
+    BL_METHOD(sum_exp,
+        "sum_exp(logits, n, ref, scale, lo, allowed=None): sum of exp((x - ref) * scale) over allowed x >= lo"),
     {NULL, NULL, 0, NULL},
 };
 

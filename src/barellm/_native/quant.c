@@ -2,6 +2,7 @@
  * only ever ask the table: sizes, repacking both ways, row access, activation conversion, matmul dispatch.
  * Adding a weight type means adding its row here and its kernels to the tiers' tables (tier.h). */
 #include <limits.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -74,13 +75,19 @@ int bl_act_supported(int type, int act) {
 
 /* ---- repacking and row access ---- */
 
-int bl_repack(int type, int layout, int rows, int cols, const void *src, void *dst) {
+/* What repacking either way does before it looks at groups: -1 for a (type, layout) without them, 0 after
+ * copying rows to rows, 1 where the groups are the caller's to move */
+static int repack_start(int type, int layout, int rows, int cols, const void *src, void *dst) {
     const size_t bytes = bl_matrix_bytes(type, layout, rows, cols);
     if (bytes == 0) return -1;
-    if (layout == BL_LAYOUT_ROWS) {
-        memcpy(dst, src, bytes);
-        return 0;
-    }
+    if (layout != BL_LAYOUT_ROWS) return 1;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+int bl_repack(int type, int layout, int rows, int cols, const void *src, void *dst) {
+    const int start = repack_start(type, layout, rows, cols, src, dst);
+    if (start <= 0) return start;
     const bl_type_traits *t = bl_traits(type);
     const size_t rb = bl_row_bytes(type, cols), gb = bl_group_bytes(type, layout, cols);
     for (int r = 0; r < rows; r += 8) {
@@ -92,12 +99,8 @@ int bl_repack(int type, int layout, int rows, int cols, const void *src, void *d
 }
 
 int bl_unrepack(int type, int layout, int rows, int cols, const void *src, void *dst) {
-    const size_t bytes = bl_matrix_bytes(type, layout, rows, cols);
-    if (bytes == 0) return -1;
-    if (layout == BL_LAYOUT_ROWS) {
-        memcpy(dst, src, bytes);
-        return 0;
-    }
+    const int start = repack_start(type, layout, rows, cols, src, dst);
+    if (start <= 0) return start;
     const bl_type_traits *t = bl_traits(type);
     const bl_matrix w = {type, layout, rows, cols, src, BL_ACT_Q8};
     const int nb = cols / t->block_size;
@@ -126,6 +129,18 @@ int bl_dequantize_row(const bl_matrix *w, int r, float *out) {
 }
 
 /* ---- activations and matmuls ---- */
+
+static _Thread_local uint8_t *scratch;
+static _Thread_local size_t scratch_bytes;
+
+uint8_t *bl_thread_scratch(size_t bytes) {
+    if (bytes > scratch_bytes) {
+        free(scratch);
+        scratch = aligned_alloc(64, bl_round_up(bytes, 64));
+        scratch_bytes = scratch ? bl_round_up(bytes, 64) : 0;
+    }
+    return scratch;
+}
 
 size_t bl_act_row_bytes(const bl_matrix *w, int cols) {
     const bl_type_traits *t = bl_traits(w->type);

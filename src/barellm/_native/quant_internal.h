@@ -97,6 +97,15 @@ static inline bl_act_q8 bl_act_view(const void *row, int cols, int act) {
 
 static inline bl_act_q8 bl_act_q8_view(const void *row, int cols) { return bl_act_view(row, cols, BL_ACT_Q8); }
 
+/* Block b's d, s = d * sum and sum into an activation row of nb blocks of qb quant bytes (BL_ACT_Q8 32, BL_ACT_Q8X2
+ * 64): every tier's converter ends a block so. */
+static inline void bl_act_put_block(uint8_t *row, int nb, size_t qb, int b, float d, int32_t sum) {
+    const float s = d * (float)sum;
+    memcpy(row + (size_t)nb * qb + (size_t)b * 4, &d, 4);
+    memcpy(row + (size_t)nb * (qb + 4) + (size_t)b * 4, &s, 4);
+    memcpy(row + (size_t)nb * (qb + 8) + (size_t)b * 4, &sum, 4);
+}
+
 static inline uint16_t bl_rd16(const void *p) {
     uint16_t v;
     memcpy(&v, p, 2);
@@ -140,6 +149,12 @@ static inline const uint8_t *bl_load_block(const bl_type_traits *t, const bl_mat
                buf);
     return buf;
 }
+
+/* The scratch the calling thread's kernels unpack weights into, at least bytes long and 64-byte aligned (NULL:
+ * out of memory, and the kernel takes a path that needs none). One buffer per thread for every kernel (none
+ * calls another while it holds it), kept between calls: prefill's come one chunk after the other; grown when a
+ * wider matrix needs more. quant.c. */
+uint8_t *bl_thread_scratch(size_t bytes);
 
 /* The tiers' kernels their tables (tier.h) point at (scalar/, avx2/, avx512/). Activation rows: blocks [b0, b1) of one vector of cols values into the integer blocks
  * of its row (the row's own layout, so threads can share one row). Matmuls: as

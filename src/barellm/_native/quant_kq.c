@@ -134,23 +134,24 @@ void bl_unpack8_q5_0(const uint8_t *g, int cols, int l, int u, uint8_t *blk) {
     q5_unpack(P, blk);
 }
 
+/* Q4_K, or Q5_K (five: its qh between the scales and the nibbles) */
+static void unpack8_q45_k(const kq_fields8 F, const int five, const uint8_t *g, int l, int u, uint8_t *blk) {
+    const uint8_t *gu = g + (size_t)u * F.unit;
+    memcpy(blk, gu + F.d + 2 * l, 2);
+    memcpy(blk + 2, gu + F.d + 16 + 2 * l, 2);
+    get8(blk + 4, gu + F.sc, (size_t)l, 12);
+    if (five) get8(blk + 16, gu + F.qh, (size_t)l, 32);
+    get8(blk + (five ? 48 : 16), gu + F.q, (size_t)l, 128);
+}
+
 void bl_unpack8_q4_k(const uint8_t *g, int cols, int l, int u, uint8_t *blk) {
-    const uint8_t *gu = g + (size_t)u * KQ_Q4_K.unit;
     (void)cols;
-    memcpy(blk, gu + KQ_Q4_K.d + 2 * l, 2);
-    memcpy(blk + 2, gu + KQ_Q4_K.d + 16 + 2 * l, 2);
-    get8(blk + 4, gu + KQ_Q4_K.sc, (size_t)l, 12);
-    get8(blk + 16, gu + KQ_Q4_K.q, (size_t)l, 128);
+    unpack8_q45_k(KQ_Q4_K, 0, g, l, u, blk);
 }
 
 void bl_unpack8_q5_k(const uint8_t *g, int cols, int l, int u, uint8_t *blk) {
-    const uint8_t *gu = g + (size_t)u * KQ_Q5_K.unit;
     (void)cols;
-    memcpy(blk, gu + KQ_Q5_K.d + 2 * l, 2);
-    memcpy(blk + 2, gu + KQ_Q5_K.d + 16 + 2 * l, 2);
-    get8(blk + 4, gu + KQ_Q5_K.sc, (size_t)l, 12);
-    get8(blk + 16, gu + KQ_Q5_K.qh, (size_t)l, 32);
-    get8(blk + 48, gu + KQ_Q5_K.q, (size_t)l, 128);
+    unpack8_q45_k(KQ_Q5_K, 1, g, l, u, blk);
 }
 
 void bl_unpack8_q6_k(const uint8_t *g, int cols, int l, int u, uint8_t *blk) {
@@ -212,29 +213,15 @@ static void dequant_q45_k(const uint8_t *blk, float *o, int n, int q5) {
 void bl_dequant_q4_k(const uint8_t *blk, float *o, int n) { dequant_q45_k(blk, o, n, 0); }
 void bl_dequant_q5_k(const uint8_t *blk, float *o, int n) { dequant_q45_k(blk, o, n, 1); }
 
-void bl_dequant_q6_k(const uint8_t *blk, float *o, int n) {
-    for (int u = 0; u < n / BL_QK_K; u++, blk += 210, o += BL_QK_K) {
-        const float d = bl_f16_to_f32(bl_rd16(blk + 208));
-        for (int E = 0; E < 256; E++) {
-            const int h = E / 128, k = (E / 32) % 4, l = E % 32;
-            const uint8_t qb = blk[64 * h + 32 * (k & 1) + l];
-            const int q = (k < 2 ? qb & 15 : qb >> 4) | ((blk[128 + 32 * h + l] >> (2 * k)) & 3) << 4;
-            o[E] = d * (float)(int8_t)blk[192 + E / 16] * (float)(q - 32);
-        }
+/* Q6_K (six) and Q3_K: d * sc first, then times q (Q6_K's q - 32) */
+static void dequant_q36_k(const uint8_t *blk, float *o, int n, const int six) {
+    for (int u = 0; u < n / BL_QK_K; u++, blk += six ? 210 : 110, o += BL_QK_K) {
+        const float d = bl_f16_to_f32(bl_rd16(blk + (six ? 208 : 108)));
+        int8_t sc[16];
+        kq_q36k_scales(blk, six, sc);
+        for (int E = 0; E < 256; E++) o[E] = d * (float)sc[E / 16] * (float)kq_q36k_value(blk, E, six);
     }
 }
 
-/* Q3_K: dl = d * (sc - 32), then dl * q */
-void bl_dequant_q3_k(const uint8_t *blk, float *o, int n) {
-    for (int u = 0; u < n / BL_QK_K; u++, blk += 110, o += BL_QK_K) {
-        const float d = bl_f16_to_f32(bl_rd16(blk + 108));
-        int8_t sc[16];
-        kq_q3k_scales(blk + 96, sc);
-        for (int E = 0; E < 256; E++) {
-            const int h = E / 128, k = (E / 32) % 4, l = E % 32;
-            const int q = ((blk[32 + 32 * h + l] >> (2 * k)) & 3) - ((blk[l] >> (4 * h + k)) & 1 ? 0 : 4);
-            const float dl = d * (float)sc[E / 16];
-            o[E] = dl * (float)q;
-        }
-    }
-}
+void bl_dequant_q6_k(const uint8_t *blk, float *o, int n) { dequant_q36_k(blk, o, n, 1); }
+void bl_dequant_q3_k(const uint8_t *blk, float *o, int n) { dequant_q36_k(blk, o, n, 0); }

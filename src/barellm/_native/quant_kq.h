@@ -111,4 +111,17 @@ static inline void kq_q3k_scales(const uint8_t *s, int8_t sc[16]) {
     }
 }
 
+/* Q6_K (six) or Q3_K: value E's integer of a unit (Q6_K: q - 32; Q3_K: q = u - 4), and the unit's 16 scales */
+static inline int kq_q36k_value(const uint8_t *blk, int E, const int six) {
+    const int h = E / 128, k = (E / 32) % 4, l = E % 32;
+    if (!six) return ((blk[32 + 32 * h + l] >> (2 * k)) & 3) - ((blk[l] >> (4 * h + k)) & 1 ? 0 : 4);
+    const uint8_t qb = blk[64 * h + 32 * (k & 1) + l];
+    return ((k < 2 ? qb & 15 : qb >> 4) | ((blk[128 + 32 * h + l] >> (2 * k)) & 3) << 4) - 32;
+}
+
+static inline void kq_q36k_scales(const uint8_t *blk, const int six, int8_t sc[16]) {
+    if (six) memcpy(sc, blk + 192, 16);
+    else kq_q3k_scales(blk + 96, sc);
+}
+
 #endif

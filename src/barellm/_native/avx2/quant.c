@@ -16,6 +16,7 @@
 
 #include "quant_internal.h"
 #include "avx2/simd.h"
+#include "avx2/tiles.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -23,7 +24,7 @@
  * from memory at T = 1 went from ~8-11 GB/s (hardware prefetchers alone) to ~16-19 GB/s at 4 KB ahead; 2 KB
  * was less, 8 KB no better. */
 AI void prefetch_lines(const uint8_t *p, const int n) {
-    const int hint = bl_prefetch_rules[BL_PF_BLOCKS][bl_shared_stream != 0].hint;
+    const int hint = prefetch_hint(BL_PF_BLOCKS);
     for (int i = 0; i < n; i++) bl_prefetch_line(p + 64 * i, hint);
 }
 
@@ -76,10 +77,7 @@ void bl_act_q8_avx2(const float *x, int cols, uint8_t *row, int b0, int b1) {
         /* the sum of the stored (saturated) bytes */
         const int32_t sum = hsum_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p),
                                                          _mm256_set1_epi16(1)));
-        const float sf = d * (float)sum;
-        memcpy(row + (size_t)nb * 32 + (size_t)b * 4, &d, 4);
-        memcpy(row + (size_t)nb * 36 + (size_t)b * 4, &sf, 4);
-        memcpy(row + (size_t)nb * 40 + (size_t)b * 4, &sum, 4);
+        bl_act_put_block(row, nb, 32, b, d, sum);
     }
 }
 
@@ -104,11 +102,7 @@ void bl_act_q8x2_avx2(const float *x, int cols, uint8_t *row, int b0, int b1) {
         }
         _mm256_storeu_si256((__m256i *)(row + (size_t)b * 32), pack_i8(h[0], h[1], h[2], h[3]));
         _mm256_storeu_si256((__m256i *)(row + (size_t)(nb + b) * 32), pack_i8(l[0], l[1], l[2], l[3]));
-        const int32_t isum = hsum_epi32(sum);
-        const float sf = d * (float)isum;
-        memcpy(row + (size_t)nb * 64 + (size_t)b * 4, &d, 4);
-        memcpy(row + (size_t)nb * 68 + (size_t)b * 4, &sf, 4);
-        memcpy(row + (size_t)nb * 72 + (size_t)b * 4, &isum, 4);
+        bl_act_put_block(row, nb, 64, b, d, hsum_epi32(sum));
     }
 }
 
@@ -146,7 +140,12 @@ void bl_act_q8x2_avx2(const float *x, int cols, uint8_t *row, int b0, int b1) {
     __m256i s##t, sl##t;                                                                                 \
     (void)accm##t; (void)sl##t
 
-#define ACT_PTRS_ALL                                                                                     \
+/* a tile's arguments, and its tokens' pointers and accumulators */
+#define TILE_VARS(A)                                                                                     \
+    const uint8_t *g = (A)->g, *xa = (A)->xa, *pf = (A)->pf;                                             \
+    const int nb = (A)->nu, nvalid = (A)->nvalid;                                                        \
+    const size_t xs = (A)->xs, ldo = (A)->ldo, pfs = (A)->pfs;                                           \
+    float *o = (A)->o;                                                                                   \
     ACT_PTRS(0);                                                                                         \
     ACT_PTRS(1);                                                                                         \
     ACT_PTRS(2);                                                                                         \
@@ -156,13 +155,11 @@ void bl_act_q8x2_avx2(const float *x, int cols, uint8_t *row, int b0, int b1) {
     ACT_PTRS(6);                                                                                         \
     ACT_PTRS(7)
 
-AI void tile_q4(const int type, const int x2, const int NT, const uint8_t *g, const int nb, const uint8_t *xa,
-                const size_t xs, float *o, const size_t ldo, const int nvalid, const uint8_t *pf,
-                const size_t pfs) {
+AI void tile_q4(const int type, const int x2, const int NT, const tile_args *A) {
+    TILE_VARS(A);
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const __m256i khi = x2 ? _mm256_set1_epi16(254) : ones; /* the weight of the (hi) plane */
     const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
-    ACT_PTRS_ALL;
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 128;
         const size_t xo = (size_t)b * 32;
@@ -206,11 +203,10 @@ AI void tile_q4(const int type, const int x2, const int NT, const uint8_t *g, co
     FOR_T(Q4_STORE);
 }
 
-AI void tile_q8(const int x2, const int NT, const uint8_t *g, const int nb, const uint8_t *xa, const size_t xs,
-                float *o, const size_t ldo, const int nvalid, const uint8_t *pf, const size_t pfs) {
+AI void tile_q8(const int x2, const int NT, const tile_args *A) {
+    TILE_VARS(A);
     const __m256i ones = _mm256_set1_epi16(1), khi = x2 ? _mm256_set1_epi16(254) : ones;
     const uint8_t *dp = g + (size_t)nb * 256;
-    ACT_PTRS_ALL;
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 256;
         const size_t xo = (size_t)b * 32;
@@ -237,46 +233,45 @@ AI void tile_q8(const int x2, const int NT, const uint8_t *g, const int nb, cons
     FOR_T(Q8_STORE);
 }
 
-#define TILE_FN(name, call)                                                                              \
-    static void name(const uint8_t *g, int nb, const uint8_t *xa, size_t xs, float *o, size_t ldo,       \
-                     int nvalid, const uint8_t *pf, size_t pfs) {                                        \
-        call;                                                                                            \
-    }
-TILE_FN(q40_1, tile_q4(BL_Q4_0, 0, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_2, tile_q4(BL_Q4_0, 0, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_3, tile_q4(BL_Q4_0, 0, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_4, tile_q4(BL_Q4_0, 0, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_5, tile_q4(BL_Q4_0, 0, 5, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_6, tile_q4(BL_Q4_0, 0, 6, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_7, tile_q4(BL_Q4_0, 0, 7, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40_8, tile_q4(BL_Q4_0, 0, 8, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_1, tile_q4(BL_Q4_1, 0, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_2, tile_q4(BL_Q4_1, 0, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_3, tile_q4(BL_Q4_1, 0, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_4, tile_q4(BL_Q4_1, 0, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_5, tile_q4(BL_Q4_1, 0, 5, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_6, tile_q4(BL_Q4_1, 0, 6, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_7, tile_q4(BL_Q4_1, 0, 7, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41_8, tile_q4(BL_Q4_1, 0, 8, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80_1, tile_q8(0, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80_2, tile_q8(0, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80_3, tile_q8(0, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80_4, tile_q8(0, 4, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40x2_1, tile_q4(BL_Q4_0, 1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40x2_2, tile_q4(BL_Q4_0, 1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q40x2_3, tile_q4(BL_Q4_0, 1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41x2_1, tile_q4(BL_Q4_1, 1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41x2_2, tile_q4(BL_Q4_1, 1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q41x2_3, tile_q4(BL_Q4_1, 1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80x2_1, tile_q8(1, 1, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80x2_2, tile_q8(1, 2, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
-TILE_FN(q80x2_3, tile_q8(1, 3, g, nb, xa, xs, o, ldo, nvalid, pf, pfs))
+/* The tiles of one type and activation type for 1..N tokens, and their table */
+#define UPTO3(X, k) X(k, 1) X(k, 2) X(k, 3)
+#define UPTO4(X, k) UPTO3(X, k) X(k, 4)
+#define UPTO8(X, k) UPTO4(X, k) X(k, 5) X(k, 6) X(k, 7) X(k, 8)
+#define TILE(k, NT) static void k##_##NT(tile_args *A) { k(NT, A); }
+#define ENTRY(k, NT) k##_##NT,
+#define TILES(k, UPTO) UPTO(TILE, k) static const tile_fn k##_tiles[] = {UPTO(ENTRY, k)};
+AI void q40(const int NT, const tile_args *A) { tile_q4(BL_Q4_0, 0, NT, A); }
+AI void q41(const int NT, const tile_args *A) { tile_q4(BL_Q4_1, 0, NT, A); }
+AI void q80(const int NT, const tile_args *A) { tile_q8(0, NT, A); }
+AI void q40x2(const int NT, const tile_args *A) { tile_q4(BL_Q4_0, 1, NT, A); }
+AI void q41x2(const int NT, const tile_args *A) { tile_q4(BL_Q4_1, 1, NT, A); }
+AI void q80x2(const int NT, const tile_args *A) { tile_q8(1, NT, A); }
+TILES(q40, UPTO8)
+TILES(q41, UPTO8)
+TILES(q80, UPTO4)
+TILES(q40x2, UPTO3)
+TILES(q41x2, UPTO3)
+TILES(q80x2, UPTO3)
 
-/* Decode (one token) over two groups of 8 rows, g and g2, from two streams (see matmul_i8): each activation
- * broadcast serves both. Same float work per output as tile_q4. */
-AI void tile_q4_g2(const int type, const int x2, const uint8_t *g, const uint8_t *g2, const int nb,
-                   const uint8_t *xa, float *o, float *o2, const int nvalid2, const uint8_t *pf,
-                   const uint8_t *pf2, const size_t pfs) {
+/* tile_q4_g2's int16 sums of one activation plane x over vector j (lo, hi: its nibbles; 2: the second group's) */
+AI void q4_g2_plane(const __m256i lo, const __m256i hi, const __m256i lo2, const __m256i hi2, const int8_t *x,
+                    const int j, __m256i *s, __m256i *s2) {
+    const __m256i xl = bcast32(x + 4 * j), xh = bcast32(x + 16 + 4 * j);
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
+    const __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo2, xl), _mm256_maddubs_epi16(hi2, xh));
+    *s = j ? _mm256_add_epi16(*s, p) : p;
+    *s2 = j ? _mm256_add_epi16(*s2, p2) : p2;
+    PIN(*s);
+    PIN(*s2);
+}
+
+/* Decode (one token) over two groups of 8 rows, g and g2, from two streams (two_streams in avx2/tiles.h: the
+ * first is a whole group): each activation broadcast serves both. Same float work per output as tile_q4. */
+AI void tile_q4_g2(const int type, const int x2, const tile_args *A) {
+    const uint8_t *g = A[0].g, *g2 = A[1].g, *xa = A->xa, *pf = A[0].pf, *pf2 = A[1].pf;
+    const int nb = A->nu, nvalid2 = A[1].nvalid;
+    const size_t pfs = A->pfs;
+    float *o = A[0].o, *o2 = A[1].o;
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const __m256i khi = x2 ? _mm256_set1_epi16(254) : ones; /* the weight of the (hi) plane */
     const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
@@ -297,22 +292,8 @@ AI void tile_q4_g2(const int type, const int x2, const uint8_t *g, const uint8_t
             const __m256i v2 = _mm256_loadu_si256((const __m256i *)(q2 + 32 * j));
             const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             const __m256i lo2 = _mm256_and_si256(v2, m4), hi2 = _mm256_and_si256(_mm256_srli_epi16(v2, 4), m4);
-            const __m256i hl = bcast32(h + 4 * j), hh = bcast32(h + 16 + 4 * j);
-            const __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, hl), _mm256_maddubs_epi16(hi, hh));
-            const __m256i ph2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo2, hl), _mm256_maddubs_epi16(hi2, hh));
-            sh = j ? _mm256_add_epi16(sh, ph) : ph;
-            sh2 = j ? _mm256_add_epi16(sh2, ph2) : ph2;
-            PIN(sh);
-            PIN(sh2);
-            if (x2) {
-                const __m256i ll = bcast32(l + 4 * j), lh = bcast32(l + 16 + 4 * j);
-                const __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ll), _mm256_maddubs_epi16(hi, lh));
-                const __m256i pl2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo2, ll), _mm256_maddubs_epi16(hi2, lh));
-                sl = j ? _mm256_add_epi16(sl, pl) : pl;
-                sl2 = j ? _mm256_add_epi16(sl2, pl2) : pl2;
-                PIN(sl);
-                PIN(sl2);
-            }
+            q4_g2_plane(lo, hi, lo2, hi2, h, j, &sh, &sh2);
+            if (x2) q4_g2_plane(lo, hi, lo2, hi2, l, j, &sl, &sl2);
         }
         __m256i i = _mm256_madd_epi16(sh, khi), i2 = _mm256_madd_epi16(sh2, khi);
         if (x2) {
@@ -339,20 +320,18 @@ AI void tile_q4_g2(const int type, const int x2, const uint8_t *g, const uint8_t
     store8(o2, type == BL_Q4_1 ? _mm256_add_ps(acc2, accm2) : acc2, nvalid2);
 }
 
-#define G2_FN(name, call)                                                                                \
-    static void name(const uint8_t *g, const uint8_t *g2, int nb, const uint8_t *xa, float *o, float *o2, \
-                     int n2, const uint8_t *pf, const uint8_t *pf2, size_t pfs) {                         \
-        call;                                                                                            \
-    }
-G2_FN(q40_g2, tile_q4_g2(BL_Q4_0, 0, g, g2, nb, xa, o, o2, n2, pf, pf2, pfs))
-G2_FN(q41_g2, tile_q4_g2(BL_Q4_1, 0, g, g2, nb, xa, o, o2, n2, pf, pf2, pfs))
-G2_FN(q40x2_g2, tile_q4_g2(BL_Q4_0, 1, g, g2, nb, xa, o, o2, n2, pf, pf2, pfs))
-G2_FN(q41x2_g2, tile_q4_g2(BL_Q4_1, 1, g, g2, nb, xa, o, o2, n2, pf, pf2, pfs))
+static void q40_g2(tile_args *A) { tile_q4_g2(BL_Q4_0, 0, A); }
+static void q41_g2(tile_args *A) { tile_q4_g2(BL_Q4_1, 0, A); }
+static void q40x2_g2(tile_args *A) { tile_q4_g2(BL_Q4_0, 1, A); }
+static void q41x2_g2(tile_args *A) { tile_q4_g2(BL_Q4_1, 1, A); }
 
 /* Q8_0 decode over two groups of 8 rows from two streams (as tile_q4_g2). x2: Q8X2 activations. Same float
  * work per output as tile_q8. */
-AI void tile_q8_g2(const int x2, const uint8_t *g, const uint8_t *g2, const int nb, const uint8_t *xa, float *o,
-                   float *o2, const int nvalid2, const uint8_t *pf, const uint8_t *pf2, const size_t pfs) {
+AI void tile_q8_g2(const int x2, const tile_args *A) {
+    const uint8_t *g = A[0].g, *g2 = A[1].g, *xa = A->xa, *pf = A[0].pf, *pf2 = A[1].pf;
+    const int nb = A->nu, nvalid2 = A[1].nvalid;
+    const size_t pfs = A->pfs;
+    float *o = A[0].o, *o2 = A[1].o;
     const __m256i ones = _mm256_set1_epi16(1), khi = x2 ? _mm256_set1_epi16(254) : ones;
     const uint8_t *dp = g + (size_t)nb * 256, *dp2 = g2 + (size_t)nb * 256;
     const int8_t *xh = (const int8_t *)xa, *xl = xh + (size_t)nb * 32;
@@ -391,65 +370,22 @@ AI void tile_q8_g2(const int x2, const uint8_t *g, const uint8_t *g2, const int 
     store8(o2, acc2, nvalid2);
 }
 
-G2_FN(q80_g2, tile_q8_g2(0, g, g2, nb, xa, o, o2, n2, pf, pf2, pfs))
-G2_FN(q80x2_g2, tile_q8_g2(1, g, g2, nb, xa, o, o2, n2, pf, pf2, pfs))
-
-typedef void (*tile_fn)(const uint8_t *, int, const uint8_t *, size_t, float *, size_t, int, const uint8_t *,
-                        size_t);
+static void q80_g2(tile_args *A) { tile_q8_g2(0, A); }
+static void q80x2_g2(tile_args *A) { tile_q8_g2(1, A); }
 
 /* the matmul of one type (a constant: each caller below is its own specialization) */
-AI void matmul_i8(const int type, const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
-    static const tile_fn q40[8] = {q40_1, q40_2, q40_3, q40_4, q40_5, q40_6, q40_7, q40_8},
-                         q41[8] = {q41_1, q41_2, q41_3, q41_4, q41_5, q41_6, q41_7, q41_8},
-                         q80[4] = {q80_1, q80_2, q80_3, q80_4};
-    static const tile_fn q40x2[3] = {q40x2_1, q40x2_2, q40x2_3}, q41x2[3] = {q41x2_1, q41x2_2, q41x2_3},
-                         q80x2[3] = {q80x2_1, q80x2_2, q80x2_3};
+AI void matmul_i8(const int type, BL_MM_ARGS) {
     const int x2 = w->act == BL_ACT_Q8X2;
-    const tile_fn *fns = type == BL_Q4_0 ? (x2 ? q40x2 : q40) : type == BL_Q4_1 ? (x2 ? q41x2 : q41)
-                                                                                      : (x2 ? q80x2 : q80);
+    const tile_fn *fns = type == BL_Q4_0   ? (x2 ? q40x2_tiles : q40_tiles)
+                         : type == BL_Q4_1 ? (x2 ? q41x2_tiles : q41_tiles)
+                                           : (x2 ? q80x2_tiles : q80_tiles);
+    const tile_fn two = type == BL_Q4_0   ? (x2 ? q40x2_g2 : q40_g2)
+                        : type == BL_Q4_1 ? (x2 ? q41x2_g2 : q41_g2)
+                                          : (x2 ? q80x2_g2 : q80_g2);
     /* tokens per tile: 8 for Q4 (~7% faster than 4 here), 4 for Q8_0 (its int32 sums need more registers),
      * 3 with Q8X2 activations (two sums per token: 3 was ~30% faster than 4, which spills, and level with 2) */
     const int ntmax = x2 ? 3 : type == BL_Q8_0 ? 4 : 8;
-    const int nb = w->cols / BL_QK;
-    const size_t gb = bl_i8_group_bytes(type, w->cols), xb = bl_act_row_bytes(w, w->cols);
-    /* prefetch the rule's bytes ahead, spread over the blocks of a tile (each block prefetches its share pfs of a
-     * group's bytes, so every line of the range gets its prefetch); only a group's first token tile does it */
-    const size_t pfs = (gb + (size_t)nb - 1) / (size_t)nb;
-    const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
-    const bl_prefetch_rule rule = bl_prefetch_rules[BL_PF_BLOCKS][bl_shared_stream != 0];
-    const size_t ahead = rule.hint == BL_PF_NONE ? 0 : (size_t)rule.bytes;
-    int r = r0;
-    if (T == 1) {
-        /* decode: two groups per tile (Q4: ~25% faster from cache than one), the first half's groups with
-         * the second half's, so that the weights stream from two places at once (see two_streams in
-         * avx2/quant_kq.c); an odd group is left over for the loop below */
-        void (*g2fn)(const uint8_t *, const uint8_t *, int, const uint8_t *, float *, float *, int, const uint8_t *,
-                     const uint8_t *, size_t) = type == BL_Q4_0   ? (x2 ? q40x2_g2 : q40_g2)
-                                                : type == BL_Q4_1 ? (x2 ? q41x2_g2 : q41_g2)
-                                                                  : (x2 ? q80x2_g2 : q80_g2);
-        const int ng = (r1 - r0 + 7) / 8, half = ng / 2, second = r0 + 8 * (ng - half);
-        for (int i = 0; i < half; i++) {
-            const int ra = r0 + 8 * i, rb = second + 8 * i;
-            const uint8_t *g = (const uint8_t *)w->data + (size_t)(ra / 8) * gb;
-            const uint8_t *g2 = (const uint8_t *)w->data + (size_t)(rb / 8) * gb;
-            g2fn(g, g2, nb, (const uint8_t *)xq, out + ra, out + rb, r1 - rb < 8 ? r1 - rb : 8,
-                 ahead && g + ahead < end ? g + ahead : NULL, ahead && g2 + ahead < end ? g2 + ahead : NULL,
-                 pfs);
-        }
-        if (!(ng & 1)) return;
-        r = r0 + 8 * half; /* the odd group */
-        r1 = r + 8 < r1 ? r + 8 : r1;
-    }
-    for (; r < r1; r += 8) {
-        const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
-        const int nvalid = r1 - r < 8 ? r1 - r : 8;
-        const uint8_t *pf = ahead && g + ahead < end ? g + ahead : NULL;
-        for (int t = 0; t < T; t += ntmax) {
-            const int nt = T - t < ntmax ? T - t : ntmax;
-            fns[nt - 1](g, nb, (const uint8_t *)xq + (size_t)t * xb, xb, out + (size_t)t * ldo + r, ldo, nvalid,
-                        t == 0 ? pf : NULL, pfs);
-        }
-    }
+    run_tiles(fns, ntmax, two, BL_PF_BLOCKS, w, xq, T, NULL, out, ldo, r0, r1, NULL);
 }
 
 /* ---- GGUF-ordered quantized weights: 8 rows at a time, one token at a time ---- */
@@ -502,16 +438,17 @@ AI void rows8_quant(const int type, const int x2, const uint8_t *const *p, const
     store8(o, type == BL_Q4_1 ? _mm256_add_ps(acc, accm) : acc, nvalid);
 }
 
-#define ROWS8_FN(name, type, x2)                                                                         \
+/* a type's kernels for both activation types */
+#define ROWS8_FNS(name, type)                                                                            \
     static void name(const uint8_t *const *p, int nb, bl_act_q8 a, float *o, int n) {                    \
-        rows8_quant(type, x2, p, nb, a, o, n);                                                           \
+        rows8_quant(type, 0, p, nb, a, o, n);                                                            \
+    }                                                                                                    \
+    static void name##x2(const uint8_t *const *p, int nb, bl_act_q8 a, float *o, int n) {                \
+        rows8_quant(type, 1, p, nb, a, o, n);                                                            \
     }
-ROWS8_FN(rows8_q40, BL_Q4_0, 0)
-ROWS8_FN(rows8_q41, BL_Q4_1, 0)
-ROWS8_FN(rows8_q80, BL_Q8_0, 0)
-ROWS8_FN(rows8_q40x2, BL_Q4_0, 1)
-ROWS8_FN(rows8_q41x2, BL_Q4_1, 1)
-ROWS8_FN(rows8_q80x2, BL_Q8_0, 1)
+ROWS8_FNS(rows8_q40, BL_Q4_0)
+ROWS8_FNS(rows8_q41, BL_Q4_1)
+ROWS8_FNS(rows8_q80, BL_Q8_0)
 
 AI void matmul_rows_quant(const int type, const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0,
                           int r1) {

@@ -6,8 +6,11 @@
  * consecutive values of each of 8 rows, so a broadcast of the 4 matching activation bytes and one maddubs
  * give each 32-bit lane a partial dot of one row, and the 8 lanes end as the 8 rows' block sums with no
  * horizontal reduction. GGUF rows are interleaved 8 at a time into a scratch group first (slower: the
- * fast layout is the interleaved one). A tile is 8 rows x NT tokens (NT <= 4): each weight
- * vector is loaded and unpacked once for NT tokens (prefill); NT = 1 is the decode kernel.
+ * fast layout is the interleaved one). A tile is NG groups of 8 rows x NT tokens, one kernel per type for
+ * both shapes it comes in: NG = 1, NT <= 4 (prefill: each weight vector loaded and unpacked once for NT
+ * tokens) and NG = 2, NT = 1 (decode: each activation broadcast serves two groups read from two streams,
+ * see two_streams). NG and NT are compile-time constants, so each instantiation has its own fully unrolled
+ * loops, its accumulators in registers.
  *
  * 16-bit sums (maddubs lanes, each a sum of two products, add up in int16 before a madd widens them):
  *   Q5_0  q < 32: |pair| <= 2 * 31 * 128 = 7936, 4 pairs a madd;
@@ -28,10 +31,11 @@
 #include "quant_kq.h"
 #include "tier.h"
 #include "avx2/simd.h"
+#include "avx2/tiles.h"
 
 #define AI static inline __attribute__((always_inline))
 #define MAXNT 4
-#define MAXNG 2 /* groups of the one-token tiles that read several streams */
+#define MAXNG 2 /* groups of a tile (decode's two streams) */
 /* Software prefetch (kernels.h's rules, BL_PF_KQUANTS): without it the weights' stream from memory runs
  * well behind the compute (measured on Zen 3 at T = 1, weights from memory: 55-65% of a plain read's rate
  * without, 80-95% at 8 KB ahead; 4-12 KB do about as well). With two threads streaming at once, NTA
@@ -42,116 +46,85 @@ AI __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((cons
 
 AI __m256i load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
 
-/* The arguments of one tile: 8 rows (a group of nu units) x NT tokens. */
-typedef struct {
-    const uint8_t *g;   /* interleaved group */
-    int nu;             /* units per row */
-    const uint8_t *xa;  /* the first token's activation row */
-    size_t xs;          /* bytes from one token's row to the next */
-    const int32_t *xp;  /* Q6_K: per token (nb apart), per block: int16 pair (sum qx[0:16], sum qx[16:32]) */
-    float *o;           /* out for the first token and row of the tile */
-    size_t ldo;
-    int nvalid;         /* rows of the 8 to store */
-    const uint8_t *pf;  /* software prefetch: unit u fetches up to pf + (u + 1) * pfs; NULL: none */
-    size_t pfs;
-} tile_args;
-
-/* Prefetches the lines of [pf + *done, pf + the end of part i of n of unit u's span) and moves *done past them:
- * spread over a unit's loop, a few lines at a time, each line once. */
-AI void prefetch_part(const tile_args *A, size_t *done, int u, int i, int n) {
-    if (!A->pf) return;
-    const size_t end = (size_t)u * A->pfs + (size_t)(i + 1) * A->pfs / (size_t)n;
-    const int hint = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0].hint;
-    for (; *done < end; *done += 64) bl_prefetch_line(A->pf + *done, hint);
-}
-
-#define TOKENS(A, NT)                                                                                    \
+/* A tile's per-token activation pointers, its accumulators acc[group][token] and each group's prefetch progress */
+#define TOKENS(A, NG, NT)                                                                                \
     const int8_t *xq[MAXNT];                                                                             \
     const float *xd[MAXNT], *xs[MAXNT];                                                                  \
     const int32_t *xsq[MAXNT];                                                                           \
-    __m256 acc[MAXNT];                                                                                   \
-    size_t pdone = 0;                                                                                    \
+    __m256 acc[MAXNG][MAXNT];                                                                            \
+    size_t pdone[MAXNG];                                                                                 \
+    for (int g = 0; g < NG; g++) pdone[g] = 0;                                                           \
     for (int t = 0; t < NT; t++) {                                                                       \
         const bl_act_q8 a = bl_act_q8_view((A)->xa + (size_t)t * (A)->xs, nb * BL_QK);                    \
-        xq[t] = a.qs, xd[t] = a.d, xs[t] = a.s, xsq[t] = a.sq, acc[t] = _mm256_setzero_ps();             \
+        xq[t] = a.qs, xd[t] = a.d, xs[t] = a.s, xsq[t] = a.sq;                                           \
+        for (int g = 0; g < NG; g++) acc[g][t] = _mm256_setzero_ps();                                    \
     }                                                                                                    \
     (void)xsq, (void)xs, (void)pdone
 
-#define STORE(A, NT)                                                                                     \
-    for (int t = 0; t < NT; t++) store8((A)->o + (size_t)t * (A)->ldo, acc[t], (A)->nvalid)
+#define STORE(A, NG, NT)                                                                                 \
+    for (int g = 0; g < NG; g++)                                                                         \
+        for (int t = 0; t < NT; t++) store8((A)[g].o + (size_t)t * (A)[g].ldo, acc[g][t], (A)[g].nvalid)
+
+/* The start of unit u: where it is in each group (U bytes a unit; lean: in the group's scratch), and pu = 0 */
+AI void unit_start(const int NG, const int NT, const tile_args *A, const int lean, const size_t U, const int u,
+                   const uint8_t *p[MAXNG], __m256 pu[MAXNG][MAXNT]) {
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++) {
+        p[g] = (lean ? A[g].s : A[g].g) + (size_t)u * U;
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
+    }
+}
+
+/* The end of a unit: acc = fma(pu, d, acc), d the unit's 8 rows' scales at p[g] + off (f16 in a group, f32 in a
+ * lean tile's scratch) */
+AI void unit_end(const int NG, const int NT, const uint8_t *const p[MAXNG], const size_t off, const int f16,
+                 __m256 pu[MAXNG][MAXNT], __m256 acc[MAXNG][MAXNT]) {
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++) {
+        const __m256 dw = f16 ? f16x8(p[g] + off) : _mm256_load_ps((const float *)(const void *)(p[g] + off));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
+    }
+}
+
+/* Q6_K's and Q3_K's block b into pu: its integer i32 less the offset's share 2^sh * (sa * sum(qx[0:16]) + sb *
+ * sum(qx[16:32])) (sab: each row's two half scales as an int16 pair; A->xp: the half sums), converted once */
+AI void q36k_block_end(const int NG, const int NT, const tile_args *A, const int b, const int sh,
+                       const __m256i sab[MAXNG], __m256i i32[MAXNG][MAXNT], const float *const xd[MAXNT],
+                       __m256 pu[MAXNG][MAXNT]) {
+    const int nb = A->nu * 8;
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const __m256i corr = _mm256_madd_epi16(sab[g], _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
+            const __m256i i = _mm256_sub_epi32(i32[g][t], _mm256_slli_epi32(corr, sh));
+            pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[g][t]);
+        }
+}
 
 /* ---- Q5_0 ---- */
 
-AI void tile_q5_0(const int NT, const tile_args *A) {
+AI void tile_q5_0(const int NG, const int NT, const tile_args *A) {
     const int nb = A->nu;
     const size_t U = 176; /* kq_fields8_of(BL_Q5_0): packed values 0, d 160 */
     const __m256i m5 = _mm256_set1_epi8(31), m7 = _mm256_set1_epi8(7), m18 = _mm256_set1_epi8(0x18);
     const __m256i ones = _mm256_set1_epi16(1);
-    TOKENS(A, NT);
-    for (int b = 0; b < nb; b++) {
-        prefetch_part(A, &pdone, b, 0, 1);
-        const uint8_t *q = A->g + (size_t)b * U;
-        /* vector j: values 4j + i in bits 0-4, 16 + 4j + i: low 3 bits in bits 5-7, top 2 bits in bits 2j, 2j + 1
-         * of X */
-        const __m256i X = load(q + 128);
-        __m256i i32[MAXNT];
-#pragma GCC unroll 2
-        for (int jp = 0; jp < 2; jp++) {
-            __m256i lo[2], hi[2];
-#pragma GCC unroll 2
-            for (int e = 0; e < 2; e++) {
-                const int j = 2 * jp + e;
-                const __m256i M = load(q + 32 * j);
-                const __m256i xh = j == 0 ? _mm256_slli_epi16(X, 3) : j == 1 ? _mm256_slli_epi16(X, 1)
-                                   : j == 2 ? _mm256_srli_epi16(X, 1) : _mm256_srli_epi16(X, 3);
-                lo[e] = _mm256_and_si256(M, m5);
-                hi[e] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(M, 5), m7), _mm256_and_si256(xh, m18));
-            }
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) {
-                const int8_t *x = xq[t] + (size_t)b * 32 + 8 * jp;
-                const __m256i s = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[0], bcast32(x)),
-                                                                    _mm256_maddubs_epi16(hi[0], bcast32(x + 16))),
-                                                   _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], bcast32(x + 4)),
-                                                                    _mm256_maddubs_epi16(hi[1], bcast32(x + 20))));
-                const __m256i p = _mm256_madd_epi16(s, ones);
-                i32[t] = jp ? _mm256_add_epi32(i32[t], p) : p;
-            }
-        }
-        const __m256 dw = f16x8(q + 160);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            const __m256i i = _mm256_sub_epi32(i32[t], _mm256_set1_epi32(16 * xsq[t][b]));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][b])), acc[t]);
-        }
-    }
-    STORE(A, NT);
-}
-
-/* The Q5_0 tile for one token over NG groups at once (as tile_q45_k_groups) */
-AI void tile_q5_0_groups(const int NG, const tile_args *A) {
-    const int nb = A[0].nu;
-    const size_t U = 176;
-    const __m256i m5 = _mm256_set1_epi8(31), m7 = _mm256_set1_epi8(7), m18 = _mm256_set1_epi8(0x18);
-    const __m256i ones = _mm256_set1_epi16(1);
-    const bl_act_q8 a = bl_act_q8_view(A[0].xa, nb * BL_QK);
-    __m256 acc[MAXNG];
-    size_t pdone[MAXNG];
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) acc[g] = _mm256_setzero_ps(), pdone[g] = 0;
+    TOKENS(A, NG, NT);
     for (int b = 0; b < nb; b++) {
         const uint8_t *q[MAXNG];
-        __m256i X[MAXNG], i32[MAXNG];
+        __m256i X[MAXNG], i32[MAXNG][MAXNT];
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
             prefetch_part(&A[g], &pdone[g], b, 0, 1);
             q[g] = A[g].g + (size_t)b * U;
+            /* vector j: values 4j + i in bits 0-4, 16 + 4j + i: low 3 bits in bits 5-7, top 2 bits in bits 2j,
+             * 2j + 1 of X */
             X[g] = load(q[g] + 128);
         }
 #pragma GCC unroll 2
         for (int jp = 0; jp < 2; jp++) {
-            const int8_t *x = a.qs + (size_t)b * 32 + 8 * jp;
-            const __m256i x0 = bcast32(x), x4 = bcast32(x + 4), x16 = bcast32(x + 16), x20 = bcast32(x + 20);
 #pragma GCC unroll 2
             for (int g = 0; g < NG; g++) {
                 __m256i lo[2], hi[2];
@@ -164,22 +137,30 @@ AI void tile_q5_0_groups(const int NG, const tile_args *A) {
                     lo[e] = _mm256_and_si256(M, m5);
                     hi[e] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(M, 5), m7), _mm256_and_si256(xh, m18));
                 }
-                const __m256i sum = _mm256_add_epi16(
-                    _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], x0), _mm256_maddubs_epi16(hi[0], x16)),
-                    _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], x4), _mm256_maddubs_epi16(hi[1], x20)));
-                const __m256i p = _mm256_madd_epi16(sum, ones);
-                i32[g] = jp ? _mm256_add_epi32(i32[g], p) : p;
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    const int8_t *x = xq[t] + (size_t)b * 32 + 8 * jp;
+                    const __m256i s = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[0], bcast32(x)),
+                                                                        _mm256_maddubs_epi16(hi[0], bcast32(x + 16))),
+                                                       _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], bcast32(x + 4)),
+                                                                        _mm256_maddubs_epi16(hi[1], bcast32(x + 20))));
+                    const __m256i p = _mm256_madd_epi16(s, ones);
+                    i32[g][t] = jp ? _mm256_add_epi32(i32[g][t], p) : p;
+                }
             }
         }
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
-            const __m256i i = _mm256_sub_epi32(i32[g], _mm256_set1_epi32(16 * a.sq[b]));
-            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(f16x8(q[g] + 160), _mm256_set1_ps(a.d[b])),
-                                     acc[g]);
+            const __m256 dw = f16x8(q[g] + 160);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const __m256i i = _mm256_sub_epi32(i32[g][t], _mm256_set1_epi32(16 * xsq[t][b]));
+                acc[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][b])),
+                                            acc[g][t]);
+            }
         }
     }
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) store8(A[g].o, acc[g], A[g].nvalid);
+    STORE(A, NG, NT);
 }
 
 /* ---- Q4_K ---- */
@@ -226,81 +207,24 @@ AI void q4k_minus_mins(const int NT, const uint8_t *g, const int nu, const float
     kq_minus_mins(NT, 1152, 1024, 1136, g, nu, xs, acc);
 }
 
-AI void tile_q4_k(const int NT, const tile_args *A) {
+/* The Q4_K (five = 0) or Q5_K (five = 1) tile. Q5_K adds each value's fifth bit from qh and, its 16-bit sums
+ * being larger, takes a madd every 4 vectors instead of every 8. */
+AI void tile_q45_k(const int NG, const int NT, const int five, const tile_args *A) {
     const int nu = A->nu, nb = nu * 8;
-    const size_t U = 1152; /* kq_fields8_of(BL_Q4_K): qs 0, scales 1024, d 1120 (dmin 1136) */
-    const __m256i m4 = _mm256_set1_epi8(15);
-    TOKENS(A, NT);
-    /* acc: the scales chain */
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *gu = A->g + (size_t)u * U;
-        /* kept in memory, not in registers, across the loop below */
-        __m256i scj[8];
-        q4k_scale_pairs(gu + 1024, scj);
-        __m256 pu[MAXNT];
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
-#pragma GCC unroll 1
-        for (int c = 0; c < 4; c++) {
-            prefetch_part(A, &pdone, u, c, 4);
-            const uint8_t *q = gu + 256 * c;
-#pragma GCC unroll 2
-            for (int hi = 0; hi < 2; hi++) {
-                const int j = 2 * c + hi, b = 8 * u + j;
-                __m256i s[MAXNT];
-#pragma GCC unroll 8
-                for (int jj = 0; jj < 8; jj++) {
-                    const __m256i v = load(q + 32 * jj);
-                    const __m256i n = hi ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
-#pragma GCC unroll 4
-                    for (int t = 0; t < NT; t++) {
-                        const __m256i p = _mm256_maddubs_epi16(n, bcast32(xq[t] + (size_t)b * 32 + 4 * jj));
-                        s[t] = jj ? _mm256_add_epi16(s[t], p) : p;
-                    }
-                }
-                const __m256i sc = scj[j];
-#pragma GCC unroll 4
-                for (int t = 0; t < NT; t++)
-                    pu[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], sc)), _mm256_set1_ps(xd[t][b]),
-                                            pu[t]);
-            }
-        }
-        const __m256 dw = f16x8(gu + 1120);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
-    }
-    /* accm: the mins chain, a pass of its own (fewer live registers; the group is in cache by now) */
-    q4k_minus_mins(NT, A->g, nu, xs, acc);
-    STORE(A, NT);
-}
-
-/* The Q4_K (five = 0) or Q5_K (five = 1) tile for one token over NG groups (NG <= MAXNG) at once, each
- * group's float work exactly tile_q4_k's or tile_q5_k's for NT = 1 and in its order (the same bits); the
- * groups' weights are read 256 bytes from each in turn, and each activation broadcast serves them all.
- * Q5_K adds each value's fifth bit from qh and, its 16-bit sums being larger, takes a madd every 4
- * vectors instead of every 8. */
-AI void tile_q45_k_groups(const int NG, const int five, const tile_args *A) {
-    const int nu = A[0].nu;
     /* kq_fields8_of: Q4_K qs 0, scales 1024, d 1120, dmin 1136; Q5_K qs 0, qh 1024, scales 1280, d 1376,
      * dmin 1392 */
     const size_t U = five ? 1408 : 1152, SO = five ? 1280 : 1024, DO = SO + 96;
     const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
-    const bl_act_q8 a = bl_act_q8_view(A[0].xa, nu * 8 * BL_QK);
-    const float *xs = a.s;
-    __m256 acc[MAXNG];
-    size_t pdone[MAXNG];
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) acc[g] = _mm256_setzero_ps(), pdone[g] = 0;
+    TOKENS(A, NG, NT);
+    /* acc: the scales chain */
     for (int u = 0; u < nu; u++) {
         const uint8_t *gu[MAXNG];
+        /* kept in memory, not in registers, across the loop below */
         __m256i scj[MAXNG][8];
-        __m256 pu[MAXNG];
+        __m256 pu[MAXNG][MAXNT];
+        unit_start(NG, NT, A, 0, U, u, gu, pu);
 #pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) {
-            gu[g] = A[g].g + (size_t)u * U;
-            q4k_scale_pairs(gu[g] + SO, scj[g]);
-            pu[g] = _mm256_setzero_ps();
-        }
+        for (int g = 0; g < NG; g++) q4k_scale_pairs(gu[g] + SO, scj[g]);
 #pragma GCC unroll 1
         for (int c = 0; c < 4; c++) {
 #pragma GCC unroll 2
@@ -309,218 +233,105 @@ AI void tile_q45_k_groups(const int NG, const int five, const tile_args *A) {
             for (int hi = 0; hi < 2; hi++) {
                 const int j = 2 * c + hi, b = 8 * u + j;
                 const __m256i bit = _mm256_set1_epi8((char)(1 << j)); /* Q5_K: sub-block j's fifth bits */
-                __m256i s[MAXNG], i32[MAXNG];
+                __m256i s[MAXNG][MAXNT], i32[MAXNG][MAXNT];
 #pragma GCC unroll 8
                 for (int jj = 0; jj < 8; jj++) {
-                    const __m256i x = bcast32(a.qs + (size_t)b * 32 + 4 * jj);
 #pragma GCC unroll 2
                     for (int g = 0; g < NG; g++) {
                         const __m256i v = load(gu[g] + 256 * c + 32 * jj);
                         __m256i n = hi ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
                         if (five) {
                             const __m256i h = load(gu[g] + 1024 + 32 * jj);
-                            n = _mm256_or_si256(n, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), m16));
+                            const __m256i h5 = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
+                            n = _mm256_or_si256(n, _mm256_and_si256(h5, m16));
                         }
-                        const __m256i p = _mm256_maddubs_epi16(n, x);
-                        const int first = five ? (jj & 3) == 0 : jj == 0;
-                        s[g] = first ? p : _mm256_add_epi16(s[g], p);
-                        if (five && (jj & 3) == 3) {
-                            const __m256i m = _mm256_madd_epi16(s[g], scj[g][j]);
-                            i32[g] = jj == 3 ? m : _mm256_add_epi32(i32[g], m);
+#pragma GCC unroll 4
+                        for (int t = 0; t < NT; t++) {
+                            const __m256i p = _mm256_maddubs_epi16(n, bcast32(xq[t] + (size_t)b * 32 + 4 * jj));
+                            const int first = five ? (jj & 3) == 0 : jj == 0;
+                            s[g][t] = first ? p : _mm256_add_epi16(s[g][t], p);
+                            if (five && (jj & 3) == 3) {
+                                const __m256i m = _mm256_madd_epi16(s[g][t], scj[g][j]);
+                                i32[g][t] = jj == 3 ? m : _mm256_add_epi32(i32[g][t], m);
+                            }
                         }
                     }
                 }
 #pragma GCC unroll 2
-                for (int g = 0; g < NG; g++) {
-                    const __m256i dot = five ? i32[g] : _mm256_madd_epi16(s[g], scj[g][j]);
-                    pu[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(a.d[b]), pu[g]);
-                }
+                for (int g = 0; g < NG; g++)
+#pragma GCC unroll 4
+                    for (int t = 0; t < NT; t++) {
+                        const __m256i dot = five ? i32[g][t] : _mm256_madd_epi16(s[g][t], scj[g][j]);
+                        pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(xd[t][b]), pu[g][t]);
+                    }
             }
         }
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) acc[g] = _mm256_fmadd_ps(pu[g], f16x8(gu[g] + DO), acc[g]);
+        unit_end(NG, NT, gu, DO, 1, pu, acc);
     }
+    /* accm: the mins chain, a pass of its own (fewer live registers; the group is in cache by now) */
 #pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) {
-        kq_minus_mins(1, U, SO, DO + 16, A[g].g, nu, &xs, &acc[g]);
-        store8(A[g].o, acc[g], A[g].nvalid);
-    }
+    for (int g = 0; g < NG; g++) kq_minus_mins(NT, U, SO, DO + 16, A[g].g, nu, xs, acc[g]);
+    STORE(A, NG, NT);
 }
 
 /* ---- Q6_K ---- */
 
-AI void tile_q6_k(const int NT, const tile_args *A) {
+AI void tile_q6_k(const int NG, const int NT, const tile_args *A) {
     const int nu = A->nu, nb = nu * 8;
     const size_t U = 1680; /* kq_fields8_of(BL_Q6_K): packed values 0, scales 1536, d 1664 */
     const __m256i m6 = _mm256_set1_epi8(63);
-    TOKENS(A, NT);
+    TOKENS(A, NG, NT);
     for (int u = 0; u < nu; u++) {
-        const uint8_t *gu = A->g + (size_t)u * U;
-        __m256 pu[MAXNT];
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
+        const uint8_t *gu[MAXNG];
+        __m256 pu[MAXNG][MAXNT];
+        unit_start(NG, NT, A, 0, U, u, gu, pu);
 #pragma GCC unroll 1
         for (int k2 = 0; k2 < 4; k2++) {
             /* scales 2 kb and 2 kb + 1 of blocks kb = 2 k2, 2 k2 + 1: bytes 0-3 of the lanes of SV */
-            const __m256i SV = load(gu + 1536 + 32 * k2);
-#pragma GCC unroll 2
-            for (int odd = 0; odd < 2; odd++) {
-                const int kb = 2 * k2 + odd, b = 8 * u + kb, o = 2 * odd;
-                prefetch_part(A, &pdone, u, kb, 8);
-                const __m256i sa = _mm256_srai_epi16(_mm256_shuffle_epi8(SV, pick(-128, o, -128, o)), 8);
-                const __m256i sb = _mm256_srai_epi16(_mm256_shuffle_epi8(SV, pick(-128, o + 1, -128, o + 1)), 8);
-                const uint8_t *q = gu + 192 * kb;
-                __m256i i32[MAXNT];
-#pragma GCC unroll 2
-                for (int a = 0; a < 2; a++) {
-                    /* values 4j + i, j = 4a .. 4a + 3, of the block: three vectors, the fourth spread over their
-                     * top bits */
-                    const __m256i V1 = load(q + 96 * a), V2 = load(q + 96 * a + 32), V3 = load(q + 96 * a + 64);
-                    const __m256i q0 = _mm256_and_si256(V1, m6), q1 = _mm256_and_si256(V2, m6);
-                    const __m256i q2 = _mm256_and_si256(V3, m6);
-                    const __m256i q3 = q6k_fourth(V1, V2, V3);
-                    const __m256i sc = a ? sb : sa;
-#pragma GCC unroll 4
-                    for (int t = 0; t < NT; t++) {
-                        const int8_t *x = xq[t] + (size_t)b * 32 + 16 * a;
-                        const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, bcast32(x)),
-                                                            _mm256_maddubs_epi16(q1, bcast32(x + 4)));
-                        const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(q2, bcast32(x + 8)),
-                                                            _mm256_maddubs_epi16(q3, bcast32(x + 12)));
-                        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(s0, sc), _mm256_madd_epi16(s1, sc));
-                        i32[t] = a ? _mm256_add_epi32(i32[t], p) : p;
-                    }
-                }
-                const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(SV, pick(-128, o, -128, o + 1)), 8);
-#pragma GCC unroll 4
-                for (int t = 0; t < NT; t++) {
-                    const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
-                    const __m256i i = _mm256_sub_epi32(i32[t], _mm256_slli_epi32(corr, 5));
-                    pu[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[t]);
-                }
-            }
-        }
-        const __m256 dw = f16x8(gu + 1664);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
-    }
-    STORE(A, NT);
-}
-
-/* The Q6_K tile for one token over NG groups at once (as tile_q45_k_groups) */
-AI void tile_q6_k_groups(const int NG, const tile_args *A) {
-    const int nu = A[0].nu;
-    const size_t U = 1680;
-    const __m256i m6 = _mm256_set1_epi8(63);
-    const bl_act_q8 a = bl_act_q8_view(A[0].xa, nu * 8 * BL_QK);
-    __m256 acc[MAXNG];
-    size_t pdone[MAXNG];
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) acc[g] = _mm256_setzero_ps(), pdone[g] = 0;
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *gu[MAXNG];
-        __m256 pu[MAXNG];
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) gu[g] = A[g].g + (size_t)u * U, pu[g] = _mm256_setzero_ps();
-#pragma GCC unroll 1
-        for (int k2 = 0; k2 < 4; k2++) {
             __m256i SV[MAXNG];
 #pragma GCC unroll 2
             for (int g = 0; g < NG; g++) SV[g] = load(gu[g] + 1536 + 32 * k2);
 #pragma GCC unroll 2
             for (int odd = 0; odd < 2; odd++) {
                 const int kb = 2 * k2 + odd, b = 8 * u + kb, o = 2 * odd;
-                __m256i i32[MAXNG];
+                __m256i i32[MAXNG][MAXNT];
 #pragma GCC unroll 2
                 for (int g = 0; g < NG; g++) prefetch_part(&A[g], &pdone[g], u, kb, 8);
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++) {
-                    const int8_t *x = a.qs + (size_t)b * 32 + 16 * h;
-                    const __m256i x0 = bcast32(x), x1 = bcast32(x + 4), x2 = bcast32(x + 8), x3 = bcast32(x + 12);
 #pragma GCC unroll 2
                     for (int g = 0; g < NG; g++) {
+                        /* values 4j + i, j = 4h .. 4h + 3, of the block: three vectors, the fourth spread over
+                         * their top bits */
                         const uint8_t *q = gu[g] + 192 * kb + 96 * h;
                         const __m256i V1 = load(q), V2 = load(q + 32), V3 = load(q + 64);
+                        const __m256i q0 = _mm256_and_si256(V1, m6), q1 = _mm256_and_si256(V2, m6);
+                        const __m256i q2 = _mm256_and_si256(V3, m6);
                         const __m256i q3 = q6k_fourth(V1, V2, V3);
                         const __m256i sc = _mm256_srai_epi16(
                             _mm256_shuffle_epi8(SV[g], pick(-128, o + h, -128, o + h)), 8);
-                        const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(V1, m6), x0),
-                                                            _mm256_maddubs_epi16(_mm256_and_si256(V2, m6), x1));
-                        const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(V3, m6), x2),
-                                                            _mm256_maddubs_epi16(q3, x3));
-                        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(s0, sc), _mm256_madd_epi16(s1, sc));
-                        i32[g] = h ? _mm256_add_epi32(i32[g], p) : p;
-                    }
-                }
-#pragma GCC unroll 2
-                for (int g = 0; g < NG; g++) {
-                    const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g], pick(-128, o, -128, o + 1)), 8);
-                    const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A[0].xp[b]));
-                    const __m256i i = _mm256_sub_epi32(i32[g], _mm256_slli_epi32(corr, 5));
-                    pu[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(a.d[b]), pu[g]);
-                }
-            }
-        }
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) acc[g] = _mm256_fmadd_ps(pu[g], f16x8(gu[g] + 1664), acc[g]);
-    }
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) store8(A[g].o, acc[g], A[g].nvalid);
-}
-
-/* ---- Q5_K ---- */
-
-AI void tile_q5_k(const int NT, const tile_args *A) {
-    const int nu = A->nu, nb = nu * 8;
-    const size_t U = 1408; /* KQ_Q5_K: qs 0, qh 1024, scales 1280, d 1376 (dmin 1392) */
-    const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
-    TOKENS(A, NT);
-    /* acc: the scales chain */
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *gu = A->g + (size_t)u * U;
-        __m256i scj[8];
-        q4k_scale_pairs(gu + 1280, scj);
-        __m256 pu[MAXNT];
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
-#pragma GCC unroll 1
-        for (int c = 0; c < 4; c++) {
-            prefetch_part(A, &pdone, u, c, 4);
-            const uint8_t *q = gu + 256 * c;
-#pragma GCC unroll 2
-            for (int hi = 0; hi < 2; hi++) {
-                const int j = 2 * c + hi, b = 8 * u + j;
-                const __m256i bit = _mm256_set1_epi8((char)(1 << j)); /* sub-block j's fifth bits */
-                const __m256i sc = scj[j];
-                __m256i s[MAXNT], i32[MAXNT];
-#pragma GCC unroll 8
-                for (int jj = 0; jj < 8; jj++) {
-                    const __m256i v = load(q + 32 * jj), h = load(gu + 1024 + 32 * jj);
-                    const __m256i lo4 = hi ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
-                    const __m256i h5 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), m16);
-                    const __m256i n = _mm256_or_si256(lo4, h5);
-#pragma GCC unroll 4
-                    for (int t = 0; t < NT; t++) {
-                        const __m256i p = _mm256_maddubs_epi16(n, bcast32(xq[t] + (size_t)b * 32 + 4 * jj));
-                        s[t] = jj & 3 ? _mm256_add_epi16(s[t], p) : p;
-                        if ((jj & 3) == 3) {
-                            const __m256i m = _mm256_madd_epi16(s[t], sc);
-                            i32[t] = jj == 3 ? m : _mm256_add_epi32(i32[t], m);
+                        for (int t = 0; t < NT; t++) {
+                            const int8_t *x = xq[t] + (size_t)b * 32 + 16 * h;
+                            const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, bcast32(x)),
+                                                                _mm256_maddubs_epi16(q1, bcast32(x + 4)));
+                            const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(q2, bcast32(x + 8)),
+                                                                _mm256_maddubs_epi16(q3, bcast32(x + 12)));
+                            const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(s0, sc), _mm256_madd_epi16(s1, sc));
+                            i32[g][t] = h ? _mm256_add_epi32(i32[g][t], p) : p;
                         }
                     }
                 }
-#pragma GCC unroll 4
-                for (int t = 0; t < NT; t++)
-                    pu[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[t]), _mm256_set1_ps(xd[t][b]), pu[t]);
+                __m256i sab[MAXNG];
+#pragma GCC unroll 2
+                for (int g = 0; g < NG; g++)
+                    sab[g] = _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g], pick(-128, o, -128, o + 1)), 8);
+                q36k_block_end(NG, NT, A, b, 5, sab, i32, xd, pu);
             }
         }
-        const __m256 dw = f16x8(gu + 1376);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
+        unit_end(NG, NT, gu, 1664, 1, pu, acc);
     }
-    /* accm: the mins chain, a pass of its own (as Q4_K's) */
-    kq_minus_mins(NT, 1408, 1280, 1392, A->g, nu, xs, acc);
-    STORE(A, NT);
+    STORE(A, NG, NT);
 }
 
 /* ---- Q3_K ---- */
@@ -538,163 +349,81 @@ AI void q3k_scales8(const uint8_t *s, __m256i v[4]) {
     for (int i = 0; i < 4; i++) v[i] = _mm256_sub_epi8(_mm256_or_si256(lo[i], _mm256_slli_epi16(hi[i], 4)), k32);
 }
 
-AI void tile_q3_k(const int NT, const tile_args *A) {
+AI void tile_q3_k(const int NG, const int NT, const tile_args *A) {
     const int nu = A->nu, nb = nu * 8;
     const size_t U = 880; /* KQ_Q3_K: qs 0, hmask 512, scales 768, d 864 */
     const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
-    TOKENS(A, NT);
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *gu = A->g + (size_t)u * U;
-        __m256i SV[4];
-        q3k_scales8(gu + 768, SV);
-        __m256 pu[MAXNT];
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) pu[t] = _mm256_setzero_ps();
-#pragma GCC unroll 1
-        for (int kb = 0; kb < 8; kb++) {
-            const int b = 8 * u + kb, h = kb / 4, k = kb % 4, o = 2 * (kb & 1);
-            prefetch_part(A, &pdone, u, kb, 8);
-            /* scales 2 kb, 2 kb + 1 as int16 pairs (sign-extended from the high byte) */
-            const __m256i sv = SV[kb / 2];
-            const __m256i sa = _mm256_srai_epi16(_mm256_shuffle_epi8(sv, pick(-128, o, -128, o)), 8);
-            const __m256i sb = _mm256_srai_epi16(_mm256_shuffle_epi8(sv, pick(-128, o + 1, -128, o + 1)), 8);
-            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k))); /* the block's hmask bit */
-            const __m128i sh = _mm_cvtsi32_si128(2 * k);
-            __m256i i32[MAXNT];
-#pragma GCC unroll 2
-            for (int a = 0; a < 2; a++) {
-                __m256i s[MAXNT];
-#pragma GCC unroll 4
-                for (int j4 = 0; j4 < 4; j4++) {
-                    const int jj = 4 * a + j4;
-                    const __m256i qv = load(gu + 32 * (8 * h + jj)), hv = load(gu + 512 + 32 * jj);
-                    const __m256i un = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(qv, sh), m3),
-                                                       _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hv, bit), bit), m4));
-#pragma GCC unroll 4
-                    for (int t = 0; t < NT; t++) {
-                        const __m256i p = _mm256_maddubs_epi16(un, bcast32(xq[t] + (size_t)b * 32 + 4 * jj));
-                        s[t] = j4 ? _mm256_add_epi16(s[t], p) : p;
-                    }
-                }
-                const __m256i sc = a ? sb : sa;
-#pragma GCC unroll 4
-                for (int t = 0; t < NT; t++) {
-                    const __m256i p = _mm256_madd_epi16(s[t], sc);
-                    i32[t] = a ? _mm256_add_epi32(i32[t], p) : p;
-                }
-            }
-            const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(sv, pick(-128, o, -128, o + 1)), 8);
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) {
-                const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A->xp[(size_t)t * nb + b]));
-                const __m256i i = _mm256_sub_epi32(i32[t], _mm256_slli_epi32(corr, 2));
-                pu[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[t]);
-            }
-        }
-        const __m256 dw = f16x8(gu + 864);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(pu[t], dw, acc[t]);
-    }
-    STORE(A, NT);
-}
-
-/* The Q3_K tile for one token over NG groups at once (as tile_q45_k_groups) */
-AI void tile_q3_k_groups(const int NG, const tile_args *A) {
-    const int nu = A[0].nu;
-    const size_t U = 880;
-    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
-    const bl_act_q8 a = bl_act_q8_view(A[0].xa, nu * 8 * BL_QK);
-    __m256 acc[MAXNG];
-    size_t pdone[MAXNG];
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) acc[g] = _mm256_setzero_ps(), pdone[g] = 0;
+    TOKENS(A, NG, NT);
     for (int u = 0; u < nu; u++) {
         const uint8_t *gu[MAXNG];
         __m256i SV[MAXNG][4];
-        __m256 pu[MAXNG];
+        __m256 pu[MAXNG][MAXNT];
+        unit_start(NG, NT, A, 0, U, u, gu, pu);
 #pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) {
-            gu[g] = A[g].g + (size_t)u * U;
-            q3k_scales8(gu[g] + 768, SV[g]);
-            pu[g] = _mm256_setzero_ps();
-        }
+        for (int g = 0; g < NG; g++) q3k_scales8(gu[g] + 768, SV[g]);
 #pragma GCC unroll 1
         for (int kb = 0; kb < 8; kb++) {
             const int b = 8 * u + kb, h = kb / 4, k = kb % 4, o = 2 * (kb & 1);
-            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k)));
+            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k))); /* the block's hmask bit */
             const __m128i sh = _mm_cvtsi32_si128(2 * k);
-            __m256i i32[MAXNG];
+            __m256i i32[MAXNG][MAXNT];
 #pragma GCC unroll 2
             for (int g = 0; g < NG; g++) prefetch_part(&A[g], &pdone[g], u, kb, 8);
 #pragma GCC unroll 2
-            for (int ah = 0; ah < 2; ah++) {
-                __m256i s[MAXNG];
+            for (int a = 0; a < 2; a++) {
+                __m256i s[MAXNG][MAXNT];
 #pragma GCC unroll 4
                 for (int j4 = 0; j4 < 4; j4++) {
-                    const int jj = 4 * ah + j4;
-                    const __m256i x = bcast32(a.qs + (size_t)b * 32 + 4 * jj);
+                    const int jj = 4 * a + j4;
 #pragma GCC unroll 2
                     for (int g = 0; g < NG; g++) {
                         const __m256i qv = load(gu[g] + 32 * (8 * h + jj)), hv = load(gu[g] + 512 + 32 * jj);
                         const __m256i un =
                             _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(qv, sh), m3),
                                             _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hv, bit), bit), m4));
-                        const __m256i p = _mm256_maddubs_epi16(un, x);
-                        s[g] = j4 ? _mm256_add_epi16(s[g], p) : p;
+#pragma GCC unroll 4
+                        for (int t = 0; t < NT; t++) {
+                            const __m256i p = _mm256_maddubs_epi16(un, bcast32(xq[t] + (size_t)b * 32 + 4 * jj));
+                            s[g][t] = j4 ? _mm256_add_epi16(s[g][t], p) : p;
+                        }
                     }
                 }
 #pragma GCC unroll 2
                 for (int g = 0; g < NG; g++) {
+                    /* scale 2 kb + a as an int16 pair (sign-extended from the high byte) */
                     const __m256i sc =
-                        _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g][kb / 2], pick(-128, o + ah, -128, o + ah)), 8);
-                    const __m256i p = _mm256_madd_epi16(s[g], sc);
-                    i32[g] = ah ? _mm256_add_epi32(i32[g], p) : p;
+                        _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g][kb / 2], pick(-128, o + a, -128, o + a)), 8);
+#pragma GCC unroll 4
+                    for (int t = 0; t < NT; t++) {
+                        const __m256i p = _mm256_madd_epi16(s[g][t], sc);
+                        i32[g][t] = a ? _mm256_add_epi32(i32[g][t], p) : p;
+                    }
                 }
             }
+            __m256i sab[MAXNG];
 #pragma GCC unroll 2
-            for (int g = 0; g < NG; g++) {
-                const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g][kb / 2], pick(-128, o, -128, o + 1)), 8);
-                const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(A[0].xp[b]));
-                const __m256i i = _mm256_sub_epi32(i32[g], _mm256_slli_epi32(corr, 2));
-                pu[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(a.d[b]), pu[g]);
-            }
+            for (int g = 0; g < NG; g++)
+                sab[g] = _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g][kb / 2], pick(-128, o, -128, o + 1)), 8);
+            q36k_block_end(NG, NT, A, b, 2, sab, i32, xd, pu);
         }
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) acc[g] = _mm256_fmadd_ps(pu[g], f16x8(gu[g] + 864), acc[g]);
+        unit_end(NG, NT, gu, 864, 1, pu, acc);
     }
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) store8(A[g].o, acc[g], A[g].nvalid);
+    STORE(A, NG, NT);
 }
 
-#define TILE_FN(name, tile, NT)                                                                          \
-    static void name(const tile_args *A) { tile(NT, A); }
-TILE_FN(q50_1, tile_q5_0, 1)
-TILE_FN(q50_2, tile_q5_0, 2)
-TILE_FN(q50_3, tile_q5_0, 3)
-TILE_FN(q50_4, tile_q5_0, 4)
-TILE_FN(q4k_1, tile_q4_k, 1)
-TILE_FN(q4k_2, tile_q4_k, 2)
-TILE_FN(q4k_3, tile_q4_k, 3)
-TILE_FN(q4k_4, tile_q4_k, 4)
-TILE_FN(q6k_1, tile_q6_k, 1)
-TILE_FN(q6k_2, tile_q6_k, 2)
-TILE_FN(q6k_3, tile_q6_k, 3)
-TILE_FN(q6k_4, tile_q6_k, 4)
-TILE_FN(q5k_1, tile_q5_k, 1)
-TILE_FN(q5k_2, tile_q5_k, 2)
-TILE_FN(q5k_3, tile_q5_k, 3)
-TILE_FN(q5k_4, tile_q5_k, 4)
-TILE_FN(q3k_1, tile_q3_k, 1)
-TILE_FN(q3k_2, tile_q3_k, 2)
-TILE_FN(q3k_3, tile_q3_k, 3)
-TILE_FN(q3k_4, tile_q3_k, 4)
-TILE_FN(q50_g2, tile_q5_0_groups, 2)
-TILE_FN(q6k_g2, tile_q6_k_groups, 2)
-TILE_FN(q3k_g2, tile_q3_k_groups, 2)
-static void q4k_g2(const tile_args *A) { tile_q45_k_groups(2, 0, A); }
-static void q5k_g2(const tile_args *A) { tile_q45_k_groups(2, 1, A); }
-
-typedef void (*tile_fn)(const tile_args *);
+#define TILES(name, tile)                                                                                \
+    static void name##_1(tile_args *A) { tile(1, 1, A); }                                          \
+    static void name##_2(tile_args *A) { tile(1, 2, A); }                                          \
+    static void name##_3(tile_args *A) { tile(1, 3, A); }                                          \
+    static void name##_4(tile_args *A) { tile(1, 4, A); }                                          \
+    static void name##_g2(tile_args *A) { tile(2, 1, A); }
+AI void tile_q4_k(const int NG, const int NT, const tile_args *A) { tile_q45_k(NG, NT, 0, A); }
+AI void tile_q5_k(const int NG, const int NT, const tile_args *A) { tile_q45_k(NG, NT, 1, A); }
+TILES(q50, tile_q5_0)
+TILES(q4k, tile_q4_k)
+TILES(q6k, tile_q6_k)
+TILES(q5k, tile_q5_k)
+TILES(q3k, tile_q3_k)
 
 /* ---- prefill: each group unpacked once, then every token of the call ----
  *
@@ -760,164 +489,99 @@ static void unpack_q6k(const uint8_t *g, int nu, uint8_t *dst) {
     }
 }
 
-/* The arguments of one lean tile: G groups (scratch and, for Q4_K's mins, the interleaved group) x NT tokens */
-typedef struct {
-    const uint8_t *s[2], *g[2];
-    int nu;
-    const uint8_t *xa;
-    size_t xs;
-    const int32_t *xp;  /* Q6_K: half sums, as tile_args */
-    float *o;           /* out for the first token and the first group's first row */
-    size_t ldo;
-    int nvalid[2];
-} lean_args;
-
-#define LEAN_TOKENS(L, NT)                                                                               \
-    const int8_t *xq[MAXNT];                                                                             \
-    const float *xd[MAXNT], *xs[MAXNT];                                                                  \
-    for (int t = 0; t < NT; t++) {                                                                       \
-        const bl_act_q8 a = bl_act_q8_view((L)->xa + (size_t)t * (L)->xs, nb * BL_QK);                    \
-        xq[t] = a.qs, xd[t] = a.d, xs[t] = a.s;                                                          \
-    }                                                                                                    \
-    (void)xs
-
-AI void lean_store(const int G, const int NT, const lean_args *L, __m256 acc[2][MAXNT]) {
-    for (int g = 0; g < G; g++)
-        for (int t = 0; t < NT; t++) store8(L->o + (size_t)t * L->ldo + 8 * g, acc[g][t], L->nvalid[g]);
+/* Block j of a lean unit, Q4_K: sub-block j's dots, with its scale, into pu */
+AI void lean_q4k_block(const int NG, const int NT, const uint8_t *const su[MAXNG], const int j, const int b,
+                       const int8_t *const xq[MAXNT], const float *const xd[MAXNT], __m256 pu[MAXNG][MAXNT]) {
+    __m256i s[MAXNG][MAXNT];
+    for (int g = 0; g < NG; g++)
+        for (int t = 0; t < NT; t++) s[g][t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int jj = 0; jj < 8; jj++) {
+        __m256i bx[MAXNT];
+        for (int t = 0; t < NT; t++) bx[t] = bcast32(xq[t] + (size_t)b * 32 + 4 * jj);
+        for (int g = 0; g < NG; g++) {
+            const __m256i v = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 32 * (8 * j + jj)));
+            for (int t = 0; t < NT; t++) {
+                s[g][t] = _mm256_add_epi16(s[g][t], _mm256_maddubs_epi16(v, bx[t]));
+            }
+        }
+    }
+    for (int g = 0; g < NG; g++) {
+        const __m256i sc = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2048 + 32 * j));
+        for (int t = 0; t < NT; t++)
+            pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[g][t], sc)), _mm256_set1_ps(xd[t][b]),
+                                       pu[g][t]);
+    }
 }
 
-AI void lean_q4_k(const int G, const int NT, const lean_args *L) {
-    const int nu = L->nu, nb = nu * 8;
-    LEAN_TOKENS(L, NT);
-    __m256 acc[2][MAXNT];
-    for (int g = 0; g < G; g++)
-        for (int t = 0; t < NT; t++) acc[g][t] = _mm256_setzero_ps();
+/* Block kb of a lean unit, Q6_K: both halves' dots with their scales, less the -32 offset's share, into pu */
+AI void lean_q6k_block(const int NG, const int NT, const tile_args *A, const uint8_t *const su[MAXNG], const int kb,
+                       const int b, const int8_t *const xq[MAXNT], const float *const xd[MAXNT],
+                       __m256 pu[MAXNG][MAXNT]) {
+    __m256i i32[MAXNG][MAXNT];
+    for (int g = 0; g < NG; g++)
+        for (int t = 0; t < NT; t++) i32[g][t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int pr = 0; pr < 4; pr++) {  /* granules 2 pr, 2 pr + 1 (half pr / 2) */
+        __m256i b0[MAXNT], b1[MAXNT];
+        for (int t = 0; t < NT; t++) {
+            b0[t] = bcast32(xq[t] + (size_t)b * 32 + 8 * pr);
+            b1[t] = bcast32(xq[t] + (size_t)b * 32 + 8 * pr + 4);
+        }
+        for (int g = 0; g < NG; g++) {
+            const __m256i *v = (const __m256i *)(const void *)(su[g] + 32 * (8 * kb + 2 * pr));
+            const __m256i v0 = _mm256_load_si256(v), v1 = _mm256_load_si256(v + 1);
+            const __m256i sc =
+                _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2048 + 64 * kb + 32 * (pr / 2)));
+            for (int t = 0; t < NT; t++) {
+                const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(v0, b0[t]), _mm256_maddubs_epi16(v1, b1[t]));
+                i32[g][t] = _mm256_add_epi32(i32[g][t], _mm256_madd_epi16(s, sc));
+            }
+        }
+    }
+    __m256i sab[MAXNG];
+    for (int g = 0; g < NG; g++) sab[g] = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2560 + 32 * kb));
+    q36k_block_end(NG, NT, A, b, 5, sab, i32, xd, pu);
+}
+
+/* The lean tile of Q4_K (six = 0) or Q6_K (six = 1): NG <= 2 groups x NT <= PNT tokens. It takes tile_args too
+ * (g: the interleaved group, for Q4_K's mins; s: its unpacked scratch). */
+AI void lean_tile(const int NG, const int NT, const int six, const tile_args *A) {
+    const int nu = A->nu, nb = nu * 8;
+    TOKENS(A, NG, NT);
     for (int u = 0; u < nu; u++) {
-        const uint8_t *su[2] = {L->s[0] + (size_t)u * Q4K_UNIT_SCRATCH, L->s[G - 1] + (size_t)u * Q4K_UNIT_SCRATCH};
-        __m256 pu[2][MAXNT];
-        for (int g = 0; g < G; g++)
-            for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
+        const uint8_t *su[MAXNG];
+        __m256 pu[MAXNG][MAXNT];
+        unit_start(NG, NT, A, 1, six ? Q6K_UNIT_SCRATCH : Q4K_UNIT_SCRATCH, u, su, pu);
 #pragma GCC unroll 1
         for (int j = 0; j < 8; j++) {
-            const int b = 8 * u + j;
-            __m256i s[2][MAXNT];
-            for (int g = 0; g < G; g++)
-                for (int t = 0; t < NT; t++) s[g][t] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-            for (int jj = 0; jj < 8; jj++) {
-                __m256i bx[MAXNT];
-                for (int t = 0; t < NT; t++) bx[t] = bcast32(xq[t] + (size_t)b * 32 + 4 * jj);
-                for (int g = 0; g < G; g++) {
-                    const __m256i v = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 32 * (8 * j + jj)));
-                    for (int t = 0; t < NT; t++) {
-                        s[g][t] = _mm256_add_epi16(s[g][t], _mm256_maddubs_epi16(v, bx[t]));
-                    }
-                }
-            }
-            for (int g = 0; g < G; g++) {
-                const __m256i sc = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2048 + 32 * j));
-                for (int t = 0; t < NT; t++)
-                    pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[g][t], sc)),
-                                               _mm256_set1_ps(xd[t][b]), pu[g][t]);
-            }
+            if (six) lean_q6k_block(NG, NT, A, su, j, 8 * u + j, xq, xd, pu);
+            else lean_q4k_block(NG, NT, su, j, 8 * u + j, xq, xd, pu);
         }
-        for (int g = 0; g < G; g++) {
-            const __m256 dw = _mm256_load_ps((const float *)(const void *)(su[g] + 2304));
-            for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
-        }
+        unit_end(NG, NT, su, six ? 2816 : 2304, 0, pu, acc);
     }
-    for (int g = 0; g < G; g++) q4k_minus_mins(NT, L->g[g], nu, xs, acc[g]);
-    lean_store(G, NT, L, acc);
+    if (!six)
+        for (int g = 0; g < NG; g++) q4k_minus_mins(NT, A[g].g, nu, xs, acc[g]);
+    STORE(A, NG, NT);
 }
 
-AI void lean_q6_k(const int G, const int NT, const lean_args *L) {
-    const int nu = L->nu, nb = nu * 8;
-    LEAN_TOKENS(L, NT);
-    __m256 acc[2][MAXNT];
-    for (int g = 0; g < G; g++)
-        for (int t = 0; t < NT; t++) acc[g][t] = _mm256_setzero_ps();
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *su[2] = {L->s[0] + (size_t)u * Q6K_UNIT_SCRATCH, L->s[G - 1] + (size_t)u * Q6K_UNIT_SCRATCH};
-        __m256 pu[2][MAXNT];
-        for (int g = 0; g < G; g++)
-            for (int t = 0; t < NT; t++) pu[g][t] = _mm256_setzero_ps();
-#pragma GCC unroll 1
-        for (int kb = 0; kb < 8; kb++) {
-            const int b = 8 * u + kb;
-            __m256i i32[2][MAXNT];
-            for (int g = 0; g < G; g++)
-                for (int t = 0; t < NT; t++) i32[g][t] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-            for (int pr = 0; pr < 4; pr++) {  /* granules 2 pr, 2 pr + 1 (half pr / 2) */
-                __m256i b0[MAXNT], b1[MAXNT];
-                for (int t = 0; t < NT; t++) {
-                    b0[t] = bcast32(xq[t] + (size_t)b * 32 + 8 * pr);
-                    b1[t] = bcast32(xq[t] + (size_t)b * 32 + 8 * pr + 4);
-                }
-                for (int g = 0; g < G; g++) {
-                    const __m256i *v = (const __m256i *)(const void *)(su[g] + 32 * (8 * kb + 2 * pr));
-                    const __m256i v0 = _mm256_load_si256(v), v1 = _mm256_load_si256(v + 1);
-                    const __m256i sc = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2048 + 64 * kb +
-                                                                                          32 * (pr / 2)));
-                    for (int t = 0; t < NT; t++) {
-                        const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(v0, b0[t]),
-                                                           _mm256_maddubs_epi16(v1, b1[t]));
-                        i32[g][t] = _mm256_add_epi32(i32[g][t], _mm256_madd_epi16(s, sc));
-                    }
-                }
-            }
-            for (int g = 0; g < G; g++) {
-                const __m256i sab = _mm256_load_si256((const __m256i *)(const void *)(su[g] + 2560 + 32 * kb));
-                for (int t = 0; t < NT; t++) {
-                    const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(L->xp[(size_t)t * nb + b]));
-                    const __m256i i = _mm256_sub_epi32(i32[g][t], _mm256_slli_epi32(corr, 5));
-                    pu[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(xd[t][b]), pu[g][t]);
-                }
-            }
-        }
-        for (int g = 0; g < G; g++) {
-            const __m256 dw = _mm256_load_ps((const float *)(const void *)(su[g] + 2816));
-            for (int t = 0; t < NT; t++) acc[g][t] = _mm256_fmadd_ps(pu[g][t], dw, acc[g][t]);
-        }
-    }
-    lean_store(G, NT, L, acc);
-}
+#define LEAN_TILES(name, six)                                                                            \
+    static void name##_11(tile_args *A) { lean_tile(1, 1, six, A); }                                     \
+    static void name##_12(tile_args *A) { lean_tile(1, 2, six, A); }                                     \
+    static void name##_21(tile_args *A) { lean_tile(2, 1, six, A); }                                     \
+    static void name##_22(tile_args *A) { lean_tile(2, 2, six, A); }
+LEAN_TILES(lq4k, 0)
+LEAN_TILES(lq6k, 1)
 
-typedef void (*lean_fn)(const lean_args *);
-#define LEAN_FN(name, lean, G, NT)                                                                       \
-    static void name(const lean_args *L) { lean(G, NT, L); }
-LEAN_FN(lq4k_11, lean_q4_k, 1, 1)
-LEAN_FN(lq4k_12, lean_q4_k, 1, 2)
-LEAN_FN(lq4k_21, lean_q4_k, 2, 1)
-LEAN_FN(lq4k_22, lean_q4_k, 2, 2)
-LEAN_FN(lq6k_11, lean_q6_k, 1, 1)
-LEAN_FN(lq6k_12, lean_q6_k, 1, 2)
-LEAN_FN(lq6k_21, lean_q6_k, 2, 1)
-LEAN_FN(lq6k_22, lean_q6_k, 2, 2)
-
-/* A type's prefill path: its unpacking, scratch bytes per unit, and lean tiles [G - 1][NT - 1]. */
+/* A type's prefill path: its unpacking, scratch bytes per unit, and lean tiles [NG - 1][NT - 1]. */
 typedef struct {
     void (*unpack)(const uint8_t *g, int nu, uint8_t *dst);
     size_t unit_scratch;
-    lean_fn fns[2][PNT];
+    tile_fn fns[MAXNG][PNT];
 } lean_path;
 
 static const lean_path LEAN_Q4K = {unpack_q4k, Q4K_UNIT_SCRATCH, {{lq4k_11, lq4k_12}, {lq4k_21, lq4k_22}}};
 static const lean_path LEAN_Q6K = {unpack_q6k, Q6K_UNIT_SCRATCH, {{lq6k_11, lq6k_12}, {lq6k_21, lq6k_22}}};
-
-/* The scratch a thread unpacks its groups into: kept between calls (prefill calls come one chunk after the
- * other), grown when a wider matrix needs more. */
-static _Thread_local uint8_t *lean_scratch;
-static _Thread_local size_t lean_scratch_bytes;
-
-static uint8_t *lean_buffer(size_t bytes) {
-    if (bytes > lean_scratch_bytes) {
-        free(lean_scratch);
-        lean_scratch = aligned_alloc(64, bl_round_up(bytes, 64));
-        lean_scratch_bytes = lean_scratch ? bl_round_up(bytes, 64) : 0;
-    }
-    return lean_scratch;
-}
 
 /* 0 when it ran; -1 when there was no memory for the scratch (the caller takes the tiles instead) */
 static int matmul_lean(const lean_path *P, const bl_matrix *w, const void *xq, int T, const int32_t *xp,
@@ -925,23 +589,23 @@ static int matmul_lean(const lean_path *P, const bl_matrix *w, const void *xq, i
     const int type = w->type, cols = w->cols, nb = cols / BL_QK, nu = cols / bl_traits(type)->block_size;
     const size_t gb = bl_i8_group_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
     const size_t per_group = (size_t)nu * P->unit_scratch;
-    uint8_t *scratch = lean_buffer(2 * per_group);
+    uint8_t *scratch = bl_thread_scratch(2 * per_group);
     if (!scratch) return -1;
     for (int r = r0; r < r1; r += 16) {
-        const int G = r1 - r > 8 ? 2 : 1;
-        lean_args L = {{scratch, scratch + per_group}, {NULL, NULL}, nu, NULL, xb, NULL, NULL, ldo, {8, 8}};
-        for (int g = 0; g < G; g++) {
+        const int ng = r1 - r > 8 ? 2 : 1;
+        tile_args L[MAXNG];
+        for (int g = 0; g < ng; g++) {
             const int rg = r + 8 * g;
-            L.g[g] = (const uint8_t *)w->data + (size_t)(rg / 8) * gb;
-            L.nvalid[g] = r1 - rg < 8 ? r1 - rg : 8;
-            P->unpack(L.g[g], nu, scratch + (size_t)g * per_group);
+            L[g] = (tile_args){.g = (const uint8_t *)w->data + (size_t)(rg / 8) * gb, .nu = nu, .xs = xb, .ldo = ldo,
+                               .nvalid = r1 - rg < 8 ? r1 - rg : 8, .s = scratch + (size_t)g * per_group};
+            P->unpack(L[g].g, nu, scratch + (size_t)g * per_group);
         }
         for (int t = 0; t < T; t += PNT) {
             const int nt = T - t < PNT ? T - t : PNT;
-            L.xa = (const uint8_t *)xq + (size_t)t * xb;
-            L.xp = xp ? xp + (size_t)t * nb : NULL;
-            L.o = out + (size_t)t * ldo + r;
-            P->fns[G - 1][nt - 1](&L);
+            L[0].xa = (const uint8_t *)xq + (size_t)t * xb;
+            L[0].xp = xp ? xp + (size_t)t * nb : NULL;
+            for (int g = 0; g < ng; g++) L[g].o = out + (size_t)t * ldo + r + 8 * g;
+            P->fns[ng - 1][nt - 1](L);
         }
     }
     return 0;
@@ -965,38 +629,12 @@ static void half_sums(const void *xq, int T, size_t xb, int cols, int32_t *xp) {
     }
 }
 
-/* One token (decode): the groups of [r0, r1) walked as two streams, the first half's groups and the
- * second half's in step (a 2-group tile), and an odd group left over on its own. A core streaming weights
- * reads them faster from two places at once than from one: on Zen 3 a plain read of 2 or 3 far-apart
- * streams came 15-25% faster than of one, and Qwen2.5-Coder-1.5B's decode went from 83.5% to 97.5% of a
- * plain read of its weights at 1 thread (14.6 -> 17.7 tok/s) and from 85.5% to 90% at 2 (22.5 -> 23.1),
- * every one of 6 alternating rounds faster (lab:bench/decode_share.py); the 0.5B, mostly Q5_0, 30.3 -> 35.9
- * and 43.0 -> 48.6 tok/s. */
-static void two_streams(const tile_fn one, const tile_fn two, const tile_args *A0, const uint8_t *base, size_t gb,
-                        float *out, int r0, int r1, const uint8_t *end, size_t pf) {
-    const int ng = (r1 - r0 + 7) / 8, half = ng / 2;
-    tile_args P[2] = {*A0, *A0};
-    for (int i = 0; i < ng - half; i++) {
-        const int n = i < half ? 2 : 1; /* the last, when ng is odd, alone */
-        for (int k = 0; k < n; k++) {
-            const int r = r0 + 8 * (i + k * (ng - half));
-            P[k].g = base + (size_t)(r / 8) * gb;
-            P[k].o = out + r;
-            P[k].nvalid = r1 - r < 8 ? r1 - r : 8;
-            P[k].pf = pf && (size_t)(end - P[k].g) >= pf + gb ? P[k].g + pf : NULL;
-        }
-        if (n == 2) two(P);
-        else one(P);
-    }
-}
-
 /* fns: the type's tiles for 1..MAXNT tokens; two: its 2-group tile for one token (NULL: none); half:
  * whether they take the activations' half sums (xp) */
 static void matmul_kq(const tile_fn *fns, const tile_fn two, const int half, const lean_path *lean,
                       const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
-    const bl_type_traits *tr = bl_traits(w->type);
     const int type = w->type, cols = w->cols, nb = cols / BL_QK;
-    const size_t gb = bl_i8_group_bytes(type, cols), rb = bl_row_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
+    const size_t gb = bl_i8_group_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
     const int rows_layout = w->layout == BL_LAYOUT_ROWS;
     int32_t xp_stack[1024];
     int32_t *xp = NULL;
@@ -1013,42 +651,8 @@ static void matmul_kq(const tile_fn *fns, const tile_fn two, const int half, con
         return;
     }
     if (xp) half_sums(xq, T, xb, cols, xp);
-    if (lean && !rows_layout && T >= PREFILL_MIN_T && matmul_lean(lean, w, xq, T, xp, out, ldo, r0, r1) == 0) {
-        if (xp != xp_stack) free(xp);
-        free(scratch);
-        return;
-    }
-    tile_args A = {NULL, cols / tr->block_size, NULL, xb, NULL, NULL, ldo, 8, NULL, 0};
-    A.pfs = (gb + (size_t)A.nu - 1) / (size_t)A.nu;
-    const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
-    const bl_prefetch_rule rule = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0];
-    const size_t pf = rule.hint == BL_PF_NONE ? 0 : (size_t)rule.bytes;
-    if (two && T == 1 && !rows_layout) {
-        A.xa = xq;
-        A.xp = xp;
-        two_streams(fns[0], two, &A, w->data, gb, out, r0, r1, end, pf);
-        if (xp != xp_stack) free(xp);
-        return;
-    }
-    for (int r = r0; r < r1; r += 8) {
-        A.nvalid = r1 - r < 8 ? r1 - r : 8;
-        if (rows_layout) {
-            const uint8_t *p[8];
-            for (int l = 0; l < 8; l++) p[l] = l < A.nvalid ? (const uint8_t *)w->data + (size_t)(r + l) * rb : NULL;
-            tr->pack8(cols, p, scratch);
-            A.g = scratch;
-        } else {
-            A.g = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
-        }
-        for (int t = 0; t < T; t += MAXNT) {
-            const int nt = T - t < MAXNT ? T - t : MAXNT;
-            A.xa = (const uint8_t *)xq + (size_t)t * xb;
-            A.xp = xp ? xp + (size_t)t * nb : NULL;
-            A.o = out + (size_t)t * ldo + r;
-            A.pf = pf && !rows_layout && t == 0 && (size_t)(end - A.g) >= pf + gb ? A.g + pf : NULL;
-            fns[nt - 1](&A);
-        }
-    }
+    if (!lean || rows_layout || T < PREFILL_MIN_T || matmul_lean(lean, w, xq, T, xp, out, ldo, r0, r1) != 0)
+        run_tiles(fns, MAXNT, two, BL_PF_KQUANTS, w, xq, T, xp, out, ldo, r0, r1, scratch);
     if (xp != xp_stack) free(xp);
     free(scratch);
 }

@@ -6,8 +6,8 @@
  * loaded vector gives both nibbles and one vpdpbusd per nibble does the multiply-adds and the widening.
  * 256-bit vectors: Zen 4 splits 512-bit work in two, and 256 bits need no lane shuffles to pair groups.
  *
- * A call's groups are walked as two streams (the first half's and the second half's in step) as in the
- * avx2 tier, with the same software prefetch (kernels.h's rules).
+ * A call's groups are walked as two streams (the first half's and the second half's in step) by the avx2
+ * tier's driver (avx2/tiles.h), with its software prefetch (kernels.h's rules).
  */
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 #include <immintrin.h>
@@ -17,6 +17,7 @@
 #include "quant_kq.h"
 #include "tier.h"
 #include "avx2/simd.h"
+#include "avx2/tiles.h"
 #include "avx512/decode.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -24,26 +25,13 @@
 AI __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)); }
 AI __m256i load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
 
-/* One group of 8 rows of a decode call */
-typedef struct {
-    const uint8_t *g;  /* the interleaved group */
-    float *o;          /* its 8 outputs */
-    int nvalid;        /* of them to store */
-    const uint8_t *pf; /* software prefetch base (NULL: none): unit u fetches up to pf + (u + 1) * pfs */
-    size_t pdone;
-} stream;
-
-AI void prefetch_to(stream *s, size_t end) {
-    if (!s->pf) return;
-    const int hint = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0].hint;
-    for (; s->pdone < end; s->pdone += 64) bl_prefetch_line(s->pf + s->pdone, hint);
-}
-
 /* Q4_K (five = 0) or Q5_K (five = 1) for NG groups at once, each with quant_kq.h's float work in its order:
  * per sub-block pu = fma(dot * sc, xd, pu) (dot * sc exact in float: < 2^23, see avx512/quant_kq.c) and
  * mu = fma(m, s, mu); per unit acc = fma(pu, d, acc), accm = fma(mu, dmin, accm); out = acc - accm. */
-AI void q45k_groups(const int NG, const int five, stream *S, const bl_act_q8 *a, const int nu, const size_t pfs) {
+AI void q45k_groups(const int NG, const int five, tile_args *A) {
     const kq_fields8 F = five ? KQ_Q5_K : KQ_Q4_K;
+    const int nu = A->nu;
+    const bl_act_q8 a = bl_act_q8_view(A->xa, nu * 8 * BL_QK);
     const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
     __m256 acc[2], accm[2];
 #pragma GCC unroll 2
@@ -54,7 +42,7 @@ AI void q45k_groups(const int NG, const int five, stream *S, const bl_act_q8 *a,
         __m256 pu[2], mu[2];
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
-            gu[g] = S[g].g + (size_t)u * F.unit;
+            gu[g] = A[g].g + (size_t)u * F.unit;
             q4k_scales8(gu[g] + F.sc, 0, &SL[g], &SH[g]);
             q4k_scales8(gu[g] + F.sc, 1, &ML[g], &MH[g]);
             pu[g] = mu[g] = _mm256_setzero_ps();
@@ -62,8 +50,8 @@ AI void q45k_groups(const int NG, const int five, stream *S, const bl_act_q8 *a,
 #pragma GCC unroll 1
         for (int c = 0; c < 4; c++) {
 #pragma GCC unroll 2
-            for (int g = 0; g < NG; g++) prefetch_to(&S[g], (size_t)u * pfs + (size_t)(c + 1) * pfs / 4);
-            const int8_t *xl = a->qs + (size_t)(8 * u + 2 * c) * 32, *xh = xl + 32;
+            for (int g = 0; g < NG; g++) prefetch_until(&A[g], &A[g].pdone, prefetch_end(A->pfs, u, c, 4));
+            const int8_t *xl = a.qs + (size_t)(8 * u + 2 * c) * 32, *xh = xl + 32;
             /* [group][nibble][jj parity]: two chains a nibble, so that vpdpbusd's latency overlaps */
             __m256i d[2][2][2];
 #pragma GCC unroll 8
@@ -103,8 +91,8 @@ AI void q45k_groups(const int NG, const int five, stream *S, const bl_act_q8 *a,
                     if (!five && n) sc = _mm256_mul_ps(sc, _mm256_set1_ps(0.0625f));
                     const __m256 m = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(j < 4 ? ML[g] : MH[g], one));
                     const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(d[g][n][0], d[g][n][1]));
-                    pu[g] = _mm256_fmadd_ps(_mm256_mul_ps(dot, sc), _mm256_set1_ps(a->d[b]), pu[g]);
-                    mu[g] = _mm256_fmadd_ps(m, _mm256_set1_ps(a->s[b]), mu[g]);
+                    pu[g] = _mm256_fmadd_ps(_mm256_mul_ps(dot, sc), _mm256_set1_ps(a.d[b]), pu[g]);
+                    mu[g] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[b]), mu[g]);
                 }
         }
 #pragma GCC unroll 2
@@ -114,15 +102,18 @@ AI void q45k_groups(const int NG, const int five, stream *S, const bl_act_q8 *a,
         }
     }
 #pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) store8(S[g].o, _mm256_sub_ps(acc[g], accm[g]), S[g].nvalid);
+    for (int g = 0; g < NG; g++) store8(A[g].o, _mm256_sub_ps(acc[g], accm[g]), A[g].nvalid);
 }
 
 /* Q6_K for NG groups at once, quant_kq.h's float work in its order: each block's integer
  * sa * dot(q, x)[0:16] + sb * dot(q, x)[16:32] - 32 (sa * sum x[0:16] + sb * sum x[16:32]) exact in int32 and
- * converted once; pu = fma(that, xd, pu) per block, acc = fma(pu, d, acc) per unit. xp: the activations' half
- * sums (int16 pairs, avx512/quant_kq.c's half_sums). */
-AI void q6k_groups(const int NG, stream *S, const bl_act_q8 *a, const int32_t *xp, const int nu, const size_t pfs) {
+ * converted once; pu = fma(that, xd, pu) per block, acc = fma(pu, d, acc) per unit. A->xp: the activations'
+ * half sums (int16 pairs, avx512/quant_kq.c's half_sums). */
+AI void q6k_groups(const int NG, tile_args *A) {
     const kq_fields8 F = KQ_Q6_K;
+    const int nu = A->nu;
+    const bl_act_q8 a = bl_act_q8_view(A->xa, nu * 8 * BL_QK);
+    const int32_t *xp = A->xp;
     const __m256i m6 = _mm256_set1_epi8(63);
     __m256 acc[2];
 #pragma GCC unroll 2
@@ -131,7 +122,7 @@ AI void q6k_groups(const int NG, stream *S, const bl_act_q8 *a, const int32_t *x
         const uint8_t *gu[2];
         __m256 pu[2];
 #pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) gu[g] = S[g].g + (size_t)u * F.unit, pu[g] = _mm256_setzero_ps();
+        for (int g = 0; g < NG; g++) gu[g] = A[g].g + (size_t)u * F.unit, pu[g] = _mm256_setzero_ps();
 #pragma GCC unroll 1
         for (int k2 = 0; k2 < 4; k2++) {
             __m256i SV[2]; /* the 16-value halves' scales of blocks 2 k2, 2 k2 + 1: bytes 0-3 of each row's lane */
@@ -141,11 +132,11 @@ AI void q6k_groups(const int NG, stream *S, const bl_act_q8 *a, const int32_t *x
             for (int odd = 0; odd < 2; odd++) {
                 const int kb = 2 * k2 + odd, b = 8 * u + kb, o = 2 * odd;
 #pragma GCC unroll 2
-                for (int g = 0; g < NG; g++) prefetch_to(&S[g], (size_t)u * pfs + (size_t)(kb + 1) * pfs / 8);
+                for (int g = 0; g < NG; g++) prefetch_until(&A[g], &A[g].pdone, prefetch_end(A->pfs, u, kb, 8));
                 __m256i i32[2];
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++) {
-                    const int8_t *x = a->qs + (size_t)b * 32 + 16 * h;
+                    const int8_t *x = a.qs + (size_t)b * 32 + 16 * h;
                     const __m256i x0 = bcast32(x), x1 = bcast32(x + 4), x2 = bcast32(x + 8), x3 = bcast32(x + 12);
 #pragma GCC unroll 2
                     for (int g = 0; g < NG; g++) {
@@ -167,7 +158,7 @@ AI void q6k_groups(const int NG, stream *S, const bl_act_q8 *a, const int32_t *x
                     const __m256i sab = _mm256_srai_epi16(_mm256_shuffle_epi8(SV[g], pick(-128, o, -128, o + 1)), 8);
                     const __m256i corr = _mm256_madd_epi16(sab, _mm256_set1_epi32(xp[b]));
                     const __m256i i = _mm256_sub_epi32(i32[g], _mm256_slli_epi32(corr, 5));
-                    pu[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(a->d[b]), pu[g]);
+                    pu[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(a.d[b]), pu[g]);
                 }
             }
         }
@@ -175,63 +166,31 @@ AI void q6k_groups(const int NG, stream *S, const bl_act_q8 *a, const int32_t *x
         for (int g = 0; g < NG; g++) acc[g] = _mm256_fmadd_ps(pu[g], f16x8(gu[g] + F.d), acc[g]);
     }
 #pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) store8(S[g].o, acc[g], S[g].nvalid);
+    for (int g = 0; g < NG; g++) store8(A[g].o, acc[g], A[g].nvalid);
 }
 
-typedef void (*groups_fn)(stream *S, const bl_act_q8 *a, const int32_t *xp, int nu, size_t pfs);
-static void q4k_1(stream *S, const bl_act_q8 *a, const int32_t *xp, int nu, size_t pfs) {
-    (void)xp;
-    q45k_groups(1, 0, S, a, nu, pfs);
-}
-static void q4k_2(stream *S, const bl_act_q8 *a, const int32_t *xp, int nu, size_t pfs) {
-    (void)xp;
-    q45k_groups(2, 0, S, a, nu, pfs);
-}
-static void q5k_1(stream *S, const bl_act_q8 *a, const int32_t *xp, int nu, size_t pfs) {
-    (void)xp;
-    q45k_groups(1, 1, S, a, nu, pfs);
-}
-static void q6k_1(stream *S, const bl_act_q8 *a, const int32_t *xp, int nu, size_t pfs) { q6k_groups(1, S, a, xp, nu, pfs); }
-static void q6k_2(stream *S, const bl_act_q8 *a, const int32_t *xp, int nu, size_t pfs) { q6k_groups(2, S, a, xp, nu, pfs); }
-static void q5k_2(stream *S, const bl_act_q8 *a, const int32_t *xp, int nu, size_t pfs) {
-    (void)xp;
-    q45k_groups(2, 1, S, a, nu, pfs);
-}
+static void q4k_1(tile_args *A) { q45k_groups(1, 0, A); }
+static void q4k_2(tile_args *A) { q45k_groups(2, 0, A); }
+static void q5k_1(tile_args *A) { q45k_groups(1, 1, A); }
+static void q5k_2(tile_args *A) { q45k_groups(2, 1, A); }
+static void q6k_1(tile_args *A) { q6k_groups(1, A); }
+static void q6k_2(tile_args *A) { q6k_groups(2, A); }
 
 /* The groups of [r0, r1) as two streams, the first half's and the second half's in step, the odd one out
- * alone (a core reads two far-apart streams faster than one: avx2/quant_kq.c's two_streams) */
-static void two_streams(const groups_fn one, const groups_fn two, const bl_matrix *w, const void *xq, const int32_t *xp,
-                        float *out, int r0, int r1) {
-    const int type = w->type, cols = w->cols, nu = cols / bl_traits(type)->block_size;
-    const size_t gb = bl_i8_group_bytes(type, cols), pfs = (gb + (size_t)nu - 1) / (size_t)nu;
-    const bl_prefetch_rule rule = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0];
-    const size_t pf = rule.hint == BL_PF_NONE ? 0 : (size_t)rule.bytes;
-    const uint8_t *base = w->data, *end = base + (size_t)((r1 + 7) / 8) * gb;
-    const bl_act_q8 a = bl_act_q8_view(xq, cols);
-    const int ng = (r1 - r0 + 7) / 8, half = ng / 2;
-    for (int i = 0; i < ng - half; i++) {
-        const int n = i < half ? 2 : 1;
-        stream S[2];
-        for (int k = 0; k < n; k++) {
-            const int r = r0 + 8 * (i + k * (ng - half));
-            S[k].g = base + (size_t)(r / 8) * gb;
-            S[k].o = out + r;
-            S[k].nvalid = r1 - r < 8 ? r1 - r : 8;
-            S[k].pf = pf && (size_t)(end - S[k].g) >= pf + gb ? S[k].g + pf : NULL;
-            S[k].pdone = 0;
-        }
-        (n == 2 ? two : one)(S, &a, xp, nu, pfs);
-    }
+ * alone (avx2/tiles.h's two_streams, the avx2 tier's walk and software prefetch) */
+static void decode(const tile_fn one, const tile_fn two, const bl_matrix *w, const void *xq, const int32_t *xp,
+                   float *out, int r0, int r1) {
+    run_tiles(&one, 1, two, BL_PF_KQUANTS, w, xq, 1, xp, out, 0, r0, r1, NULL);
 }
 
 void bl_decode_q4_k_avx512(const bl_matrix *w, const void *xq, float *out, int r0, int r1) {
-    two_streams(q4k_1, q4k_2, w, xq, NULL, out, r0, r1);
+    decode(q4k_1, q4k_2, w, xq, NULL, out, r0, r1);
 }
 
 void bl_decode_q5_k_avx512(const bl_matrix *w, const void *xq, float *out, int r0, int r1) {
-    two_streams(q5k_1, q5k_2, w, xq, NULL, out, r0, r1);
+    decode(q5k_1, q5k_2, w, xq, NULL, out, r0, r1);
 }
 
 void bl_decode_q6_k_avx512(const bl_matrix *w, const void *xq, const int32_t *xp, float *out, int r0, int r1) {
-    two_streams(q6k_1, q6k_2, w, xq, xp, out, r0, r1);
+    decode(q6k_1, q6k_2, w, xq, xp, out, r0, r1);
 }

@@ -19,11 +19,11 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 #include <immintrin.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "quant_internal.h"
 #include "tier.h"
+#include "avx512/simd.h"
 
 #define AI static inline __attribute__((always_inline))
 #define PREFILL_MIN_T 8 /* as avx512/quant_kq.c: under it the avx2 tiles run */
@@ -31,22 +31,6 @@
 
 /* scratch per block of a pair: 8 vectors of 64 B (vector k: values 4k..4k+3 of the 16 rows) */
 #define VALS_BLOCK 512
-
-AI __m512i bcast(const int8_t *p) { return _mm512_set1_epi32(bl_rd32(p)); }
-
-/* the 8 f16 of group A's rows then group B's (B NULL: zeros) as 16 floats */
-AI __m512 f16x16(const uint8_t *a, const uint8_t *b) {
-    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)a));
-    const __m256 hi = b ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)b)) : _mm256_setzero_ps();
-    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-}
-
-/* a 32-byte vector of group A and the matching one of group B (NULL: zeros) as one 64-byte vector */
-AI __m512i pair32(const uint8_t *a, const uint8_t *b) {
-    const __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)a);
-    const __m256i hi = b ? _mm256_loadu_si256((const __m256i *)(const void *)b) : _mm256_setzero_si256();
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
 
 /* The pair's scratch: vals [nb][8] (64 B each), then d [nb] (16 f32), then (Q4_1) m [nb] (16 f32). */
 AI void unpack(const int type, const uint8_t *ga, const uint8_t *gb, const int nb, uint8_t *dst) {
@@ -200,19 +184,6 @@ TILE_FNS(T40X2, BL_Q4_0, 1)
 TILE_FNS(T41X2, BL_Q4_1, 1)
 TILE_FNS(T80X2, BL_Q8_0, 1)
 
-/* the scratch a thread unpacks its pairs into, kept between calls and grown as needed */
-static _Thread_local uint8_t *scratch;
-static _Thread_local size_t scratch_bytes;
-
-static uint8_t *scratch_for(size_t bytes) {
-    if (bytes > scratch_bytes) {
-        free(scratch);
-        scratch = aligned_alloc(64, bl_round_up(bytes, 64));
-        scratch_bytes = scratch ? bl_round_up(bytes, 64) : 0;
-    }
-    return scratch;
-}
-
 static void matmul(const unpack_fn unpack_pair, const tile_fn *fns, const tile_fn *fns_x2, const bl_matmul_fn fallback,
                    BL_MM_ARGS) {
     const int type = w->type, cols = w->cols, nb = cols / BL_QK, x2 = w->act == BL_ACT_Q8X2;
@@ -222,7 +193,7 @@ static void matmul(const unpack_fn unpack_pair, const tile_fn *fns, const tile_f
     }
     const size_t gb = bl_i8_group_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
     const size_t pair = (size_t)nb * (VALS_BLOCK + 2 * 64), tiles = (size_t)(T + NT - 1) / NT;
-    uint8_t *s = scratch_for(pair + tiles * (size_t)nb * xt_block(x2));
+    uint8_t *s = bl_thread_scratch(pair + tiles * (size_t)nb * xt_block(x2));
     if (!s) { /* out of memory: the tiles, which need none */
         fallback(w, xq, T, out, ldo, r0, r1);
         return;

@@ -32,10 +32,7 @@ void bl_act_q8_scalar(const float *x, int cols, uint8_t *row, int b0, int b1) {
             qs[b * BL_QK + i] = (int8_t)q;
             sum += (int32_t)q;
         }
-        const float s = d * (float)sum;
-        memcpy(p + (size_t)nb * 32 + (size_t)b * 4, &d, 4);
-        memcpy(p + (size_t)nb * 36 + (size_t)b * 4, &s, 4);
-        memcpy(p + (size_t)nb * 40 + (size_t)b * 4, &sum, 4);
+        bl_act_put_block(p, nb, 32, b, d, sum);
     }
 }
 
@@ -56,10 +53,7 @@ void bl_act_q8x2_scalar(const float *x, int cols, uint8_t *row, int b0, int b1) 
             lo[b * BL_QK + i] = (int8_t)(q - 254 * h);
             sum += (int32_t)q;
         }
-        const float s = d * (float)sum;
-        memcpy(p + (size_t)nb * 64 + (size_t)b * 4, &d, 4);
-        memcpy(p + (size_t)nb * 68 + (size_t)b * 4, &s, 4);
-        memcpy(p + (size_t)nb * 72 + (size_t)b * 4, &sum, 4);
+        bl_act_put_block(p, nb, 64, b, d, sum);
     }
 }
 

@@ -61,24 +61,22 @@ static float dot_q5_k(const bl_type_traits *tr, const bl_matrix *w, int r, const
     return dot_q45_k(tr, w, r, a, 1);
 }
 
-static float dot_q6_k(const bl_type_traits *tr, const bl_matrix *w, int r, const bl_act_q8 a) {
+/* Q6_K (six) and Q3_K: per block of 32 two halves of 16 values with a scale each */
+static float dot_q36_k(const bl_type_traits *tr, const bl_matrix *w, int r, const bl_act_q8 a, const int six) {
     const int nu = w->cols / BL_QK_K;
     uint8_t buf[BL_MAX_BLOCK];
     float acc = 0.0f;
     for (int u = 0; u < nu; u++) {
         const uint8_t *blk = bl_load_block(tr, w, r, u, buf);
-        const float d = bl_f16_to_f32(bl_rd16(blk + 208));
+        const float d = bl_f16_to_f32(bl_rd16(blk + (six ? 208 : 108)));
+        int8_t sc[16];
+        kq_q36k_scales(blk, six, sc);
         float pu = 0.0f;
-        const int8_t *sc = (const int8_t *)(blk + 192);
         for (int kb = 0; kb < 8; kb++) {
-            const int b = 8 * u + kb, h = kb / 4, k = kb % 4;
+            const int b = 8 * u + kb;
             const int8_t *qx = a.qs + b * BL_QK;
             int32_t half[2] = {0, 0};
-            for (int l = 0; l < 32; l++) {
-                const uint8_t qb = blk[64 * h + 32 * (k & 1) + l];
-                const int q = (k < 2 ? qb & 15 : qb >> 4) | ((blk[128 + 32 * h + l] >> (2 * k)) & 3) << 4;
-                half[l / 16] += (q - 32) * qx[l];
-            }
+            for (int l = 0; l < 32; l++) half[l / 16] += kq_q36k_value(blk, 32 * kb + l, six) * qx[l];
             const int32_t isum = sc[2 * kb] * half[0] + sc[2 * kb + 1] * half[1];
             pu = fmaf((float)isum, a.d[b], pu);
         }
@@ -87,30 +85,11 @@ static float dot_q6_k(const bl_type_traits *tr, const bl_matrix *w, int r, const
     return acc;
 }
 
+static float dot_q6_k(const bl_type_traits *tr, const bl_matrix *w, int r, const bl_act_q8 a) {
+    return dot_q36_k(tr, w, r, a, 1);
+}
 static float dot_q3_k(const bl_type_traits *tr, const bl_matrix *w, int r, const bl_act_q8 a) {
-    const int nu = w->cols / BL_QK_K;
-    uint8_t buf[BL_MAX_BLOCK];
-    float acc = 0.0f;
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *blk = bl_load_block(tr, w, r, u, buf);
-        const float d = bl_f16_to_f32(bl_rd16(blk + 108));
-        int8_t sc[16];
-        kq_q3k_scales(blk + 96, sc);
-        float pu = 0.0f;
-        for (int kb = 0; kb < 8; kb++) {
-            const int b = 8 * u + kb, h = kb / 4, k = kb % 4;
-            const int8_t *qx = a.qs + b * BL_QK;
-            int32_t half[2] = {0, 0};
-            for (int l = 0; l < 32; l++) {
-                const int q = ((blk[32 + 32 * h + l] >> (2 * k)) & 3) - ((blk[l] >> (4 * h + k)) & 1 ? 0 : 4);
-                half[l / 16] += q * qx[l];
-            }
-            const int32_t isum = sc[2 * kb] * half[0] + sc[2 * kb + 1] * half[1];
-            pu = fmaf((float)isum, a.d[b], pu);
-        }
-        acc = fmaf(pu, d, acc);
-    }
-    return acc;
+    return dot_q36_k(tr, w, r, a, 0);
 }
 
 typedef float (*dot_fn)(const bl_type_traits *, const bl_matrix *, int, bl_act_q8);
