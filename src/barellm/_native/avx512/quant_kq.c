@@ -35,27 +35,11 @@
 #include "quant_kq.h"
 #include "tier.h"
 #include "avx512/decode.h"
+#include "avx512/simd.h"
 
 #define AI static inline __attribute__((always_inline))
 #define PREFILL_MIN_T 12 /* from here the values are unpacked into the scratch */
 #define NT 8             /* tokens a tile runs at once */
-
-AI __m512i bcast(const int8_t *p) { return _mm512_set1_epi32(bl_rd32(p)); }
-
-
-/* the 8 f16 of group A's rows then group B's (B NULL: zeros) as 16 floats */
-AI __m512 f16x16(const uint8_t *a, const uint8_t *b) {
-    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)a));
-    const __m256 hi = b ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)b)) : _mm256_setzero_ps();
-    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-}
-
-/* a 32-byte granule vector of group A and the matching one of group B (NULL: zeros) as one 64-byte vector */
-AI __m512i pair32(const uint8_t *a, const uint8_t *b) {
-    const __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)a);
-    const __m256i hi = b ? _mm256_loadu_si256((const __m256i *)(const void *)b) : _mm256_setzero_si256();
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
 
 /* byte k of every 32-bit lane of v, as 16 floats */
 AI __m512 lane_byte_ps(const __m512i v, const int k) {
@@ -484,19 +468,6 @@ static const tile_path PATH_Q6K = {unit_q6kv, 1680, Q6K_UNIT, Q6K_VALS, TQ6K, FQ
 static const tile_path PATH_Q3K = {unit_q3k, 880, Q6K_UNIT, 0, TQ3K, NULL, 1};
 static const tile_path PATH_Q50 = {unit_q50, 176, Q50_UNIT, 0, TQ50, NULL, 0};
 
-/* the scratch a thread unpacks its pairs into (and the half sums), kept between calls and grown as needed */
-static _Thread_local uint8_t *scratch;
-static _Thread_local size_t scratch_bytes;
-
-static uint8_t *scratch_for(size_t bytes) {
-    if (bytes > scratch_bytes) {
-        free(scratch);
-        scratch = aligned_alloc(64, bl_round_up(bytes, 64));
-        scratch_bytes = scratch ? bl_round_up(bytes, 64) : 0;
-    }
-    return scratch;
-}
-
 static void matmul_tiles(const tile_path *P, const bl_matmul_fn fallback, BL_MM_ARGS) {
     const int type = w->type, cols = w->cols, nb = cols / BL_QK, nu = cols / bl_traits(type)->block_size;
     const int few = T < PREFILL_MIN_T;
@@ -507,7 +478,7 @@ static void matmul_tiles(const tile_path *P, const bl_matmul_fn fallback, BL_MM_
     const size_t gb = bl_i8_group_bytes(type, cols), xb = bl_act_row_bytes(w, cols);
     const size_t su = few ? P->scales_unit : P->unit, pair = bl_round_up((size_t)nu * su, 64);
     const size_t xp_bytes = P->half_sums ? (size_t)T * (size_t)nb * 4 : 0;
-    uint8_t *s = scratch_for(pair + xp_bytes);
+    uint8_t *s = bl_thread_scratch(pair + xp_bytes); /* the pair's scratch, then the half sums */
     if (!s) { /* out of memory: the avx2 tiles, which need none */
         fallback(w, xq, T, out, ldo, r0, r1);
         return;
