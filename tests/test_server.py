@@ -26,8 +26,8 @@ uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
+from barellm.generate.scheduler import Event, Job, QueueFull, Scheduler  # noqa: E402
 from barellm.sampling import SamplingParams  # noqa: E402
-from barellm.serve.scheduler import Event, Job, QueueFull, Scheduler  # noqa: E402
 
 
 def _default_engine() -> str:

@@ -27,11 +27,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from barellm import __version__, openai_format
 from barellm.errors import InvalidRequest
+from barellm.generate.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
 from barellm.serve import openapi_doc, schemas
 from barellm.serve.metrics import Metrics, endpoint_label
 from barellm.serve.models import Candidate, Models, Server, leasing
 from barellm.serve.relay import Outbox, RelayResponse, chat_prompt, constrain, read_body, submit, submit_embeddings
-from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
 from barellm.serve.security import MAX_HEADER_BYTES, Guard
 from barellm.text.infill import end_rules

@@ -36,11 +36,11 @@ from starlette.types import Receive, Scope, Send
 
 from barellm import __version__
 from barellm.errors import InvalidRequest
+from barellm.generate.scheduler import Event
 from barellm.serve import lifecycle, schemas
 from barellm.serve.lifecycle import _details, _details_of_file, _digest, _keep_alive, _tag
 from barellm.serve.models import leasing
 from barellm.serve.relay import RelayResponse, chat_prompt, constrain, read_body, submit
-from barellm.serve.scheduler import Event
 from barellm.serve.schemas import (
     MAX_STOP_CHARS,
     MAX_STOPS,

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from barellm.errors import InvalidRequest
-from barellm.serve.scheduler import EmbedJob, Event, Job, QueueFull
+from barellm.generate.scheduler import EmbedJob, Event, Job, QueueFull
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from barellm.generate.stats import SchedulerStats
 from barellm.generation import (
     Delta,
     Generation,
@@ -43,7 +44,6 @@ from barellm.generation import (
     time_engine,
 )
 from barellm.sampling import SamplingParams
-from barellm.serve.metrics import Metrics
 from barellm.structured import spare_core
 
 __all__ = ["DEFAULT_PREFILL_CHUNK", "EmbedJob", "Event", "Job", "QueueFull", "Scheduler", "TokenLogprob",
@@ -175,7 +175,7 @@ class Scheduler:
 
     def __init__(self, engine: Any, tokenizer: Any, *, n_ctx: int, n_slots: int | None = None,
                  max_queue: int = 64, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 metrics: SchedulerStats | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.n_ctx = n_ctx
@@ -184,7 +184,7 @@ class Scheduler:
             raise ValueError(f"n_slots must be in 1..{engine.n_slots}")
         self.max_queue = max_queue
         self.prefill_chunk = max(1, prefill_chunk)
-        self.metrics = metrics or Metrics(self.n_slots)
+        self.metrics = metrics or SchedulerStats(self.n_slots)
         self.clock = clock
         self.eog = frozenset(tokenizer.eog_ids)
         self.n_vocab: int | None = getattr(engine, "n_vocab", None)
