@@ -221,7 +221,7 @@ def test_a_dropped_stream_releases_its_slot(model):
     del s
     gc.collect()
     assert model.generate("the cat", max_tokens=4, temperature=0) is not None
-    assert not any(model._table.busy)
+    assert model.scheduler.slots_in_use == 0   # the slots are the scheduler's
 
 
 @pytest.mark.parametrize("slots", [1, 2])
@@ -350,3 +350,52 @@ def test_completion_timings(model):
     assert t is not None and t.tokens == len(c.token_ids)
     b = t.breakdown()
     assert b["forward"] > 0 and b["sample"] > 0 and sum(b.values()) == pytest.approx(c.decode_seconds, rel=1e-6)
+
+
+# --- one path: the scheduler the server runs, one check, keywords in the signatures ------------------------
+
+def test_generation_methods_show_their_keywords():
+    import inspect
+
+    for name in ("generate", "stream", "complete", "chat", "chat_stream", "infill", "complete_infill"):
+        params = inspect.signature(getattr(barellm.Model, name)).parameters
+        assert {"max_tokens", "temperature", "top_k", "seed", "stop", "n", "json_schema", "timings"} <= set(params)
+        assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("max_tokens", "temperature", "stop"))
+        assert params["temperature"].default == 0.8 and params["max_tokens"].default is None
+        assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()), name
+    params = inspect.signature(barellm.Model.create_completion).parameters
+    assert params["max_tokens"].default == 16 and "top_logprobs" not in params and "timings" not in params
+    assert params["temperature"].default == 0.8
+    params = inspect.signature(barellm.Model.create_chat_completion).parameters
+    assert params["logprobs"].default is False and "timings" not in params and "seed" in params
+
+
+def test_the_one_check_names_the_parameter(model):
+    with pytest.raises(InvalidRequest, match="outside the vocabulary") as e:
+        model.generate("the cat", logit_bias={model.config.n_vocab: 1})
+    assert e.value.param == "logit_bias"
+    with pytest.raises(InvalidRequest, match="slots") as e:
+        model.complete("the cat", n=model.slots + 1)
+    assert e.value.param == "n"
+    with pytest.raises(InvalidRequest, match="context") as e:
+        model.generate([5] * 200)
+    assert e.value.param == "prompt" and e.value.code == "context_length_exceeded"
+
+
+def test_a_stream_between_its_pieces_is_not_advanced(model2, monkeypatch):
+    """A stream waits, holding its slot, while its reader is away: another generation's steps run alone."""
+    kw = dict(max_tokens=12, temperature=0)
+    alone = "".join(model2.stream("the cat", **kw))
+    sizes: list[int] = []
+    real = model2.engine.forward_batch
+
+    def recording(seqs):
+        sizes.append(len(seqs))
+        return real(seqs)
+
+    monkeypatch.setattr(model2.engine, "forward_batch", recording)
+    s = model2.stream("the cat", **kw)
+    head = next(s)
+    model2.generate("in the hat and more", **kw)
+    assert max(sizes, default=1) == 1   # never batched with the paused stream
+    assert head + "".join(s) == alone

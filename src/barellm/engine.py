@@ -23,6 +23,7 @@ a NumPy implementation, with hooks to replace any op and to observe every op's o
 from __future__ import annotations
 
 import fnmatch
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -212,6 +213,7 @@ class NativeEngine:
             raise NativeUnsupported(f"the native engine cannot run this model: {e}") from None
         self._plan.set_adaptive(bool(adaptive_threads))
         self._debug_plan: Any = None
+        self.executor_seconds = 0.0   # time spent in the C executor so far: the engine calls' "forward" share
 
     # --- buffers ------------------------------------------------------------------------------
 
@@ -546,7 +548,7 @@ class NativeEngine:
             else:
                 n_out = 0
             if step is None:
-                self._plan.run(T, n_out)
+                self._run_plan(T, n_out)
             else:
                 step(T, n_out)
             if all_logits:
@@ -554,6 +556,11 @@ class NativeEngine:
             elif n_out:
                 out[0] = logits[0, :self.n_vocab]
         return out
+
+    def _run_plan(self, *args: int) -> None:
+        t0 = time.perf_counter()
+        self._plan.run(*args)
+        self.executor_seconds += time.perf_counter() - t0
 
     def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
         """Several sequences (slot, tokens, start) in shared passes; the last logits of each
@@ -620,7 +627,7 @@ class NativeEngine:
             self._slot[:T] = slot[c0:c1]
             sel = np.nonzero(dest[c0:c1] >= 0)[0]
             self._rows[:len(sel)] = sel
-            self._plan.run(T, len(sel), 0, end)
+            self._run_plan(T, len(sel), 0, end)
             out[dest[c0:c1][sel]] = src[:len(sel), :width]
 
     # --- introspection and debugging ----------------------------------------------------------

@@ -1,15 +1,20 @@
 """The public face: load a model by name or path, then tokenize, score, generate, stream and chat.
 
-Model is thin: the tokenizer turns text into ids, an engine turns ids into logits, and a Generation
-(generation.py: sampling, stop strings, limits, the text held back for them, logprobs) decides each next
-token and what text it makes. The KV cache slots persist between calls, so a prompt that starts with what a
-slot already holds is only fed from where it differs.
+Model is thin: the tokenizer turns text into ids, an engine turns ids into logits, and the model's
+Scheduler (generate/scheduler.py, the one the server runs) feeds every generation's prompt and tokens
+through the engine in shared forward passes, its Generation (generation.py: sampling, stop strings, limits,
+the text held back for them, logprobs) deciding each next token and what text it makes. A method turns its
+keywords into a Request (generate/request.py), holds it to the model's limits with the check every front
+end makes, and runs the scheduler's rounds from the calling thread until its result is in. The KV cache
+slots are the scheduler's and persist between calls, so a prompt that starts with what a slot already holds
+is only fed from where it differs.
 
 Sharing a Model: every generation owns a KV cache slot from its first token to its end (a stream: until it
-is exhausted, closed or dropped). `load(..., slots=N)` gives N slots. A generation that finds no free slot
-waits for one while other threads hold them; when the only holders are unfinished generations of its own
-thread (an open stream), waiting could never end, so it raises SlotsBusy instead. Generations in separate
-slots may run from several threads at once: their engine calls take turns, each on its own cache.
+is exhausted, closed or dropped; between two of its pieces it waits, holding it). `load(..., slots=N)` gives
+N slots. A generation that finds no free slot waits for one while other threads hold them; when the only
+holders are unfinished generations of its own thread (an open stream), waiting could never end, so it raises
+SlotsBusy instead. Generations of several threads run side by side, one thread at a time running the rounds
+that advance them all.
 """
 
 from __future__ import annotations
@@ -18,24 +23,28 @@ import os
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from barellm.arch.config import ModelConfig, config_of
 from barellm.cpu import default_threads
 from barellm.errors import BarellmError, FormatError, InvalidRequest, SlotsBusy
-from barellm.generation import DEFAULT_MAX_TOKENS, Delta, Generation, SlotTable, Timings, pooled
-from barellm.sampling import SamplingParams, TokenLogprob
+from barellm.generate.request import Event, Options, Request, SamplingOptions, check, from_options, takes_options
+from barellm.generate.scheduler import UNBOUNDED, EmbedJob, Scheduler
+from barellm.generation import Timings
+from barellm.sampling import TokenLogprob
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 ENGINES = ("auto", "native", "reference")
 ACTIVATIONS = ("q8x2", "q8")  # the native engine's activation precisions (engine.ACTIVATIONS)
 KV_TYPES = ("f16", "q8_0", "f32")  # what the KV cache holds (engine.KV_TYPES)
-GENERATION_KEYWORDS = ("max_tokens", "stop", "n", "logprobs", "top_logprobs", "allowed_tokens", "timings",
-                       "json_schema", "grammar", "regex", "min_indent")
 
 
 @dataclass
@@ -114,23 +123,8 @@ def _open_source(path: Path, verify: bool = False) -> Any:
     return open_model(path, verify=verify)
 
 
-@dataclass
-class _Request:
-    params: SamplingParams
-    max_tokens: int | None        # None: no limit but the context
-    stops: list[str]
-    n: int
-    top_logprobs: int | None
-    allowed: Any
-    timings: Timings | None
-    grammar: Any = None           # a structured.Grammar: every choice follows it
-    min_indent: int = 0           # a new line indented less ends the text (llama.cpp's n_indent)
-
-    def params_for(self, index: int) -> SamplingParams:
-        """Choice i draws with seed + i, so choice 0 is what n=1 gives."""
-        if index == 0 or self.params.seed is None:
-            return self.params
-        return SamplingParams(**{**self.params.__dict__, "seed": self.params.seed + index})
+def _nowhere(ev: Event) -> None:
+    pass
 
 
 class Model:
@@ -139,6 +133,9 @@ class Model:
     Safe to share between threads (see the module docstring): each generation holds its own KV cache slot;
     with one slot (the default) generations from several threads run one after another, with slots=N up to
     N at once. An unfinished stream keeps its slot until it ends, is closed or is dropped.
+
+    The generation methods take Options' keywords (generate/request.py: max_tokens, temperature, top_k, ...),
+    listed with their types and defaults in each method's signature.
     """
 
     def __init__(self, path: Path, *, threads: int | None = None, context: int | None = None,
@@ -183,13 +180,13 @@ class Model:
         self.activations = activations
         self.kv_type = kv_type  # None: the engine's default (native f16, reference f32)
         self.engine_name, self.engine = self._make_engine(engine)
-        self._table = SlotTable(slots)            # what each slot's cache holds; guarded by _cond
-        self._owner: list[int | None] = [None] * slots   # the thread holding each busy slot
-        self._cond = threading.Condition()
-        self._engine_lock = threading.Lock()      # one engine call at a time (one thread pool)
-        self._served = False                      # a server's scheduler owns the engine (see serving())
-        # each slot's decode logits land in its own row here: nothing is allocated per token
-        self._rows = np.empty((slots, 1, self.config.n_vocab), np.float32) if self.engine_name == "native" else None
+        # the one scheduler of this model's engine: the Python API runs its rounds from the calling threads,
+        # a server from its own thread (serving()); its clock times the prefill and decode of a Completion
+        self.scheduler = Scheduler(self.engine, self.tokenizer, n_ctx=self.n_ctx, max_queue=UNBOUNDED,
+                                   clock=time.perf_counter)
+        self._lock = threading.Lock()
+        self._held: dict[int, int] = {}   # thread id -> slots its unfinished generations hold or wait for
+        self._served = False              # a server runs the scheduler (see serving())
 
     def _make_engine(self, engine: str) -> tuple[str, Any]:
         if engine in ("auto", "native"):
@@ -230,104 +227,98 @@ class Model:
             if not isinstance(t, (int, np.integer)) or not 0 <= int(t) < self.config.n_vocab:
                 raise InvalidRequest(f"token id {t!r} is out of range 0..{self.config.n_vocab - 1}")
 
-    # --- slots and the engine -------------------------------------------------------------------
+    # --- the scheduler: every generation, scoring and embedding goes through it -----------------
 
-    def _acquire(self, n: int, prompt: Sequence[int]) -> list[tuple[int, int]]:
-        """n free slots for prompt, the one whose cache serves it best first: [(slot, reused tokens)]."""
-        if n > self.slots:
-            raise InvalidRequest(f"n={n} needs {n} KV cache slots; this Model has {self.slots} "
-                                 f"(barellm.load(..., slots={n}))")
-        me = threading.get_ident()
-        with self._cond:
-            while True:
-                self._check_served()
-                if len(self._table.free()) >= n:
-                    break
-                mine = sum(1 for o in self._owner if o == me)
-                if self.slots - mine < n:
-                    raise SlotsBusy(
-                        f"all {self.slots} KV cache slot(s) of this Model are held by unfinished generations of "
-                        f"this thread (an open stream?): finish or close them first, or load the model with more "
-                        f"slots (barellm.load(..., slots=N))")
-                self._cond.wait()
-            out = []
-            for _ in range(n):
-                slot = self._table.choose(prompt)
-                assert slot is not None
-                out.append((slot, self._table.take(slot, prompt)))
-                self._owner[slot] = me
-            return out
+    @property
+    def stats(self) -> Any:
+        """The scheduler's counters (generate/stats.py): tokens, steps, time to first token."""
+        return self.scheduler.metrics
 
-    def _release(self, slots: Sequence[int]) -> None:
-        with self._cond:
-            for s in slots:
-                self._table.release(s)
-                self._owner[s] = None
-            self._cond.notify_all()
+    def serving(self, served: bool) -> None:
+        """A server takes the scheduler (True: its own thread runs it from now on) or gives it back (False).
+        Meanwhile this Model's own calls are refused; what the slots hold stays known to the scheduler, so a
+        call afterwards reuses only what is still there."""
+        with self._lock:
+            if served and self._held:
+                raise InvalidRequest("this Model has unfinished generations (open streams?); finish them before "
+                                     "serving it")
+            self._served = bool(served)
+        if not served:
+            self.scheduler.configure(max_queue=UNBOUNDED)
 
     def _check_served(self) -> None:
         if self._served:
             raise InvalidRequest("this Model is being served: the server's scheduler owns its engine (every slot); "
                                  "load a second Model for direct calls")
 
-    def _forward(self, tokens: Sequence[int], start: int, slot: int, all_logits: bool = False) -> np.ndarray:
-        with self._engine_lock:
-            self._check_served()
-            if self._rows is not None and not all_logits:
-                return self.engine.forward(tokens, start, False, slot=slot, out=self._rows[slot])
-            return self.engine.forward(tokens, start, all_logits, slot=slot)
-
-    def _forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
-        with self._engine_lock:
-            self._check_served()
-            return self.engine.forward_batch(seqs)
-
-    def _copy_prefix(self, src: int, dst: int, n: int) -> bool:
-        copy = getattr(self.engine, "copy_prefix", None)
-        if copy is None:
-            return False
-        with self._engine_lock:
-            self._check_served()
-            copy(src, dst, n)
-        return True
-
-    def serving(self, served: bool) -> None:
-        """A server takes the engine (True) or gives it back (False). Meanwhile this Model's own calls are
-        refused; either way what the slots held is forgotten (the server writes there)."""
-        with self._cond:
-            if served and any(self._table.busy):
-                raise InvalidRequest("this Model has unfinished generations (open streams?); finish them before "
-                                     "serving it")
-            self._served = bool(served)
-            self._table.forget()
-            self._cond.notify_all()
-
     def reset(self) -> None:
         """Forgets what the free slots' caches hold (the next call feeds its whole prompt)."""
-        with self._cond:
-            for s in self._table.free():
-                self._table.forget(s)
+        self._check_served()
+        self.scheduler.forget_free()
+
+    def _events(self, job: Request | EmbedJob, pause: bool = False) -> Iterator[Event]:
+        """Submits job and yields its events as the scheduler's rounds make them: rounds this thread runs, or
+        another thread waiting on its own request (one round advances every live sequence). pause: the
+        request waits, holding its slots, while its reader is away (between two of a stream's pieces). An
+        error event raises; a job still running when this generator is closed or dropped is cancelled.
+
+        A job that would wait for slots that only unfinished generations of this thread hold (open streams)
+        could wait forever: SlotsBusy instead."""
+        self._check_served()
+        events: deque[Event] = deque()
+        job.emit = events.append
+        sched = self.scheduler
+        me = threading.get_ident()
+        with self._lock:
+            held = self._held.get(me, 0)
+            if held and self.slots - held < job.n:
+                raise SlotsBusy(
+                    f"all {self.slots} KV cache slot(s) of this Model are held by unfinished generations of this "
+                    f"thread (an open stream?): finish or close them first, or load the model with more slots "
+                    f"(barellm.load(..., slots=N))")
+            self._held[me] = held + job.n
+        try:
+            sched.submit(job)
+
+            def ready() -> bool:
+                return bool(events) or job.done
+
+            while True:
+                if not events:
+                    job.paused = False
+                    sched.run_until(ready)
+                    if not events:
+                        return
+                ev = events.popleft()
+                if ev.kind == "error":
+                    raise BarellmError(ev.message)
+                if pause:
+                    job.paused = True
+                yield ev
+        finally:
+            with self._lock:
+                left = self._held[me] - job.n
+                if left:
+                    self._held[me] = left
+                else:
+                    del self._held[me]
+            if not job.done:
+                sched.cancel(job)
 
     # --- scoring --------------------------------------------------------------------------------
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Next-token logits after every prefix of ids: float32 [len(ids), n_vocab]."""
-        ids = [int(t) for t in ids]
+        ids = [int(t) if isinstance(t, (int, np.integer)) and not isinstance(t, bool) else t for t in ids]
         self._check_ids(ids)
         if not ids:
             raise InvalidRequest("logits needs at least one token")
         if len(ids) > self.n_ctx:
             raise InvalidRequest(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
-        [(slot, _)] = self._acquire(1, ids)
-        try:
-            with self._cond:
-                self._table.forget(slot)
-            out = self._forward(ids, 0, slot, all_logits=True)
-            with self._cond:
-                self._table.tokens[slot] = list(ids)
-        finally:
-            self._release([slot])
-        return np.array(out, copy=True)
+        for ev in self._events(EmbedJob([ids], _nowhere, logits=True)):
+            if ev.kind == "embeddings":
+                return np.array(ev.data, copy=True)
+        raise BarellmError("the scoring job ended without its logits")
 
     # --- embeddings -----------------------------------------------------------------------------
 
@@ -363,111 +354,27 @@ class Model:
 
         Each is the model's final normed hidden states (what its logits are made from) pooled over the text:
         pooling "mean" (every token; the default, see `pooling`) or "last" (the last token's), then
-        L2-normalised (normalize=False keeps the raw pooled vector). Texts run side by side in the free
-        slots; each embedding is bit-identical however the texts are batched (native engine)."""
+        L2-normalised (normalize=False keeps the raw pooled vector). Each embedding is bit-identical however
+        the texts are batched or cut into chunks (native engine)."""
         one = isinstance(texts, str)
         ids = self.embed_ids([texts] if one else texts)
         pooling = pooling or self.pooling
         if pooling not in ("mean", "last"):
             raise InvalidRequest(f'pooling must be "mean" or "last", got {pooling!r}')
-        out = np.empty((len(ids), self.config.dim), np.float32)
         if not ids:
-            return out
-        hidden = getattr(self.engine, "hidden_batch", None)
-        if hidden is None:
+            return np.empty((0, self.config.dim), np.float32)
+        if getattr(self.engine, "hidden_batch", None) is None:
             raise InvalidRequest(f"the {self.engine_name} engine cannot return hidden states")
-        slots = [s for s, _ in self._acquire_any(min(len(ids), self.slots), ids[0])]
-        try:
-            for g in range(0, len(ids), len(slots)):
-                group = ids[g:g + len(slots)]
-                with self._engine_lock:
-                    self._check_served()
-                    rows = hidden([(slot, t, 0) for slot, t in zip(slots, group, strict=False)],
-                                  last_only=pooling == "last")
-                with self._cond:
-                    for slot in slots:
-                        self._table.forget(slot)   # the cache holds the embedded text now, not a prompt
-                o = 0
-                for j, t in enumerate(group):
-                    mine = rows[j:j + 1] if pooling == "last" else rows[o:o + len(t)]
-                    out[g + j] = pooled(mine, pooling, normalize)
-                    o += len(t)
-        finally:
-            self._release(slots)
-        return out[0] if one else out
-
-    def _acquire_any(self, n: int, prompt: Sequence[int]) -> list[tuple[int, int]]:
-        """Up to n free slots (at least one, waiting for it as _acquire does)."""
-        with self._cond:
-            self._check_served()
-            free = len(self._table.free())
-        return self._acquire(max(1, min(n, free)) if free else 1, prompt)
+        for ev in self._events(EmbedJob(ids, _nowhere, pooling=pooling, normalize=normalize)):
+            if ev.kind == "embeddings":
+                return ev.data[0] if one else ev.data
+        raise BarellmError("the embedding job ended without its vectors")
 
     # --- generation -----------------------------------------------------------------------------
 
-    def _request(self, kw: dict[str, Any]) -> _Request:
-        kw = dict(kw)
-        max_tokens = kw.pop("max_tokens", DEFAULT_MAX_TOKENS)
-        stop = kw.pop("stop", None)
-        n = kw.pop("n", 1)
-        logprobs = kw.pop("logprobs", False)
-        top = kw.pop("top_logprobs", None)
-        allowed = kw.pop("allowed_tokens", None)
-        timings = kw.pop("timings", None)
-        min_indent = kw.pop("min_indent", 0)
-        constraint = {k: kw.pop(k) for k in ("json_schema", "grammar", "regex") if kw.get(k) is not None}
-        for k in ("json_schema", "grammar", "regex"):
-            kw.pop(k, None)
-        unknown = set(kw) - set(SamplingParams.__dataclass_fields__)
-        if unknown:
-            raise InvalidRequest(f"unknown generation parameter(s): {', '.join(sorted(unknown))}")
-        params = SamplingParams().with_(**{k: v for k, v in kw.items() if k != "seed"})
-        params = SamplingParams(**{**params.__dict__, "seed": kw.get("seed")}).validated()
-        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
-                                       or max_tokens < 0):
-            raise InvalidRequest(f"max_tokens must be an integer >= 0 or None (no limit), got {max_tokens!r}")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise InvalidRequest(f"n must be an integer >= 1, got {n!r}")
-        if stop is None:
-            stops: list[str] = []
-        elif isinstance(stop, str):
-            stops = [stop]
-        elif isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
-            stops = list(stop)
-        else:
-            raise InvalidRequest("stop must be a string or a list of strings")
-        if not isinstance(logprobs, bool):
-            raise InvalidRequest(f"logprobs must be True or False, got {logprobs!r}")
-        if top is not None and (not isinstance(top, int) or isinstance(top, bool)
-                                or not 0 <= top <= self.config.n_vocab):
-            raise InvalidRequest(f"top_logprobs must be an integer in 0..{self.config.n_vocab}, got {top!r}")
-        top_logprobs = top if top else (0 if logprobs else None)
-        if params.logit_bias:
-            bad = [k for k in params.logit_bias if not 0 <= int(k) < self.config.n_vocab]
-            if bad:
-                raise InvalidRequest(f"logit_bias token id {bad[0]} is outside the vocabulary "
-                                     f"(0..{self.config.n_vocab - 1})")
-        if allowed is not None and not callable(allowed):
-            allowed = np.ascontiguousarray(allowed, dtype=np.uint32).reshape(-1)
-            if allowed.shape[0] < (self.config.n_vocab + 31) // 32:
-                raise InvalidRequest(f"allowed_tokens must be a uint32 bitmask of {(self.config.n_vocab + 31) // 32} "
-                                     f"words (one bit per token), got {allowed.shape[0]}")
-        if timings is not None and not isinstance(timings, Timings):
-            raise InvalidRequest("timings must be a barellm.generation.Timings")
-        if not isinstance(min_indent, int) or isinstance(min_indent, bool) or min_indent < 0:
-            raise InvalidRequest(f"min_indent must be an integer >= 0, got {min_indent!r}")
-        grammar = None
-        if constraint:
-            if allowed is not None:
-                raise InvalidRequest(f"allowed_tokens and {next(iter(constraint))} both constrain the output: give one")
-            grammar = self.structured().from_options(**constraint)
-        return _Request(params, max_tokens, [s for s in stops if s], n, top_logprobs, allowed, timings, grammar,
-                        min_indent)
-
-    def _mask_thread(self) -> bool:
-        from barellm.structured import spare_core
-
-        return spare_core(self.threads)
+    def _request(self, options: dict[str, Any]) -> Request:
+        """The Request the keywords ask for (generate/request.py), checked but for its prompt."""
+        return from_options(options, lambda **c: self.structured().from_options(**c))
 
     def structured(self) -> Any:
         """The model's structured.Vocabulary (llguidance's view of its tokenizer; built on first use):
@@ -478,133 +385,97 @@ class Model:
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
-            ids = self.tokenize(prompt)
-        elif isinstance(prompt, Sequence):
-            ids = [int(t) if isinstance(t, (int, np.integer)) and not isinstance(t, bool) else t for t in prompt]
-        else:
-            raise InvalidRequest(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-        self._check_ids(ids)
-        if not ids:
-            raise InvalidRequest("the prompt is empty")
-        if len(ids) >= self.n_ctx:
-            raise InvalidRequest(f"the prompt has {len(ids)} tokens; the context holds {self.n_ctx}")
-        return ids
+            return self.tokenize(prompt)
+        if isinstance(prompt, Sequence):
+            return [int(t) if isinstance(t, (int, np.integer)) and not isinstance(t, bool) else t for t in prompt]
+        raise InvalidRequest(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
-    def _run(self, ids: list[int], req: _Request, c: Completion) -> Iterator[tuple[int, Delta]]:
-        """The token loop of req.n choices of one prompt: yields (choice, what became visible)."""
-        n = req.n
-        timings = c.timings = req.timings if req.timings is not None else Timings()
-        c.prompt_tokens = len(ids)
-        gens = [Generation(ids, self.tokenizer, params=req.params_for(i), max_tokens=req.max_tokens, n_ctx=self.n_ctx,
-                           stops=req.stops, top_logprobs=req.top_logprobs, allowed=req.allowed,
-                           n_vocab=self.config.n_vocab, timings=timings,
-                           guide=req.grammar.guide(self._mask_thread()) if req.grammar is not None else None,
-                           min_indent=req.min_indent) for i in range(n)]
-        c.choices = [Choice(i) for i in range(n)]
-        for ch, g in zip(c.choices, gens, strict=True):
-            ch.token_ids = g.generated    # every generated token, filled as they come
-        if gens[0].done:   # max_tokens=0: nothing to compute
-            return
-        clock = time.perf_counter
-        slots = self._acquire(n, ids)
-        t_start = clock()
-        try:
-            (main, c.cached_tokens), others = slots[0], slots[1:]
-            executor = timings.seconds["forward"]   # a timed engine (time_engine) adds the prefill's runs: not ours
-            rows = [self._forward(ids[c.cached_tokens:], c.cached_tokens, main)[-1]] * n
-            table = self._table.tokens
-            table[main][:] = ids
-            for i, (slot, reuse) in enumerate(others, 1):
-                # the other choices start from a copy of the prompt's cache, or prefill it themselves
-                if self._copy_prefix(main, slot, len(ids)):
-                    table[slot][:] = ids
-                else:
-                    rows[i] = self._forward(ids[reuse:], reuse, slot)[-1]
-                    table[slot][:] = ids
-            timings.seconds["forward"] = executor
-            t_decode = clock()
-            c.prefill_seconds = t_decode - t_start
-            live = list(range(n))
-            which = [s for s, _ in slots]
-            while True:
-                for i in live:
-                    d = gens[i].step(rows[i])
-                    if d is not None:
-                        yield i, d
-                for i in live:
-                    if gens[i].done:
-                        c.choices[i].finish_reason = gens[i].finish_reason or "length"
-                live = [i for i in live if not gens[i].done]
-                if not live:
-                    break
-                t0 = clock()
-                if len(live) == 1:
-                    g = gens[live[0]]
-                    rows[live[0]] = self._forward((g.next_token,), g.position, which[live[0]])[0]
-                else:
-                    out = self._forward_batch([(which[i], (gens[i].next_token,), gens[i].position) for i in live])
-                    for j, i in enumerate(live):
-                        rows[i] = out[j]
-                timings.engine += clock() - t0
-                for i in live:
-                    table[which[i]].append(gens[i].next_token)
-        finally:
-            t_end = clock()
-            c.decode_seconds = max(0.0, t_end - t_start - c.prefill_seconds)
-            timings.wall += c.decode_seconds
-            self._release([s for s, _ in slots])
+    def _submit(self, ids: list[int], req: Request) -> Request:
+        """req with its prompt, held to this model's limits (the one check every front end makes)."""
+        req.prompt = ids
+        check(req, n_ctx=self.n_ctx, n_vocab=self.config.n_vocab, n_slots=self.slots)
+        return req
 
-    def complete(self, prompt: str | Sequence[int], **kw: Any) -> Completion:
-        """Like generate() but returns the whole Completion (ids, finish reason, counts, timings, and with
-        logprobs / top_logprobs the log-probabilities; with n > 1 every choice in .choices)."""
-        req = self._request(kw)
-        ids = self._prompt_ids(prompt)
-        return self._complete(ids, req)
-
-    def _complete(self, ids: list[int], req: _Request) -> Completion:
-        c = Completion()
+    def _run(self, req: Request, c: Completion, pause: bool = False) -> Iterator[Event]:
+        """req's events, c filled from them as they come (counts, each choice's text, ids, logprobs and finish
+        reason, the prefill and decode times); yields the deltas."""
+        timings = c.timings = req.timings = req.timings if req.timings is not None else Timings()
+        c.prompt_tokens = len(req.prompt)
+        c.choices = [Choice(i) for i in range(req.n)]
         texts: list[list[str]] = [[] for _ in range(req.n)]
-        lps: list[list[TokenLogprob]] = [[] for _ in range(req.n)]
-        for i, d in self._run(ids, req, c):
-            texts[i].append(d.text)
-            lps[i].extend(d.logprobs)
+        logprobs = req.top_logprobs is not None
+        for ch in c.choices:
+            ch.logprobs = [] if logprobs else None
+        started = time.perf_counter()
+        for ev in self._events(req, pause):
+            if ev.kind == "delta":
+                ch = c.choices[ev.index]
+                texts[ev.index].append(ev.text)
+                ch.token_ids.extend(ev.token_ids)
+                if ch.logprobs is not None:
+                    ch.logprobs.extend(ev.tokens)
+                yield ev
+            elif ev.kind == "done":
+                ch = c.choices[ev.index]
+                ch.finish_reason = ev.finish_reason or "length"
+                ch.token_ids[:] = ev.token_ids   # every generated token, a stop string's too
+            elif ev.kind == "start":
+                c.cached_tokens = ev.cached_tokens
+        end = time.perf_counter()
         for ch in c.choices:
             ch.text = "".join(texts[ch.index])
-            ch.logprobs = lps[ch.index] if req.top_logprobs is not None else None
-        first = c.choices[0]
-        c.text, c.token_ids, c.finish_reason, c.logprobs = first.text, first.token_ids, first.finish_reason, \
-            first.logprobs
+        first = req.first_token_at if req.first_token_at is not None else end
+        c.prefill_seconds = max(0.0, first - (req.admitted_at if req.admitted_at is not None else started))
+        c.decode_seconds = max(0.0, end - first)
+        timings.wall += c.decode_seconds
+        head = c.choices[0]
+        c.text, c.token_ids, c.finish_reason, c.logprobs = head.text, head.token_ids, head.finish_reason, head.logprobs
+
+    def _complete(self, req: Request) -> Completion:
+        req.stream = False   # each choice's text in one piece at its end
+        c = Completion()
+        for _ in self._run(req, c):
+            pass
         return c
 
-    def generate(self, prompt: str | Sequence[int], **kw: Any) -> str:
-        """The continuation of prompt. Keywords: max_tokens (default None: until the end of generation or the
-        context is full; finish_reason "length" says a limit ended it), temperature (0.8; 0 = greedy),
-        top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
-        logit_bias ({token id: bias}, OpenAI's: added to the logit, -100 bans), seed, stop (a string or
-        list of strings, not included in the text), allowed_tokens (a uint32 bitmask over the vocabulary,
-        or a function of the generated ids returning one: only those tokens may be chosen).
+    @takes_options()
+    def complete(self, prompt: str | Sequence[int], **options: Unpack[Options]) -> Completion:
+        """Like generate() but returns the whole Completion (ids, finish reason, counts, timings, and with
+        logprobs / top_logprobs the log-probabilities; with n > 1 every choice in .choices)."""
+        req = self._request(options)
+        return self._complete(self._submit(self._prompt_ids(prompt), req))
+
+    @takes_options()
+    def generate(self, prompt: str | Sequence[int], **options: Unpack[Options]) -> str:
+        """The continuation of prompt. max_tokens (default None: until the end of generation or the context
+        is full; finish_reason "length" says a limit ended it), temperature (0.8; 0 = greedy), top_k, top_p,
+        min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, logit_bias ({token id:
+        bias}, OpenAI's: added to the logit, -100 bans), seed, stop (a string or list of strings, not included
+        in the text), allowed_tokens (a uint32 bitmask over the vocabulary, or a function of the generated
+        ids returning one: only those tokens may be chosen).
         Constrained output (the barellm[structured] extra; one of): json_schema (a JSON schema, dict or
         text: the output is one JSON value valid against it), regex (the output matches it as a whole),
         grammar (llguidance's Lark dialect or llama.cpp's GBNF)."""
-        return self.complete(prompt, **kw).text
+        return self.complete(prompt, **options).text
 
-    def stream(self, prompt: str | Sequence[int], **kw: Any) -> Stream:
+    @takes_options()
+    def stream(self, prompt: str | Sequence[int], **options: Unpack[Options]) -> Stream:
         """generate() as it happens: yields text pieces (whole UTF-8 characters) as they come; once it is
         exhausted its finish_reason says why it ended (see Stream). The stream holds a KV cache slot from its
         first piece until it is exhausted, closed or dropped."""
-        req = self._request(kw)
+        req = self._request(options)
         if req.n != 1:
             raise InvalidRequest("stream() generates one sequence; use complete(..., n=...) for several")
-        return self._stream(self._prompt_ids(prompt), req)
+        return self._stream(self._submit(self._prompt_ids(prompt), req))
 
-    def _stream(self, ids: list[int], req: _Request) -> Stream:
+    def _stream(self, req: Request) -> Stream:
         c = Completion()
-        return Stream(self._pieces(ids, req, c), c)
+        return Stream(self._pieces(req, c), c)
 
-    def _pieces(self, ids: list[int], req: _Request, c: Completion) -> Iterator[str]:
-        for _, d in self._run(ids, req, c):
-            if d.text:
-                yield d.text
+    def _pieces(self, req: Request, c: Completion) -> Iterator[str]:
+        for ev in self._run(req, c, pause=True):
+            if ev.text:
+                yield ev.text
 
     # --- fill-in-the-middle ----------------------------------------------------------------------
 
@@ -634,33 +505,35 @@ class Model:
         return infill_ids(self.tokenizer, fim, prefix, suffix, extra=extra, prompt=prompt, n_ctx=self.n_ctx,
                           n_predict=n_predict, repo_level=repo_level)
 
+    @takes_options()
     def infill(self, prefix: str, suffix: str, *, extra: Sequence[dict[str, str]] = (), prompt: str = "",
-               **kw: Any) -> str:
+               **options: Unpack[Options]) -> str:
         """The code that fills the hole between prefix and suffix (a FIM-trained model: Qwen2.5-Coder, ...).
         extra: other files as context, [{"filename": ..., "text": ...}]; keywords as generate(). Besides the
         model's end token, the fill ends before a line that repeats the suffix's first line and before a line
         indented less than the hole's (text/infill.py end_rules; min_indent=0 turns that one off)."""
-        return self.complete_infill(prefix, suffix, extra=extra, prompt=prompt, **kw).text
+        return self.complete_infill(prefix, suffix, extra=extra, prompt=prompt, **options).text
 
+    @takes_options()
     def complete_infill(self, prefix: str, suffix: str, *, extra: Sequence[dict[str, str]] = (), prompt: str = "",
-                        **kw: Any) -> Completion:
+                        **options: Unpack[Options]) -> Completion:
         """infill() as a whole Completion (token ids, finish reason, counts, timings)."""
-        kw = self._infill_kw(prefix + prompt, suffix, kw)
-        req = self._request(kw)
+        req = self._request(self._infill_options(prefix + prompt, suffix, options))
         ids = self.infill_prompt(prefix, suffix, extra=extra, prompt=prompt, max_tokens=req.max_tokens)
-        return self._complete(self._prompt_ids(ids), req)
+        return self._complete(self._submit(ids, req))
 
     @staticmethod
-    def _infill_kw(before: str, suffix: str, kw: dict[str, Any]) -> dict[str, Any]:
-        """kw with the fill's end rules added: stop strings joined to the caller's, min_indent unless given."""
+    def _infill_options(before: str, suffix: str, options: Any) -> dict[str, Any]:
+        """options with the fill's end rules added: stop strings joined to the caller's, min_indent unless
+        given."""
         from barellm.text.infill import end_rules
 
         stops, indent = end_rules(before, suffix)
-        given = kw.get("stop")
+        given = options.get("stop")
         mine = [given] if isinstance(given, str) else list(given) if isinstance(given, (list, tuple)) else []
         if given is not None and not mine and not isinstance(given, (list, tuple)):
-            return kw   # a malformed stop: _request names it
-        return {**kw, "stop": mine + stops, "min_indent": kw.get("min_indent", indent)}
+            return dict(options)   # a malformed stop: from_options names it
+        return {**options, "stop": mine + stops, "min_indent": options.get("min_indent", indent)}
 
     # --- chat -----------------------------------------------------------------------------------
 
@@ -683,17 +556,20 @@ class Model:
             ids = [bos] + ids   # the template did not write the BOS the model expects
         return ids
 
-    def chat(self, messages: Sequence[dict[str, Any]], **kw: Any) -> str:
+    @takes_options()
+    def chat(self, messages: Sequence[dict[str, Any]], **options: Unpack[Options]) -> str:
         """The assistant's reply to messages ([{"role": ..., "content": ...}, ...]); a content may be a string
-        or OpenAI's text parts ([{"type": "text", "text": ...}, ...])."""
-        req = self._request(kw)
-        return self._complete(self._prompt_ids(self.chat_prompt(messages)), req).text
+        or OpenAI's text parts ([{"type": "text", "text": ...}, ...]). Keywords as generate()."""
+        req = self._request(options)
+        return self._complete(self._submit(self.chat_prompt(messages), req)).text
 
-    def chat_stream(self, messages: Sequence[dict[str, Any]], **kw: Any) -> Stream:
-        req = self._request(kw)
+    @takes_options()
+    def chat_stream(self, messages: Sequence[dict[str, Any]], **options: Unpack[Options]) -> Stream:
+        """chat() as it happens, as stream() gives generate()."""
+        req = self._request(options)
         if req.n != 1:
             raise InvalidRequest("chat_stream() generates one sequence; use complete(..., n=...) for several")
-        return self._stream(self._prompt_ids(self.chat_prompt(messages)), req)
+        return self._stream(self._submit(self.chat_prompt(messages), req))
 
     def __repr__(self) -> str:
         c = self.config
@@ -702,20 +578,28 @@ class Model:
 
     # --- OpenAI's result objects: the dicts the server returns, built by openai_format ---------------
 
+    @takes_options(leave_out=("top_logprobs", "timings"))
     def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16, stream: bool = False,
                           response_format: dict[str, Any] | None = None, suffix: str | None = None,
-                          **kw: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+                          logprobs: int | None = None, **options: Unpack[SamplingOptions]
+                          ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """complete() as OpenAI's text_completion object (id, object, created, model, choices[0].text and
         finish_reason, usage), as llama-cpp-python's method of this name returns it; stream=True yields the
-        chunk objects as they come. max_tokens None: the rest of the context; other keywords as generate()."""
+        chunk objects as they come. max_tokens None: the rest of the context; logprobs=k: each token's
+        log-probability and its k best alternatives (0..20); other keywords as generate()."""
+        if "top_logprobs" in options:
+            raise InvalidRequest("create_completion takes logprobs=k (the alternatives per token)")
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
+                                     or not 0 <= logprobs <= 20):
+            raise InvalidRequest(f"logprobs must be an integer in 0..20, got {logprobs!r}")
         constraint = self.structured().response_format(response_format) if response_format is not None else None
         if suffix:   # fill-in-the-middle: prompt is the text before the hole
             if not isinstance(prompt, str):
                 raise InvalidRequest("suffix needs a string prompt (the text before the hole)")
             ids = self.infill_prompt(prompt, suffix, max_tokens=max_tokens, repo_level=False)
-            return self._openai(ids, False, max_tokens, stream, self._infill_kw(prompt, suffix, kw), constraint,
-                                prompt_chars=len(prompt))
-        return self._openai(self._prompt_ids(prompt), False, max_tokens, stream, kw, constraint,
+            return self._openai(ids, False, max_tokens, stream, self._infill_options(prompt, suffix, options),
+                                logprobs, constraint, prompt_chars=len(prompt))
+        return self._openai(self._prompt_ids(prompt), False, max_tokens, stream, options, logprobs, constraint,
                             prompt_chars=len(prompt) if isinstance(prompt, str) else 0)
 
     @property
@@ -739,11 +623,13 @@ class Model:
                            parallel and mode == "required")
         return self.structured().lark(src, "tool_choice", end_on_exit=True)
 
+    @takes_options(leave_out=("timings",))
     def create_chat_completion(self, messages: Sequence[dict[str, Any]], *, max_tokens: int | None = None,
                                stream: bool = False, tools: Sequence[dict[str, Any]] | None = None,
                                tool_choice: Any = None, parallel_tool_calls: bool = True,
-                               response_format: dict[str, Any] | None = None,
-                               **kw: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+                               response_format: dict[str, Any] | None = None, logprobs: bool = False,
+                               top_logprobs: int | None = None, **options: Unpack[SamplingOptions]
+                               ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """chat() as OpenAI's chat.completion object (choices[0].message), or with stream=True its
         chat.completion.chunk objects. max_tokens None: the rest of the context.
 
@@ -751,8 +637,14 @@ class Model:
         "function": {"name": ...}}), parallel_tool_calls: OpenAI's; the model's calls come back as
         message.tool_calls (streamed: delta.tool_calls) with finish_reason "tool_calls". "required" and a
         named function constrain the output to calls whose arguments fit the function's schema.
-        response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}."""
+        response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}.
+        logprobs, top_logprobs: OpenAI's chat ones (a flag, and the alternatives per token)."""
         from barellm.text.tools import resolve_choice, validate_tools
+
+        if not isinstance(logprobs, bool):
+            raise InvalidRequest(f"logprobs must be True or False here, got {logprobs!r}")
+        if top_logprobs is not None and not logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs=True")
 
         tools = validate_tools(tools) if tools else None
         mode, fn = resolve_choice(tools, tool_choice)
@@ -760,51 +652,36 @@ class Model:
         if response_format is not None:
             constraint = self.structured().response_format(response_format)
         if mode in ("required", "function"):
-            if constraint is not None or any(kw.get(k) is not None for k in ("json_schema", "grammar", "regex")):
+            if constraint is not None or any(options.get(k) is not None for k in ("json_schema", "grammar", "regex")):
                 raise InvalidRequest(f"tool_choice {mode!r} constrains the output to tool calls; it cannot be "
                                      "combined with response_format, json_schema, grammar or regex")
             assert tools is not None
             constraint = self.tool_grammar(tools, mode, fn, parallel_tool_calls)
         ids = self.chat_prompt(messages, tools=tools if mode != "none" else None)
         names = [t["function"]["name"] for t in tools] if tools and mode != "none" else None
-        return self._openai(ids, True, max_tokens, stream, kw, constraint, tool_names=names)
+        return self._openai(ids, True, max_tokens, stream, options, (top_logprobs or 0) if logprobs else None,
+                            constraint, tool_names=names)
 
-    def _openai(self, ids: list[int], chat: bool, max_tokens: int | None, stream: bool, kw: dict[str, Any],
-                constraint: Any = None, tool_names: Sequence[str] | None = None, prompt_chars: int = 0
-                ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+    def _openai(self, ids: list[int], chat: bool, max_tokens: int | None, stream: bool, options: Any,
+                top_logprobs: int | None, constraint: Any = None, tool_names: Sequence[str] | None = None,
+                prompt_chars: int = 0) -> dict[str, Any] | Iterator[dict[str, Any]]:
         from barellm import openai_format as fmt
 
-        if "timings" in kw:
-            raise InvalidRequest("unknown generation parameter here: timings (complete() takes it)")
-        kw = dict(kw)
-        if chat:   # OpenAI's chat shape: logprobs a flag, top_logprobs the count
-            logprobs, top = kw.pop("logprobs", False), kw.pop("top_logprobs", None)
-            if not isinstance(logprobs, bool):
-                raise InvalidRequest(f"logprobs must be True or False here, got {logprobs!r}")
-            if top is not None and not logprobs:
-                raise InvalidRequest("top_logprobs needs logprobs=True")
-            if logprobs:
-                kw["top_logprobs"] = top or 0
-        else:      # the legacy completions shape: logprobs is the count
-            if "top_logprobs" in kw:
-                raise InvalidRequest("create_completion takes logprobs=k (the alternatives per token)")
-            k = kw.pop("logprobs", None)
-            if k is not None:
-                if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 20:
-                    raise InvalidRequest(f"logprobs must be an integer in 0..20, got {k!r}")
-                kw["top_logprobs"] = k
-        kw["max_tokens"] = max(self.n_ctx - len(ids), 0) if max_tokens is None else max_tokens
-        req = self._request(kw)   # a bad keyword fails here, not at a stream's first next()
+        for k in ("timings", "max_tokens", "logprobs", "top_logprobs"):
+            if k in options:
+                raise InvalidRequest(f"unknown generation parameter here: {k}")
+        req = self._request({**options, "logprobs": top_logprobs is not None, "top_logprobs": top_logprobs,
+                             "max_tokens": max(self.n_ctx - len(ids), 0) if max_tokens is None else max_tokens})
         if constraint is not None:
             if req.grammar is not None or req.allowed is not None:
                 raise InvalidRequest("response_format and json_schema / grammar / regex / allowed_tokens both "
                                      "constrain the output: give one")
             req.grammar = constraint
-        ids = self._prompt_ids(ids)
+        self._submit(ids, req)   # a bad request fails here, not at a stream's first next()
         rid, name = fmt.new_id(chat), self.name
         if stream:
-            return self._openai_chunks(ids, chat, req, rid, name, tool_names, prompt_chars)
-        c = self._complete(ids, req)
+            return self._openai_chunks(chat, req, rid, name, tool_names, prompt_chars)
+        c = self._complete(req)
         usage = fmt.usage(c.prompt_tokens, sum(len(ch.token_ids) for ch in c.choices), c.cached_tokens)
         token_bytes = self.tokenizer.token_bytes
         body: dict[str, Any] | None = None
@@ -833,7 +710,7 @@ class Model:
         assert body is not None
         return body
 
-    def _openai_chunks(self, ids: list[int], chat: bool, req: _Request, rid: str, name: str,
+    def _openai_chunks(self, chat: bool, req: Request, rid: str, name: str,
                        tool_names: Sequence[str] | None = None, prompt_chars: int = 0) -> Iterator[dict[str, Any]]:
         from barellm import openai_format as fmt
         from barellm.text.tools import ToolCallStream
@@ -848,12 +725,12 @@ class Model:
             chunk["choices"][0]["index"] = i
             return chunk
 
-        def lps_of(d: Delta, i: int) -> dict[str, Any] | None:
+        def lps_of(d: Event, i: int) -> dict[str, Any] | None:
             if req.top_logprobs is None:
                 return None
             if chat:
-                return fmt.chat_logprobs(d.logprobs, token_bytes)
-            out, offsets[i] = fmt.completion_logprobs(d.logprobs, token_bytes, offsets[i])
+                return fmt.chat_logprobs(d.tokens, token_bytes)
+            out, offsets[i] = fmt.completion_logprobs(d.tokens, token_bytes, offsets[i])
             return out
 
         def pieces(i: int, parts: list[tuple[str, Any]], lps: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
@@ -870,8 +747,9 @@ class Model:
         if chat:
             for i in range(req.n):
                 yield indexed(fmt.chat_chunk(rid, name, role=True, created=created), i)
-        for i, d in self._run(ids, req, c):
-            if not d.text and not d.logprobs:
+        for d in self._run(req, c, pause=True):
+            i = d.index
+            if not d.text and not d.tokens:
                 continue
             lps = lps_of(d, i)
             if calls is not None:

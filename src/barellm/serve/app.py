@@ -82,8 +82,10 @@ class ServerState:
         self.max_body = max_body
         self.fingerprint = f"barellm-{__version__}-{getattr(model, 'engine_name', 'engine')}"
         self.metrics = metrics if metrics is not None else Metrics(model.engine.n_slots)
-        self.scheduler = Scheduler(model.engine, model.tokenizer, n_ctx=self.n_ctx, max_queue=max_queue,
-                                   prefill_chunk=prefill_chunk, metrics=self.metrics)
+        self.scheduler = getattr(model, "scheduler", None)   # a Model's own: the one the Python API runs
+        if self.scheduler is None:   # a stand-in that brings only an engine and a tokenizer
+            self.scheduler = Scheduler(model.engine, model.tokenizer, n_ctx=self.n_ctx)
+        self.scheduler.configure(max_queue=max_queue, prefill_chunk=prefill_chunk, metrics=self.metrics)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name.lower() not in self.names:

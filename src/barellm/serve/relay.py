@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from barellm.errors import InvalidRequest
+from barellm.generate.request import check
 from barellm.generate.scheduler import EmbedJob, Event, Job, QueueFull
 from barellm.serve.schemas import ApiError, GenerationRequest, bad
 
@@ -135,35 +136,24 @@ def constrain(model: Any, req: GenerationRequest) -> None:
 
 
 def submit(state: Any, req: GenerationRequest, prompt_ids: list[int]) -> tuple[Job, Outbox]:
-    """Checks the prompt against the context and queues the job: the one path every API's generation
-    requests take to the scheduler. Returns the job and the outbox its events arrive in."""
-    if not prompt_ids:
-        raise bad("the prompt is empty (it encodes to no tokens)", "prompt" if req.kind == "completion" else "messages")
-    room = state.n_ctx - len(prompt_ids)
-    if room < 1:
-        raise bad(f"the prompt has {len(prompt_ids)} tokens; this server's context holds {state.n_ctx}, "
-                  "including the reply", "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
-    max_tokens = req.max_tokens
-    if max_tokens is None:
-        max_tokens = room if req.kind == "chat" or not req.short_default else min(room, COMPLETIONS_DEFAULT_MAX_TOKENS)
-    elif max_tokens > room:
-        if not req.clamp_max_tokens:
-            raise bad(f"the prompt has {len(prompt_ids)} tokens and max_tokens is {max_tokens}: together over the "
-                      f"context of {state.n_ctx} tokens", "max_tokens", "context_length_exceeded")
-        max_tokens = room
-    n_slots = state.scheduler.n_slots
-    if req.n > n_slots:
-        raise bad(f"n = {req.n} needs {req.n} free slots at once; this server has {n_slots} (barellm serve --slots)",
-                  "n")
-    bias = req.params.logit_bias
-    if bias and max(bias) >= state.n_vocab:
-        raise bad(f"logit_bias names token {max(bias)}, outside the vocabulary (0..{state.n_vocab - 1})",
-                  "logit_bias")
+    """Makes the request the scheduler runs, holds it to the model's limits (generate.request.check, as the
+    Python API does) and queues it: the one path every API's generation requests take to the scheduler.
+    Returns the request and the outbox its events arrive in."""
     events = Outbox(asyncio.get_running_loop())
-    job = Job(prompt=prompt_ids, params=req.params, max_tokens=max_tokens, emit=events.push, stops=req.stops,
+    job = Job(prompt=prompt_ids, params=req.params, max_tokens=req.max_tokens, emit=events.push, stops=req.stops,
               top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt, n=req.n,
               stream=req.stream, stream_interval=getattr(state, "stream_interval", 0.0), grammar=req.grammar,
               min_indent=req.min_indent)
+    # no max_tokens: the rest of the context, but OpenAI's legacy completions, which default to 16 (cut to fit)
+    short = req.max_tokens is None and req.kind != "chat" and req.short_default
+    if short:
+        job.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+    try:
+        check(job, n_ctx=state.n_ctx, n_vocab=state.n_vocab, n_slots=state.scheduler.n_slots,
+              clamp_max_tokens=short or req.clamp_max_tokens,
+              prompt_param="messages" if req.kind == "chat" else "prompt")
+    except InvalidRequest as e:
+        raise bad(str(e), e.param, e.code) from None
     _enqueue(state, job)
     return job, events
 
