@@ -56,7 +56,7 @@ def test_a_valid_request_becomes_the_scheduler_request() -> None:
     c = schemas.completion_request(json.dumps({"prompt": [[1, 2, 3]], "logprobs": 2, "echo": False,
                                                "suffix": "", "best_of": 1}).encode(), N_VOCAB)
     assert c.kind == "completion" and c.prompt == [1, 2, 3] and c.top_logprobs == 2
-    assert schemas.completion_request(b'{"prompt": ["abc"]}', N_VOCAB).prompt == "abc"
+    assert schemas.completion_request(b'{"prompt": ["abc"]}', N_VOCAB).prompt_text == "abc"   # tokenized with the model
 
 
 @pytest.mark.parametrize(("fields", "param", "code", "words"), [

@@ -37,6 +37,7 @@ from barellm.errors import BarellmError, FormatError, InvalidRequest, SlotsBusy
 from barellm.generate.request import Event, Options, Request, SamplingOptions, check, from_options, takes_options
 from barellm.generate.scheduler import UNBOUNDED, EmbedJob, Scheduler
 from barellm.generation import Timings
+from barellm.openai_format import GenerationRequest, constraint_of
 from barellm.sampling import TokenLogprob
 
 if TYPE_CHECKING:
@@ -576,31 +577,7 @@ class Model:
         return (f"Model({self.name}, {c.arch}, {c.n_layers} layers, dim {c.dim}, vocab {c.n_vocab}, "
                 f"context {self.n_ctx}, engine {self.engine_name}, threads {self.threads})")
 
-    # --- OpenAI's result objects: the dicts the server returns, built by openai_format ---------------
-
-    @takes_options(leave_out=("top_logprobs", "timings"))
-    def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16, stream: bool = False,
-                          response_format: dict[str, Any] | None = None, suffix: str | None = None,
-                          logprobs: int | None = None, **options: Unpack[SamplingOptions]
-                          ) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """complete() as OpenAI's text_completion object (id, object, created, model, choices[0].text and
-        finish_reason, usage), as llama-cpp-python's method of this name returns it; stream=True yields the
-        chunk objects as they come. max_tokens None: the rest of the context; logprobs=k: each token's
-        log-probability and its k best alternatives (0..20); other keywords as generate()."""
-        if "top_logprobs" in options:
-            raise InvalidRequest("create_completion takes logprobs=k (the alternatives per token)")
-        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
-                                     or not 0 <= logprobs <= 20):
-            raise InvalidRequest(f"logprobs must be an integer in 0..20, got {logprobs!r}")
-        constraint = self.structured().response_format(response_format) if response_format is not None else None
-        if suffix:   # fill-in-the-middle: prompt is the text before the hole
-            if not isinstance(prompt, str):
-                raise InvalidRequest("suffix needs a string prompt (the text before the hole)")
-            ids = self.infill_prompt(prompt, suffix, max_tokens=max_tokens, repo_level=False)
-            return self._openai(ids, False, max_tokens, stream, self._infill_options(prompt, suffix, options),
-                                logprobs, constraint, prompt_chars=len(prompt))
-        return self._openai(self._prompt_ids(prompt), False, max_tokens, stream, options, logprobs, constraint,
-                            prompt_chars=len(prompt) if isinstance(prompt, str) else 0)
+    # --- OpenAI's API: its requests and answers as the server makes them (openai_format) ------------
 
     @property
     def tool_format(self) -> Any:
@@ -623,6 +600,30 @@ class Model:
                            parallel and mode == "required")
         return self.structured().lark(src, "tool_choice", end_on_exit=True)
 
+    @takes_options(leave_out=("top_logprobs", "timings"))
+    def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16, stream: bool = False,
+                          response_format: dict[str, Any] | None = None, suffix: str | None = None,
+                          logprobs: int | None = None, **options: Unpack[SamplingOptions]
+                          ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """complete() as OpenAI's text_completion object (id, object, created, model, choices[0].text and
+        finish_reason, usage), as llama-cpp-python's method of this name returns it; stream=True yields the
+        chunk objects as they come. max_tokens None: the rest of the context; logprobs=k: each token's
+        log-probability and its k best alternatives (0..20); suffix: the text after a hole to fill (the prompt
+        is the text before it); other keywords as generate()."""
+        if "top_logprobs" in options:
+            raise InvalidRequest("create_completion takes logprobs=k (the alternatives per token)")
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
+                                     or not 0 <= logprobs <= 20):
+            raise InvalidRequest(f"logprobs must be an integer in 0..20, got {logprobs!r}")
+        req = self._openai_request("completion", options, max_tokens, stream, logprobs, response_format)
+        if isinstance(prompt, str):
+            req.prompt_text, req.suffix = prompt, suffix or None
+        elif suffix:
+            raise InvalidRequest("suffix needs a string prompt (the text before the hole)")
+        else:
+            req.prompt = self._prompt_ids(prompt)
+        return self._openai(req)
+
     @takes_options(leave_out=("timings",))
     def create_chat_completion(self, messages: Sequence[dict[str, Any]], *, max_tokens: int | None = None,
                                stream: bool = False, tools: Sequence[dict[str, Any]] | None = None,
@@ -639,133 +640,60 @@ class Model:
         named function constrain the output to calls whose arguments fit the function's schema.
         response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}.
         logprobs, top_logprobs: OpenAI's chat ones (a flag, and the alternatives per token)."""
-        from barellm.text.tools import resolve_choice, validate_tools
+        from barellm.text.tools import validate_tools
 
         if not isinstance(logprobs, bool):
             raise InvalidRequest(f"logprobs must be True or False here, got {logprobs!r}")
         if top_logprobs is not None and not logprobs:
             raise InvalidRequest("top_logprobs needs logprobs=True")
+        req = self._openai_request("chat", options, max_tokens, stream, (top_logprobs or 0) if logprobs else None,
+                                   response_format)
+        req.messages = list(messages)
+        req.tools = validate_tools(tools) if tools else None
+        req.tool_choice, req.parallel_tool_calls = tool_choice, parallel_tool_calls
+        return self._openai(req)
 
-        tools = validate_tools(tools) if tools else None
-        mode, fn = resolve_choice(tools, tool_choice)
-        constraint = None
-        if response_format is not None:
-            constraint = self.structured().response_format(response_format)
-        if mode in ("required", "function"):
-            if constraint is not None or any(options.get(k) is not None for k in ("json_schema", "grammar", "regex")):
-                raise InvalidRequest(f"tool_choice {mode!r} constrains the output to tool calls; it cannot be "
-                                     "combined with response_format, json_schema, grammar or regex")
-            assert tools is not None
-            constraint = self.tool_grammar(tools, mode, fn, parallel_tool_calls)
-        ids = self.chat_prompt(messages, tools=tools if mode != "none" else None)
-        names = [t["function"]["name"] for t in tools] if tools and mode != "none" else None
-        return self._openai(ids, True, max_tokens, stream, options, (top_logprobs or 0) if logprobs else None,
-                            constraint, tool_names=names)
-
-    def _openai(self, ids: list[int], chat: bool, max_tokens: int | None, stream: bool, options: Any,
-                top_logprobs: int | None, constraint: Any = None, tool_names: Sequence[str] | None = None,
-                prompt_chars: int = 0) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        from barellm import openai_format as fmt
-
+    def _openai_request(self, kind: str, options: Any, max_tokens: int | None, stream: bool,
+                        top_logprobs: int | None, response_format: Any) -> GenerationRequest:
+        """The GenerationRequest of create_*'s arguments, as the server makes one of a body: the output
+        constraint kept as asked (response_format, json_schema, grammar or regex: one of them), compiled with
+        the prompt (openai_format.prepare)."""
         for k in ("timings", "max_tokens", "logprobs", "top_logprobs"):
             if k in options:
                 raise InvalidRequest(f"unknown generation parameter here: {k}")
-        req = self._request({**options, "logprobs": top_logprobs is not None, "top_logprobs": top_logprobs,
-                             "max_tokens": max(self.n_ctx - len(ids), 0) if max_tokens is None else max_tokens})
-        if constraint is not None:
-            if req.grammar is not None or req.allowed is not None:
-                raise InvalidRequest("response_format and json_schema / grammar / regex / allowed_tokens both "
-                                     "constrain the output: give one")
-            req.grammar = constraint
-        self._submit(ids, req)   # a bad request fails here, not at a stream's first next()
-        rid, name = fmt.new_id(chat), self.name
-        if stream:
-            return self._openai_chunks(chat, req, rid, name, tool_names, prompt_chars)
+        constraint = constraint_of(response_format, *(options.get(k) for k in ("json_schema", "grammar", "regex")))
+        rest = {k: v for k, v in options.items() if k not in ("json_schema", "grammar", "regex")}
+        if constraint is not None and rest.get("allowed_tokens") is not None:
+            raise InvalidRequest(f"allowed_tokens and {constraint.param} both constrain the output: give one")
+        req = from_options({**rest, "logprobs": top_logprobs is not None, "top_logprobs": top_logprobs,
+                            "max_tokens": max_tokens}, cls=GenerationRequest)
+        req.kind, req.constraint, req.stream, req.clamp_max_tokens = kind, constraint, stream, True
+        return req
+
+    def _openai(self, req: GenerationRequest) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        from barellm.openai_format import ResponseBuilder, prepare
+
+        self._check_served()
+        prepare(self, req)
+        if req.max_tokens is None:   # OpenAI's None: the rest of the context
+            req.max_tokens = max(self.n_ctx - len(req.prompt), 0)
+        self._submit(req.prompt, req)   # a bad request fails here, not at a stream's first next()
+        prompt_chars = len(req.prompt_text) if req.prompt_text is not None else 0
+        out = ResponseBuilder(req, self.name, self.tokenizer.token_bytes, prompt_chars=prompt_chars)
+        if req.stream:
+            return self._openai_chunks(req, out)
         c = self._complete(req)
-        usage = fmt.usage(c.prompt_tokens, sum(len(ch.token_ids) for ch in c.choices), c.cached_tokens)
-        token_bytes = self.tokenizer.token_bytes
-        body: dict[str, Any] | None = None
-        for ch in c.choices:
-            lps = None
-            if ch.logprobs is not None:
-                lps = (fmt.chat_logprobs(ch.logprobs, token_bytes) if chat else
-                       fmt.completion_logprobs(ch.logprobs, token_bytes, prompt_chars)[0])
-            if not chat:
-                one = fmt.text_completion(rid, name, ch.text, ch.finish_reason, usage, logprobs=lps)
-            else:
-                content: str | None = ch.text
-                calls, reason = None, ch.finish_reason
-                if tool_names is not None:
-                    from barellm.text.tools import parse_tool_calls
+        usage = out.usage(c.prompt_tokens, c.cached_tokens, sum(len(ch.token_ids) for ch in c.choices))
+        return out.whole([(ch.text, ch.logprobs or [], ch.finish_reason) for ch in c.choices], usage)
 
-                    parsed, calls = parse_tool_calls(ch.text, tool_names)
-                    if calls:
-                        content = parsed
-                        reason = "tool_calls" if reason == "stop" else reason
-                one = fmt.chat_completion(rid, name, content, reason, usage, logprobs=lps, tool_calls=calls)
-            if body is None:
-                body = one
-            else:
-                body["choices"].append({**one["choices"][0], "index": ch.index})
-        assert body is not None
-        return body
-
-    def _openai_chunks(self, chat: bool, req: Request, rid: str, name: str,
-                       tool_names: Sequence[str] | None = None, prompt_chars: int = 0) -> Iterator[dict[str, Any]]:
-        from barellm import openai_format as fmt
-        from barellm.text.tools import ToolCallStream
-
-        created = int(time.time())
+    def _openai_chunks(self, req: GenerationRequest, out: Any) -> Iterator[dict[str, Any]]:
         c = Completion()
-        token_bytes = self.tokenizer.token_bytes
-        calls = [ToolCallStream(tool_names) for _ in range(req.n)] if tool_names is not None else None
-        offsets = [prompt_chars] * req.n
-
-        def indexed(chunk: dict[str, Any], i: int) -> dict[str, Any]:
-            chunk["choices"][0]["index"] = i
-            return chunk
-
-        def lps_of(d: Event, i: int) -> dict[str, Any] | None:
-            if req.top_logprobs is None:
-                return None
-            if chat:
-                return fmt.chat_logprobs(d.tokens, token_bytes)
-            out, offsets[i] = fmt.completion_logprobs(d.tokens, token_bytes, offsets[i])
-            return out
-
-        def pieces(i: int, parts: list[tuple[str, Any]], lps: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
-            assert calls is not None
-            for kind, p in parts:
-                if kind == "content":
-                    yield indexed(fmt.chat_chunk(rid, name, text=p, logprobs=lps, created=created), i)
-                else:
-                    deltas = fmt.tool_call_deltas([p], calls[i].sent)
-                    calls[i].sent += 1
-                    yield indexed(fmt.chat_chunk(rid, name, tool_calls=deltas, logprobs=lps, created=created), i)
-                lps = None
-
-        if chat:
-            for i in range(req.n):
-                yield indexed(fmt.chat_chunk(rid, name, role=True, created=created), i)
-        for d in self._run(req, c, pause=True):
-            i = d.index
-            if not d.text and not d.tokens:
-                continue
-            lps = lps_of(d, i)
-            if calls is not None:
-                yield from pieces(i, calls[i].feed(d.text), lps)
-            elif chat:
-                yield indexed(fmt.chat_chunk(rid, name, text=d.text, logprobs=lps, created=created), i)
-            else:
-                yield indexed(fmt.text_chunk(rid, name, text=d.text, logprobs=lps, created=created), i)
+        yield from out.opening(req.n)
+        for ev in self._run(req, c, pause=True):
+            if ev.text or ev.tokens:
+                yield from out.text(ev.index, ev.text, ev.tokens)
         for ch in c.choices:
-            reason = ch.finish_reason
-            if calls is not None:
-                yield from pieces(ch.index, calls[ch.index].finish(), None)
-                if calls[ch.index].calls and reason == "stop":
-                    reason = "tool_calls"
-            yield indexed(fmt.chat_chunk(rid, name, finish_reason=reason, created=created) if chat
-                          else fmt.text_chunk(rid, name, finish_reason=reason, created=created), ch.index)
+            yield from out.closing(ch.index, ch.finish_reason)
 
 
 def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = None, context: int | None = None,

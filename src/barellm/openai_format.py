@@ -1,20 +1,304 @@
-"""OpenAI's response objects as plain dicts: the one place that builds them, for the server's routes and for
-Model.create_completion / create_chat_completion alike, so code written against either sees the same
-shapes (and code written for llama-cpp-python's methods of those names moves over unchanged).
+"""OpenAI's API in plain Python: the one place for its requests and its answers, used by the server's routes
+(OpenAI's and Ollama's) and by Model.create_completion / create_chat_completion alike, so code written
+against either sees the same shapes (and code written for llama-cpp-python's methods of those names moves
+over unchanged).
 
-Pure functions of their arguments, no dependencies: the server's pydantic models only describe these
-shapes (serve/openapi_doc.py), and its tests hold the dicts to them.
+- `GenerationRequest`: a chat or completion request as OpenAI's API words it (tools, tool_choice,
+  response_format, a suffix, usage in a stream, ...). It is the Request the scheduler runs
+  (generate/request.py), with those extras; the server's bodies (serve/schemas.py) and Model.create_*'s
+  arguments both become one.
+- `prepare`: its prompt's token ids and its compiled output constraint, from the messages and tools or the
+  prompt and suffix.
+- `ResponseBuilder`: the answer's objects, whole or as stream chunks, tool calls parsed out of a chat reply
+  and log-probabilities in OpenAI's shapes. The server adds only the HTTP and server-sent-event framing.
+- the response objects themselves as dicts: pure functions of their arguments, which the server's pydantic
+  models only describe (serve/openapi_doc.py), and its tests hold the dicts to.
+
+No dependency beyond barellm's own: a Python API user needs no server extra.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["new_id", "usage", "chat_completion", "text_completion", "chat_chunk", "text_chunk", "usage_chunk",
-           "tool_call_deltas", "embeddings", "chat_logprobs", "completion_logprobs"]
+from barellm.errors import InvalidRequest
+from barellm.generate.request import Request
+
+__all__ = ["Constraint", "GenerationRequest", "ResponseBuilder", "constraint_of", "prepare", "new_id", "usage",
+           "chat_completion", "text_completion", "chat_chunk", "text_chunk", "usage_chunk", "tool_call_deltas",
+           "embeddings", "chat_logprobs", "completion_logprobs"]
+
+
+# --- the request ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Constraint:
+    """An output constraint as the request gave it: kind ("json_object", "json_schema", "grammar", "regex"),
+    its value, and the field that asked (errors name it)."""
+
+    kind: str
+    value: Any
+    param: str
+
+
+def constraint_of(response_format: Mapping[str, Any] | None = None, json_schema: Any = None,
+                  grammar: str | None = None, regex: str | None = None) -> Constraint | None:
+    """The one output constraint a request asks for: OpenAI's response_format ({"type": "text"} is none), or
+    llama.cpp's json_schema, grammar or regex. Two are an InvalidRequest naming the second."""
+    given = []
+    if response_format is not None:
+        kind = response_format.get("type") if isinstance(response_format, Mapping) else None
+        if kind == "json_object":
+            given.append(Constraint("json_object", None, "response_format"))
+        elif kind == "json_schema":
+            spec = response_format.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, Mapping) else None
+            given.append(Constraint("json_schema", {} if schema is None else schema,
+                                    "response_format.json_schema.schema"))
+        elif kind != "text":
+            raise InvalidRequest('response_format must be an object with "type": "text", "json_object" or '
+                                 '"json_schema"', "response_format")
+    for name, value in (("json_schema", json_schema), ("grammar", grammar), ("regex", regex)):
+        if value is not None:
+            given.append(Constraint(name, value, name))
+    if len(given) > 1:
+        raise InvalidRequest(f"{given[0].param} and {given[1].param} both constrain the output: give one",
+                             given[1].param)
+    return given[0] if given else None
+
+
+def check_tool_choice(tool_choice: Any, constraint: Constraint | None) -> None:
+    """tool_choice "required" or a named function constrains the output to tool calls: no other constraint."""
+    if constraint is not None and tool_choice not in (None, "none", "auto"):
+        raise InvalidRequest(f"tool_choice {tool_choice!r} constrains the output to tool calls; it cannot be "
+                             f"combined with {constraint.param}", "tool_choice")
+
+
+@dataclass(eq=False)
+class GenerationRequest(Request):
+    """A chat ("chat") or completion ("completion", "infill") request as OpenAI's API words it: the Request the
+    scheduler runs, and what makes its prompt and shapes its answer."""
+
+    kind: str = "chat"
+    model: str | None = None                   # the model the request names
+    include_usage: bool = False                # a stream ends with a usage chunk
+    tokens_as_ids: bool = False                # logprobs name tokens "token_id:<id>" (vLLM's extension)
+    messages: list[dict[str, Any]] | None = None
+    prompt_text: str | None = None             # a completion's prompt as text (token ids go to `prompt` as they are)
+    short_default: bool = True                 # no max_tokens on a completion: 16 tokens (OpenAI's), else the rest
+    clamp_max_tokens: bool = False             # max_tokens past the context: cut to fit (Ollama's) instead of a 400
+    constraint: Constraint | None = None       # the output's format (JSON schema, regex, grammar), as asked
+    tools: list[dict[str, Any]] | None = None  # OpenAI's tool objects
+    tool_choice: Any = None                    # "none", "auto", "required", {"type": "function", ...}; None: default
+    parallel_tool_calls: bool = True
+    suffix: str | None = None                  # fill-in-the-middle: the text after the hole
+    tool_names: list[str] | None = field(default=None)   # parse tool calls of these functions out of the reply
+
+
+def constrain(model: Any, req: GenerationRequest) -> None:
+    """Compiles req's output constraint into req.grammar (response_format, json_schema, grammar, regex, or
+    tool_choice "required" / a named function) and decides whether tool calls are parsed out of the reply
+    (req.tool_names). An InvalidRequest names the field that cannot be served (compiling a large schema takes
+    a while, and the first one builds the model's vocabulary for llguidance: the server runs this off its
+    event loop)."""
+    from barellm.text.tools import resolve_choice
+
+    c = req.constraint
+    param = c.param if c is not None else "tool_choice"
+    try:
+        if c is not None:
+            vocab = model.structured()
+            if c.kind == "json_object":
+                req.grammar = vocab.json_object(c.param)
+            elif c.kind == "json_schema":
+                req.grammar = vocab.json_schema(c.value, c.param)
+            elif c.kind == "grammar":
+                req.grammar = vocab.lark(c.value, c.param)
+            else:
+                req.grammar = vocab.regex(c.value, c.param)
+        if req.kind == "chat":
+            check_tool_choice(req.tool_choice, c)
+            param = "tool_choice"
+            mode, name = resolve_choice(req.tools, req.tool_choice)
+            if mode in ("required", "function"):
+                assert req.tools is not None
+                req.grammar = model.tool_grammar(req.tools, mode, name, req.parallel_tool_calls)
+            if mode != "none" and req.tools:
+                req.tool_names = [t["function"]["name"] for t in req.tools]
+    except InvalidRequest as e:
+        if e.param is None:
+            e.param = param
+        raise
+
+
+def prepare(model: Any, req: GenerationRequest) -> None:
+    """Makes req's prompt (token ids) and compiles its constraint (constrain): a chat's messages through the
+    model's template, with its tools when their calls are parsed; a completion's text tokenized, or with a
+    suffix made a fill-in-the-middle prompt whose end rules join req's (a completion given as token ids
+    keeps them). An InvalidRequest names the field at fault."""
+    constrain(model, req)
+    if req.kind == "chat":
+        try:
+            messages = req.messages or []
+            req.prompt = (model.chat_prompt(messages, tools=req.tools) if req.tool_names is not None
+                          else model.chat_prompt(messages))
+        except InvalidRequest as e:
+            raise InvalidRequest(str(e), "messages") from None
+        return
+    text = req.prompt_text
+    if text is None:
+        return
+    try:
+        if req.suffix:
+            from barellm.text.infill import end_rules
+
+            req.prompt = model.infill_prompt(text, req.suffix, max_tokens=req.max_tokens, repo_level=False)
+            stops, req.min_indent = end_rules(text, req.suffix)
+            req.stops = req.stops + stops
+        else:
+            req.prompt = model.tokenize(text)
+    except InvalidRequest as e:
+        raise InvalidRequest(str(e), "suffix" if req.suffix else "prompt") from None
+
+
+# --- the answer ----------------------------------------------------------------------------------------
+
+class ResponseBuilder:
+    """The objects of one request's answer in OpenAI's shapes: whole (`whole`) or as the chunks of a stream
+    (`opening`, `text`, `closing`, `usage_chunk`), each choice's tool calls parsed out of a chat reply (in a
+    stream, each call as soon as it is complete) and its log-probabilities mapped, the same for the server and
+    for Model.create_*."""
+
+    def __init__(self, req: GenerationRequest, model: str, token_bytes: Callable[[int], bytes], *,
+                 prompt_chars: int = 0, fingerprint: str | None = None) -> None:
+        self.req = req
+        self.chat = req.kind == "chat"
+        self.model = model
+        self.token_bytes = token_bytes
+        self.id = new_id(self.chat)
+        self.created = int(time.time())
+        self.fingerprint = fingerprint
+        self.prompt_chars = prompt_chars    # legacy logprobs' text_offset counts from the start of the prompt
+        self.offsets: dict[int, int] = {}   # per choice: text_offset of its next token
+        self.tool_names = req.tool_names if self.chat else None
+        self._calls: dict[int, Any] = {}    # per choice: its ToolCallStream
+        self._held: dict[int, list[Any]] = {}   # per choice: logprobs of text a call still holds
+
+    def usage(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        return usage(prompt_tokens, completion_tokens, cached_tokens)
+
+    def logprobs(self, toks: Sequence[Any], index: int = 0) -> dict[str, Any] | None:
+        """A run of one choice's tokens (TokenLogprob) as OpenAI's logprobs object; None when not asked."""
+        if self.req.top_logprobs is None:
+            return None
+        as_ids = self.req.tokens_as_ids
+        if self.chat:
+            return chat_logprobs(toks, self.token_bytes, as_ids)
+        out, self.offsets[index] = completion_logprobs(toks, self.token_bytes,
+                                                       self.offsets.get(index, self.prompt_chars), as_ids)
+        return out
+
+    def calls(self, text: str, reason: str) -> tuple[str | None, list[dict[str, Any]] | None, str]:
+        """A whole chat reply's content, tool calls and finish reason ("tool_calls" when it called any and
+        stopped of its own accord); the text as it is when the request parses no calls or it made none."""
+        if self.tool_names is None:
+            return text, None, reason
+        from barellm.text.tools import parse_tool_calls
+
+        content, calls = parse_tool_calls(text, self.tool_names)
+        if not calls:
+            return text, None, reason
+        return content, calls, "tool_calls" if reason == "stop" else reason
+
+    def whole(self, choices: Sequence[tuple[str, Sequence[Any], str]], usage: dict[str, Any]) -> dict[str, Any]:
+        """The response object of (text, logprobs, finish reason) of each choice."""
+        body: dict[str, Any] | None = None
+        ids = {"created": self.created, "fingerprint": self.fingerprint}
+        for i, (text, toks, reason) in enumerate(choices):
+            lps = self.logprobs(toks, i)
+            if self.chat:
+                content, calls, reason = self.calls(text, reason)
+                one = chat_completion(self.id, self.model, content, reason, usage, logprobs=lps, tool_calls=calls,
+                                      **ids)
+            else:
+                one = text_completion(self.id, self.model, text, reason, usage, logprobs=lps, **ids)
+            if body is None:
+                body = one
+            else:
+                body["choices"].append({**one["choices"][0], "index": i})
+        assert body is not None
+        return body
+
+    def chunk(self, text: str | None, logprobs: dict[str, Any] | None = None, finish_reason: str | None = None,
+              role: bool = False, index: int = 0, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """One chunk of choice `index`."""
+        ids = {"created": self.created, "fingerprint": self.fingerprint, "with_usage": self.req.include_usage}
+        if self.chat:
+            out = chat_chunk(self.id, self.model, text=text, role=role, finish_reason=finish_reason,
+                             logprobs=logprobs, tool_calls=tool_calls, **ids)
+        else:
+            out = text_chunk(self.id, self.model, text=text or "", finish_reason=finish_reason, logprobs=logprobs,
+                             **ids)
+        if index:
+            out["choices"][0]["index"] = index
+        return out
+
+    def opening(self, n: int) -> list[dict[str, Any]]:
+        """A stream's first chunks: a chat's role for each choice (a completion has none)."""
+        return [self.chunk(None, role=True, index=i) for i in range(n)] if self.chat else []
+
+    def split(self, index: int, text: str, final: bool = False) -> list[tuple[str, Any]]:
+        """A chat reply's run of text split into content and whole tool calls ([("content", str) |
+        ("call", dict)]), as its ToolCallStream sees them; final: the reply ended, what it holds comes out."""
+        from barellm.text.tools import ToolCallStream
+
+        stream = self._calls.get(index)
+        if stream is None:
+            stream = self._calls[index] = ToolCallStream(self.tool_names or ())
+        return stream.feed(text) + (stream.finish() if final else [])
+
+    def text(self, index: int, text: str, toks: Sequence[Any]) -> list[dict[str, Any]]:
+        """The chunks of a run of one choice's text: one, or with tool calls parsed, the content and the
+        calls complete so far (the logprobs go with the first chunk after their text; a call still open holds
+        them)."""
+        if self.tool_names is None:
+            return [self.chunk(text, self.logprobs(toks, index), index=index)]
+        return self._parts(index, self.split(index, text), toks)
+
+    def _parts(self, index: int, parts: list[tuple[str, Any]], toks: Sequence[Any]) -> list[dict[str, Any]]:
+        held = self._held.setdefault(index, [])
+        held.extend(toks)
+        out = []
+        for kind, p in parts:
+            lps = self.logprobs(held, index)
+            held.clear()
+            if kind == "content":
+                out.append(self.chunk(p, lps, index=index))
+            else:
+                stream = self._calls[index]
+                out.append(self.chunk(None, lps, index=index, tool_calls=tool_call_deltas([p], stream.sent)))
+                stream.sent += 1
+        return out
+
+    def closing(self, index: int, reason: str) -> list[dict[str, Any]]:
+        """A choice's last chunks: what its tool-call parsing still holds, and the one with its finish reason
+        ("tool_calls" when it called any and stopped of its own accord)."""
+        out = []
+        if self.tool_names is not None:
+            out = self._parts(index, self.split(index, "", final=True), [])
+            if self._calls[index].calls and reason == "stop":
+                reason = "tool_calls"
+        return out + [self.chunk(None, finish_reason=reason, index=index)]
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return usage_chunk(self.id, self.model, self.chat, usage, created=self.created, fingerprint=self.fingerprint)
+
+
+# --- the response objects ------------------------------------------------------------------------------
 
 
 def new_id(chat: bool) -> str:

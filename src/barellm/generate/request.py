@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 import numpy as np
 
@@ -141,9 +141,13 @@ def _integer(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
-def from_options(options: Mapping[str, Any], constrain: Callable[..., Any] | None = None) -> Request:
-    """The Request the Python API's keywords ask for (Options; those not given take their defaults). constrain
-    compiles json_schema / grammar / regex into a Grammar (the model's structured vocabulary does)."""
+R = TypeVar("R", bound=Request)
+
+
+def from_options(options: Mapping[str, Any], constrain: Callable[..., Any] | None = None,
+                 cls: type[R] = Request) -> R:  # type: ignore[assignment]
+    """The Request (a cls) the Python API's keywords ask for (Options; those not given take their defaults).
+    constrain compiles json_schema / grammar / regex into a Grammar (the model's structured vocabulary does)."""
     unknown = set(options) - set(OPTION_DEFAULTS)
     if unknown:
         raise InvalidRequest(f"unknown generation parameter(s): {', '.join(sorted(unknown))}")
@@ -177,9 +181,9 @@ def from_options(options: Mapping[str, Any], constrain: Callable[..., Any] | Non
         if constrain is None:
             raise InvalidRequest(f"{next(iter(wanted))} needs a model to compile it against")
         grammar = constrain(**wanted)
-    return Request(params=params, max_tokens=o["max_tokens"], stops=[s for s in stops if s], n=o["n"],
-                   top_logprobs=top if top else (0 if logprobs else None), allowed=o["allowed_tokens"],
-                   grammar=grammar, min_indent=o["min_indent"], timings=timings)
+    return cls(params=params, max_tokens=o["max_tokens"], stops=[s for s in stops if s], n=o["n"],
+               top_logprobs=top if top else (0 if logprobs else None), allowed=o["allowed_tokens"],
+               grammar=grammar, min_indent=o["min_indent"], timings=timings)
 
 
 def check(req: Request, *, n_ctx: int, n_vocab: int, n_slots: int, clamp_max_tokens: bool = True,

@@ -28,14 +28,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from barellm import __version__, openai_format
 from barellm.errors import InvalidRequest
 from barellm.generate.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
+from barellm.openai_format import GenerationRequest, ResponseBuilder
 from barellm.serve import openapi_doc, schemas
 from barellm.serve.metrics import Metrics, endpoint_label
 from barellm.serve.models import Candidate, Models, Server, leasing
-from barellm.serve.relay import Outbox, RelayResponse, chat_prompt, constrain, read_body, submit, submit_embeddings
-from barellm.serve.schemas import ApiError, GenerationRequest, bad
+from barellm.serve.relay import Outbox, RelayResponse, prepare, read_body, submit, submit_embeddings
+from barellm.serve.schemas import ApiError, bad
 from barellm.serve.security import MAX_HEADER_BYTES, Guard
 from barellm.text.infill import end_rules
-from barellm.text.tools import ToolCallStream, parse_tool_calls
 
 DEFAULT_STREAM_INTERVAL = 0.02   # seconds: a streamed response's text goes out at most 50 times a second
 
@@ -101,130 +101,31 @@ def error_response(state: ServerState, path: str, err: ApiError, headers: dict[s
     return _JSON(err.body(), status_code=err.status, headers=headers)
 
 
-# --- turning events into OpenAI's shapes ---------------------------------------------------------
+# --- OpenAI's shapes (openai_format.ResponseBuilder) framed as server-sent events ------------------------
 
-class Formatter:
-    """Builds the response objects and stream chunks of one request (their shapes: openai_format)."""
+class Formatter(ResponseBuilder):
+    """The answer's objects of one request (ResponseBuilder, as Model.create_* builds them), with the server's
+    fingerprint, framed as server-sent events."""
 
     def __init__(self, state: ServerState, req: GenerationRequest, prompt_chars: int) -> None:
-        self.state = state
-        self.req = req
-        self.chat = req.kind == "chat"
-        self.id = openai_format.new_id(self.chat)
-        self.created = int(time.time())
-        self.prompt_chars = prompt_chars    # legacy logprobs' text_offset counts from the start of the prompt
-        self.offsets: dict[int, int] = {}   # per choice: text_offset of its next token
+        super().__init__(req, state.model_id, state.tokenizer.token_bytes, prompt_chars=prompt_chars,
+                         fingerprint=state.fingerprint)
         self._frames: dict[int, tuple[bytes, bytes]] = {}   # per choice: a text event's bytes around the text
-        # tool calls parsed out of a chat reply (streamed: per choice, as they complete)
-        self.tool_names = req.tool_names if self.chat else None
-        self._calls: dict[int, Any] = {}
-        self._held_lps: dict[int, list[TokenLogprob]] = {}
-
-    def logprobs(self, toks: list[TokenLogprob], index: int = 0) -> dict[str, Any] | None:
-        if self.req.top_logprobs is None:
-            return None
-        token_bytes = self.state.tokenizer.token_bytes
-        if self.chat:
-            return openai_format.chat_logprobs(toks, token_bytes, self.req.tokens_as_ids)
-        out, self.offsets[index] = openai_format.completion_logprobs(
-            toks, token_bytes, self.offsets.get(index, self.prompt_chars), self.req.tokens_as_ids)
-        return out
-
-    def usage(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return openai_format.usage(prompt_tokens, completion_tokens, cached_tokens)
-
-    def _ids(self) -> dict[str, Any]:
-        return {"created": self.created, "fingerprint": self.state.fingerprint}
-
-    def whole(self, choices: list[tuple[str, list[TokenLogprob], str]], usage: dict[str, Any]) -> dict[str, Any]:
-        """The response object: (text, logprobs, finish reason) of each choice."""
-        body = None
-        for i, (text, toks, reason) in enumerate(choices):
-            lps = self.logprobs(toks, i)
-            if not self.chat:
-                one = openai_format.text_completion(self.id, self.state.model_id, text, reason, usage, logprobs=lps,
-                                                    **self._ids())
-            else:
-                content: str | None = text
-                calls = None
-                if self.tool_names is not None:
-                    content, calls = parse_tool_calls(text, self.tool_names)
-                    if calls and reason == "stop":
-                        reason = "tool_calls"
-                    elif not calls:
-                        content = text
-                one = openai_format.chat_completion(self.id, self.state.model_id, content, reason, usage,
-                                                    logprobs=lps, tool_calls=calls, **self._ids())
-            if body is None:
-                body = one
-            else:
-                body["choices"].append({**one["choices"][0], "index": i})
-        assert body is not None
-        return body
-
-    def chunk(self, text: str | None, logprobs: dict[str, Any] | None, finish_reason: str | None = None,
-              role: bool = False, index: int = 0) -> dict[str, Any]:
-        if self.chat:
-            out = openai_format.chat_chunk(self.id, self.state.model_id, text=text, role=role,
-                                           finish_reason=finish_reason, logprobs=logprobs,
-                                           with_usage=self.req.include_usage, **self._ids())
-        else:
-            out = openai_format.text_chunk(self.id, self.state.model_id, text=text or "", finish_reason=finish_reason,
-                                           logprobs=logprobs, with_usage=self.req.include_usage, **self._ids())
-        if index:
-            out["choices"][0]["index"] = index
-        return out
-
-    def _tool_events(self, stream: ToolCallStream, parts: list[tuple[str, Any]], toks: list[TokenLogprob],
-                     index: int) -> bytes:
-        """The events of content and whole tool calls split out of a chat reply; logprobs go with the first
-        event after their text (held while a call is still open)."""
-        held = self._held_lps.setdefault(index, [])
-        held.extend(toks)
-        out = bytearray()
-        for kind, p in parts:
-            lps = self.logprobs(held, index) if held else (None if self.req.top_logprobs is None else
-                                                           self.logprobs([], index))
-            held.clear()
-            if kind == "content":
-                out.extend(_sse(self.chunk(p, lps, index=index)))
-            else:
-                ch = self.chunk(None, lps, index=index)
-                ch["choices"][0]["delta"] = {"tool_calls": openai_format.tool_call_deltas([p], stream.sent)}
-                stream.sent += 1
-                out.extend(_sse(ch))
-        return bytes(out)
 
     def closing_events(self, index: int, reason: str) -> bytes:
-        """A choice's last events: what its tool-call parsing still holds, and the chunk with its finish reason
-        ("tool_calls" when it called any and stopped of its own accord)."""
-        out = b""
-        stream = self._calls.pop(index, None)
-        if stream is not None:
-            out = self._tool_events(stream, stream.finish(), [], index)
-            if stream.calls and reason == "stop":
-                reason = "tool_calls"
-        return out + _sse(self.chunk(None, None, finish_reason=reason, index=index))
+        return b"".join(_sse(c) for c in self.closing(index, reason))
 
     def text_event(self, text: str, toks: list[TokenLogprob], index: int) -> bytes:
-        """The server-sent event of a run of text. The chunk's bytes around the JSON of the text are the same
-        for every chunk of a choice, so only the text is encoded per event."""
-        if self.tool_names is not None:
-            stream = self._calls.get(index)
-            if stream is None:
-                stream = self._calls[index] = ToolCallStream(self.tool_names)
-            return self._tool_events(stream, stream.feed(text), toks, index)
-        if self.req.top_logprobs is not None:
-            return _sse(self.chunk(text, self.logprobs(toks, index), index=index))
+        """The server-sent events of a run of text. A plain text chunk's bytes around the JSON of the text are the
+        same for every chunk of a choice, so only the text is encoded per event."""
+        if self.tool_names is not None or self.req.top_logprobs is not None:
+            return b"".join(_sse(c) for c in self.text(index, text, toks))
         frame = self._frames.get(index)
         if frame is None:
             marker = "\u0000barellm-text\u0000"
             head, tail = _dumps(self.chunk(marker, None, index=index)).split(_dumps(marker))
             frame = self._frames[index] = (_utf8(f"data: {head}"), _utf8(f"{tail}\n\n"))
         return frame[0] + _utf8(_dumps(text)) + frame[1]
-
-    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
-        return openai_format.usage_chunk(self.id, self.state.model_id, self.chat, usage, **self._ids())
 
 
 def _sse(obj: Any) -> bytes:
@@ -284,9 +185,8 @@ class GenerationResponse(RelayResponse):
                             (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                             (b"x-accel-buffering", b"no")]})
                         streaming = True
-                        if fmt.chat:
-                            for i in range(n):
-                                out.extend(_sse(fmt.chunk(None, None, role=True, index=i)))
+                        for chunk in fmt.opening(n):
+                            out.extend(_sse(chunk))
                 elif ev.kind == "delta":
                     if not fmt.req.stream:
                         texts[ev.index].append(ev.text)
@@ -345,46 +245,31 @@ def _model_field(raw: bytes) -> str | None:
     return name if isinstance(name, str) else None
 
 
-async def _generate(request: Request, state: ServerState, req: GenerationRequest, prompt_ids: list[int],
-                    prompt_chars: int) -> Response:
-    job, events = submit(state, req, prompt_ids)
+async def _generate(request: Request, state: ServerState, req: GenerationRequest) -> Response:
+    """Makes the request's prompt (off the event loop) and hands it to the scheduler; its answer is relayed."""
+    await _run_sync(prepare, state.model, req)
+    job, events = submit(state, req)
+    prompt_chars = len(req.prompt_text) if req.prompt_text is not None else 0
     return GenerationResponse(state, job, events, Formatter(state, req, prompt_chars), request.url.path)
 
 
 async def chat_completions(request: Request) -> Response:
     req = schemas.chat_request(await read_body(request, _state(request).max_body))
     state = await _model(request, req.model)
-    assert req.messages is not None
-    ids = await _run_sync(chat_prompt, state.model, req)
-    return await _generate(request, state, req, ids, 0)
+    return await _generate(request, state, req)
 
 
-def _completion_prompt(model: Any, req: GenerationRequest) -> list[int]:
-    constrain(model, req)
-    assert isinstance(req.prompt, str)
+def _infill_prompt(model: Any, body: schemas.InfillRequest, req: GenerationRequest) -> None:
+    prepare(model, req)   # the constraint: the prompt is llama.cpp's /infill layout
     try:
-        if req.suffix:
-            ids = model.infill_prompt(req.prompt, req.suffix, max_tokens=req.max_tokens, repo_level=False)
-            stops, req.min_indent = end_rules(req.prompt, req.suffix)
-            req.stops = req.stops + stops
-            return ids
-        return model.tokenize(req.prompt)
-    except InvalidRequest as e:
-        raise bad(str(e), "suffix" if req.suffix else "prompt") from None
-
-
-def _infill_prompt(model: Any, body: schemas.InfillRequest, req: GenerationRequest) -> list[int]:
-    constrain(model, req)
-    try:
-        ids = model.infill_prompt(body.input_prefix, body.input_suffix, prompt=body.prompt,
-                                  extra=[c.model_dump() for c in body.input_extra], max_tokens=req.max_tokens,
-                                  repo_level=True)
+        req.prompt = model.infill_prompt(body.input_prefix, body.input_suffix, prompt=body.prompt,
+                                         extra=[c.model_dump() for c in body.input_extra], max_tokens=req.max_tokens,
+                                         repo_level=True)
     except InvalidRequest as e:
         raise bad(str(e), "input_prefix") from None
     stops, indent = end_rules(body.input_prefix + body.prompt, body.input_suffix)
     req.stops = req.stops + stops
     req.min_indent = body.n_indent if body.n_indent is not None and body.n_indent > 0 else indent
-    return ids
 
 
 class InfillResponse(RelayResponse):
@@ -463,9 +348,9 @@ class InfillResponse(RelayResponse):
 async def infill(request: Request) -> Response:
     body, req = schemas.infill_request(await read_body(request, _state(request).max_body))
     state = await _model(request, req.model)
-    ids = await _run_sync(_infill_prompt, state.model, body, req)
+    await _run_sync(_infill_prompt, state.model, body, req)
     stream, req.stream = req.stream, True   # the job streams either way: its first delta times the prefill
-    job, events = submit(state, req, ids)
+    job, events = submit(state, req)
     return InfillResponse(state, job, events, stream, request.url.path)
 
 
@@ -475,14 +360,7 @@ async def completions(request: Request) -> Response:
     if name is None:
         schemas.completion_request(raw, 1 << 31)   # a body that is no request fails before any model loads
     state = await _model(request, name)
-    req = schemas.completion_request(raw, state.n_vocab)
-    if isinstance(req.prompt, str):
-        ids = await _run_sync(_completion_prompt, state.model, req)
-        return await _generate(request, state, req, ids, len(req.prompt))
-    assert req.prompt is not None
-    if req.constraint is not None:
-        await _run_sync(constrain, state.model, req)
-    return await _generate(request, state, req, list(req.prompt), 0)
+    return await _generate(request, state, schemas.completion_request(raw, state.n_vocab))
 
 
 def _model_card(server: Server, cand: Candidate) -> dict[str, Any]:

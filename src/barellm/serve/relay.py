@@ -17,10 +17,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from barellm import openai_format
 from barellm.errors import InvalidRequest
 from barellm.generate.request import check
 from barellm.generate.scheduler import EmbedJob, Event, Job, QueueFull
-from barellm.serve.schemas import ApiError, GenerationRequest, bad
+from barellm.openai_format import GenerationRequest
+from barellm.serve.schemas import ApiError, bad
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint
 
@@ -88,74 +90,41 @@ class Outbox:
             return out
 
 
-def chat_prompt(model: Any, req: GenerationRequest) -> list[int]:
-    """The prompt of a chat request, its output constraint compiled (constrain): token ids through the model's
-    template, with the request's tools when their calls are parsed; a 400 naming `messages` when the
-    template refuses them. Both APIs' chat routes run it off the event loop."""
-    constrain(model, req)
-    try:
-        if req.tool_names is not None:
-            return model.chat_prompt(req.messages, tools=req.tools)
-        return model.chat_prompt(req.messages)
-    except InvalidRequest as e:
-        raise bad(str(e), "messages") from None
-
-
-def constrain(model: Any, req: GenerationRequest) -> None:
-    """Compiles the request's output constraint into req.grammar (response_format, json_schema, grammar,
-    regex, or tool_choice "required" / a named function) and decides whether tool calls are parsed out of
-    the reply (req.tool_names). A 400 naming the field when it cannot be served. Runs off the event loop:
-    compiling a large schema takes a while, and the first one builds the model's vocabulary for llguidance."""
+def prepare(model: Any, req: GenerationRequest) -> None:
+    """openai_format.prepare (the prompt's token ids and the compiled constraint, as Model.create_* makes them),
+    its InvalidRequest a 400 naming the field (a constraint that needs the missing llguidance:
+    "unsupported_parameter"). Runs off the event loop: a template, a long prompt and a large schema take a
+    while."""
     from barellm.structured import StructuredUnavailable
-    from barellm.text.tools import resolve_choice
 
-    param = req.constraint.param if req.constraint is not None else "tool_choice"
     try:
-        c = req.constraint
-        if c is not None:
-            vocab = model.structured()
-            if c.kind == "json_object":
-                req.grammar = vocab.json_object(c.param)
-            elif c.kind == "json_schema":
-                req.grammar = vocab.json_schema(c.value, c.param)
-            elif c.kind == "grammar":
-                req.grammar = vocab.lark(c.value, c.param)
-            else:
-                req.grammar = vocab.regex(c.value, c.param)
-        if req.kind == "chat":
-            mode, name = resolve_choice(req.tools, req.tool_choice)
-            if mode in ("required", "function"):
-                param = "tool_choice"
-                req.grammar = model.tool_grammar(req.tools, mode, name, req.parallel_tool_calls)
-            if mode != "none" and req.tools:
-                req.tool_names = [t["function"]["name"] for t in req.tools]
+        openai_format.prepare(model, req)
     except StructuredUnavailable as e:
-        raise ApiError(400, str(e), param=param, code="unsupported_parameter") from None
+        raise ApiError(400, str(e), param=e.param, code="unsupported_parameter") from None
     except InvalidRequest as e:
-        raise bad(str(e), param) from None
+        raise bad(str(e), e.param, e.code) from None
 
 
-def submit(state: Any, req: GenerationRequest, prompt_ids: list[int]) -> tuple[Job, Outbox]:
-    """Makes the request the scheduler runs, holds it to the model's limits (generate.request.check, as the
-    Python API does) and queues it: the one path every API's generation requests take to the scheduler.
-    Returns the request and the outbox its events arrive in."""
+def submit(state: Any, req: GenerationRequest) -> tuple[Job, Outbox]:
+    """Holds the request (its prompt made: prepare) to the model's limits with the check the Python API makes
+    too (generate.request.check) and queues it: the one path every API's generation requests take to the
+    scheduler. Returns the request, which is the job the scheduler runs, and the outbox its events arrive in."""
     events = Outbox(asyncio.get_running_loop())
-    job = Job(prompt=prompt_ids, params=req.params, max_tokens=req.max_tokens, emit=events.push, stops=req.stops,
-              top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt, n=req.n,
-              stream=req.stream, stream_interval=getattr(state, "stream_interval", 0.0), grammar=req.grammar,
-              min_indent=req.min_indent)
+    req.emit = events.push
+    req.timeout = state.timeout
+    req.stream_interval = getattr(state, "stream_interval", 0.0)
     # no max_tokens: the rest of the context, but OpenAI's legacy completions, which default to 16 (cut to fit)
     short = req.max_tokens is None and req.kind != "chat" and req.short_default
     if short:
-        job.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+        req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
     try:
-        check(job, n_ctx=state.n_ctx, n_vocab=state.n_vocab, n_slots=state.scheduler.n_slots,
+        check(req, n_ctx=state.n_ctx, n_vocab=state.n_vocab, n_slots=state.scheduler.n_slots,
               clamp_max_tokens=short or req.clamp_max_tokens,
               prompt_param="messages" if req.kind == "chat" else "prompt")
     except InvalidRequest as e:
         raise bad(str(e), e.param, e.code) from None
-    _enqueue(state, job)
-    return job, events
+    _enqueue(state, req)
+    return req, events
 
 
 def _enqueue(state: Any, job: Job | EmbedJob) -> None:

@@ -14,7 +14,6 @@ prompt fitting the context) and what spans fields is checked in to_generation() 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import (
@@ -30,6 +29,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from barellm.errors import InvalidRequest
+from barellm.openai_format import Constraint, GenerationRequest, check_tool_choice, constraint_of
 from barellm.sampling import SamplingParams
 from barellm.text.chat import message_text
 
@@ -309,20 +309,12 @@ class _Sampling(_Body):
 
     def constraint(self) -> Constraint | None:
         """The one output constraint the request asks for (two are a 400)."""
-        given = []
         rf = self.response_format
-        if rf is not None and rf.type == "json_object":
-            given.append(Constraint("json_object", None, "response_format"))
-        elif rf is not None and rf.type == "json_schema":
-            schema = rf.json_schema.schema_
-            given.append(Constraint("json_schema", {} if schema is None else schema,
-                                    "response_format.json_schema.schema"))
-        for name in ("json_schema", "grammar", "regex"):
-            if getattr(self, name) is not None:
-                given.append(Constraint(name, getattr(self, name), name))
-        if len(given) > 1:
-            raise bad(f"{given[0].param} and {given[1].param} both constrain the output: send one", given[1].param)
-        return given[0] if given else None
+        try:
+            return constraint_of(rf.model_dump(by_alias=True) if rf is not None else None, self.json_schema,
+                                 self.grammar, self.regex)
+        except InvalidRequest as e:
+            raise bad(str(e), e.param) from None
 
     def generation(self, kind: str) -> GenerationRequest:
         if self.stream_options is not None and not self.stream:
@@ -388,9 +380,10 @@ class ChatCompletionRequest(_Sampling):
                           "tool_choice.function.name")
         if self.parallel_tool_calls is not None:
             req.parallel_tool_calls = self.parallel_tool_calls
-        if req.constraint is not None and req.tool_choice not in (None, "none", "auto"):
-            raise bad(f"tool_choice {req.tool_choice!r} constrains the output to tool calls; it cannot be combined "
-                      f"with {req.constraint.param}", "tool_choice")
+        try:
+            check_tool_choice(req.tool_choice, req.constraint)
+        except InvalidRequest as e:
+            raise bad(str(e), e.param) from None
         if self.tools:
             names = [t.function.name for t in self.tools]
             dup = next((n for n in names if names.count(n) > 1), None)
@@ -463,7 +456,9 @@ class CompletionRequest(_Sampling):
         req.top_logprobs = self.logprobs
         if isinstance(self.prompt, list):
             _check_ids(self.prompt, n_vocab, "prompt")
-        req.prompt = self.prompt
+            req.prompt = list(self.prompt)
+        else:
+            req.prompt_text = self.prompt
         if self.suffix:
             if not isinstance(self.prompt, str):
                 raise bad("suffix needs a string prompt (the text before the hole)", "suffix")
@@ -557,45 +552,6 @@ def _check_ids(ids: list[int], n_vocab: int, param: str) -> None:
     for i, t in enumerate(ids):
         if not 0 <= t < n_vocab:
             raise bad(f"{param}[{i}] = {t} is outside the vocabulary (0..{n_vocab - 1})", param)
-
-
-@dataclass
-class GenerationRequest:
-    """What the scheduler path needs of a request, whichever API it came through."""
-
-    kind: str                                  # "chat" or "completion"
-    model: str | None
-    params: SamplingParams
-    max_tokens: int | None                     # None: the rest of the context (chat) / 16 (completions)
-    stops: list[str] = field(default_factory=list)
-    stream: bool = False
-    include_usage: bool = False
-    top_logprobs: int | None = None            # None: no logprobs
-    tokens_as_ids: bool = False                # logprobs name tokens "token_id:<id>" (vLLM's extension)
-    cache_prompt: bool = True                  # reuse a slot's cached prefix (llama.cpp server's extension)
-    n: int = 1                                 # choices, sharing the prompt's KV cache
-    messages: list[dict[str, str]] | None = None
-    prompt: str | list[int] | None = None
-    short_default: bool = True                 # no max_tokens on a completion: 16 tokens (OpenAI's), else the rest
-    clamp_max_tokens: bool = False             # max_tokens past the context: cut to fit (Ollama's) instead of a 400
-    constraint: Constraint | None = None       # the output's format (JSON schema, regex, grammar), as asked
-    tools: list[dict[str, Any]] | None = None  # OpenAI's tool objects
-    tool_choice: Any = None                    # "none", "auto", "required", {"type": "function", ...}; None: default
-    parallel_tool_calls: bool = True
-    suffix: str | None = None                  # fill-in-the-middle: the text after the hole
-    grammar: Any = None                        # the compiled constraint (structured.Grammar), set by the app
-    tool_names: list[str] | None = None        # parse tool calls of these functions out of the reply
-    min_indent: int = 0                        # infill: a new line indented less ends the text
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """An output constraint as the request gave it: kind ("json_object", "json_schema", "grammar", "regex"),
-    its value, and the field that asked (errors name it)."""
-
-    kind: str
-    value: Any
-    param: str
 
 
 # --- parsing bodies and naming what is wrong ------------------------------------------------------
