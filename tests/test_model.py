@@ -21,7 +21,7 @@ def tiny_path(tmp_path_factory):
 @pytest.fixture(scope="module", params=ENGINES)
 def model(request, tiny_path):
     if request.param == "native":
-        pytest.importorskip("barellm.engine", reason="native engine not built")
+        pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     return barellm.load(str(tiny_path), engine=request.param, context=128)
 
 
@@ -153,7 +153,7 @@ def test_bad_load_arguments(tiny_path):
 
 def test_activation_precision_choice(tiny_path):
     """q8x2 (the default) is closer to the float32 reference than q8; both are deterministic."""
-    pytest.importorskip("barellm.engine", reason="native engine not built")
+    pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     ids = list(range(1, 40))
     ref = barellm.load(str(tiny_path), engine="reference", context=128).logits(ids)
     err = {}
@@ -173,7 +173,7 @@ def test_activation_precision_choice(tiny_path):
 def model2(request, tiny_path):
     """Two KV cache slots."""
     if request.param == "native":
-        pytest.importorskip("barellm.engine", reason="native engine not built")
+        pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     return barellm.load(str(tiny_path), engine=request.param, context=128, slots=2)
 
 
@@ -228,7 +228,7 @@ def test_a_dropped_stream_releases_its_slot(model):
 def test_threads_share_a_model(tiny_path, slots):
     import threading
 
-    pytest.importorskip("barellm.engine", reason="native engine not built")
+    pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     m = barellm.load(str(tiny_path), engine="native", context=128, slots=slots)
     prompts = ["the cat", "in the hat", "a dog", "the end of"]
     kw = dict(max_tokens=24, temperature=0)
@@ -334,7 +334,7 @@ def test_logit_bias_bans_and_forces_tokens(model):
 
 
 def test_allowed_tokens_restrict_the_choice(model):
-    from barellm.sampling import allowed_mask
+    from barellm.generate.sampling import allowed_mask
 
     allowed = [40, 41, 42]
     c = model.complete("the cat", max_tokens=6, temperature=1.0, seed=3,

@@ -26,15 +26,15 @@ uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
+from barellm.generate.sampling import SamplingParams  # noqa: E402
 from barellm.generate.scheduler import Event, Job, QueueFull, Scheduler  # noqa: E402
-from barellm.sampling import SamplingParams  # noqa: E402
 
 
 def _default_engine() -> str:
     """The default (native) engine where it is built in, else the NumPy reference: both implement slots and
     forward_batch, and the reference one is slow, so generations here stay a few tokens long."""
     try:
-        import barellm.engine  # noqa: F401
+        import barellm.runtime.engine  # noqa: F401
     except ImportError:
         return "reference"
     return "native"

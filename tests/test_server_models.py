@@ -53,7 +53,7 @@ def _free_port() -> int:
 
 def _home_with(tmp: Path, names: list[str]) -> Path:
     """A BARELLM_HOME whose cache holds the named models: each one's manifest copied, its conversion linked."""
-    from barellm import hub
+    from barellm.store import hub
 
     home = tmp / "home"
     (home / "blm").mkdir(parents=True)

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from barellm import kernels, quant
 from barellm.errors import BarellmError, FormatError
 from barellm.files import atomic_write, remove_stale_temps
+from barellm.formats import kernels, quant
 from barellm.formats.mapped import MappedFile
 from barellm.progress import Progress
 
@@ -205,7 +205,7 @@ def _encode_kv(out: bytearray, key: str, value: Any, type_name: str) -> None:
 # --- layouts ----------------------------------------------------------------------------------------------
 # One row per layout tag: which tensors it can hold, how many bytes it takes, and how to turn it back into
 # GGUF rows (dequantize needs that) and into it from rows (the converter needs that). The native kernels'
-# traits table defines the byte layouts (barellm.kernels); this table only names them for the file format.
+# traits table defines the byte layouts (barellm.formats.kernels); this table only names them for the file format.
 
 LAYOUT_ROWS = kernels.LAYOUT_ROWS
 LAYOUT_INTERLEAVE8 = kernels.LAYOUT_INTERLEAVE8

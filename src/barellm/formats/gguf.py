@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from barellm import quant
 from barellm.errors import FormatError
+from barellm.formats import quant
 from barellm.formats.mapped import MappedFile, TensorNotFound
 
 __all__ = ["GGUFFile", "TensorInfo", "TensorNotFound", "ValueType"]

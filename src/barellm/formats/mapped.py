@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from barellm import quant
 from barellm.errors import FormatError, ModelNotFound
 from barellm.files import check_regular
+from barellm.formats import quant
 
 Self = TypeVar("Self", bound="MappedFile")
 

@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 
 from barellm.cpu import spare_core
+from barellm.generate.generation import Delta, Generation, SlotTable, Timings, TokenLogprob, common_prefix, pooled
 from barellm.generate.request import Event, Request
+from barellm.generate.sampling import SamplingParams
 from barellm.generate.stats import SchedulerStats
-from barellm.generation import Delta, Generation, SlotTable, Timings, TokenLogprob, common_prefix, pooled
-from barellm.sampling import SamplingParams
 
 __all__ = ["DEFAULT_PREFILL_CHUNK", "UNBOUNDED", "EmbedJob", "Event", "Job", "QueueFull", "Request", "Scheduler",
            "TokenLogprob", "common_prefix"]

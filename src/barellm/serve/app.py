@@ -25,10 +25,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from barellm import __version__, openai_format
+from barellm import __version__
+from barellm.api import openai as openai_api
+from barellm.api.openai import GenerationRequest, ResponseBuilder
 from barellm.errors import InvalidRequest
 from barellm.generate.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
-from barellm.openai_format import GenerationRequest, ResponseBuilder
 from barellm.serve import openapi_doc, schemas
 from barellm.serve.metrics import Metrics, endpoint_label
 from barellm.serve.models import Candidate, Models, Server, leasing
@@ -101,7 +102,7 @@ def error_response(state: ServerState, path: str, err: ApiError, headers: dict[s
     return _JSON(err.body(), status_code=err.status, headers=headers)
 
 
-# --- OpenAI's shapes (openai_format.ResponseBuilder) framed as server-sent events ------------------------
+# --- OpenAI's shapes (api/openai.py's ResponseBuilder) framed as server-sent events ------------------------
 
 class Formatter(ResponseBuilder):
     """The answer's objects of one request (ResponseBuilder, as Model.create_* builds them), with the server's
@@ -445,7 +446,7 @@ class EmbeddingResponse(RelayResponse):
                 if ev.kind == "embeddings":
                     vectors = ([base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in ev.data]
                                if self.base64 else ev.data.tolist())
-                    body = openai_format.embeddings(self.state.model_id, vectors, ev.prompt_tokens)
+                    body = openai_api.embeddings(self.state.model_id, vectors, ev.prompt_tokens)
                     await _JSON(body)(scope, receive, send)
                     return
 

@@ -171,7 +171,7 @@ _pull_lock: asyncio.Lock | None = None
 @_ollama
 async def pull(request: Request) -> Response:
     """Fetches a model the cache knows by name (hub.REGISTRY), as `barellm pull` does."""
-    from barellm import hub
+    from barellm.store import hub
 
     server = request.app.state.server
     body = schemas.parse(PullRequest, await read_body(request, server.max_body))
@@ -223,8 +223,8 @@ async def pull(request: Request) -> Response:
 @_ollama
 async def delete(request: Request) -> Response:
     """Removes a model from the cache (unloading it first); one in use is refused, 409."""
-    from barellm import catalog, hub
-    from barellm.commands import remove_model
+    from barellm.cli.commands import remove_model
+    from barellm.store import catalog, hub
 
     server = request.app.state.server
     body = schemas.parse(DeleteRequest, await read_body(request, server.max_body))

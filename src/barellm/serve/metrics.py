@@ -12,8 +12,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
+from barellm.generate.generation import PHASES
 from barellm.generate.stats import RATE_WINDOW_S, SchedulerStats
-from barellm.generation import PHASES
 
 # The paths that get their own label; anything else counts as "other", so a client probing random
 # paths cannot grow the label set without bound.

@@ -35,9 +35,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from barellm import __version__
+from barellm.api.openai import GenerationRequest, ResponseBuilder
 from barellm.errors import InvalidRequest
 from barellm.generate.scheduler import Event
-from barellm.openai_format import GenerationRequest, ResponseBuilder
 from barellm.serve import lifecycle, schemas
 from barellm.serve.lifecycle import _details, _details_of_file, _digest, _keep_alive, _tag
 from barellm.serve.models import leasing

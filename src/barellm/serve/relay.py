@@ -17,11 +17,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from barellm import openai_format
+from barellm.api import openai as openai_api
+from barellm.api.openai import GenerationRequest
 from barellm.errors import InvalidRequest
 from barellm.generate.request import check
 from barellm.generate.scheduler import EmbedJob, Event, Job, QueueFull
-from barellm.openai_format import GenerationRequest
 from barellm.serve.schemas import ApiError, bad
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint
@@ -91,14 +91,14 @@ class Outbox:
 
 
 def prepare(model: Any, req: GenerationRequest) -> None:
-    """openai_format.prepare (the prompt's token ids and the compiled constraint, as Model.create_* makes them),
+    """api/openai.py's prepare (the prompt's token ids and the compiled constraint, as Model.create_* makes them),
     its InvalidRequest a 400 naming the field (a constraint that needs the missing llguidance:
     "unsupported_parameter"). Runs off the event loop: a template, a long prompt and a large schema take a
     while."""
-    from barellm.structured import StructuredUnavailable
+    from barellm.generate.structured import StructuredUnavailable
 
     try:
-        openai_format.prepare(model, req)
+        openai_api.prepare(model, req)
     except StructuredUnavailable as e:
         raise ApiError(400, str(e), param=e.param, code="unsupported_parameter") from None
     except InvalidRequest as e:

@@ -28,9 +28,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from barellm.api.openai import Constraint, GenerationRequest, check_tool_choice, constraint_of
 from barellm.errors import InvalidRequest
-from barellm.openai_format import Constraint, GenerationRequest, check_tool_choice, constraint_of
-from barellm.sampling import SamplingParams
+from barellm.generate.sampling import SamplingParams
 from barellm.text.chat import message_text
 
 MAX_BODY_BYTES = 1 << 20

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from barellm.sampling import Sampler, SamplingParams, TokenLogprob, token_logprobs
+from barellm.generate.sampling import Sampler, SamplingParams, TokenLogprob, token_logprobs
 
 __all__ = ["DEFAULT_MAX_TOKENS", "PHASES", "Delta", "Generation", "SlotTable", "Timings", "TokenLogprob",
            "common_prefix", "pooled"]

@@ -30,12 +30,13 @@ from typing import Any
 import numpy as np
 
 from barellm import _native as nat
-from barellm import kernels
 from barellm.arch.config import ModelConfig, check_tensors
 from barellm.arch.llama import rope_frequencies
+from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV, buffer_widths, llama_plan
 from barellm.cpu import check_memory, default_threads
 from barellm.errors import FormatError, InvalidRequest
-from barellm.kernels import (
+from barellm.formats import kernels
+from barellm.formats.kernels import (
     ACT_Q8,
     ACTIVATIONS,
     LAYOUT_ROWS,
@@ -43,8 +44,7 @@ from barellm.kernels import (
     matrix_act,
     matrix_layout,
 )
-from barellm.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV, buffer_widths, llama_plan
-from barellm.quant import q8_0_join, q8_0_split
+from barellm.formats.quant import q8_0_join, q8_0_split
 
 F32 = 0  # ggml type id of float32
 KIND_IDS: dict[str, int] = dict(nat.OP_KINDS)  # the op kinds the executor has, and their ids (py_engine.c)

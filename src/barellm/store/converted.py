@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from barellm import convert as converter
 from barellm.errors import BarellmError, FormatError, ModelNotFound
 from barellm.files import home, remove_stale_temps, write_bytes_atomic
 from barellm.formats import blm, sniff
 from barellm.progress import Progress
+from barellm.store import convert as converter
 
 # The model cache stores weight matrices the way the native kernels read them, so that loading maps them
 # instead of repacking (SmolLM2: the engine's set-up 0.26 -> 0.11 s, and the matrices that are not fused

@@ -105,7 +105,7 @@ def constrain(model: Any, req: GenerationRequest) -> None:
     (req.tool_names). An InvalidRequest names the field that cannot be served (compiling a large schema takes
     a while, and the first one builds the model's vocabulary for llguidance: the server runs this off its
     event loop)."""
-    from barellm.text.tools import resolve_choice
+    from barellm.text.toolcalls import resolve_choice
 
     c = req.constraint
     param = c.param if c is not None else "tool_choice"
@@ -207,7 +207,7 @@ class ResponseBuilder:
         stopped of its own accord); the text as it is when the request parses no calls or it made none."""
         if self.tool_names is None:
             return text, None, reason
-        from barellm.text.tools import parse_tool_calls
+        from barellm.text.toolcalls import parse_tool_calls
 
         content, calls = parse_tool_calls(text, self.tool_names)
         if not calls:
@@ -254,7 +254,7 @@ class ResponseBuilder:
     def split(self, index: int, text: str, final: bool = False) -> list[tuple[str, Any]]:
         """A chat reply's run of text split into content and whole tool calls ([("content", str) |
         ("call", dict)]), as its ToolCallStream sees them; final: the reply ended, what it holds comes out."""
-        from barellm.text.tools import ToolCallStream
+        from barellm.text.toolcalls import ToolCallStream
 
         stream = self._calls.get(index)
         if stream is None:

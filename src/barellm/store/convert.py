@@ -33,11 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from barellm import kernels, quant
 from barellm.arch.registry import ARCHITECTURES, Architecture, for_hf_model_type
 from barellm.errors import FormatError, ModelNotFound
 from barellm.files import open_regular, sha256_file
-from barellm.formats import blm, sniff
+from barellm.formats import blm, kernels, quant, sniff
 from barellm.progress import Progress
 
 __all__ = ["convert", "permute_qk", "SafetensorsFile", "CONVERTER_REVISION", "TYPE_CHOICES", "LAYOUT_CHOICES",

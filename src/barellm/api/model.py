@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from barellm.api.openai import GenerationRequest, constraint_of
 from barellm.arch.config import ModelConfig, config_of
 from barellm.cpu import default_threads
 from barellm.errors import BarellmError, FormatError, InvalidRequest, SlotsBusy
+from barellm.generate.generation import Timings
 from barellm.generate.request import Event, Options, Request, SamplingOptions, check, from_options, takes_options
+from barellm.generate.sampling import TokenLogprob
 from barellm.generate.scheduler import UNBOUNDED, EmbedJob, Scheduler
-from barellm.generation import Timings
-from barellm.openai_format import GenerationRequest, constraint_of
-from barellm.sampling import TokenLogprob
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -119,7 +119,7 @@ class Stream(Iterator[str]):
 
 
 def _open_source(path: Path, verify: bool = False) -> Any:
-    from barellm.cache import open_model
+    from barellm.store.converted import open_model
 
     return open_model(path, verify=verify)
 
@@ -153,7 +153,7 @@ class Model:
             raise InvalidRequest(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
         if threads is not None and not (isinstance(threads, int) and 1 <= threads <= 256):
             raise InvalidRequest(f"threads must be an integer in 1..256, got {threads!r}")
-        from barellm.catalog import display_name
+        from barellm.store.catalog import display_name
 
         self.path = path
         self.name = display_name(path)   # what messages print: a registered or file name, never a cache hash
@@ -191,7 +191,7 @@ class Model:
 
     def _make_engine(self, engine: str) -> tuple[str, Any]:
         if engine in ("auto", "native"):
-            from barellm.engine import NativeEngine, NativeUnsupported, unsupported_reason
+            from barellm.runtime.engine import NativeEngine, NativeUnsupported, unsupported_reason
 
             reason = unsupported_reason(self.config, self.source)
             if reason is None:
@@ -380,7 +380,7 @@ class Model:
     def structured(self) -> Any:
         """The model's structured.Vocabulary (llguidance's view of its tokenizer; built on first use):
         compiles JSON schemas, regexes and grammars into constraints for this model."""
-        from barellm.structured import vocabulary
+        from barellm.generate.structured import vocabulary
 
         return vocabulary(self, self.tokenizer, self.config.n_vocab)
 
@@ -543,7 +543,7 @@ class Model:
         """Token ids of the rendered chat template (special tokens parsed, no extra BOS). tools: OpenAI's
         tool objects, rendered by the template when it knows tools, else in the built-in form
         (text/tools.py); assistant messages with tool_calls and tool messages render either way."""
-        from barellm.text.tools import prepare_messages, validate_tools
+        from barellm.text.toolcalls import prepare_messages, validate_tools
 
         msgs: list[Any] = list(messages)
         extra: dict[str, Any] = {}
@@ -582,7 +582,7 @@ class Model:
     @property
     def tool_format(self) -> Any:
         """How this model meets tools (text/tools.py): its template's own rendering or the built-in form."""
-        from barellm.text.tools import tool_format
+        from barellm.text.toolcalls import tool_format
 
         fmt = getattr(self, "_tool_format", None)
         if fmt is None:
@@ -594,7 +594,7 @@ class Model:
         """The constraint of tool_choice "required" (mode "required") or a named function (mode "function"):
         output that is tool calls only, with arguments valid for the function's schema, ending with the
         turn's calls (the model, not the mask, decides whether another call follows one)."""
-        from barellm.text.tools import call_grammar, validate_tools
+        from barellm.text.toolcalls import call_grammar, validate_tools
 
         src = call_grammar(validate_tools(tools), self.tool_format, name if mode == "function" else None,
                            parallel and mode == "required")
@@ -640,7 +640,7 @@ class Model:
         named function constrain the output to calls whose arguments fit the function's schema.
         response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}.
         logprobs, top_logprobs: OpenAI's chat ones (a flag, and the alternatives per token)."""
-        from barellm.text.tools import validate_tools
+        from barellm.text.toolcalls import validate_tools
 
         if not isinstance(logprobs, bool):
             raise InvalidRequest(f"logprobs must be True or False here, got {logprobs!r}")
@@ -671,7 +671,7 @@ class Model:
         return req
 
     def _openai(self, req: GenerationRequest) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        from barellm.openai_format import ResponseBuilder, prepare
+        from barellm.api.openai import ResponseBuilder, prepare
 
         self._check_served()
         prepare(self, req)
@@ -716,7 +716,7 @@ def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = N
     verify: check every tensor of the model file against its checksum before running it (every load checks
     a sample of them).
     """
-    from barellm import catalog
+    from barellm.store import catalog
 
     path = catalog.resolve(model)
     try:
