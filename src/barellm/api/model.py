@@ -25,19 +25,18 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from barellm.api.openai import GenerationRequest, constraint_of
+from barellm.api.completion import Choice, Completion, Stream
+from barellm.api.openai import OpenAIMethods
 from barellm.arch.config import ModelConfig, config_of
 from barellm.cpu import default_threads
 from barellm.errors import BarellmError, FormatError, InvalidRequest, SlotsBusy
 from barellm.generate.generation import Timings
-from barellm.generate.request import Event, Options, Request, SamplingOptions, check, from_options, takes_options
-from barellm.generate.sampling import TokenLogprob
+from barellm.generate.request import Event, Options, Request, check, from_options, takes_options
 from barellm.generate.scheduler import UNBOUNDED, EmbedJob, Scheduler
 
 if TYPE_CHECKING:
@@ -46,76 +45,6 @@ if TYPE_CHECKING:
 ENGINES = ("auto", "native", "reference")
 ACTIVATIONS = ("q8x2", "q8")  # the native engine's activation precisions (engine.ACTIVATIONS)
 KV_TYPES = ("f16", "q8_0", "f32")  # what the KV cache holds (engine.KV_TYPES)
-
-
-@dataclass
-class Choice:
-    """One of the n sequences a complete(..., n=n) call generates."""
-
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)   # every generated token (a stop string's too)
-    finish_reason: str = "length"
-    logprobs: list[TokenLogprob] | None = None            # one per token of the text, when asked
-
-
-@dataclass
-class Completion:
-    """Everything about one generation; `text` is what generate() returns.
-
-    text, token_ids, finish_reason and logprobs are those of the first choice; `choices` holds all n."""
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str = "length"      # "stop" (end of generation or stop string) or "length"
-    prompt_tokens: int = 0
-    cached_tokens: int = 0             # prompt tokens whose KV entries were reused
-    prefill_seconds: float = 0.0       # prompt processing, up to the first token's logits
-    decode_seconds: float = 0.0
-    logprobs: list[TokenLogprob] | None = None   # with logprobs / top_logprobs: one per token of the text
-    choices: list[Choice] = field(default_factory=list)
-    timings: Timings | None = None     # seconds per phase of the token loop (generation.PHASES)
-
-
-class Stream(Iterator[str]):
-    """What stream() and chat_stream() return: an iterator of text pieces. The token ids generated so far
-    are in `token_ids`; once the stream is exhausted, `finish_reason` says why it ended ("stop": an
-    end-of-generation token or a stop string; "length": max_tokens or the full context); None before that
-    and for a stream closed early. close() ends it and gives its KV cache slot back, as dropping it does."""
-
-    def __init__(self, pieces: Iterator[str], completion: Completion) -> None:
-        self._pieces = pieces
-        self.completion = completion     # filled as the generation runs
-        self._ended = False
-
-    def __iter__(self) -> Stream:
-        return self
-
-    def __next__(self) -> str:
-        try:
-            return next(self._pieces)
-        except StopIteration:
-            self._ended = True
-            raise
-
-    def close(self) -> None:
-        close = getattr(self._pieces, "close", None)
-        if close is not None:
-            close()
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.completion.choices[0].token_ids if self.completion.choices else []
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self.completion.prompt_tokens
-
-    @property
-    def finish_reason(self) -> str | None:
-        if not self._ended:
-            return None
-        return self.completion.choices[0].finish_reason if self.completion.choices else "length"
 
 
 def _open_source(path: Path, verify: bool = False) -> Any:
@@ -128,7 +57,7 @@ def _nowhere(ev: Event) -> None:
     pass
 
 
-class Model:
+class Model(OpenAIMethods):
     """A loaded model: tokenize, score (logits), generate, stream, chat.
 
     Safe to share between threads (see the module docstring): each generation holds its own KV cache slot;
@@ -136,7 +65,8 @@ class Model:
     N at once. An unfinished stream keeps its slot until it ends, is closed or is dropped.
 
     The generation methods take Options' keywords (generate/request.py: max_tokens, temperature, top_k, ...),
-    listed with their types and defaults in each method's signature.
+    listed with their types and defaults in each method's signature; the OpenAI-shaped ones (create_completion,
+    create_chat_completion) are OpenAIMethods' (api/openai.py).
     """
 
     def __init__(self, path: Path, *, threads: int | None = None, context: int | None = None,
@@ -576,124 +506,6 @@ class Model:
         c = self.config
         return (f"Model({self.name}, {c.arch}, {c.n_layers} layers, dim {c.dim}, vocab {c.n_vocab}, "
                 f"context {self.n_ctx}, engine {self.engine_name}, threads {self.threads})")
-
-    # --- OpenAI's API: its requests and answers as the server makes them (openai_format) ------------
-
-    @property
-    def tool_format(self) -> Any:
-        """How this model meets tools (text/tools.py): its template's own rendering or the built-in form."""
-        from barellm.text.toolcalls import tool_format
-
-        fmt = getattr(self, "_tool_format", None)
-        if fmt is None:
-            fmt = self._tool_format = tool_format(self.template.source, self.tokenizer)
-        return fmt
-
-    def tool_grammar(self, tools: Sequence[dict[str, Any]], mode: str, name: str | None = None,
-                     parallel: bool = True) -> Any:
-        """The constraint of tool_choice "required" (mode "required") or a named function (mode "function"):
-        output that is tool calls only, with arguments valid for the function's schema, ending with the
-        turn's calls (the model, not the mask, decides whether another call follows one)."""
-        from barellm.text.toolcalls import call_grammar, validate_tools
-
-        src = call_grammar(validate_tools(tools), self.tool_format, name if mode == "function" else None,
-                           parallel and mode == "required")
-        return self.structured().lark(src, "tool_choice", end_on_exit=True)
-
-    @takes_options(leave_out=("top_logprobs", "timings"))
-    def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16, stream: bool = False,
-                          response_format: dict[str, Any] | None = None, suffix: str | None = None,
-                          logprobs: int | None = None, **options: Unpack[SamplingOptions]
-                          ) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """complete() as OpenAI's text_completion object (id, object, created, model, choices[0].text and
-        finish_reason, usage), as llama-cpp-python's method of this name returns it; stream=True yields the
-        chunk objects as they come. max_tokens None: the rest of the context; logprobs=k: each token's
-        log-probability and its k best alternatives (0..20); suffix: the text after a hole to fill (the prompt
-        is the text before it); other keywords as generate()."""
-        if "top_logprobs" in options:
-            raise InvalidRequest("create_completion takes logprobs=k (the alternatives per token)")
-        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
-                                     or not 0 <= logprobs <= 20):
-            raise InvalidRequest(f"logprobs must be an integer in 0..20, got {logprobs!r}")
-        req = self._openai_request("completion", options, max_tokens, stream, logprobs, response_format)
-        if isinstance(prompt, str):
-            req.prompt_text, req.suffix = prompt, suffix or None
-        elif suffix:
-            raise InvalidRequest("suffix needs a string prompt (the text before the hole)")
-        else:
-            req.prompt = self._prompt_ids(prompt)
-        return self._openai(req)
-
-    @takes_options(leave_out=("timings",))
-    def create_chat_completion(self, messages: Sequence[dict[str, Any]], *, max_tokens: int | None = None,
-                               stream: bool = False, tools: Sequence[dict[str, Any]] | None = None,
-                               tool_choice: Any = None, parallel_tool_calls: bool = True,
-                               response_format: dict[str, Any] | None = None, logprobs: bool = False,
-                               top_logprobs: int | None = None, **options: Unpack[SamplingOptions]
-                               ) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """chat() as OpenAI's chat.completion object (choices[0].message), or with stream=True its
-        chat.completion.chunk objects. max_tokens None: the rest of the context.
-
-        tools, tool_choice ("auto" by default with tools; "none", "required", {"type": "function",
-        "function": {"name": ...}}), parallel_tool_calls: OpenAI's; the model's calls come back as
-        message.tool_calls (streamed: delta.tool_calls) with finish_reason "tool_calls". "required" and a
-        named function constrain the output to calls whose arguments fit the function's schema.
-        response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}.
-        logprobs, top_logprobs: OpenAI's chat ones (a flag, and the alternatives per token)."""
-        from barellm.text.toolcalls import validate_tools
-
-        if not isinstance(logprobs, bool):
-            raise InvalidRequest(f"logprobs must be True or False here, got {logprobs!r}")
-        if top_logprobs is not None and not logprobs:
-            raise InvalidRequest("top_logprobs needs logprobs=True")
-        req = self._openai_request("chat", options, max_tokens, stream, (top_logprobs or 0) if logprobs else None,
-                                   response_format)
-        req.messages = list(messages)
-        req.tools = validate_tools(tools) if tools else None
-        req.tool_choice, req.parallel_tool_calls = tool_choice, parallel_tool_calls
-        return self._openai(req)
-
-    def _openai_request(self, kind: str, options: Any, max_tokens: int | None, stream: bool,
-                        top_logprobs: int | None, response_format: Any) -> GenerationRequest:
-        """The GenerationRequest of create_*'s arguments, as the server makes one of a body: the output
-        constraint kept as asked (response_format, json_schema, grammar or regex: one of them), compiled with
-        the prompt (openai_format.prepare)."""
-        for k in ("timings", "max_tokens", "logprobs", "top_logprobs"):
-            if k in options:
-                raise InvalidRequest(f"unknown generation parameter here: {k}")
-        constraint = constraint_of(response_format, *(options.get(k) for k in ("json_schema", "grammar", "regex")))
-        rest = {k: v for k, v in options.items() if k not in ("json_schema", "grammar", "regex")}
-        if constraint is not None and rest.get("allowed_tokens") is not None:
-            raise InvalidRequest(f"allowed_tokens and {constraint.param} both constrain the output: give one")
-        req = from_options({**rest, "logprobs": top_logprobs is not None, "top_logprobs": top_logprobs,
-                            "max_tokens": max_tokens}, cls=GenerationRequest)
-        req.kind, req.constraint, req.stream, req.clamp_max_tokens = kind, constraint, stream, True
-        return req
-
-    def _openai(self, req: GenerationRequest) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        from barellm.api.openai import ResponseBuilder, prepare
-
-        self._check_served()
-        prepare(self, req)
-        if req.max_tokens is None:   # OpenAI's None: the rest of the context
-            req.max_tokens = max(self.n_ctx - len(req.prompt), 0)
-        self._submit(req.prompt, req)   # a bad request fails here, not at a stream's first next()
-        prompt_chars = len(req.prompt_text) if req.prompt_text is not None else 0
-        out = ResponseBuilder(req, self.name, self.tokenizer.token_bytes, prompt_chars=prompt_chars)
-        if req.stream:
-            return self._openai_chunks(req, out)
-        c = self._complete(req)
-        usage = out.usage(c.prompt_tokens, c.cached_tokens, sum(len(ch.token_ids) for ch in c.choices))
-        return out.whole([(ch.text, ch.logprobs or [], ch.finish_reason) for ch in c.choices], usage)
-
-    def _openai_chunks(self, req: GenerationRequest, out: Any) -> Iterator[dict[str, Any]]:
-        c = Completion()
-        yield from out.opening(req.n)
-        for ev in self._run(req, c, pause=True):
-            if ev.text or ev.tokens:
-                yield from out.text(ev.index, ev.text, ev.tokens)
-        for ch in c.choices:
-            yield from out.closing(ch.index, ch.finish_reason)
 
 
 def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = None, context: int | None = None,

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from barellm.api.completion import Completion
 from barellm.errors import InvalidRequest
-from barellm.generate.request import Request
+from barellm.generate.request import Request, SamplingOptions, from_options, takes_options
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Constraint", "GenerationRequest", "ResponseBuilder", "constraint_of", "prepare", "new_id", "usage",
            "chat_completion", "text_completion", "chat_chunk", "text_chunk", "usage_chunk", "tool_call_deltas",
@@ -296,6 +300,127 @@ class ResponseBuilder:
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return usage_chunk(self.id, self.model, self.chat, usage, created=self.created, fingerprint=self.fingerprint)
+
+
+# --- the Python API's OpenAI methods -------------------------------------------------------------------
+
+class OpenAIMethods:
+    """Model's methods that take and give OpenAI's shapes, as llama-cpp-python's of these names do: their
+    requests become the GenerationRequest a server body becomes, prepared and answered by the same code."""
+
+    @property
+    def tool_format(self) -> Any:
+        """How this model meets tools (text/tools.py): its template's own rendering or the built-in form."""
+        from barellm.text.toolcalls import tool_format
+
+        fmt = getattr(self, "_tool_format", None)
+        if fmt is None:
+            fmt = self._tool_format = tool_format(self.template.source, self.tokenizer)
+        return fmt
+
+    def tool_grammar(self, tools: Sequence[dict[str, Any]], mode: str, name: str | None = None,
+                     parallel: bool = True) -> Any:
+        """The constraint of tool_choice "required" (mode "required") or a named function (mode "function"):
+        output that is tool calls only, with arguments valid for the function's schema, ending with the
+        turn's calls (the model, not the mask, decides whether another call follows one)."""
+        from barellm.text.toolcalls import call_grammar, validate_tools
+
+        src = call_grammar(validate_tools(tools), self.tool_format, name if mode == "function" else None,
+                           parallel and mode == "required")
+        return self.structured().lark(src, "tool_choice", end_on_exit=True)
+
+    @takes_options(leave_out=("top_logprobs", "timings"))
+    def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16, stream: bool = False,
+                          response_format: dict[str, Any] | None = None, suffix: str | None = None,
+                          logprobs: int | None = None, **options: Unpack[SamplingOptions]
+                          ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """complete() as OpenAI's text_completion object (id, object, created, model, choices[0].text and
+        finish_reason, usage), as llama-cpp-python's method of this name returns it; stream=True yields the
+        chunk objects as they come. max_tokens None: the rest of the context; logprobs=k: each token's
+        log-probability and its k best alternatives (0..20); suffix: the text after a hole to fill (the prompt
+        is the text before it); other keywords as generate()."""
+        if "top_logprobs" in options:
+            raise InvalidRequest("create_completion takes logprobs=k (the alternatives per token)")
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
+                                     or not 0 <= logprobs <= 20):
+            raise InvalidRequest(f"logprobs must be an integer in 0..20, got {logprobs!r}")
+        req = self._openai_request("completion", options, max_tokens, stream, logprobs, response_format)
+        if isinstance(prompt, str):
+            req.prompt_text, req.suffix = prompt, suffix or None
+        elif suffix:
+            raise InvalidRequest("suffix needs a string prompt (the text before the hole)")
+        else:
+            req.prompt = self._prompt_ids(prompt)
+        return self._openai(req)
+
+    @takes_options(leave_out=("timings",))
+    def create_chat_completion(self, messages: Sequence[dict[str, Any]], *, max_tokens: int | None = None,
+                               stream: bool = False, tools: Sequence[dict[str, Any]] | None = None,
+                               tool_choice: Any = None, parallel_tool_calls: bool = True,
+                               response_format: dict[str, Any] | None = None, logprobs: bool = False,
+                               top_logprobs: int | None = None, **options: Unpack[SamplingOptions]
+                               ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """chat() as OpenAI's chat.completion object (choices[0].message), or with stream=True its
+        chat.completion.chunk objects. max_tokens None: the rest of the context.
+
+        tools, tool_choice ("auto" by default with tools; "none", "required", {"type": "function",
+        "function": {"name": ...}}), parallel_tool_calls: OpenAI's; the model's calls come back as
+        message.tool_calls (streamed: delta.tool_calls) with finish_reason "tool_calls". "required" and a
+        named function constrain the output to calls whose arguments fit the function's schema.
+        response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}.
+        logprobs, top_logprobs: OpenAI's chat ones (a flag, and the alternatives per token)."""
+        from barellm.text.toolcalls import validate_tools
+
+        if not isinstance(logprobs, bool):
+            raise InvalidRequest(f"logprobs must be True or False here, got {logprobs!r}")
+        if top_logprobs is not None and not logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs=True")
+        req = self._openai_request("chat", options, max_tokens, stream, (top_logprobs or 0) if logprobs else None,
+                                   response_format)
+        req.messages = list(messages)
+        req.tools = validate_tools(tools) if tools else None
+        req.tool_choice, req.parallel_tool_calls = tool_choice, parallel_tool_calls
+        return self._openai(req)
+
+    def _openai_request(self, kind: str, options: Any, max_tokens: int | None, stream: bool,
+                        top_logprobs: int | None, response_format: Any) -> GenerationRequest:
+        """The GenerationRequest of create_*'s arguments, as the server makes one of a body: the output
+        constraint kept as asked (response_format, json_schema, grammar or regex: one of them), compiled with
+        the prompt (prepare, as the server does)."""
+        for k in ("timings", "max_tokens", "logprobs", "top_logprobs"):
+            if k in options:
+                raise InvalidRequest(f"unknown generation parameter here: {k}")
+        constraint = constraint_of(response_format, *(options.get(k) for k in ("json_schema", "grammar", "regex")))
+        rest = {k: v for k, v in options.items() if k not in ("json_schema", "grammar", "regex")}
+        if constraint is not None and rest.get("allowed_tokens") is not None:
+            raise InvalidRequest(f"allowed_tokens and {constraint.param} both constrain the output: give one")
+        req = from_options({**rest, "logprobs": top_logprobs is not None, "top_logprobs": top_logprobs,
+                            "max_tokens": max_tokens}, cls=GenerationRequest)
+        req.kind, req.constraint, req.stream, req.clamp_max_tokens = kind, constraint, stream, True
+        return req
+
+    def _openai(self, req: GenerationRequest) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        self._check_served()
+        prepare(self, req)
+        if req.max_tokens is None:   # OpenAI's None: the rest of the context
+            req.max_tokens = max(self.n_ctx - len(req.prompt), 0)
+        self._submit(req.prompt, req)   # a bad request fails here, not at a stream's first next()
+        prompt_chars = len(req.prompt_text) if req.prompt_text is not None else 0
+        out = ResponseBuilder(req, self.name, self.tokenizer.token_bytes, prompt_chars=prompt_chars)
+        if req.stream:
+            return self._openai_chunks(req, out)
+        c = self._complete(req)
+        usage = out.usage(c.prompt_tokens, c.cached_tokens, sum(len(ch.token_ids) for ch in c.choices))
+        return out.whole([(ch.text, ch.logprobs or [], ch.finish_reason) for ch in c.choices], usage)
+
+    def _openai_chunks(self, req: GenerationRequest, out: Any) -> Iterator[dict[str, Any]]:
+        c = Completion()
+        yield from out.opening(req.n)
+        for ev in self._run(req, c, pause=True):
+            if ev.text or ev.tokens:
+                yield from out.text(ev.index, ev.text, ev.tokens)
+        for ch in c.choices:
+            yield from out.closing(ch.index, ch.finish_reason)
 
 
 # --- the response objects ------------------------------------------------------------------------------
