@@ -16,7 +16,8 @@ import pytest
 
 from barellm.errors import FormatError
 from barellm.formats import blm, quant, sniff
-from barellm.formats.blm import BLMFile, TensorSpec, write_blm
+from barellm.formats.blm import BLMFile
+from barellm.formats.blm_writer import TensorSpec, write_blm
 from barellm.store.converted import open_model as open_model_file
 
 from conftest import plain

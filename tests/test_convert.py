@@ -603,7 +603,7 @@ def test_convert_killed_mid_write_leaves_nothing_that_loads(smollm_gguf, tmp_pat
 _SLOW_WRITER = r"""
 import sys, time
 import numpy as np
-from barellm.formats.blm import TensorSpec, write_blm
+from barellm.formats.blm_writer import TensorSpec, write_blm
 
 def stall():
     print("writing", flush=True)

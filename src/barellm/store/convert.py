@@ -36,7 +36,7 @@ import numpy as np
 from barellm.arch.registry import ARCHITECTURES, Architecture, for_hf_model_type
 from barellm.errors import FormatError, ModelNotFound
 from barellm.files import open_regular, sha256_file
-from barellm.formats import blm, kernels, quant, sniff
+from barellm.formats import blm, blm_writer, kernels, quant, sniff
 from barellm.progress import Progress
 
 __all__ = ["convert", "permute_qk", "SafetensorsFile", "CONVERTER_REVISION", "TYPE_CHOICES", "LAYOUT_CHOICES",
@@ -643,7 +643,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], *, type: s
         prov_types = {"source.size": "uint64", "converter.revision": "uint32"}
         total = sum(blm.LAYOUTS[s.layout].nbytes(s.type, s.shape) for s in specs)
         with Progress(total, f"converting {src.name}", enabled=show) as bar:
-            return blm.write_blm(out, md, specs, metadata_types=md_types, provenance=provenance,
+            return blm_writer.write_blm(out, md, specs, metadata_types=md_types, provenance=provenance,
                                  provenance_types=prov_types, progress=bar)
     finally:
         model.close()
@@ -698,7 +698,7 @@ def kernel_layout(name: str, type_id: int, shape: tuple[int, ...], tied: bool) -
     return tag if tag in blm.LAYOUTS and blm.LAYOUTS[tag].check(type_id, shape) is None else blm.LAYOUT_ROWS
 
 
-def _spec(t: _Tensor, requested: int | None, layout_mode: str, norms_f32: bool, tied: bool) -> blm.TensorSpec:
+def _spec(t: _Tensor, requested: int | None, layout_mode: str, norms_f32: bool, tied: bool) -> blm_writer.TensorSpec:
     dst = target_type(t.name, t.type, t.shape, requested, norms_f32)
     if dst not in quant.TYPES or not quant.TYPES[dst].has_layout:
         raise FormatError(f"tensor {t.name!r}: cannot store type {dst}")
@@ -717,4 +717,4 @@ def _spec(t: _Tensor, requested: int | None, layout_mode: str, norms_f32: bool, 
             rows = blm.LAYOUTS[layout].from_rows(np.ascontiguousarray(rows).view(np.uint8).reshape(-1), dst, t.shape)
         return rows
 
-    return blm.TensorSpec(t.name, dst, t.shape, data, layout)
+    return blm_writer.TensorSpec(t.name, dst, t.shape, data, layout)
