@@ -847,7 +847,7 @@ def test_a_whole_response_gets_one_delta(fake: tuple[Scheduler, FakeEngine]) -> 
 def test_outbox_wakes_the_loop_once_per_batch() -> None:
     import asyncio
 
-    from barellm.serve.app import Outbox
+    from barellm.serve.relay import Outbox
 
     async def main() -> list[list[Any]]:
         loop = asyncio.get_running_loop()
