@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from barellm.serve.errors import ApiError
 from barellm.serve.models import parse_bytes, parse_keep_alive
-from barellm.serve.schemas import ApiError
 
 httpx = pytest.importorskip("httpx")
 ollama = pytest.importorskip("ollama")

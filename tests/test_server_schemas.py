@@ -17,7 +17,7 @@ from test_server import MODEL_ID  # noqa: E402
 from test_server import server as server  # noqa: E402  (this module's real server)
 
 from barellm.serve import ollama, openapi_doc, schemas  # noqa: E402
-from barellm.serve.schemas import ApiError  # noqa: E402
+from barellm.serve.errors import ApiError  # noqa: E402
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 N_VOCAB = 1000

@@ -163,8 +163,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 def keep_alive(args: argparse.Namespace) -> float | None:
     """--keep-alive in seconds, None for never."""
+    from barellm.serve.errors import ApiError
     from barellm.serve.models import parse_keep_alive
-    from barellm.serve.schemas import ApiError
 
     try:
         return parse_keep_alive(args.keep_alive, "--keep-alive")

@@ -31,6 +31,7 @@ from barellm.api.openai import GenerationRequest
 from barellm.errors import InvalidRequest
 from barellm.generate.scheduler import DEFAULT_PREFILL_CHUNK, Scheduler
 from barellm.serve import openapi_doc, schemas
+from barellm.serve.errors import ApiError, bad
 from barellm.serve.metrics import Metrics, endpoint_label
 from barellm.serve.models import Candidate, Models, Server, leasing
 from barellm.serve.relay import prepare, read_body, submit, submit_embeddings
@@ -42,7 +43,6 @@ from barellm.serve.responses import (
     InfillResponse,
     error_response,
 )
-from barellm.serve.schemas import ApiError, bad
 from barellm.serve.security import MAX_HEADER_BYTES, Guard
 from barellm.text.infill import end_rules
 

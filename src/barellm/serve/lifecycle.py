@@ -18,9 +18,10 @@ from starlette.types import Receive, Scope, Send
 
 from barellm.errors import BarellmError, InvalidRequest
 from barellm.serve import schemas
+from barellm.serve.errors import ApiError, bad
 from barellm.serve.models import leasing
 from barellm.serve.relay import Outbox, RelayResponse, read_body, submit_embeddings
-from barellm.serve.schemas import ApiError, _Body, bad
+from barellm.serve.schemas import _Body
 
 
 class PullRequest(_Body):

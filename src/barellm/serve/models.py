@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from barellm.serve.schemas import ApiError
+from barellm.serve.errors import ApiError
 
 DEFAULT_KEEP_ALIVE = 300.0   # seconds, as Ollama
 DEFAULT_MAX_LOADED = 3       # as Ollama on a CPU

@@ -39,20 +39,19 @@ from barellm.api.openai import GenerationRequest, ResponseBuilder
 from barellm.errors import InvalidRequest
 from barellm.generate.scheduler import Event
 from barellm.serve import lifecycle, schemas
+from barellm.serve.errors import ApiError, bad
 from barellm.serve.lifecycle import _details, _details_of_file, _digest, _keep_alive, _tag
 from barellm.serve.models import leasing
 from barellm.serve.relay import RelayResponse, prepare, read_body, submit
 from barellm.serve.schemas import (
     MAX_STOP_CHARS,
     MAX_STOPS,
-    ApiError,
     Int,
     Penalty,
     Prob,
     _Body,
     _empty,
     _off,
-    bad,
 )
 
 # The Ollama release whose API these routes follow; tools read /api/version to decide what to send.

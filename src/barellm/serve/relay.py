@@ -22,7 +22,7 @@ from barellm.api.openai import GenerationRequest
 from barellm.errors import InvalidRequest
 from barellm.generate.request import check
 from barellm.generate.scheduler import EmbedJob, Event, Job, QueueFull
-from barellm.serve.schemas import ApiError, bad
+from barellm.serve.errors import ApiError, bad
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint
 

@@ -15,9 +15,9 @@ from starlette.types import Receive, Scope, Send
 from barellm.api import openai as openai_api
 from barellm.api.openai import GenerationRequest, ResponseBuilder
 from barellm.generate.scheduler import Event, Job, TokenLogprob
+from barellm.serve.errors import ApiError
 from barellm.serve.metrics import endpoint_label
 from barellm.serve.relay import Outbox, RelayResponse
-from barellm.serve.schemas import ApiError
 
 
 def _dumps(obj: Any) -> str:
