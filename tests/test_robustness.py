@@ -294,12 +294,12 @@ def test_load_samples_larger_tensors_and_verify_checks_them_all(tiny_blm, monkey
 
 
 def test_a_corrupt_cached_conversion_is_converted_again(tmp_path, monkeypatch, capsys):
-    from barellm.store.converted import cached_path
+    from barellm.store.converted import conversion_of
 
     monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
     gguf = write_tiny_llama(tmp_path / "tiny.gguf")
     reference = barellm.load(str(gguf), engine="reference", context=32).logits([5, 6, 7])
-    cached = cached_path(gguf)
+    cached = conversion_of(gguf)
     _flip_data_byte(cached, "output_norm.weight")
     capsys.readouterr()
     again = barellm.load(str(gguf), engine="reference", context=32)

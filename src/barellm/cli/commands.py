@@ -177,10 +177,10 @@ def _mb(n: int) -> str:
 def _converted(spec, model_file: Path | None) -> Path | None:
     """The cached .blm of a registered model: as the cache's index records it, or by its content's name
     (the cache names a conversion after its source's SHA256, which a registered model's file must have)."""
-    from barellm.store.converted import cache_dir, cached_path
+    from barellm.store.converted import cache_dir, conversion_of
 
     if model_file is not None and model_file.is_file():
-        found = cached_path(model_file)
+        found = conversion_of(model_file)
         if found is not None:
             return found
     by_hash = cache_dir() / f"{spec.sha256}.blm"
@@ -343,11 +343,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from barellm.formats import blm, sniff
     from barellm.progress import Progress
     from barellm.store import catalog
-    from barellm.store.converted import cached_path
+    from barellm.store.converted import conversion_of
 
     path = catalog.resolve(args.file, pull_missing=False)
     if sniff(path) != "blm":
-        cached = cached_path(path)
+        cached = conversion_of(path)
         if cached is None:
             raise FormatError(f"{path}: not a .blm file and not converted yet (GGUF files carry no checksums); "
                               "`barellm convert` it first")

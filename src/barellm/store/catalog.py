@@ -162,14 +162,14 @@ def find_local(word: str) -> LocalModel | None:
 def of_path(path: str | Path) -> LocalModel | None:
     """The user's conversion a file stands for: the cached .blm itself, or a source file the cache's index
     records as converted."""
-    from barellm.store.converted import cache_dir, cached_path
+    from barellm.store.converted import cache_dir, conversion_of
 
     p = Path(path).expanduser()
     try:
         if p.suffix == ".blm" and p.resolve().parent == cache_dir().resolve():
             blm = p.resolve()
         elif p.is_file():
-            found = cached_path(p)
+            found = conversion_of(p)
             if found is None:
                 return None
             blm = found.resolve()

@@ -56,7 +56,7 @@ def _index_lookup(idx: Path) -> str | None:
     return sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None
 
 
-def cached_path(src: str | os.PathLike[str]) -> Path | None:
+def conversion_of(src: str | os.PathLike[str]) -> Path | None:
     """The cached .blm of a source as the index records it, if there is one (nothing is converted)."""
     src = Path(src)
     sha = _index_lookup(cache_dir() / "index" / f"{_stat_key(converter.source_files(src))}.json")
