@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from barellm.errors import FormatError
-from barellm.formats import kernels, quant
+from barellm.formats import kernels, mapped, quant
 from barellm.formats.mapped import MappedFile
 from barellm.progress import Progress
 
@@ -176,33 +176,16 @@ def _too_big(shape: tuple[int, ...]) -> bool:
 
 
 @dataclass(frozen=True)
-class TensorInfo:
-    """Where a tensor lives in the file and what it holds. `shape` is in NumPy order."""
+class TensorInfo(mapped.TensorInfo):
+    """A tensor of a .blm file: where it lives and what it holds, in the layout its table names, with the CRC32
+    of its bytes."""
 
-    name: str
-    shape: tuple[int, ...]
-    type: int
     layout: int
-    offset: int  # absolute, in the file
-    nbytes: int
     crc32: int
-
-    @property
-    def type_name(self) -> str:
-        return quant.type_name(self.type)
 
     @property
     def layout_name(self) -> str:
         return layout_name(self.layout)
-
-    @property
-    def n_elements(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def ne(self) -> tuple[int, ...]:
-        """The dimensions as GGUF lists them, innermost first."""
-        return tuple(reversed(self.shape))
 
 
 class _Cursor:
@@ -476,7 +459,7 @@ class BLMFile(MappedFile):
         if rel > self.data_size or nbytes > self.data_size - rel:
             raise cur.error(f"{label} offset", at + 48, f"data [{rel}, {rel + nbytes}) runs past the end of the "
                             f"data section ({self.data_size} bytes)")
-        return TensorInfo(name, shape, type_id, layout_tag, self.data_offset + rel, nbytes, crc)
+        return TensorInfo(name, shape, type_id, self.data_offset + rel, nbytes, layout=layout_tag, crc32=crc)
 
     # --- access ------------------------------------------------------------------------------------------
 
