@@ -37,7 +37,7 @@ def gguf_of(name: str) -> Path:
     ../shared/bench/make_model.py: the 7B shape)."""
     if name.endswith(".gguf"):
         return Path(name)
-    from barellm import hub
+    from barellm.store import hub
 
     return hub.pull(name, keep_gguf=True, quiet=True)
 

@@ -11,8 +11,8 @@ from engine_support import load_config, open_source
 from kernel_tiers import using
 
 from barellm import _native as nat
-from barellm.engine import NativeEngine
 from barellm.errors import InvalidRequest
+from barellm.runtime.engine import NativeEngine
 
 from conftest import load_data
 
@@ -401,8 +401,8 @@ def test_gemma_ops_exact_and_invariant(gemma):
 @pytest.mark.parametrize("type_id,rows", [(8, 8195), (3, 12290), (12, 8200), (11, 8201)])
 def test_parallel_repack_equals_one_call(type_id, rows):
     """Big matrices are repacked (and back) in row ranges on several threads; the bytes are those of one call."""
-    from barellm import kernels
-    from barellm.kernels import LAYOUT_INTERLEAVE8
+    from barellm.formats import kernels
+    from barellm.formats.kernels import LAYOUT_INTERLEAVE8
 
     cols = 256
     src = np.random.default_rng(rows).integers(0, 256, nat.matrix_bytes(type_id, 0, rows, cols), dtype=np.uint8)
@@ -415,7 +415,7 @@ def test_parallel_repack_equals_one_call(type_id, rows):
 def test_rope_tables_filled_in_two_pieces_hold_what_one_fill_holds(model, prompt):
     # the tables are filled when positions come into use: the first ROPE_FIRST at the first forward call,
     # the rest when a later call reaches them
-    from barellm.engine import ROPE_FIRST
+    from barellm.runtime.engine import ROPE_FIRST
 
     cfg, src = model
     at_once = NativeEngine(cfg, src, n_ctx=2048, threads=1, adaptive_threads=False)

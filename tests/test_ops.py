@@ -26,8 +26,8 @@ import pytest
 from kernel_tiers import PRESENT, using
 
 from barellm import _native as nat
-from barellm import kernels
-from barellm.quant import q8_0_join, q8_0_split
+from barellm.formats import kernels
+from barellm.formats.quant import q8_0_join, q8_0_split
 
 TILE = nat.KV_TILE
 
@@ -35,7 +35,7 @@ TILE = nat.KV_TILE
 
 
 def aligned(shape, dtype=np.float32):
-    from barellm.engine import aligned_zeros
+    from barellm.runtime.engine import aligned_zeros
 
     return aligned_zeros(shape, dtype)
 

@@ -13,8 +13,8 @@ import pytest
 
 from barellm.arch import reference_engine
 from barellm.arch.config import config_of
-from barellm.cache import open_model
-from barellm.engine import NativeEngine
+from barellm.runtime.engine import NativeEngine
+from barellm.store.converted import open_model
 from barellm.text.chat import ChatTemplate
 from barellm.text.tokenizer import Tokenizer
 

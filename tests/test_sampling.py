@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from barellm.errors import InvalidRequest
-from barellm.sampling import Sampler, SamplingParams, apply_penalties, candidates
+from barellm.generate.sampling import Sampler, SamplingParams, apply_penalties, candidates
 
 
 def logits_of(probs):

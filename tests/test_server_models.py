@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from barellm.serve.errors import ApiError
 from barellm.serve.models import parse_bytes, parse_keep_alive
-from barellm.serve.schemas import ApiError
 
 httpx = pytest.importorskip("httpx")
 ollama = pytest.importorskip("ollama")
@@ -53,7 +53,7 @@ def _free_port() -> int:
 
 def _home_with(tmp: Path, names: list[str]) -> Path:
     """A BARELLM_HOME whose cache holds the named models: each one's manifest copied, its conversion linked."""
-    from barellm import hub
+    from barellm.store import hub
 
     home = tmp / "home"
     (home / "blm").mkdir(parents=True)

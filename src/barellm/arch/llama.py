@@ -207,7 +207,7 @@ class ReferenceEngine:
         if self.kv_type == "f16":
             return x.astype(np.float16).astype(np.float32)
         if self.kv_type == "q8_0":
-            from barellm.quant import q8_0_round_trip
+            from barellm.formats.quant import q8_0_round_trip
 
             return q8_0_round_trip(x)
         return x

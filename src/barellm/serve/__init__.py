@@ -16,7 +16,7 @@ from barellm.errors import BarellmError, InvalidRequest
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from barellm.arguments import add_model_args
+    from barellm.cli.arguments import add_model_args
 
     p = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server; concurrent requests share forward passes",
@@ -100,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def served_id(model: str | None, path: Path) -> str:
     """The id /v1/models reports: the registry name when the model was given by name, else the name the
     cache knows the file by (a user's own model), else the file's stem."""
-    from barellm import catalog, hub
+    from barellm.store import catalog, hub
 
     name = model if model is not None else hub.DEFAULT_MODEL
     name = hub.ALIASES.get(name, name)
@@ -163,8 +163,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 def keep_alive(args: argparse.Namespace) -> float | None:
     """--keep-alive in seconds, None for never."""
+    from barellm.serve.errors import ApiError
     from barellm.serve.models import parse_keep_alive
-    from barellm.serve.schemas import ApiError
 
     try:
         return parse_keep_alive(args.keep_alive, "--keep-alive")
@@ -208,10 +208,10 @@ def build_app(args: argparse.Namespace, *, replica: str | None = None) -> Any:
 def build_server(args: argparse.Namespace, allowed: Any, replica: str | None) -> Any:
     """Many models on demand (serve.models), the ones named loaded now."""
     import barellm
-    from barellm import catalog
     from barellm.serve.app import create_server, model_state, stop_state
     from barellm.serve.metrics import Metrics
     from barellm.serve.models import Models, cache_candidates, parse_bytes
+    from barellm.store import catalog
 
     given: list[tuple[str, Path]] = []
     for m in args.models:
@@ -265,7 +265,7 @@ def connection_limits(args: argparse.Namespace) -> Any:
 def check_model(args: argparse.Namespace) -> None:
     """Refuses a model that resolves to nothing (the error names the known models) before a server starts or
     a Ray cluster is joined. A path given with --address is left to the cluster: it names a file there."""
-    from barellm import catalog, hub
+    from barellm.store import catalog, hub
 
     for m in args.models:
         if hub.exists(m) or catalog.is_known(m):

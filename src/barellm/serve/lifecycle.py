@@ -18,9 +18,10 @@ from starlette.types import Receive, Scope, Send
 
 from barellm.errors import BarellmError, InvalidRequest
 from barellm.serve import schemas
+from barellm.serve.errors import ApiError, bad
 from barellm.serve.models import leasing
 from barellm.serve.relay import Outbox, RelayResponse, read_body, submit_embeddings
-from barellm.serve.schemas import ApiError, _Body, bad
+from barellm.serve.schemas import _Body
 
 
 class PullRequest(_Body):
@@ -171,7 +172,7 @@ _pull_lock: asyncio.Lock | None = None
 @_ollama
 async def pull(request: Request) -> Response:
     """Fetches a model the cache knows by name (hub.REGISTRY), as `barellm pull` does."""
-    from barellm import hub
+    from barellm.store import hub
 
     server = request.app.state.server
     body = schemas.parse(PullRequest, await read_body(request, server.max_body))
@@ -223,8 +224,8 @@ async def pull(request: Request) -> Response:
 @_ollama
 async def delete(request: Request) -> Response:
     """Removes a model from the cache (unloading it first); one in use is refused, 409."""
-    from barellm import catalog, hub
-    from barellm.commands import remove_model
+    from barellm.cli.commands import remove_model
+    from barellm.store import catalog, hub
 
     server = request.app.state.server
     body = schemas.parse(DeleteRequest, await read_body(request, server.max_body))

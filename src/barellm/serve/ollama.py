@@ -35,26 +35,24 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from barellm import __version__
+from barellm.api.openai import GenerationRequest, ResponseBuilder
 from barellm.errors import InvalidRequest
+from barellm.generate.scheduler import Event
 from barellm.serve import lifecycle, schemas
+from barellm.serve.errors import ApiError, bad
 from barellm.serve.lifecycle import _details, _details_of_file, _digest, _keep_alive, _tag
 from barellm.serve.models import leasing
-from barellm.serve.relay import RelayResponse, chat_prompt, constrain, read_body, submit
-from barellm.serve.scheduler import Event
+from barellm.serve.relay import RelayResponse, prepare, read_body, submit
 from barellm.serve.schemas import (
     MAX_STOP_CHARS,
     MAX_STOPS,
-    ApiError,
-    GenerationRequest,
     Int,
     Penalty,
     Prob,
     _Body,
     _empty,
     _off,
-    bad,
 )
-from barellm.text.tools import ToolCallStream, parse_tool_calls
 
 # The Ollama release whose API these routes follow; tools read /api/version to decide what to send.
 OLLAMA_API_VERSION = "0.6.0"
@@ -246,16 +244,19 @@ def _modified(created: float) -> str:
 class OllamaResponse(RelayResponse):
     """Relays a job's events as Ollama's objects: one per line while streaming, or one in all."""
 
-    def __init__(self, state: Any, job: Any, events: Any, req: GenerationRequest, path: str,
-                 chat: bool, model_name: str, prompt_ids: list[int], load_seconds: float = 0.0) -> None:
+    def __init__(self, state: Any, job: Any, events: Any, req: GenerationRequest, path: str, stream: bool,
+                 model_name: str, load_seconds: float = 0.0) -> None:
         super().__init__(state, job, events, path)
         self.req = req
+        self.stream = stream
         self.load_ns = int(load_seconds * 1e9)
-        self.chat = chat
+        self.chat = req.kind == "chat"
         self.model_name = model_name
-        self.prompt_ids = prompt_ids
+        self.prompt_ids = list(req.prompt)
         self.t0 = time.perf_counter_ns()
-        self.calls = ToolCallStream(req.tool_names) if chat and req.tool_names is not None else None
+        # the tool calls of a chat reply are parsed as on /v1 (the same builder), then given Ollama's shape
+        self.calls = ResponseBuilder(req, model_name, state.tokenizer.token_bytes) \
+            if self.chat and req.tool_names is not None else None
 
     def _piece(self, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model_name, "created_at": _now()}
@@ -272,14 +273,14 @@ class OllamaResponse(RelayResponse):
         """The lines of a run of text: as it is, or split into content and tool calls."""
         if self.calls is None:
             return [_line(self._piece(text))] if text else []
-        parts = self.calls.feed(text) + (self.calls.finish() if final else [])
+        parts = self.calls.split(0, text, final)
         return [_line(self._piece(p) if kind == "content" else self._piece("", [p])) for kind, p in parts]
 
     def _final(self, text: str, done: Event, t_start: int, t_first: int | None, ids: list[int]) -> dict[str, Any]:
         calls = None
         if self.calls is not None and text:
-            content, calls = parse_tool_calls(text, self.req.tool_names or ())
-            text = (content or "") if calls else text
+            content, calls, _ = self.calls.calls(text, "stop")
+            text = content or ""
         out = self._piece(text, calls)
         now = time.perf_counter_ns()
         first = t_first if t_first is not None else now
@@ -306,7 +307,7 @@ class OllamaResponse(RelayResponse):
         t_first: int | None = None
         parts: list[str] = []
         ids: list[int] = []
-        if self.req.stream:
+        if self.stream:
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no")]})
@@ -317,7 +318,7 @@ class OllamaResponse(RelayResponse):
             if ev.kind == "delta":
                 t_first = t_first if t_first is not None else time.perf_counter_ns()
                 ids += ev.token_ids
-                if self.req.stream:
+                if self.stream:
                     lines = self._pieces(ev.text)
                     if lines:
                         await send({"type": "http.response.body", "body": b"".join(lines), "more_body": True})
@@ -325,14 +326,14 @@ class OllamaResponse(RelayResponse):
                     parts.append(ev.text)
             elif ev.kind == "done":
                 final = self._final("".join(parts), ev, t_start, t_first, ids)
-                if self.req.stream:
+                if self.stream:
                     rest = b"".join(self._pieces("", final=True))
                     await send({"type": "http.response.body", "body": rest + _line(final), "more_body": False})
                 else:
                     await JSONResponse(final)(scope, receive, send)
                 return
             elif ev.kind == "error":
-                if not self.req.stream:
+                if not self.stream:
                     await self._error(scope, receive, send, ev)
                     return
                 self.state.metrics.error("other", ev.error_type)
@@ -364,14 +365,12 @@ def _loaded(model: str, chat: bool, lease: Any) -> Response:
     return JSONResponse(out)
 
 
-def _submit(state: Any, req: GenerationRequest, ids: list[int]) -> tuple[Any, Any]:
-    """submit(), the job streaming its deltas either way: the first one times the prompt's evaluation, so a
-    non-streamed answer's eval_duration is the decode's real time."""
+def _respond(request: Request, state: Any, req: GenerationRequest, model: str, load_seconds: float) -> Response:
+    """submit(), the job streaming its deltas either way (the first one times the prompt's evaluation, so a
+    non-streamed answer's eval_duration is the decode's real time), and its answer in Ollama's shape."""
     stream, req.stream = req.stream, True
-    try:
-        return submit(state, req, ids)
-    finally:
-        req.stream = stream
+    job, events = submit(state, req)
+    return OllamaResponse(state, job, events, req, request.url.path, stream, model, load_seconds)
 
 
 @_ollama_errors
@@ -389,9 +388,8 @@ async def chat(request: Request) -> Response:
         names = [t["function"]["name"] for t in req.tools]
         if len(set(names)) != len(names):
             raise bad("a function is defined twice in tools", "tools")
-    ids = await _run(chat_prompt, state.model, req)
-    job, events = _submit(state, req, ids)
-    return OllamaResponse(state, job, events, req, request.url.path, True, body.model, ids, lease.load_seconds)
+    await _run(prepare, state.model, req)
+    return _respond(request, state, req, body.model, lease.load_seconds)
 
 
 @_ollama_errors
@@ -403,8 +401,7 @@ async def generate(request: Request) -> Response:
     req = body.generation(state, "completion")
     if not body.prompt and not body.context:
         return _loaded(body.model, False, lease)
-    if req.constraint is not None:
-        await _run(constrain, state.model, req)
+    await _run(prepare, state.model, req)   # the constraint; the prompt is Ollama's, below
     try:
         if body.raw:
             ids = await _run(state.model.tokenize, body.prompt, not body.context)
@@ -420,8 +417,8 @@ async def generate(request: Request) -> Response:
     if body.context:
         schemas._check_ids(body.context, state.n_vocab, "context")
         ids = list(body.context) + ids
-    job, events = _submit(state, req, ids)
-    return OllamaResponse(state, job, events, req, request.url.path, False, body.model, ids, lease.load_seconds)
+    req.prompt = ids
+    return _respond(request, state, req, body.model, lease.load_seconds)
 
 
 def _ollama_call(call: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The OpenAPI document of the server, generated from the pydantic models: the request bodies (schemas.py)
-and the response shapes below. The app builds its responses as plain dicts (barellm.openai_format); the
+and the response shapes below. The app builds its responses as plain dicts (barellm.api.openai); the
 tests hold them to these models, which forbid fields they do not list."""
 
 from __future__ import annotations

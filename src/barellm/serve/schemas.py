@@ -1,4 +1,4 @@
-"""The HTTP API's request bodies as pydantic models, and the error shape.
+"""The HTTP API's request bodies as pydantic models (their parsing and the error shape: serve/errors.py).
 
 A body is parsed and validated in one pass (pydantic's Rust JSON parser), strictly: a field of the wrong
 JSON type (no "10" for 10, no true for 1), out of range, or unknown is a 400 that names it (OpenAI answers
@@ -14,7 +14,6 @@ prompt fitting the context) and what spans fields is checked in to_generation() 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import (
@@ -25,12 +24,13 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
-    ValidationError,
 )
 from pydantic_core import PydanticCustomError
 
+from barellm.api.openai import Constraint, GenerationRequest, check_tool_choice, constraint_of
 from barellm.errors import InvalidRequest
-from barellm.sampling import SamplingParams
+from barellm.generate.sampling import SamplingParams
+from barellm.serve.errors import _json_type, bad, parse
 from barellm.text.chat import message_text
 
 MAX_BODY_BYTES = 1 << 20
@@ -42,24 +42,6 @@ MAX_CHOICES = 128       # n; the server also needs one free slot per choice
 MAX_LOGIT_BIAS = 300    # entries of logit_bias (OpenAI's limit)
 INT64 = 1 << 63
 UINT31 = 1 << 31
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param, code=code)
 
 
 # --- field types -----------------------------------------------------------------------------------
@@ -78,20 +60,6 @@ Penalty = Annotated[float, Field(ge=-2, le=2)]
 # A union's branch is chosen from the value (its JSON type, or its "type" field), so only that branch is
 # validated and an error is about it alone. Branch tags start with "~": they show in an error's location,
 # where _where() leaves them out.
-
-
-def _json_type(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "array"
-    return "object"
 
 
 def _by_json_type(v: Any) -> str | None:
@@ -309,20 +277,12 @@ class _Sampling(_Body):
 
     def constraint(self) -> Constraint | None:
         """The one output constraint the request asks for (two are a 400)."""
-        given = []
         rf = self.response_format
-        if rf is not None and rf.type == "json_object":
-            given.append(Constraint("json_object", None, "response_format"))
-        elif rf is not None and rf.type == "json_schema":
-            schema = rf.json_schema.schema_
-            given.append(Constraint("json_schema", {} if schema is None else schema,
-                                    "response_format.json_schema.schema"))
-        for name in ("json_schema", "grammar", "regex"):
-            if getattr(self, name) is not None:
-                given.append(Constraint(name, getattr(self, name), name))
-        if len(given) > 1:
-            raise bad(f"{given[0].param} and {given[1].param} both constrain the output: send one", given[1].param)
-        return given[0] if given else None
+        try:
+            return constraint_of(rf.model_dump(by_alias=True) if rf is not None else None, self.json_schema,
+                                 self.grammar, self.regex)
+        except InvalidRequest as e:
+            raise bad(str(e), e.param) from None
 
     def generation(self, kind: str) -> GenerationRequest:
         if self.stream_options is not None and not self.stream:
@@ -388,9 +348,10 @@ class ChatCompletionRequest(_Sampling):
                           "tool_choice.function.name")
         if self.parallel_tool_calls is not None:
             req.parallel_tool_calls = self.parallel_tool_calls
-        if req.constraint is not None and req.tool_choice not in (None, "none", "auto"):
-            raise bad(f"tool_choice {req.tool_choice!r} constrains the output to tool calls; it cannot be combined "
-                      f"with {req.constraint.param}", "tool_choice")
+        try:
+            check_tool_choice(req.tool_choice, req.constraint)
+        except InvalidRequest as e:
+            raise bad(str(e), e.param) from None
         if self.tools:
             names = [t.function.name for t in self.tools]
             dup = next((n for n in names if names.count(n) > 1), None)
@@ -463,7 +424,9 @@ class CompletionRequest(_Sampling):
         req.top_logprobs = self.logprobs
         if isinstance(self.prompt, list):
             _check_ids(self.prompt, n_vocab, "prompt")
-        req.prompt = self.prompt
+            req.prompt = list(self.prompt)
+        else:
+            req.prompt_text = self.prompt
         if self.suffix:
             if not isinstance(self.prompt, str):
                 raise bad("suffix needs a string prompt (the text before the hole)", "suffix")
@@ -559,116 +522,7 @@ def _check_ids(ids: list[int], n_vocab: int, param: str) -> None:
             raise bad(f"{param}[{i}] = {t} is outside the vocabulary (0..{n_vocab - 1})", param)
 
 
-@dataclass
-class GenerationRequest:
-    """What the scheduler path needs of a request, whichever API it came through."""
 
-    kind: str                                  # "chat" or "completion"
-    model: str | None
-    params: SamplingParams
-    max_tokens: int | None                     # None: the rest of the context (chat) / 16 (completions)
-    stops: list[str] = field(default_factory=list)
-    stream: bool = False
-    include_usage: bool = False
-    top_logprobs: int | None = None            # None: no logprobs
-    tokens_as_ids: bool = False                # logprobs name tokens "token_id:<id>" (vLLM's extension)
-    cache_prompt: bool = True                  # reuse a slot's cached prefix (llama.cpp server's extension)
-    n: int = 1                                 # choices, sharing the prompt's KV cache
-    messages: list[dict[str, str]] | None = None
-    prompt: str | list[int] | None = None
-    short_default: bool = True                 # no max_tokens on a completion: 16 tokens (OpenAI's), else the rest
-    clamp_max_tokens: bool = False             # max_tokens past the context: cut to fit (Ollama's) instead of a 400
-    constraint: Constraint | None = None       # the output's format (JSON schema, regex, grammar), as asked
-    tools: list[dict[str, Any]] | None = None  # OpenAI's tool objects
-    tool_choice: Any = None                    # "none", "auto", "required", {"type": "function", ...}; None: default
-    parallel_tool_calls: bool = True
-    suffix: str | None = None                  # fill-in-the-middle: the text after the hole
-    grammar: Any = None                        # the compiled constraint (structured.Grammar), set by the app
-    tool_names: list[str] | None = None        # parse tool calls of these functions out of the reply
-    min_indent: int = 0                        # infill: a new line indented less ends the text
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """An output constraint as the request gave it: kind ("json_object", "json_schema", "grammar", "regex"),
-    its value, and the field that asked (errors name it)."""
-
-    kind: str
-    value: Any
-    param: str
-
-
-# --- parsing bodies and naming what is wrong ------------------------------------------------------
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def parse(model: type[M], raw: bytes) -> M:
-    """The body validated as model, or an ApiError (400) that names the first thing wrong."""
-    if not raw.strip():
-        raise bad("the request body is empty; send a JSON object", code="invalid_json")
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as e:
-        errors = e.errors(include_url=False)
-        first = errors[0]
-        if first["type"] == "missing":
-            # a misspelt field also leaves the real one missing: the misspelling is the news
-            first = next((x for x in errors if x["type"] == "extra_forbidden"
-                          and x["loc"][:-1] == first["loc"][:-1]), first)
-        raise _api_error(first) from None
-
-
-def _where(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not part.startswith("~"):
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _api_error(err: Any) -> ApiError:
-    where = _where(err["loc"])
-    kind = err["type"]
-    msg: str = err["msg"]
-    if kind == "json_invalid":
-        return bad(f"the body is not valid JSON: {err.get('ctx', {}).get('error', msg)}", code="invalid_json")
-    if not where:
-        if kind == "model_type":
-            return bad("the body must be a JSON object", code="invalid_json")
-        return bad(msg)
-    if kind == "extra_forbidden":
-        if "." in where or "[" in where:
-            return bad(f"unrecognized field {where}", where, "unknown_parameter")
-        return bad(f"unrecognized request argument: {where}", where, "unknown_parameter")
-    if kind == "missing":
-        return bad(f"{where} is required", where)
-    if kind == "unsupported_parameter":
-        return bad(msg, where, "unsupported_parameter")
-    got = f", got {_json_type(err['input'])}" if "input" in err else ""
-    if kind == "type_error":
-        return bad(f"{where} {msg}{got}", where)
-    ctx = err.get("ctx") or {}
-    if kind in ("too_short", "too_long"):
-        bound = f"at least {ctx.get('min_length')}" if kind == "too_short" else f"at most {ctx.get('max_length')}"
-        n = ctx.get("min_length" if kind == "too_short" else "max_length")
-        got_n = ctx.get("actual_length")
-        if got_n is None and isinstance(err.get("input"), (dict, list, str)):
-            got_n = len(err["input"])   # pydantic leaves the count out for a mapping
-        what = "entries" if isinstance(err.get("input"), dict) else f"item{'' if n == 1 else 's'}"
-        return bad(f"{where} must have {bound} {what}, got {got_n}", where)
-    bounds = {"greater_than_equal": ("ge", ">="), "less_than_equal": ("le", "<="), "greater_than": ("gt", ">"),
-              "less_than": ("lt", "<")}
-    if kind in bounds:   # pydantic prints large bounds as floats
-        key, op = bounds[kind]
-        return bad(f"{where} must be {op} {ctx.get(key)}, got {err.get('input')}", where)
-    if msg.startswith("Input should be "):
-        if kind.endswith("_type"):
-            msg += got
-        return bad(f"{where} should be {msg[len('Input should be '):]}", where)
-    return bad(f"{where}: {msg[:1].lower()}{msg[1:]}", where)
 
 
 def chat_request(raw: bytes) -> GenerationRequest:

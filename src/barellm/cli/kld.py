@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from barellm.errors import InvalidRequest
-from barellm.tools.perplexity import (
+from barellm.cli.perplexity import (
     CONVENTION,
     add_engine_args,
     check_window,
@@ -36,6 +35,7 @@ from barellm.tools.perplexity import (
     read_text,
     scored_rows,
 )
+from barellm.errors import InvalidRequest
 
 
 def kl_from_logprobs(base_lp: np.ndarray, lp: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from barellm.errors import BarellmError, FormatError, InvalidRequest, ModelNotFo
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from barellm.arguments import add_chat_args, add_model_args, add_sampling_args
+    from barellm.cli.arguments import add_chat_args, add_model_args, add_sampling_args
 
     p = sub.add_parser("run", help="stream a continuation of a prompt; with a model and no prompt, chat",
                        description="Streams the continuation of PROMPT (its words joined by spaces; '-' reads it "
@@ -85,7 +85,7 @@ def is_model(word: str) -> bool:
     NAME-135m), which then must resolve (hub.looks_like_model). Anything else starts the prompt, so
     `barellm run Once upon a time` runs the default model."""
 
-    from barellm import catalog
+    from barellm.store import catalog
 
     return catalog.looks_like_model(word)
 
@@ -93,7 +93,7 @@ def is_model(word: str) -> bool:
 def _check_model(word: str | None, command: str) -> None:
     """Fails before anything runs when `word`, taken as a model, resolves to nothing (its error names the
     known models). Registered models not yet pulled pass: loading pulls them."""
-    from barellm import catalog, hub
+    from barellm.store import catalog, hub
 
     if word is None or hub.exists(word) or catalog.is_known(word):
         return
@@ -104,9 +104,9 @@ def _check_model(word: str | None, command: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from barellm import hub
-    from barellm.arguments import check_sampling_args, sampling_kwargs
-    from barellm.chat_repl import stream_reply
+    from barellm.cli.arguments import check_sampling_args, sampling_kwargs
+    from barellm.cli.chat_repl import stream_reply
+    from barellm.store import hub
 
     check_sampling_args(args)   # before the model loads, and before the prompt is echoed
     words = list(args.words)
@@ -149,8 +149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from barellm.arguments import check_sampling_args, sampling_kwargs
-    from barellm.chat_repl import ChatSession, make_reader
+    from barellm.cli.arguments import check_sampling_args, sampling_kwargs
+    from barellm.cli.chat_repl import ChatSession, make_reader
 
     check_sampling_args(args)
     _check_model(args.model, "chat")
@@ -162,7 +162,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from barellm import hub
+    from barellm.store import hub
 
     for name in args.names:
         path = hub.pull(name, keep_gguf=args.keep_gguf)
@@ -177,10 +177,10 @@ def _mb(n: int) -> str:
 def _converted(spec, model_file: Path | None) -> Path | None:
     """The cached .blm of a registered model: as the cache's index records it, or by its content's name
     (the cache names a conversion after its source's SHA256, which a registered model's file must have)."""
-    from barellm.cache import cache_dir, cached_path
+    from barellm.store.converted import cache_dir, conversion_of
 
     if model_file is not None and model_file.is_file():
-        found = cached_path(model_file)
+        found = conversion_of(model_file)
         if found is not None:
             return found
     by_hash = cache_dir() / f"{spec.sha256}.blm"
@@ -188,8 +188,8 @@ def _converted(spec, model_file: Path | None) -> Path | None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from barellm import hub
     from barellm.files import home
+    from barellm.store import hub
 
     print(f"cache: {home()}")
     print(f"{'NAME':<22} {'KIND':<9} {'SIZE':>9}  {'CACHED':<18} DESCRIPTION")
@@ -200,7 +200,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         cached = ", ".join([w for w, p in (("converted", blm), ("gguf", gguf)) if p is not None]) or "no"
         kind = "instruct" if spec.instruct else "base"
         print(f"{name:<22} {kind:<9} {_mb(size) if size else '-':>9}  {cached:<18} {spec.description}")
-    from barellm import catalog
+    from barellm.store import catalog
 
     for m in catalog.local_models():
         kind = "instruct" if m.instruct else "base"
@@ -217,9 +217,9 @@ def remove_model(name: str) -> list[tuple[Path, int]]:
     (files.remove_stale_temps) clears, and a converted .blm with no model file, which `rm` also takes.
     A process still running the model keeps its memory-mapped copy until it exits.
     """
-    from barellm import catalog, hub
-    from barellm.cache import cache_dir
     from barellm.files import fsync_dir, home, remove_stale_temps, temp_path
+    from barellm.store import catalog, hub
+    from barellm.store.converted import cache_dir
 
     canonical = hub.ALIASES.get(name, name)
     if canonical not in hub.REGISTRY:
@@ -301,7 +301,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"default threads: {default_threads()}")
     return 0
 def _register_convert(sub: argparse._SubParsersAction) -> None:
-    from barellm.convert import LAYOUT_CHOICES, TYPE_CHOICES
+    from barellm.store.convert import LAYOUT_CHOICES, TYPE_CHOICES
 
     p = sub.add_parser("convert", help="convert a .gguf file or a safetensors checkpoint into a .blm file",
                        description="Converts SRC (a .gguf file, a Hugging Face llama checkpoint directory, or a "
@@ -323,9 +323,9 @@ def _register_convert(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from barellm import catalog
-    from barellm.convert import convert
     from barellm.formats import blm
+    from barellm.store import catalog
+    from barellm.store.convert import convert
 
     src = catalog.resolve(args.src, pull_missing=False)
     out = Path(args.output)
@@ -340,14 +340,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from barellm import catalog
-    from barellm.cache import cached_path
     from barellm.formats import blm, sniff
     from barellm.progress import Progress
+    from barellm.store import catalog
+    from barellm.store.converted import conversion_of
 
     path = catalog.resolve(args.file, pull_missing=False)
     if sniff(path) != "blm":
-        cached = cached_path(path)
+        cached = conversion_of(path)
         if cached is None:
             raise FormatError(f"{path}: not a .blm file and not converted yet (GGUF files carry no checksums); "
                               "`barellm convert` it first")

@@ -1,8 +1,9 @@
-"""One generation from its prompt to its end: the state machine Model and the server's Scheduler both drive.
+"""One generation from its prompt to its end: the state machine the Scheduler drives for every front end.
 
-A Generation never calls the engine. Its driver feeds the prompt into a KV cache slot, hands the logits
-that follow the last fed token to `step`, feeds back `next_token` at `position`, and repeats until `done`.
-Everything else is decided here, the same way for the Python API and the server:
+A Generation never calls the engine. Its driver (generate/scheduler.py) feeds the prompt into a KV cache
+slot, hands the logits that follow the last fed token to `step`, feeds back `next_token` at `position`, and
+repeats until `done`.
+Everything else is decided here:
 
 - the next token (the sampler, its history for the penalties, an optional allowed-token mask, or a
   structured.Guide whose parser gives the mask of each step: JSON schemas, regexes, grammars);
@@ -34,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from barellm.sampling import Sampler, SamplingParams, TokenLogprob, token_logprobs
+from barellm.generate.sampling import Sampler, SamplingParams, TokenLogprob, token_logprobs
 
 __all__ = ["DEFAULT_MAX_TOKENS", "PHASES", "Delta", "Generation", "SlotTable", "Timings", "TokenLogprob",
-           "common_prefix", "pooled", "time_engine"]
+           "common_prefix", "pooled"]
 
 # The phases of a token's life, in order. "forward" is the native executor running the layers; "logits copy"
 # the rest of the engine call (its Python wrapper filling token and position arrays, the logits copied out);
@@ -59,9 +60,9 @@ class Timings:
     """Seconds spent in each phase of the token loop, and the tokens generated meanwhile.
 
     The driver of the loop adds its engine calls (`engine`) and its whole wall time (`wall`); the executor's
-    own share of the engine calls lands in seconds["forward"] when the engine is timed (time_engine), and
-    `breakdown` then gives the rest of the engine calls as "logits copy". What no phase accounts for is
-    "bookkeeping": the driver's own work (slots, events, the loop itself)."""
+    own share of the engine calls lands in seconds["forward"] where the engine counts it (the native engine's
+    executor_seconds), and `breakdown` then gives the rest of the engine calls as "logits copy". What no
+    phase accounts for is "bookkeeping": the driver's own work (slots, events, the loop itself)."""
 
     __slots__ = ("seconds", "tokens", "engine", "wall")
 
@@ -96,41 +97,6 @@ class Timings:
     def per_token_ms(self) -> dict[str, float]:
         n = max(self.tokens, 1)
         return {k: 1000 * v / n for k, v in self.breakdown().items()}
-
-
-class _TimedPlan:
-    """Stands in for a native engine's compiled plan and times its runs (the executor proper)."""
-
-    def __init__(self, plan: Any, timings: Timings) -> None:
-        self._inner = plan
-        self.timings = timings
-
-    def run(self, *args: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return self._inner.run(*args)
-        finally:
-            self.timings.add("forward", time.perf_counter() - t0)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-def time_engine(engine: Any, timings: Timings) -> Callable[[], None]:
-    """Splits an engine call's time into "forward" (the native executor) and "logits copy" (the rest) by
-    timing the native engine's plan runs into `timings`. Returns the undo. Engines without a compiled plan
-    (the NumPy reference) are left alone: their whole call counts as "forward"."""
-    plan = getattr(engine, "_plan", None)
-    if plan is None or not hasattr(plan, "run"):
-        return lambda: None
-    timed = _TimedPlan(plan, timings)
-    engine._plan = timed
-
-    def undo() -> None:
-        if engine._plan is timed:
-            engine._plan = plan
-
-    return undo
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -351,7 +317,7 @@ class Generation:
 def pooled(rows: np.ndarray, pooling: str, normalize: bool = True) -> np.ndarray:
     """One input's embedding from its final hidden states rows [n, dim] (all of them for "mean", its last
     for "last"): the mean (accumulated in float64) or the last row, L2-normalised unless told not to.
-    Model.embed and the server's scheduler both make embeddings here, so the same rows give the same bits."""
+    The scheduler makes every embedding here, so the same rows give the same bits."""
     v = rows.mean(axis=0, dtype=np.float64) if pooling == "mean" else rows[-1].astype(np.float64)
     if normalize:
         v = v / max(float(np.sqrt(np.dot(v, v))), 1e-12)

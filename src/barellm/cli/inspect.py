@@ -33,11 +33,11 @@ def preview(value: Any, full: bool = False, width: int = 72) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from barellm import catalog
-    from barellm.cache import open_model
     from barellm.errors import FormatError
     from barellm.formats import sniff
-    from barellm.quant import TYPES
+    from barellm.formats.quant import TYPES
+    from barellm.store import catalog
+    from barellm.store.converted import open_model
 
     path = catalog.resolve(args.file, pull_missing=False)
     kind = sniff(Path(path))

@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from barellm import hub
 from barellm.errors import ModelNotFound
+from barellm.store import hub
 
 _HASH_NAME = re.compile(r"[0-9a-f]{64}")
 
@@ -114,7 +114,7 @@ def _stem(file_name: str) -> str:
 
 def local_models() -> list[LocalModel]:
     """The user's own conversions in the cache, oldest first, each under a unique name."""
-    from barellm.cache import cache_dir
+    from barellm.store.converted import cache_dir
 
     directory = cache_dir()
     if not directory.is_dir():
@@ -162,14 +162,14 @@ def find_local(word: str) -> LocalModel | None:
 def of_path(path: str | Path) -> LocalModel | None:
     """The user's conversion a file stands for: the cached .blm itself, or a source file the cache's index
     records as converted."""
-    from barellm.cache import cache_dir, cached_path
+    from barellm.store.converted import cache_dir, conversion_of
 
     p = Path(path).expanduser()
     try:
         if p.suffix == ".blm" and p.resolve().parent == cache_dir().resolve():
             blm = p.resolve()
         elif p.is_file():
-            found = cached_path(p)
+            found = conversion_of(p)
             if found is None:
                 return None
             blm = found.resolve()
@@ -186,7 +186,7 @@ def of_path(path: str | Path) -> LocalModel | None:
 def remove_local(m: LocalModel) -> list[tuple[Path, int]]:
     """Removes a user's conversion from the cache: the .blm and every index entry that points to it (the
     source file, wherever it is, stays). Returns what was removed, with sizes."""
-    from barellm.cache import cache_dir
+    from barellm.store.converted import cache_dir
 
     removed: list[tuple[Path, int]] = []
     for entry in (cache_dir() / "index").glob("*.json"):

@@ -31,7 +31,6 @@ Three objects:
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -40,10 +39,11 @@ from typing import Any
 
 import numpy as np
 
+from barellm.cpu import spare_core
 from barellm.errors import InvalidRequest
 from barellm.text.tokenizer import TokenType
 
-__all__ = ["Grammar", "Guide", "StructuredUnavailable", "Vocabulary", "available", "JSON_WHITESPACE"]
+__all__ = ["Grammar", "Guide", "StructuredUnavailable", "Vocabulary", "available", "spare_core", "JSON_WHITESPACE"]
 
 # JSON whitespace in a constrained answer, at one place: a few spaces or tabs, or one line break and the next
 # line's indentation. Unbounded whitespace lets a small model spin on blank lines until max_tokens; this still
@@ -301,16 +301,6 @@ def _describe(message: str) -> str:
     if msg.startswith("Unimplemented keys:"):
         return "unsupported JSON schema keyword(s) " + msg.removeprefix("Unimplemented keys:").strip()
     return msg
-
-
-def spare_core(threads: int) -> bool:
-    """Whether this process may run more threads than the engine's `threads`: then masks are computed on a
-    worker thread beside the forward pass, else in line."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return cores > threads
 
 
 _WORKER: ThreadPoolExecutor | None = None

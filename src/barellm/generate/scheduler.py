@@ -1,4 +1,4 @@
-"""Continuous batching: one thread owns the engine and advances every live sequence together.
+"""Continuous batching: one thread at a time owns the engine and advances every live sequence together.
 
 Each KV cache slot holds at most one live sequence. A scheduler step gathers, for every decoding
 sequence, its last sampled token, and for prefilling sequences the next chunk of their prompt, and runs
@@ -19,129 +19,44 @@ the engine's threads, wakes up once per interval rather than once per token.
 
 Slots remember the tokens their cache holds after a sequence ends. A new job goes to the free slot whose
 cache saves it the most prefill without throwing away more than it saves, and only the rest is prefilled.
+
+Who runs the steps: the server starts the scheduler's own thread (start()); the Python API has none, and
+each thread waiting for its own request's events runs the rounds itself (run_until()), one thread at a time,
+every live sequence advancing in each, as vLLM's offline LLM steps its engine from the caller. A request
+whose reader has not taken its last piece (a Python stream between two next() calls) is `paused`: no step
+advances it until it is read on.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from barellm.generation import (
-    Delta,
-    Generation,
-    SlotTable,
-    Timings,
-    TokenLogprob,
-    common_prefix,
-    pooled,
-    time_engine,
-)
-from barellm.sampling import SamplingParams
-from barellm.serve.metrics import Metrics
-from barellm.structured import spare_core
+from barellm.cpu import spare_core
+from barellm.generate.embedding import EmbeddingSteps, EmbedJob, _Embedding
+from barellm.generate.generation import Delta, Generation, SlotTable, Timings, TokenLogprob, common_prefix
+from barellm.generate.request import Event, Request
+from barellm.generate.sampling import SamplingParams
+from barellm.generate.stats import SchedulerStats
 
-__all__ = ["DEFAULT_PREFILL_CHUNK", "EmbedJob", "Event", "Job", "QueueFull", "Scheduler", "TokenLogprob",
-           "common_prefix"]
+__all__ = ["DEFAULT_PREFILL_CHUNK", "UNBOUNDED", "EmbedJob", "Event", "Job", "QueueFull", "Request", "Scheduler",
+           "TokenLogprob", "common_prefix"]
 
 DEFAULT_PREFILL_CHUNK = 256
+UNBOUNDED = 1 << 62   # a queue with no bound: callers of the Python API wait for a slot, however many
 
 
 class QueueFull(Exception):
     """The waiting queue holds --queue jobs already."""
 
 
-@dataclass
-class Event:
-    """What the scheduler tells a job's owner. kind is one of:
-
-    "start"  the job has its slot(s): cached_tokens, prompt_tokens
-    "delta"  new text (may be "") of choice `index` and the tokens that produced it (logprobs when asked)
-    "done"   choice `index` ended: finish_reason ("stop" or "length"), usage counts of that choice, and
-             stop_type: "eos" (the text ended: an end token, or a line indented less than min_indent,
-             which ends a fill), "word" (stop_word, a stop string) or "limit" (max_tokens, the context, the
-             time limit: finish_reason "length")
-    "error"  status, message, error_type (the job ended without completing)
-    "embeddings"  an EmbedJob's result: data, float32 [inputs, dim]; prompt_tokens
-    """
-
-    kind: str
-    text: str = ""
-    tokens: list[TokenLogprob] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    status: int = 0
-    message: str = ""
-    error_type: str = ""
-    index: int = 0
-    stop_type: str = ""
-    stop_word: str | None = None
-    data: Any = None
-
-
-@dataclass(eq=False)
-class Job:
-    prompt: list[int]
-    params: SamplingParams
-    max_tokens: int
-    emit: Callable[[Event], None]       # called from the scheduler thread; must not block
-    stops: list[str] = field(default_factory=list)
-    top_logprobs: int | None = None     # None: no logprobs; k >= 0: the chosen token's and k alternatives
-    timeout: float | None = None        # seconds from submission
-    cache_prompt: bool = True           # False: prefill the whole prompt, reusing no cached prefix
-    n: int = 1                          # choices, each in its own slot, sharing the prompt's KV entries
-    stream: bool = True                 # False: one "delta" per choice, just before its "done"
-    stream_interval: float = 0.0        # streamed deltas are gathered and sent at most once per this many seconds
-    grammar: Any = None                 # a structured.Grammar every choice's output follows (None: free)
-    min_indent: int = 0                 # a new line indented less ends the text (infill)
-    submitted: float = 0.0
-    cancelled: bool = False
-    done: bool = False
-    live: int = 0                       # choices still generating
-
-    @property
-    def deadline(self) -> float | None:
-        return None if self.timeout is None else self.submitted + self.timeout
-
-
-@dataclass(eq=False)
-class EmbedJob:
-    """Embeddings of inputs (token-id lists), in one slot, one input after another; each step feeds at most
-    a prefill chunk of tokens beside the decoding sequences, so a long batch of texts does not stall them."""
-
-    inputs: list[list[int]]
-    emit: Callable[[Event], None]
-    pooling: str = "mean"
-    normalize: bool = True
-    timeout: float | None = None
-    n: int = 1
-    submitted: float = 0.0
-    cancelled: bool = False
-    done: bool = False
-
-    @property
-    def deadline(self) -> float | None:
-        return None if self.timeout is None else self.submitted + self.timeout
-
-
-class _Embedding:
-    """An EmbedJob bound to a slot: which input it is on, how far, the rows so far."""
-
-    def __init__(self, job: EmbedJob, slot: int, dim: int) -> None:
-        self.job = job
-        self.slot = slot
-        self.index = 0
-        self.fed = 0
-        self.rows: np.ndarray | None = None
-        self.out = np.empty((len(job.inputs), dim), np.float32)
+Job = Request   # what the scheduler runs is the one request type (generate/request.py)
 
 
 class _Live:
@@ -170,12 +85,13 @@ class _Live:
         return self.fed < len(self.job.prompt)
 
 
-class Scheduler:
-    """Owns the model's engine from its own thread; thread-safe submit() and cancel()."""
+class Scheduler(EmbeddingSteps):
+    """Owns the model's engine, run from its own thread (start()) or from the threads waiting for their
+    requests (run_until()); thread-safe submit() and cancel()."""
 
     def __init__(self, engine: Any, tokenizer: Any, *, n_ctx: int, n_slots: int | None = None,
                  max_queue: int = 64, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 metrics: SchedulerStats | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.n_ctx = n_ctx
@@ -184,7 +100,7 @@ class Scheduler:
             raise ValueError(f"n_slots must be in 1..{engine.n_slots}")
         self.max_queue = max_queue
         self.prefill_chunk = max(1, prefill_chunk)
-        self.metrics = metrics or Metrics(self.n_slots)
+        self.metrics = metrics or SchedulerStats(self.n_slots)
         self.clock = clock
         self.eog = frozenset(tokenizer.eog_ids)
         self.n_vocab: int | None = getattr(engine, "n_vocab", None)
@@ -201,9 +117,26 @@ class Scheduler:
         self._stopping = False
         self._seq_no = 0
         self._thread: threading.Thread | None = None
-        self._untime: Callable[[], None] | None = None
-        self._forward_one = getattr(engine, "forward", None)
+        self._stepping = False                       # a thread is running a round (run_until)
+        self._forward_one = self._forward_into if hasattr(engine, "forward") else None
+        # each slot's logits land in its own row here when the engine writes into a given array: a decode step
+        # allocates nothing
+        takes_out = self._forward_one is not None and "out" in inspect.signature(engine.forward).parameters
+        self._rows = np.empty((self.n_slots, 1, self.n_vocab), np.float32) if takes_out and self.n_vocab else None
+        self._executor = getattr(engine, "executor_seconds", None)   # the native executor's own time so far
         self._copy = getattr(engine, "copy_prefix", None)
+
+    def configure(self, *, max_queue: int | None = None, prefill_chunk: int | None = None,
+                  metrics: SchedulerStats | None = None) -> None:
+        """Changes what a server sets (its --queue, its --prefill-chunk, its Metrics) on a scheduler made
+        before it (a Model's)."""
+        if max_queue is not None:
+            self.max_queue = max_queue
+        if prefill_chunk is not None:
+            self.prefill_chunk = max(1, prefill_chunk)
+        if metrics is not None:
+            self.metrics = metrics
+            metrics.timings = self.timings
 
     @property
     def slot_tokens(self) -> list[list[int]]:
@@ -212,23 +145,88 @@ class Scheduler:
 
     # --- any thread ---------------------------------------------------------------------------
 
+    @property
+    def threaded(self) -> bool:
+        """Whether the scheduler's own thread runs it (start() until stop())."""
+        return self._thread is not None
+
     def start(self) -> None:
-        if self._thread is None:
-            self._untime = time_engine(self.engine, self.timings)
+        with self._cond:
+            while self._stepping:   # a caller's round still under way
+                self._cond.wait()
+            if self._thread is not None:
+                return
+            self._stopping = False
             self._thread = threading.Thread(target=self._run, name="barellm-scheduler", daemon=True)
             self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Ends the thread after its current step; every unfinished job gets an error event."""
+        """Ends the thread after its current step; every unfinished job gets an error event. The scheduler
+        can be started again, or run from callers' threads (run_until)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        if self._untime is not None:
-            self._untime()
-            self._untime = None
+        with self._cond:
+            self._stopping = False
+
+    def run_until(self, ready: Callable[[], bool]) -> None:
+        """Runs rounds from the calling thread until ready() is true (checked under the scheduler's lock, after
+        every round). Threads waiting on their own requests take turns at the rounds, one at a time, and each
+        round advances every live sequence; a thread with nothing to run waits until another's round, a
+        submit, a cancel or a wake() may have changed that. Not while the scheduler's own thread runs."""
+        cond = self._cond
+        while True:
+            with cond:
+                while not ready():
+                    if self._thread is not None:
+                        raise RuntimeError("the scheduler's own thread runs it")
+                    if not self._stepping and self._has_work():
+                        self._stepping = True
+                        break
+                    cond.wait()
+                else:
+                    return
+            try:
+                if self._waiting:
+                    with cond:
+                        self._expire_waiting()
+                        self._admit()
+                        self._update_occupancy()
+                self._work()
+            finally:
+                with cond:
+                    self._stepping = False
+                    cond.notify_all()
+
+    def wake(self) -> None:
+        """Something a waiting run_until() may care about changed (a paused request was read on)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def forget_free(self) -> None:
+        """The free slots' caches are not reused: the next request feeds its whole prompt."""
+        with self._cond:
+            while self._stepping:
+                self._cond.wait()
+            for slot in self._table.free():
+                self._table.forget(slot)
+
+    def _has_work(self) -> bool:
+        """Whether a round would do anything now (under the lock, no round running)."""
+        if self._embeds or (self._waiting and len(self._table.free()) >= self._waiting[0].n):
+            return True
+        for s in self._live.values():
+            job = s.job
+            if job.cancelled or not (job.paused or s.gen.next_token is None):
+                return True
+            if job.deadline is not None and self.clock() >= job.deadline:
+                return True
+            if s.prefilling and s.leader is None:
+                return True
+        return False
 
     def submit(self, job: Job | EmbedJob) -> None:
         if not 1 <= job.n <= self.n_slots:
@@ -289,23 +287,7 @@ class Scheduler:
                         self._expire_waiting()
                         self._admit()
                     self._update_occupancy()
-            self._reap()
-            try:
-                self._step()
-            except Exception as e:  # a bug or an engine failure: fail what was live, keep serving
-                for s in list(self._live.values()):
-                    self._table.forget(s.slot)   # what the cache holds is unknown now
-                    self._fail(s, 500, f"generation failed: {type(e).__name__}: {e}", "server_error")
-            try:
-                if self._embeds:
-                    self._embed_step()
-            except Exception as e:  # noqa: BLE001 - as above, for the embedding jobs
-                for em in list(self._embeds.values()):
-                    self._end_embedding(em, Event("error", status=500, message=f"embedding failed: "
-                                                  f"{type(e).__name__}: {e}", error_type="server_error"))
-            if self.slots_in_use != self.metrics.slots_in_use:
-                with self._cond:
-                    self._update_occupancy()
+            self._work()
         with self._cond:
             for s in list(self._live.values()):
                 self._fail(s, 503, "the server is shutting down", "server_error")
@@ -318,6 +300,27 @@ class Scheduler:
                 self._emit(job, Event("error", status=503, message="the server is shutting down",
                                       error_type="server_error"))
             self._update_occupancy()
+
+    def _work(self) -> None:
+        """A round's work once the waiting jobs are admitted: frees what ended, one step of the generations,
+        one of the embeddings."""
+        self._reap()
+        try:
+            self._step()
+        except Exception as e:  # a bug or an engine failure: fail what was live, keep serving
+            for s in list(self._live.values()):
+                self._table.forget(s.slot)   # what the cache holds is unknown now
+                self._fail(s, 500, f"generation failed: {type(e).__name__}: {e}", "server_error")
+        try:
+            if self._embeds:
+                self._embed_step()
+        except Exception as e:  # noqa: BLE001 - as above, for the embedding jobs
+            for em in list(self._embeds.values()):
+                self._end_embedding(em, Event("error", status=500, message=f"embedding failed: "
+                                              f"{type(e).__name__}: {e}", error_type="server_error"))
+        if self.slots_in_use != self.metrics.slots_in_use:
+            with self._cond:
+                self._update_occupancy()
 
     def _emit(self, job: Job, ev: Event) -> None:
         try:
@@ -355,7 +358,7 @@ class Scheduler:
                 assert slot is not None
                 table.take(slot, [], False)
                 table.forget(slot)
-                self._embeds[slot] = _Embedding(job, slot, self._dim)
+                self._embeds[slot] = _Embedding(job, slot, self._dim, self.n_vocab or 0)
                 n = sum(len(x) for x in job.inputs)
                 self.metrics.admitted(n, 0)
                 self._emit(job, Event("start", prompt_tokens=n))
@@ -364,15 +367,16 @@ class Scheduler:
                 gens = [Generation(job.prompt, self.tokenizer, params=_choice_params(job.params, i),
                                    max_tokens=job.max_tokens, n_ctx=self.n_ctx, stops=job.stops,
                                    top_logprobs=job.top_logprobs, eog=self.eog, n_vocab=self.n_vocab,
-                                   timings=self.timings,
+                                   timings=job.timings if job.timings is not None else self.timings,
                                    guide=job.grammar.guide(self._mask_thread) if job.grammar is not None else None,
-                                   min_indent=job.min_indent)
+                                   min_indent=job.min_indent, allowed=job.allowed)
                     for i in range(job.n)]
             except Exception as e:   # parameters are validated before submit(); this is a last guard
                 job.done = True
                 self._emit(job, Event("error", status=400, message=str(e), error_type="invalid_request_error"))
                 continue
             self._seq_no += 1
+            job.admitted_at = self.clock()
             lives = []
             for i, gen in enumerate(gens):
                 slot = table.choose(job.prompt, job.cache_prompt)
@@ -388,6 +392,9 @@ class Scheduler:
             job.live = job.n
             self.metrics.admitted(len(job.prompt), lives[0].cached)
             self._emit(job, Event("start", prompt_tokens=len(job.prompt), cached_tokens=lives[0].cached))
+            if gens[0].done:   # max_tokens 0: nothing to compute
+                for s in lives:
+                    self._end(s)
 
     def _reap(self) -> None:
         """Frees the slots of cancelled jobs and ends those past their time limit."""
@@ -416,7 +423,7 @@ class Scheduler:
         batch: list[tuple[int, Any, int]] = []
         parts: list[_Live] = []
         for s in self._live.values():
-            if s.gen.next_token is not None:
+            if s.gen.next_token is not None and not s.job.paused:
                 batch.append((s.slot, (s.gen.next_token,), s.gen.position))
                 parts.append(s)
         # Prompt chunks always start where the sequence's prefill stands and are prefill_chunk long
@@ -471,51 +478,39 @@ class Scheduler:
         generated = self.timings.tokens - tokens0
         self.timings.wall += clock() - t_start
         self.metrics.step(t1 - t0, len(parts), generated)
+        self._account(parts, chunks, t1 - t0)
 
-    def _embed_step(self) -> None:
-        """Feeds the oldest embedding job's current input on by at most a prefill chunk; finishes an input
-        (pools its rows) or the job (emits every vector) when it is all in."""
-        em = next(iter(self._embeds.values()))
-        job = em.job
-        ids = job.inputs[em.index]
-        n = min(self.prefill_chunk, len(ids) - em.fed)
-        last = em.fed + n == len(ids)
-        t0 = time.perf_counter()
-        assert self._hidden is not None
-        rows = self._hidden([(em.slot, ids[em.fed:em.fed + n], em.fed)], last_only=job.pooling == "last")
-        self.metrics.step(time.perf_counter() - t0, 1, 0)
-        if job.pooling == "mean":
-            if em.rows is None:
-                em.rows = np.empty((len(ids), self._dim), np.float32)
-            em.rows[em.fed:em.fed + n] = rows
-        em.fed += n
-        if not last:
-            return
-        em.out[em.index] = pooled(em.rows if job.pooling == "mean" else rows, job.pooling, job.normalize)
-        em.index, em.fed, em.rows = em.index + 1, 0, None
-        if em.index == len(job.inputs):
-            self._end_embedding(em, Event("embeddings", data=em.out,
-                                          prompt_tokens=sum(len(x) for x in job.inputs)))
+    def _forward_into(self, tokens: Any, start: int, slot: int) -> np.ndarray:
+        """One sequence's forward call (looked up on the engine each time: a test may wrap it)."""
+        if self._rows is not None:
+            return self.engine.forward(tokens, start, slot=slot, out=self._rows[slot])
+        return self.engine.forward(tokens, start, slot=slot)
 
-    def _end_embedding(self, em: _Embedding, ev: Event | None) -> None:
-        if self._embeds.get(em.slot) is em:
-            del self._embeds[em.slot]
-            self._table.forget(em.slot)
-            self._table.release(em.slot)
-        job = em.job
-        if not job.done:
-            job.done = True
-            self.metrics.finish("stop" if ev is not None and ev.kind == "embeddings" else
-                                "cancelled" if ev is None else "error")
-            if ev is not None:
-                self._emit(job, ev)
+    def _account(self, parts: list[_Live], chunks: dict[int, int], engine_seconds: float) -> None:
+        """The executor's share of the engine calls since the last account goes to the token loop's "forward";
+        a request with Timings of its own gets its decode steps' engine time and executor time (once per
+        step, however many of its choices took part; prefill is not the token loop's)."""
+        executor = 0.0
+        if self._executor is not None:
+            now = self.engine.executor_seconds
+            executor, self._executor = now - self._executor, now
+            self.timings.seconds["forward"] += executor
+        seen: list[Timings] = []
+        for s in parts:
+            t = s.job.timings
+            if t is not None and s.slot not in chunks and not any(t is x for x in seen):
+                seen.append(t)
+                t.engine += engine_seconds
+                t.seconds["forward"] += executor
+
 
     def _advance(self, s: _Live, row: np.ndarray) -> None:
         """Hands s the logits that follow its last fed token; delivers what became visible."""
         if not s.started:
             s.started = True
             if s.index == 0:
-                self.metrics.first_token(self.clock() - s.job.submitted)
+                s.job.first_token_at = now = self.clock()
+                self.metrics.first_token(now - s.job.submitted)
         d = s.gen.step(row)
         if d is not None:
             self._deliver(s, d)
@@ -556,7 +551,7 @@ class Scheduler:
         stop_type = "word" if gen.stop_word else "limit" if reason != "stop" else "eos"
         self._emit(job, Event("done", finish_reason=reason, prompt_tokens=len(job.prompt), cached_tokens=s.cached,
                               completion_tokens=len(gen.generated), index=s.index, stop_type=stop_type,
-                              stop_word=gen.stop_word))
+                              stop_word=gen.stop_word, token_ids=gen.generated))
 
     def _release(self, s: _Live, reason: str) -> None:
         s.job.done = True

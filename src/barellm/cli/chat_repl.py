@@ -34,9 +34,9 @@ from dataclasses import dataclass, fields
 from typing import Any, Protocol, TextIO
 
 from barellm.errors import BarellmError, InvalidRequest
-from barellm.generation import DEFAULT_MAX_TOKENS
-from barellm.hub import is_instruct
-from barellm.sampling import SamplingParams
+from barellm.generate.generation import DEFAULT_MAX_TOKENS
+from barellm.generate.sampling import SamplingParams
+from barellm.store.hub import is_instruct
 
 HELP = """\
 Commands:

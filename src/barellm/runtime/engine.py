@@ -16,52 +16,38 @@ Invariance: every op computes a row (a token) with the same float operations wha
 batch or the thread split, so greedy output is the same for any thread count, prefill chunking, or
 batch composition (see ops.h, kernels.h).
 
-Debug: `debug_forward` runs the same plan one op at a time, each op either by its native kernel or by
-a NumPy implementation, with hooks to replace any op and to observe every op's output.
+The weights' side (their layouts, fusing, repacking) is runtime/weights.py; the per-op debugger, which runs
+the same plan one op at a time by native kernels or NumPy implementations, runtime/debug.py.
 """
 
 from __future__ import annotations
 
-import fnmatch
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from barellm import _native as nat
-from barellm import kernels
 from barellm.arch.config import ModelConfig, check_tensors
 from barellm.arch.llama import rope_frequencies
+from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV, buffer_widths, llama_plan
 from barellm.cpu import check_memory, default_threads
 from barellm.errors import FormatError, InvalidRequest
-from barellm.kernels import (
-    ACT_Q8,
+from barellm.formats.kernels import (
     ACTIVATIONS,
-    LAYOUT_ROWS,
-    matmul_supported,
     matrix_act,
-    matrix_layout,
 )
-from barellm.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV, buffer_widths, llama_plan
-from barellm.quant import q8_0_join, q8_0_split
+from barellm.formats.quant import q8_0_join
+from barellm.runtime.debug import EngineDebug
+from barellm.runtime.weights import EngineWeights, aligned_zeros
 
-F32 = 0  # ggml type id of float32
 KIND_IDS: dict[str, int] = dict(nat.OP_KINDS)  # the op kinds the executor has, and their ids (py_engine.c)
 KV_TILE = nat.KV_TILE
 KV_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q8_0": nat.KV_Q8_0}  # the cache element types (ops.h, bl_kv_type)
 KV_QK = 32  # values per block of a q8_0 cache
 FLOAT_ALIGN = 16  # buffer rows start on cache lines: strides are multiples of 16 floats
 ROPE_FIRST = 512  # positions of the RoPE tables filled by the first forward call (see _rope_upto)
-
-
-def aligned_zeros(shape: tuple[int, ...] | int, dtype: Any = np.float32, align: int = 64) -> np.ndarray:
-    """A zeroed C-contiguous array whose data starts on an `align`-byte boundary."""
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.zeros(nbytes + align, dtype=np.uint8)
-    off = (-raw.ctypes.data) % align
-    return raw[off:off + nbytes].view(dtype).reshape(shape)
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -116,62 +102,7 @@ def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
     return None
 
 
-def _release_pages(views: list[np.ndarray]) -> None:
-    """Drops this process's mapping of the file pages under views (read-only mmap views of the model
-    file that were copied into repacked matrices): they would otherwise stay resident for nothing. The
-    kernel reads them back from the file if anything touches them again."""
-    try:
-        import ctypes
-        import mmap
-
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return
-    def file_mapped(v: Any) -> bool:  # a read-only view whose memory is an mmap (of the model file)
-        if v.flags.writeable:
-            return False
-        b = v
-        while b is not None and not isinstance(b, mmap.mmap):
-            b = b.obj if isinstance(b, memoryview) else getattr(b, "base", None)
-        return b is not None
-
-    page = mmap.PAGESIZE
-    for v in views:
-        if not file_mapped(v):  # anonymous memory would come back as zeros
-            continue
-        lo = -(-v.ctypes.data // page) * page
-        hi = (v.ctypes.data + v.nbytes) // page * page
-        if hi > lo:
-            libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
-
-
-class DebugContext:
-    """What a replacement op or an observer sees: the engine's buffers for the current chunk."""
-
-    def __init__(self, engine: NativeEngine, T: int, n_out: int) -> None:
-        self.engine = engine
-        self.T = T
-        self.n_out = n_out
-        self.tokens = engine._tok[:T]
-        self.positions = engine._pos[:T]
-        self.slots = engine._slot[:T]
-        self.selected = engine._rows[:n_out]   # rows of x whose logits are wanted
-
-    def rows(self, op: Op) -> int:
-        return self.n_out if op.rows == "selected" else self.T
-
-    def buf(self, name: str, rows: int | None = None) -> np.ndarray:
-        """A writable view [rows, width] of buffer `name` (rows defaults to T)."""
-        return self.engine._view(name, self.T if rows is None else rows)
-
-    def output(self, op: Op) -> np.ndarray:
-        return self.buf(op.out, self.rows(op))
-
-
-Hook = Callable[[Op, DebugContext], None]
-
-
-class NativeEngine:
+class NativeEngine(EngineWeights, EngineDebug):
     """The C executor's forward pass over a KV cache (one region per slot) allocated at load."""
 
     def __init__(self, cfg: ModelConfig, source: Any, n_ctx: int | None = None, threads: int | None = None,
@@ -212,6 +143,7 @@ class NativeEngine:
             raise NativeUnsupported(f"the native engine cannot run this model: {e}") from None
         self._plan.set_adaptive(bool(adaptive_threads))
         self._debug_plan: Any = None
+        self.executor_seconds = 0.0   # time spent in the C executor so far: the engine calls' "forward" share
 
     # --- buffers ------------------------------------------------------------------------------
 
@@ -297,134 +229,6 @@ class NativeEngine:
             self._qbufs[key] = aligned_zeros((self.chunk, rb), np.uint8)
         return self._qbufs[key]
 
-    # --- weights ------------------------------------------------------------------------------
-
-    def _stored(self, name: str) -> tuple[int, int, np.ndarray]:
-        """A tensor's (type, layout, bytes) as the file stores them: a read-only view of the mapping, no copy.
-        A GGUF file stores rows; a .blm file the layout its table names (the model cache: the kernels')."""
-        info = self._source.tensors[name]
-        layout = int(getattr(info, "layout", LAYOUT_ROWS))
-        data = self._source.stored(name) if hasattr(self._source, "stored") else self._source.raw(name)
-        return int(info.type), layout, np.asarray(data).view(np.uint8).reshape(-1)
-
-    def _shape2(self, name: str) -> tuple[int, int]:
-        shape = tuple(self._source.tensors[name].shape)
-        cols = int(shape[-1]) if shape else 1
-        return (int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1), cols
-
-    def _stored_as(self, group: tuple[str, ...], type_id: int, layout: int, rows: int, cols: int) -> np.ndarray | None:
-        """The group's matrix straight from the file when the file stores it in `layout` already: a view of the
-        mapping when its parts lie back to back there (the model cache writes fused groups so: no copy, no
-        repacking), else one concatenation of the parts' views; None when the file stores them otherwise."""
-        nbytes = kernels.matrix_bytes(type_id, layout, rows, cols)
-        infos = [self._source.tensors[n] for n in group]
-        if layout == LAYOUT_ROWS and len(group) == 1:  # GGUF rows used as they are
-            data = self._stored(group[0])[2]
-            return data if data.ctypes.data % 32 == 0 and data.size == nbytes else None
-        if any(int(getattr(i, "layout", LAYOUT_ROWS)) != layout for i in infos):
-            return None
-        if any(int(i.shape[0]) % kernels.layout_rows(layout) for i in infos[:-1]):  # parts end on whole groups
-            return None
-        span = self._source.span(group) if hasattr(self._source, "span") else None
-        if span is not None and span.size == nbytes:
-            return span
-        views = [self._stored(n)[2] for n in group]
-        if sum(v.size for v in views) != nbytes:
-            return None
-        if len(views) == 1:
-            return views[0]
-        data = aligned_zeros(nbytes, np.uint8)
-        np.concatenate(views, out=data)
-        return data
-
-    def _dequant(self, name: str) -> np.ndarray:
-        """float32 copy of a tensor (debug path and types the kernels lack)."""
-        if name not in self._dequantized:
-            shape = tuple(self._source.tensors[name].shape)
-            rows, cols = self._shape2(name)
-            type_id, layout, data = self._stored(name)
-            out = aligned_zeros((rows, cols))
-            if kernels.matrix_bytes(type_id, layout, rows, cols) == data.size and kernels.row_bytes(type_id, cols):
-                kernels.dequantize_rows(type_id, layout, rows, cols, data, out=out)
-            else:  # a type the native table does not know: the NumPy codec
-                out[:] = np.asarray(self._source.dequantize(name), dtype=np.float32).reshape(rows, cols)
-            self._dequantized[name] = out.reshape(shape)
-        return self._dequantized[name]
-
-    def _table_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
-        """float32 rows of a matrix (embedding lookups on the debug path, without dequantizing it all)."""
-        if name in self._dequantized:
-            return self._dequantized[name][rows]
-        type_id, layout, n, cols, data = self._table(name)
-        return kernels.dequantize_rows(type_id, layout, n, cols, data, which=rows)
-
-    def _norm(self, name: str) -> np.ndarray:
-        if name not in self._norms:
-            type_id, layout, data = self._stored(name)
-            w = data.view(np.float32) if type_id == F32 and layout == LAYOUT_ROWS else self._dequant(name).reshape(-1)
-            self._norms[name] = np.ascontiguousarray(w, dtype=np.float32)
-        return self._norms[name]
-
-    def _bias(self, names: tuple[str, ...]) -> np.ndarray:
-        """The biases of a fused matmul, concatenated as its rows are (float32, read once at load)."""
-        key = "|".join(names)
-        if key not in self._norms:
-            self._norms[key] = np.ascontiguousarray(np.concatenate([self._norm(n) for n in names]), np.float32)
-        return self._norms[key]
-
-    def _matrix(self, names: tuple[str, ...]) -> list[tuple[int, int, int, int, np.ndarray]]:
-        """The matmul parts for the row-concatenation of `names`: one fused matrix when their types agree,
-        else one part per tensor. Each part is (type, layout, rows, cols, data)."""
-        if names in self._matrices:
-            return self._matrices[names]
-        cols = int(self._source.tensors[names[0]].shape[1])
-        groups: list[tuple[str, ...]] = []  # runs of consecutive tensors of one type are fused
-        for n in names:
-            if groups and self._source.tensors[groups[-1][0]].type == self._source.tensors[n].type:
-                groups[-1] = (*groups[-1], n)
-            else:
-                groups.append((n,))
-        parts = []
-        for group in groups:
-            type_id = int(self._source.tensors[group[0]].type)
-            rows = sum(int(self._source.tensors[n].shape[0]) for n in group)
-            if matmul_supported(type_id, rows, cols):
-                layout = matrix_layout(type_id, rows, cols)
-                stored = self._stored_as(group, type_id, layout, rows, cols)
-                if stored is not None:
-                    parts.append((type_id, layout, rows, cols, stored))
-                    continue
-                raw = [self._rows_of(n) for n in group]
-                src = raw[0] if len(raw) == 1 else np.concatenate(raw)
-            else:  # a type the kernels lack: exact float32 rows
-                type_id = F32
-                src = np.concatenate([self._dequant(n).reshape(-1, cols) for n in group]).view(np.uint8)
-            layout = matrix_layout(type_id, rows, cols)
-            data = aligned_zeros(kernels.matrix_bytes(type_id, layout, rows, cols), np.uint8)
-            kernels.repack(type_id, layout, rows, cols, src, out=data, threads=self.threads)
-            _release_pages([self._stored(n)[2] for n in group])  # (embedding lookups fault rows back in)
-            parts.append((type_id, layout, rows, cols, data))
-        self._matrices[names] = parts
-        return parts
-
-    def _rows_of(self, name: str) -> np.ndarray:
-        """A tensor's bytes in GGUF rows: the file's view, or a converted copy of another stored layout."""
-        type_id, layout, data = self._stored(name)
-        if layout == LAYOUT_ROWS:
-            return data
-        rows, cols = self._shape2(name)
-        return kernels.unrepack(type_id, layout, rows, cols, data, threads=self.threads)
-
-    def _table(self, name: str) -> tuple[int, int, int, int, np.ndarray]:
-        """The embedding table as the embed op reads it: the matrix as stored (any layout the kernels know,
-        so a tied table stored in the kernels' layout serves the lookups and the output matmul from one
-        mapping), or exact float32 rows for a type without kernels."""
-        rows, cols = self._shape2(name)
-        type_id, layout, data = self._stored(name)
-        readable = kernels.matrix_bytes(type_id, layout, rows, cols) == data.size
-        if not (kernels.act_supported(type_id, ACT_Q8) and readable):
-            type_id, layout, data = F32, LAYOUT_ROWS, self._dequant(name).reshape(-1).view(np.uint8)
-        return type_id, layout, rows, cols, data
 
     # --- compiling ----------------------------------------------------------------------------
 
@@ -546,7 +350,7 @@ class NativeEngine:
             else:
                 n_out = 0
             if step is None:
-                self._plan.run(T, n_out)
+                self._run_plan(T, n_out)
             else:
                 step(T, n_out)
             if all_logits:
@@ -554,6 +358,11 @@ class NativeEngine:
             elif n_out:
                 out[0] = logits[0, :self.n_vocab]
         return out
+
+    def _run_plan(self, *args: int) -> None:
+        t0 = time.perf_counter()
+        self._plan.run(*args)
+        self.executor_seconds += time.perf_counter() - t0
 
     def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
         """Several sequences (slot, tokens, start) in shared passes; the last logits of each
@@ -620,16 +429,11 @@ class NativeEngine:
             self._slot[:T] = slot[c0:c1]
             sel = np.nonzero(dest[c0:c1] >= 0)[0]
             self._rows[:len(sel)] = sel
-            self._plan.run(T, len(sel), 0, end)
+            self._run_plan(T, len(sel), 0, end)
             out[dest[c0:c1][sel]] = src[:len(sel), :width]
 
-    # --- introspection and debugging ----------------------------------------------------------
+    # --- the KV cache -------------------------------------------------------------------------
 
-    def op_index(self, key: int | str) -> list[int]:
-        """Indices of the ops an int index, an exact name, or a glob pattern ("blk.*.rope") picks."""
-        if isinstance(key, (int, np.integer)):
-            return [int(key)]
-        return [i for i, op in enumerate(self.ops) if op.name == key or fnmatch.fnmatchcase(op.name, key)]
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Copies the KV entries of positions 0..n-1 from slot src to slot dst (n choices of one prompt share
@@ -667,131 +471,4 @@ class NativeEngine:
         kd = kc[..., KV_TILE * hd:].view(np.float16).reshape(nkv, tiles, hd // KV_QK, KV_TILE)
         return (kq, kd), (vc[..., :hd].view(np.int8), vc[..., hd:].view(np.float16))
 
-    def debug_forward(self, tokens: Sequence[int], start: int, all_logits: bool = False, slot: int = 0, *,
-                      backend: str = "native", replace: dict[int | str, Hook] | None = None,
-                      observe: Callable[[Op, np.ndarray, DebugContext], None] | None = None) -> np.ndarray:
-        """forward(), one op at a time.
 
-        backend: "native" runs each op's C kernel, "numpy" runs NumPy implementations of the ops.
-        replace: {op index | name | glob: fn(op, ctx)}: fn computes that op instead (writes ctx.output(op)
-            and whatever else the op writes, e.g. the KV cache for rope_kv).
-        observe: fn(op, output_view, ctx) after every op (output_view is live: copy to keep it).
-        """
-        if backend not in ("native", "numpy"):
-            raise InvalidRequest("backend must be 'native' or 'numpy'")
-        hooks: dict[int, Hook] = {}
-        for key, fn in (replace or {}).items():
-            idx = self.op_index(key)
-            if not idx:
-                raise InvalidRequest(f"no op matches {key!r}")
-            for i in idx:
-                hooks[i] = fn
-        if backend == "native" and self._debug_plan is None:
-            self._debug_plan = self._compile(fuse=False)
-
-        def step(T: int, n_out: int) -> None:
-            ctx = DebugContext(self, T, n_out)
-            for i, op in enumerate(self.ops):
-                if i in hooks:
-                    hooks[i](op, ctx)
-                elif backend == "numpy":
-                    self._numpy_op(op, ctx)
-                else:
-                    self._debug_plan.run(T, n_out, i, i + 1)
-                if observe is not None:
-                    observe(op, ctx.output(op), ctx)
-
-        return self._forward(tokens, start, all_logits, slot, None, step)
-
-    def profile(self, tokens: Sequence[int], start: int, slot: int = 0, repeat: int = 1) -> dict[str, float]:
-        """TSC cycles spent per op by the calling thread (its work plus the barrier wait), summed over
-        `repeat` forward calls of tokens at start; keyed by op name. profile_threads() has every thread's."""
-        return dict(zip([op.name for op in self.ops], self.profile_threads(tokens, start, slot, repeat)[0].tolist(),
-                        strict=True))
-
-    def read_pass(self, data: np.ndarray) -> float:
-        """Seconds for this engine's threads to read `data` once, each its contiguous share (as bench/roofline.c
-        reads): the ceiling of a decode that streams those bytes, measured with the same threads and pages."""
-        return float(self._pool.read(data)[0])
-
-    def profile_threads(self, tokens: Sequence[int], start: int, slot: int = 0, repeat: int = 1) -> np.ndarray:
-        """Cycles [thread, op] (work plus barrier wait), summed over `repeat` calls."""
-        cycles = np.zeros((self.threads, len(self.ops)), np.uint64)
-        self._plan.set_profile(cycles)
-        try:
-            for _ in range(repeat):
-                self.forward(tokens, start, slot=slot)
-        finally:
-            self._plan.set_profile(None)
-        return cycles
-
-    # NumPy implementations of the op kinds (the debug backend; slow and plain)
-
-    def _numpy_op(self, op: Op, ctx: DebugContext) -> None:
-        from barellm.arch import llama as ref
-
-        cfg, T = self.cfg, ctx.T
-        if isinstance(op, Embed):
-            x = self._table_rows(op.table, ctx.tokens)
-            ctx.output(op)[:] = x * np.float32(op.scale) if op.scale != 1.0 else x
-        elif isinstance(op, RMSNorm):
-            x = ctx.buf(op.src)
-            if op.selected:
-                x = x[ctx.selected]
-            y = ref.rmsnorm(x, self._norm(op.weight), op.eps)
-            if op.accumulate:
-                x[:] = y
-                ctx.output(op)[:] += y
-            else:
-                ctx.output(op)[:] = y
-        elif isinstance(op, MatMul):
-            key = "|".join(op.matrices)
-            if key not in self._dequantized:
-                self._dequantized[key] = np.concatenate([self._dequant(n) for n in op.matrices])
-            w = self._dequantized[key]
-            x = ctx.buf(op.src, ctx.rows(op))
-            y = (x @ w.T).astype(np.float32)
-            if op.bias:
-                y += self._bias(op.bias)
-            if op.accumulate:
-                ctx.buf("proj")[:] = y
-                ctx.output(op)[:] += y
-            else:
-                ctx.output(op)[:] = y
-        elif isinstance(op, RopeKV):
-            qkv = ctx.buf(op.out)
-            hd, qd, kd = cfg.head_dim, cfg.q_dim, cfg.kv_dim
-            half = cfg.rope_dim // 2
-            cs = self._rope_cs[cfg.layer_rope_theta(op.layer)][ctx.positions]
-            cos, sin = cs[:, :half], cs[:, half:]
-            q = qkv[:, :qd].reshape(T, cfg.n_heads, hd)
-            k = qkv[:, qd:qd + kd].reshape(T, cfg.n_kv_heads, hd)
-            if op.q_norm and op.k_norm:
-                q = ref.rmsnorm(q, self._norm(op.q_norm), op.eps)
-                k = ref.rmsnorm(k, self._norm(op.k_norm), op.eps)
-            q = ref.rope(q, cos, sin, cfg.rope_style)
-            k = ref.rope(k, cos, sin, cfg.rope_style)
-            qkv[:, :qd] = q.reshape(T, qd)
-            qkv[:, qd:qd + kd] = k.reshape(T, kd)
-            v = qkv[:, qd + kd:qd + 2 * kd].reshape(T, cfg.n_kv_heads, hd)
-            for t in range(T):
-                s, p = int(ctx.slots[t]), int(ctx.positions[t])
-                if self.kv_type == "q8_0":
-                    (kq, kd), (vq, vd) = self._q8_views(s, op.layer)
-                    kq[:, p // KV_TILE, :, p % KV_TILE], kd[:, p // KV_TILE, :, p % KV_TILE] = q8_0_split(k[t])
-                    vq[:, p], vd[:, p] = q8_0_split(v[t])
-                    continue
-                self.k_cache[s, op.layer, :, p // KV_TILE, :, p % KV_TILE] = k[t]
-                self.v_cache[s, op.layer, :, p] = v[t]
-        elif isinstance(op, Attention):
-            qkv, out = ctx.buf(op.src), ctx.output(op)
-            for t in range(T):
-                s, p = int(ctx.slots[t]), int(ctx.positions[t])
-                k, v = self.kv(s, op.layer, p + 1)
-                q = qkv[t:t + 1, :cfg.q_dim].reshape(1, cfg.n_heads, cfg.head_dim)
-                out[t] = ref.attention(q, k, v, p, cfg.scale, op.window)[0]
-        elif isinstance(op, GatedAct):
-            gu, f = ctx.buf(op.src), cfg.ffn_dim
-            ctx.output(op)[:] = ref.ACTIVATIONS[op.act](gu[:, :f]) * gu[:, f:2 * f]
-        else:
-            raise InvalidRequest(f"op {op.name}: no NumPy implementation of kind {op.kind!r}")

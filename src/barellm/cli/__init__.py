@@ -17,18 +17,18 @@ from barellm.errors import BarellmError
 
 # each module has register(subparsers), which adds its command(s) to the parser
 COMMAND_MODULES = [
-    "barellm.commands",
-    "barellm.tools.inspect",
-    "barellm.tools.perplexity",
-    "barellm.tools.kld",
-    "barellm.tools.bench",
-    "barellm.tools.debug",
+    "barellm.cli.commands",
+    "barellm.cli.inspect",
+    "barellm.cli.perplexity",
+    "barellm.cli.kld",
+    "barellm.cli.bench",
+    "barellm.cli.debug",
     "barellm.serve",
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from barellm.arguments import with_defaults_in_help
+    from barellm.cli.arguments import with_defaults_in_help
 
     parser = argparse.ArgumentParser(
         prog="barellm",
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def command_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     """The parser of each command, by name."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -62,7 +62,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
     which prints the usage or the error.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parsers = commands(parser)
+    parsers = command_parsers(parser)
     if argv and argv[0] in parsers:
         args = parsers[argv[0]].parse_intermixed_args(argv[1:])
         args.command = argv[0]
@@ -88,7 +88,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

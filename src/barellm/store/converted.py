@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from barellm import convert as converter
 from barellm.errors import BarellmError, FormatError, ModelNotFound
 from barellm.files import home, remove_stale_temps, write_bytes_atomic
 from barellm.formats import blm, sniff
 from barellm.progress import Progress
+from barellm.store import convert as converter
 
 # The model cache stores weight matrices the way the native kernels read them, so that loading maps them
 # instead of repacking (SmolLM2: the engine's set-up 0.26 -> 0.11 s, and the matrices that are not fused
@@ -56,7 +56,7 @@ def _index_lookup(idx: Path) -> str | None:
     return sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None
 
 
-def cached_path(src: str | os.PathLike[str]) -> Path | None:
+def conversion_of(src: str | os.PathLike[str]) -> Path | None:
     """The cached .blm of a source as the index records it, if there is one (nothing is converted)."""
     src = Path(src)
     sha = _index_lookup(cache_dir() / "index" / f"{_stat_key(converter.source_files(src))}.json")

@@ -230,21 +230,17 @@ SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 40}
 def bench_complete(model: Any, prompt: Sequence[int], n: int, reps: int, seed: int = 1) -> tuple[list[float], Any]:
     """tokens/s per repetition of model.complete making n tokens with sampling (decode only), and where the
     time went over all repetitions (a generation.Timings)."""
-    from barellm.generation import Timings, time_engine
+    from barellm.generate.generation import Timings
 
     kw: dict[str, Any] = dict(SAMPLING, max_tokens=n, logit_bias={i: -100.0 for i in model.tokenizer.eog_ids})
     model.reset()
     model.complete(list(prompt), seed=seed, **kw)   # warm-up
     timings = Timings()
-    undo = time_engine(model.engine, timings)
     tps = []
-    try:
-        for r in range(reps):
-            model.reset()
-            c = model.complete(list(prompt), seed=seed + r, timings=timings, **kw)
-            tps.append(max(len(c.token_ids) - 1, 1) / max(c.decode_seconds, 1e-9))
-    finally:
-        undo()
+    for r in range(reps):
+        model.reset()
+        c = model.complete(list(prompt), seed=seed + r, timings=timings, **kw)
+        tps.append(max(len(c.token_ids) - 1, 1) / max(c.decode_seconds, 1e-9))
     return tps, timings
 
 
@@ -421,7 +417,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-r", "--repetitions", type=int, default=5, metavar="R", help="timed runs per test (default 5)")
     p.add_argument("--engine", choices=["native", "reference"], default="native",
                    help="native: the C core (default); reference: the NumPy float32 forward")
-    from barellm.arguments import add_activations_arg
+    from barellm.cli.arguments import add_activations_arg
 
     add_activations_arg(p)
     p.add_argument("--breakdown", action="store_true",

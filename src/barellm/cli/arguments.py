@@ -30,7 +30,7 @@ def with_defaults_in_help(parser: argparse.ArgumentParser) -> None:
 
 
 def add_activations_arg(p: argparse.ArgumentParser) -> None:
-    from barellm.model import ACTIVATIONS
+    from barellm.api.model import ACTIVATIONS
 
     p.add_argument("--activations", choices=ACTIVATIONS, default=ACTIVATIONS[0],
                    help="native engine: activation precision of the quantized matmuls; q8x2 (default): ~15 bits, "
@@ -39,7 +39,7 @@ def add_activations_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_kv_type_arg(p: argparse.ArgumentParser) -> None:
-    from barellm.model import KV_TYPES
+    from barellm.api.model import KV_TYPES
 
     p.add_argument("--kv-type", choices=KV_TYPES, default=None,
                    help="what the KV cache holds: f16 (the native default), q8_0 (8-bit blocks: 53%% of f16's "
@@ -62,8 +62,8 @@ def add_model_args(p: argparse.ArgumentParser, *, engine: bool = True) -> None:
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    from barellm.generation import DEFAULT_MAX_TOKENS
-    from barellm.sampling import SamplingParams
+    from barellm.generate.generation import DEFAULT_MAX_TOKENS
+    from barellm.generate.sampling import SamplingParams
 
     d = SamplingParams()
     p.add_argument("-n", "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
@@ -97,7 +97,7 @@ def check_sampling_args(args: argparse.Namespace) -> None:
     """Refuses sampling option values no generation could run with, before a model is loaded or anything is
     printed (`run` echoes its prompt first)."""
     from barellm.errors import InvalidRequest
-    from barellm.sampling import SamplingParams
+    from barellm.generate.sampling import SamplingParams
 
     if args.max_tokens is not None and args.max_tokens < 0:
         raise InvalidRequest(f"-n/--max-tokens must be an integer >= 0, got {args.max_tokens}")
