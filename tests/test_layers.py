@@ -20,7 +20,7 @@ LAYERS: list[list[str]] = [
     ["barellm.convert", "barellm.engine"],
     ["barellm.cache", "barellm.hub"],
     ["barellm.catalog"],
-    ["barellm.generation", "barellm.structured", "barellm.openai_format", "barellm.model"],
+    ["barellm.generation", "barellm.structured", "barellm.openai_format", "barellm.speculative", "barellm.model"],
     ["barellm.arguments", "barellm.serve", "barellm.tools", "barellm.chat_repl", "barellm.commands"],
     ["barellm.cli"],
 ]

@@ -35,7 +35,7 @@ ENGINES = ("auto", "native", "reference")
 ACTIVATIONS = ("q8x2", "q8")  # the native engine's activation precisions (engine.ACTIVATIONS)
 KV_TYPES = ("f16", "q8_0", "f32")  # what the KV cache holds (engine.KV_TYPES)
 GENERATION_KEYWORDS = ("max_tokens", "stop", "n", "logprobs", "top_logprobs", "allowed_tokens", "timings",
-                       "json_schema", "grammar", "regex", "min_indent")
+                       "json_schema", "grammar", "regex", "min_indent", "draft")
 
 
 @dataclass
@@ -125,6 +125,7 @@ class _Request:
     timings: Timings | None
     grammar: Any = None           # a structured.Grammar: every choice follows it
     min_indent: int = 0           # a new line indented less ends the text (llama.cpp's n_indent)
+    draft: bool = True            # speculative decoding when the Model drafts (load(..., draft=...)); False: off
 
     def params_for(self, index: int) -> SamplingParams:
         """Choice i draws with seed + i, so choice 0 is what n=1 gives."""
@@ -143,7 +144,8 @@ class Model:
 
     def __init__(self, path: Path, *, threads: int | None = None, context: int | None = None,
                  engine: str = "auto", chat_template: str | None = None, slots: int = 1,
-                 activations: str = "q8x2", kv_type: str | None = None, verify: bool = False) -> None:
+                 activations: str = "q8x2", kv_type: str | None = None, verify: bool = False,
+                 draft: str | os.PathLike[str] | None = None) -> None:
         from barellm.text.chat import ChatTemplate, template_for
         from barellm.text.tokenizer import Tokenizer
 
@@ -190,6 +192,12 @@ class Model:
         self._served = False                      # a server's scheduler owns the engine (see serving())
         # each slot's decode logits land in its own row here: nothing is allocated per token
         self._rows = np.empty((slots, 1, self.config.n_vocab), np.float32) if self.engine_name == "native" else None
+        # speculative decoding (barellm.speculative): prompt lookup or a draft model; None: plain decoding
+        self.speculator: Any = None
+        if draft is not None:
+            from barellm.speculative import speculator
+
+            self.speculator = speculator(draft, self)
 
     def _make_engine(self, engine: str) -> tuple[str, Any]:
         if engine in ("auto", "native"):
@@ -277,10 +285,13 @@ class Model:
                 return self.engine.forward(tokens, start, False, slot=slot, out=self._rows[slot])
             return self.engine.forward(tokens, start, all_logits, slot=slot)
 
-    def _forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
+    def _forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]],
+                       tails: Sequence[int] | None = None) -> np.ndarray:
         with self._engine_lock:
             self._check_served()
-            return self.engine.forward_batch(seqs)
+            if tails is None:
+                return self.engine.forward_batch(seqs)
+            return self.engine.forward_batch(seqs, tails)
 
     def _copy_prefix(self, src: int, dst: int, n: int) -> bool:
         copy = getattr(self.engine, "copy_prefix", None)
@@ -415,6 +426,7 @@ class Model:
         allowed = kw.pop("allowed_tokens", None)
         timings = kw.pop("timings", None)
         min_indent = kw.pop("min_indent", 0)
+        draft = kw.pop("draft", True)
         constraint = {k: kw.pop(k) for k in ("json_schema", "grammar", "regex") if kw.get(k) is not None}
         for k in ("json_schema", "grammar", "regex"):
             kw.pop(k, None)
@@ -456,13 +468,15 @@ class Model:
             raise InvalidRequest("timings must be a barellm.generation.Timings")
         if not isinstance(min_indent, int) or isinstance(min_indent, bool) or min_indent < 0:
             raise InvalidRequest(f"min_indent must be an integer >= 0, got {min_indent!r}")
+        if not isinstance(draft, bool):
+            raise InvalidRequest(f"draft must be True or False (speculative decoding on or off), got {draft!r}")
         grammar = None
         if constraint:
             if allowed is not None:
                 raise InvalidRequest(f"allowed_tokens and {next(iter(constraint))} both constrain the output: give one")
             grammar = self.structured().from_options(**constraint)
         return _Request(params, max_tokens, [s for s in stops if s], n, top_logprobs, allowed, timings, grammar,
-                        min_indent)
+                        min_indent, draft)
 
     def _mask_thread(self) -> bool:
         from barellm.structured import spare_core
@@ -526,27 +540,40 @@ class Model:
             c.prefill_seconds = t_decode - t_start
             live = list(range(n))
             which = [s for s, _ in slots]
+            spec = self.speculator.session() if self.speculator is not None and req.draft else None
             while True:
                 for i in live:
-                    d = gens[i].step(rows[i])
-                    if d is not None:
-                        yield i, d
+                    for d in (spec.verify(which[i], gens[i], rows[i], table[which[i]]) if spec is not None
+                              else (gens[i].step(rows[i]),)):
+                        if d is not None:
+                            yield i, d
                 for i in live:
                     if gens[i].done:
                         c.choices[i].finish_reason = gens[i].finish_reason or "length"
                 live = [i for i in live if not gens[i].done]
                 if not live:
                     break
+                feeds = ([[gens[i].next_token] for i in live] if spec is None else
+                         spec.plan([(which[i], gens[i], True) for i in live]))
                 t0 = clock()
-                if len(live) == 1:
+                if len(live) == 1 and len(feeds[0]) == 1:
                     g = gens[live[0]]
                     rows[live[0]] = self._forward((g.next_token,), g.position, which[live[0]])[0]
-                else:
+                elif all(len(f) == 1 for f in feeds):
                     out = self._forward_batch([(which[i], (gens[i].next_token,), gens[i].position) for i in live])
                     for j, i in enumerate(live):
                         rows[i] = out[j]
-                timings.engine += clock() - t0
-                for i in live:
+                else:   # drafted tokens: every fed token's logits, to check the draft against
+                    out = self._forward_batch([(which[i], f, gens[i].position)
+                                               for i, f in zip(live, feeds, strict=True)], [len(f) for f in feeds])
+                    ends = np.cumsum([len(f) for f in feeds]).tolist()
+                    for i, f, end in zip(live, feeds, ends, strict=True):
+                        rows[i] = out[end - len(f):end]
+                dt = clock() - t0
+                timings.engine += dt
+                if spec is not None:
+                    spec.measured(sum(len(f) for f in feeds), dt)
+                for i in live:   # the drafted tokens join the record once verify accepts them
                     table[which[i]].append(gens[i].next_token)
         finally:
             t_end = clock()
@@ -892,7 +919,8 @@ class Model:
 
 def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = None, context: int | None = None,
          engine: str = "auto", chat_template: str | None = None, slots: int = 1,
-         activations: str = "q8x2", kv_type: str | None = None, verify: bool = False) -> Model:
+         activations: str = "q8x2", kv_type: str | None = None, verify: bool = False,
+         draft: str | os.PathLike[str] | None = None) -> Model:
     """Loads a model by name ("smollm2-135m", pulled on first use) or path.
 
     threads: worker threads (default: physical cores); context: KV cache size in tokens;
@@ -908,14 +936,18 @@ def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = N
     with an f16 scale: 53% of f16's memory; head_dim a multiple of 32) or "f32"; the reference engine keeps
     float32 and rounds K and V to what the type would hold (exact f32 by default);
     verify: check every tensor of the model file against its checksum before running it (every load checks
-    a sample of them).
+    a sample of them);
+    draft: speculative decoding (the output stays exactly what plain decoding gives): "lookup" drafts from
+    the prompt and the text so far (what a code edit repeats), a model name or path drafts with that smaller
+    model, which must share this model's vocabulary (e.g. "qwen2.5-coder-0.5b" for "qwen2.5-coder-1.5b");
+    drafting turns itself off where it does not pay. A generation's draft=False turns it off for that call.
     """
     from barellm import catalog
 
     path = catalog.resolve(model)
     try:
         return Model(path, threads=threads, context=context, engine=engine, chat_template=chat_template,
-                     slots=slots, activations=activations, kv_type=kv_type, verify=verify)
+                     slots=slots, activations=activations, kv_type=kv_type, verify=verify, draft=draft)
     except BarellmError:
         raise
     except (OSError, MemoryError) as e:
