@@ -83,7 +83,8 @@ class ServerState:
         self.fingerprint = f"barellm-{__version__}-{getattr(model, 'engine_name', 'engine')}"
         self.metrics = metrics if metrics is not None else Metrics(model.engine.n_slots)
         self.scheduler = Scheduler(model.engine, model.tokenizer, n_ctx=self.n_ctx, max_queue=max_queue,
-                                   prefill_chunk=prefill_chunk, metrics=self.metrics)
+                                   prefill_chunk=prefill_chunk, metrics=self.metrics,
+                                   speculator=getattr(model, "speculator", None))
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name.lower() not in self.names:

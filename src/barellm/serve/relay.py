@@ -163,7 +163,7 @@ def submit(state: Any, req: GenerationRequest, prompt_ids: list[int]) -> tuple[J
     job = Job(prompt=prompt_ids, params=req.params, max_tokens=max_tokens, emit=events.push, stops=req.stops,
               top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt, n=req.n,
               stream=req.stream, stream_interval=getattr(state, "stream_interval", 0.0), grammar=req.grammar,
-              min_indent=req.min_indent)
+              min_indent=req.min_indent, draft=req.draft)
     _enqueue(state, job)
     return job, events
 

@@ -102,6 +102,7 @@ class Job:
     stream_interval: float = 0.0        # streamed deltas are gathered and sent at most once per this many seconds
     grammar: Any = None                 # a structured.Grammar every choice's output follows (None: free)
     min_indent: int = 0                 # a new line indented less ends the text (infill)
+    draft: bool = True                  # speculative decoding, when the scheduler drafts (False: off for this job)
     submitted: float = 0.0
     cancelled: bool = False
     done: bool = False
@@ -175,7 +176,8 @@ class Scheduler:
 
     def __init__(self, engine: Any, tokenizer: Any, *, n_ctx: int, n_slots: int | None = None,
                  max_queue: int = 64, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
+                 speculator: Any = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.n_ctx = n_ctx
@@ -204,6 +206,8 @@ class Scheduler:
         self._untime: Callable[[], None] | None = None
         self._forward_one = getattr(engine, "forward", None)
         self._copy = getattr(engine, "copy_prefix", None)
+        # speculative decoding (barellm.speculative): drafts checked in the step's one engine call
+        self._spec = speculator.session() if speculator is not None else None
 
     @property
     def slot_tokens(self) -> list[list[int]]:
@@ -413,12 +417,7 @@ class Scheduler:
     def _step(self) -> None:
         clock = time.perf_counter
         t_start = clock()
-        batch: list[tuple[int, Any, int]] = []
-        parts: list[_Live] = []
-        for s in self._live.values():
-            if s.gen.next_token is not None:
-                batch.append((s.slot, (s.gen.next_token,), s.gen.position))
-                parts.append(s)
+        parts: list[_Live] = [s for s in self._live.values() if s.gen.next_token is not None]
         # Prompt chunks always start where the sequence's prefill stands and are prefill_chunk long
         # (the last one shorter), whatever else runs: the budget only decides which chunks join this
         # step, never how a prompt is cut, so a sequence sees the same forward calls under any load.
@@ -430,20 +429,32 @@ class Scheduler:
             n = min(self.prefill_chunk, len(s.job.prompt) - s.fed)
             if chunks and n > budget:
                 break
-            batch.append((s.slot, s.job.prompt[s.fed:s.fed + n], s.fed))
-            parts.append(s)
             chunks[s.slot] = n
             budget -= n
+        feeds = ([(s.gen.next_token,) for s in parts] if self._spec is None else
+                 self._spec.plan([(s.slot, s.gen, s.job.draft) for s in parts], sum(chunks.values())))
+        batch: list[tuple[int, Any, int]] = [(s.slot, f, s.gen.position) for s, f in zip(parts, feeds, strict=True)]
+        for s in prefills:
+            if s.slot in chunks:
+                batch.append((s.slot, s.job.prompt[s.fed:s.fed + chunks[s.slot]], s.fed))
+                parts.append(s)
         if not batch:
             return
         t0 = clock()
-        if len(batch) == 1 and self._forward_one is not None:
+        tails = [len(f) for f in feeds] + [1] * (len(batch) - len(feeds))
+        if len(batch) == 1 and self._forward_one is not None and tails[0] == 1:
             slot, tokens, start = batch[0]
             logits = self._forward_one(tokens, start, slot=slot)
-        else:
+        elif max(tails) == 1:
             logits = self.engine.forward_batch(batch)
+        else:   # drafted tokens: the logits of every fed token of those sequences, to check the drafts against
+            out = self.engine.forward_batch(batch, tails)
+            ends = np.cumsum(tails).tolist()
+            logits = [out[e - 1] if t == 1 else out[e - t:e] for e, t in zip(ends, tails, strict=True)]
         t1 = clock()
         self.timings.engine += t1 - t0
+        if self._spec is not None:
+            self._spec.measured(sum(len(t) for _, t, _ in batch), t1 - t0)
         tokens0 = self.timings.tokens
         table = self._table.tokens
         for i, s in enumerate(parts):
@@ -516,9 +527,10 @@ class Scheduler:
             s.started = True
             if s.index == 0:
                 self.metrics.first_token(self.clock() - s.job.submitted)
-        d = s.gen.step(row)
-        if d is not None:
-            self._deliver(s, d)
+        for d in (self._spec.verify(s.slot, s.gen, row, self._table.tokens[s.slot]) if self._spec is not None
+                  else (s.gen.step(row),)):
+            if d is not None:
+                self._deliver(s, d)
         if s.gen.done:
             self._end(s)
 
