@@ -80,6 +80,9 @@ class DraftModel:
             raise InvalidRequest(f"{self.name} cannot draft: {e}") from None
         self.config = cfg
         self.held: list[list[int]] = [[] for _ in range(target.slots)]
+        # per slot: the sequence list last drafted for and how far it agreed with the slot then; a sequence
+        # only grows, so the agreement is looked for from there on (not over the whole context every step)
+        self._agreed: list[tuple[Any, Any, int]] = [(None, None, 0)] * target.slots
         self.costs = CostTable()
         # the bytes a decoded token reads, against the target's: what a draft call costs before it is measured
         self.weight_ratio = _weight_bytes(self.source) / max(1, _weight_bytes(target.source))
@@ -87,8 +90,16 @@ class DraftModel:
 
     def lag(self, slot: int, tokens: Sequence[int]) -> int:
         """Tokens of `tokens` the slot does not hold yet (to be fed before it can draft what follows)."""
+        return len(tokens) - self._agreement(slot, tokens)
+
+    def _agreement(self, slot: int, tokens: Sequence[int]) -> int:
+        """How many first tokens of `tokens` the slot holds."""
         held = self.held[slot]
-        return len(tokens) - common_prefix(held, tokens)
+        was_held, seq, known = self._agreed[slot]
+        start = min(known, len(held), len(tokens)) if seq is tokens and was_held is held else 0
+        n = start + common_prefix(held[start:], tokens[start:])
+        self._agreed[slot] = (held, tokens, n)
+        return n
 
     def draft(self, wants: Sequence[tuple[int, Sequence[int], int]]) -> list[list[int]]:
         """Greedy drafts of wants[i] = (slot, the sequence so far, k) tokens each: the k most likely next
@@ -100,7 +111,7 @@ class DraftModel:
             which: list[int] = []
             for i, (slot, tokens, k) in enumerate(wants):
                 held = self.held[slot]
-                keep = common_prefix(held, tokens)
+                keep = self._agreement(slot, tokens)
                 del held[keep:]
                 feed = list(tokens[keep:keep + CATCH_UP_CHUNK])
                 if not feed:   # the slot holds the whole sequence: the last token's logits are needed again
@@ -142,6 +153,7 @@ class DraftModel:
     def forget(self, slot: int | None = None) -> None:
         for s in range(len(self.held)) if slot is None else (slot,):
             self.held[s] = []
+            self._agreed[s] = (None, None, 0)
 
 
 def _weight_bytes(source: Any) -> int:
