@@ -554,3 +554,22 @@ def test_run_with_draft_prints_the_same_and_reports_acceptance(tiny_path: Path, 
     assert "8/10 accepted (80%)" in note and "3.00 tokens per verification" in note
     assert main([*args, "--draft", "no-such-model-xyz"]) != 0
     assert "no-such-model-xyz" in capsys.readouterr().err
+# --- the slow test: Qwen2.5-Coder-1.5B with prompt lookup and with the 0.5B draft model --------------------
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_qwen15_with_lookup_and_the_05b_draft_equals_plain(qwen15_gguf: Path, qwen05_gguf: Path) -> None:
+    from barellm.tools.bench import speculative_tasks
+
+    plain = _model(qwen15_gguf, context=4096)
+    specs = [_model(qwen15_gguf, context=4096, draft=d) for d in ("lookup", str(qwen05_gguf))]
+    tasks = speculative_tasks(plain)
+    for name, ids, n in tasks:
+        a = plain.complete(ids, max_tokens=min(n, 160), temperature=0)
+        for spec in specs:
+            b = spec.complete(ids, max_tokens=min(n, 160), temperature=0)
+            assert b.token_ids == a.token_ids, (name, spec.speculator.name)
+    for p in PROMPTS[:3]:
+        a = plain.complete(p, max_tokens=48, temperature=0.8, seed=2)
+        for spec in specs:
+            assert spec.complete(p, max_tokens=48, temperature=0.8, seed=2).token_ids == a.token_ids
