@@ -157,9 +157,13 @@ class Speculation:
             rates.append(rate)
             caps.append(cap)
             proposals.append(prop)
-        draft_cost = (self._draft_cost([slot for slot, _, _ in entries], states)
+        # now and then the costs are taken at their most hopeful, so that a call size measured in a slow spell
+        # (or cold: a draft model's first calls fault its weights in) is tried and measured again
+        hopeful = self._plans % EXPLORE_EVERY == 0
+        cost = (lambda n: self.costs.hopeful(n, base)) if hopeful else self.costs
+        draft_cost = (self._draft_cost([slot for slot, _, _ in entries], states, hopeful)
                       if self.draft_model is not None else None)
-        ks = choose(self.costs, base, rates, caps, draft_cost, explore=self._plans % EXPLORE_EVERY == 0)
+        ks = choose(cost, base, rates, caps, draft_cost)
         if self.draft_model is not None:
             wants = [(slot, st.tokens, k) for (slot, _, _), st, k in zip(entries, states, ks, strict=True)
                      if st is not None and k > 0]
@@ -268,7 +272,7 @@ class Speculation:
         max_tokens and the context."""
         return max(0, min(gen.max_tokens - len(gen.generated) - 1, gen.n_ctx - 1 - gen.position))
 
-    def _draft_cost(self, slots: Sequence[int], states: Sequence[_Seq | None]) -> Any:
+    def _draft_cost(self, slots: Sequence[int], states: Sequence[_Seq | None], hopeful: bool) -> Any:
         """Seconds the draft model takes to draft lengths k (one call per drafted position, batched over the
         sequences that draft that far; the first also feeds what each slot lacks, as between two drafts):
         its own calls as measured, else the target's scaled by the weights each reads."""
@@ -278,9 +282,11 @@ class Speculation:
                 for slot, st in zip(slots, states, strict=True)]
 
         def cd(n: int) -> float:
+            scaled = (self.costs(n) or 0.0) * dm.weight_ratio
             if dm.costs.measured(n):
-                return dm.costs(n) or 0.0
-            return (self.costs(n) or 0.0) * dm.weight_ratio
+                own = dm.costs(n) or 0.0
+                return min(own, scaled) if hopeful else own
+            return scaled
 
         def cost(ks: Sequence[int]) -> float:
             top = max(ks, default=0)

@@ -22,11 +22,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 PRIOR_SLOPE = 0.1      # before a T-token call is measured: each token past the first adds this share of one
-EMA = 0.2              # weight of a new measurement in a cost's running average
+EMA_DOWN = 0.3         # weight of a new measurement below a cost's running average
+EMA_UP = 0.15          # and above it: on a shared machine the noise is mostly other work slowing a call down
 DECAY = 0.8            # weight of a sequence's earlier acceptance against a new observation
 IDLE_DECAY = 0.97      # per step without drafting, a draft model's acceptance drifts back to its prior
 MARGIN = 0.03          # drafting must promise this much more than plain decoding (timing noise)
-EXPLORE_EVERY = 64     # every this many plans, a draft one token longer than the best is tried (re-measured)
+EXPLORE_EVERY = 128    # every this many plans, the costs are taken at their most hopeful (see Speculation.plan)
 MAX_STEP_DRAFTS = 32   # drafted tokens in one step, all sequences together
 
 
@@ -34,7 +35,8 @@ class CostTable:
     """Seconds an engine call takes by the tokens it feeds: running averages of the calls measured, and for
     a count never measured an estimate from its neighbours (interpolated; beyond the largest, extended by
     the last measured slope, which errs low, so a longer call gets tried and measured rather than assumed
-    slow). `scale` maps another table onto this one's shape (a draft model before its calls are timed)."""
+    slow). The average follows a faster call more readily than a slower one: a call slowed by a page fault
+    or by other work on the machine says less about the engine than a quick one."""
 
     def __init__(self) -> None:
         self._avg: dict[int, float] = {}
@@ -48,7 +50,7 @@ class CostTable:
             self._avg[tokens] = seconds
             self._keys = sorted(self._avg)
         else:
-            self._avg[tokens] = old + EMA * (seconds - old)
+            self._avg[tokens] = old + (EMA_DOWN if seconds < old else EMA_UP) * (seconds - old)
 
     def measured(self, tokens: int) -> bool:
         return tokens in self._avg
@@ -79,6 +81,15 @@ class CostTable:
         else:
             slope = PRIOR_SLOPE * avg[lo] / (1 + PRIOR_SLOPE * (lo - 1))
         return avg[lo] + slope * (tokens - lo)
+
+    def hopeful(self, tokens: int, base: int) -> float | None:
+        """The cost of `tokens` at its most hopeful: the estimate, or if lower what a call of `base` tokens
+        plus PRIOR_SLOPE of a one-token call per token more would take. Planning with it now and then
+        measures again a count whose old figure was a slow spell's."""
+        est, at_base, one = self(tokens), self(base), self(1)
+        if est is None or at_base is None or one is None:
+            return est
+        return min(est, at_base + PRIOR_SLOPE * one * max(0, tokens - base))
 
     def snapshot(self) -> dict[int, float]:
         return dict(self._avg)
@@ -124,13 +135,11 @@ class Acceptance:
 
 
 def choose(cost: Callable[[int], float | None], base: int, rates: Sequence[float], caps: Sequence[int],
-           draft_cost: Callable[[Sequence[int]], float] | None = None, explore: bool = False) -> list[int]:
+           draft_cost: Callable[[Sequence[int]], float] | None = None) -> list[int]:
     """How many tokens to draft for each sequence of a step that feeds `base` tokens without drafts.
 
     rates[i]: sequence i's acceptance; caps[i]: the most it may draft; cost(T): seconds of a T-token call;
-    draft_cost(k): seconds the drafting of lengths k takes (None: free, as prompt lookup nearly is).
-    explore: take one token more than the best, when it promises at least 90% of the best (so that a longer
-    call's cost is measured again rather than left at an old figure)."""
+    draft_cost(k): seconds the drafting of lengths k takes (None: free, as prompt lookup nearly is)."""
     n = len(rates)
     out = [0] * n
     c0 = cost(base)
@@ -142,7 +151,6 @@ def choose(cost: Callable[[int], float | None], base: int, rates: Sequence[float
     k = [0] * n
     gained = 0.0
     best, best_k = plain * (1 + MARGIN), None
-    tried: list[tuple[float, list[int]]] = []
     total = 0
     while heap and total < MAX_STEP_DRAFTS:
         g, i, j = heapq.heappop(heap)
@@ -157,13 +165,6 @@ def choose(cost: Callable[[int], float | None], base: int, rates: Sequence[float
         if draft_cost is not None:
             c += draft_cost(k)
         rate = (base + gained) / c
-        tried.append((rate, list(k)))
         if rate > best:
             best, best_k = rate, list(k)
-    if best_k is None:
-        return out
-    if explore:
-        at = next(x for x, (_, kk) in enumerate(tried) if kk == best_k)
-        if at + 1 < len(tried) and tried[at + 1][0] >= 0.9 * best:
-            return tried[at + 1][1]
-    return best_k
+    return out if best_k is None else best_k
