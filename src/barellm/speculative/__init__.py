@@ -133,6 +133,9 @@ class Speculation:
         (prompt chunks): such a step drafts nothing, as the batch is compute-bound already."""
         feeds = [[int(g.next_token)] for _, g, _ in entries]  # type: ignore[arg-type]
         states = [self._state(slot, g) if may else None for slot, g, may in entries]
+        for st in states:
+            if st is not None:
+                st.draft = ()
         base = len(entries)
         if others or not any(states) or not self.costs.measured(base):
             for st in states:

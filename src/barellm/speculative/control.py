@@ -16,6 +16,7 @@ machine, and as the small-T kernels get faster the same rule drafts further.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import weakref
 from collections.abc import Callable, Sequence
@@ -67,16 +68,16 @@ class CostTable:
         keys = self._keys
         if not keys:
             return None
-        lo = max((k for k in keys if k < tokens), default=None)
-        hi = min((k for k in keys if k > tokens), default=None)
+        at = bisect.bisect_left(keys, tokens)   # keys[at - 1] < tokens < keys[at]
+        lo = keys[at - 1] if at > 0 else None
+        hi = keys[at] if at < len(keys) else None
         if lo is not None and hi is not None:
             return avg[lo] + (avg[hi] - avg[lo]) * (tokens - lo) / (hi - lo)
         if lo is None:   # below every measured count: a share of the smallest, never less than per token
             assert hi is not None
             return avg[hi] / (1 + PRIOR_SLOPE * (hi - 1)) * (1 + PRIOR_SLOPE * (tokens - 1))
-        below = [k for k in keys if k < lo]
-        if below:
-            prev = below[-1]
+        if at >= 2:
+            prev = keys[at - 2]
             slope = max(0.0, (avg[lo] - avg[prev]) / (lo - prev))
         else:
             slope = PRIOR_SLOPE * avg[lo] / (1 + PRIOR_SLOPE * (lo - 1))

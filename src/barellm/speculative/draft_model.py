@@ -27,6 +27,7 @@ from barellm.generation import common_prefix
 from barellm.speculative.control import CostTable
 
 CATCH_UP_CHUNK = 256   # tokens of a lagging draft slot fed per step at most
+CONFIDENCE = 0.5       # a draft ends before a token the draft model itself gives less than this probability
 
 
 def check_vocabulary(target: Any, draft: Any, target_name: str, draft_name: str) -> None:
@@ -102,9 +103,10 @@ class DraftModel:
         return n
 
     def draft(self, wants: Sequence[tuple[int, Sequence[int], int]]) -> list[list[int]]:
-        """Greedy drafts of wants[i] = (slot, the sequence so far, k) tokens each: the k most likely next
-        tokens by the draft model, one after another. A slot that lags more than a chunk behind only catches
-        up this time (its draft is empty)."""
+        """Greedy drafts of wants[i] = (slot, the sequence so far, k) tokens each: the most likely next
+        tokens by the draft model, one after another, up to k, ending early before a token the draft model is
+        unsure of (llama.cpp's --draft-p-min): such a guess is more likely wrong than worth checking. A slot
+        that lags more than a chunk behind only catches up this time (its draft is empty)."""
         out: list[list[int]] = [[] for _ in wants]
         with self._lock:
             first: list[tuple[int, list[int], int]] = []
@@ -130,17 +132,21 @@ class DraftModel:
                 self.held[slot].extend(feed)
                 k = wants[i][2]
                 if start + len(feed) == len(wants[i][1]) and k > 0:
-                    out[i].append(int(np.argmax(rows[j])))
-                    if k > 1:
-                        going.append((i, slot, start + len(feed)))
+                    tok = _confident(rows[j])
+                    if tok is not None:
+                        out[i].append(tok)
+                        if k > 1:
+                            going.append((i, slot, start + len(feed)))
             while going:
                 rows = self._run([(slot, [out[i][-1]], pos) for i, slot, pos in going])
                 nxt = []
                 for j, (i, slot, pos) in enumerate(going):
                     self.held[slot].append(out[i][-1])
-                    out[i].append(int(np.argmax(rows[j])))
-                    if len(out[i]) < wants[i][2]:
-                        nxt.append((i, slot, pos + 1))
+                    tok = _confident(rows[j])
+                    if tok is not None:
+                        out[i].append(tok)
+                        if len(out[i]) < wants[i][2]:
+                            nxt.append((i, slot, pos + 1))
                 going = nxt
         return out
 
@@ -154,6 +160,13 @@ class DraftModel:
         for s in range(len(self.held)) if slot is None else (slot,):
             self.held[s] = []
             self._agreed[s] = (None, None, 0)
+
+
+def _confident(row: np.ndarray) -> int | None:
+    """The most likely token of a row of logits, if the model gives it at least CONFIDENCE."""
+    top = int(np.argmax(row))
+    z = row - row[top]
+    return top if 1.0 / float(np.exp(z, dtype=np.float32).sum(dtype=np.float64)) >= CONFIDENCE else None
 
 
 def _weight_bytes(source: Any) -> int:
