@@ -71,7 +71,9 @@ class Model(OpenAIMethods):
 
     def __init__(self, path: Path, *, threads: int | None = None, context: int | None = None,
                  engine: str = "auto", chat_template: str | None = None, slots: int = 1,
-                 activations: str = "q8x2", kv_type: str | None = None, verify: bool = False) -> None:
+                 activations: str = "q8x2", kv_type: str | None = None, verify: bool = False,
+                 draft: str | os.PathLike[str] | None = None) -> None:
+        from barellm.api.drafting import speculator
         from barellm.text.chat import ChatTemplate, template_for
         from barellm.text.tokenizer import Tokenizer
 
@@ -112,9 +114,10 @@ class Model(OpenAIMethods):
         self.kv_type = kv_type  # None: the engine's default (native f16, reference f32)
         self.engine_name, self.engine = self._make_engine(engine)
         # the one scheduler of this model's engine: the Python API runs its rounds from the calling threads,
-        # a server from its own thread (serving()); its clock times the prefill and decode of a Completion
+        # a server from its own thread (serving()); its clock times the prefill and decode of a Completion.
+        # With draft, its step decodes speculatively (prompt lookup or a draft model: api/drafting.py)
         self.scheduler = Scheduler(self.engine, self.tokenizer, n_ctx=self.n_ctx, max_queue=UNBOUNDED,
-                                   clock=time.perf_counter)
+                                   clock=time.perf_counter, speculator=speculator(draft, self))
         self._lock = threading.Lock()
         self._held: dict[int, int] = {}   # thread id -> slots its unfinished generations hold or wait for
         self._served = False              # a server runs the scheduler (see serving())
@@ -159,6 +162,12 @@ class Model(OpenAIMethods):
                 raise InvalidRequest(f"token id {t!r} is out of range 0..{self.config.n_vocab - 1}")
 
     # --- the scheduler: every generation, scoring and embedding goes through it -----------------
+
+    @property
+    def speculator(self) -> Any:
+        """How this model drafts (generate/speculative/ Speculator: .kind "lookup" or "model", .name), or None:
+        what load(..., draft=...) asked for, which the scheduler's step runs."""
+        return self.scheduler.speculator
 
     @property
     def stats(self) -> Any:
@@ -383,7 +392,8 @@ class Model(OpenAIMethods):
         min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, logit_bias ({token id:
         bias}, OpenAI's: added to the logit, -100 bans), seed, stop (a string or list of strings, not included
         in the text), allowed_tokens (a uint32 bitmask over the vocabulary, or a function of the generated
-        ids returning one: only those tokens may be chosen).
+        ids returning one: only those tokens may be chosen), draft (False: no speculative decoding for this
+        call, where the model drafts: load(..., draft=...); the output is the same either way).
         Constrained output (the barellm[structured] extra; one of): json_schema (a JSON schema, dict or
         text: the output is one JSON value valid against it), regex (the output matches it as a whole),
         grammar (llguidance's Lark dialect or llama.cpp's GBNF)."""
@@ -510,7 +520,8 @@ class Model(OpenAIMethods):
 
 def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = None, context: int | None = None,
          engine: str = "auto", chat_template: str | None = None, slots: int = 1,
-         activations: str = "q8x2", kv_type: str | None = None, verify: bool = False) -> Model:
+         activations: str = "q8x2", kv_type: str | None = None, verify: bool = False,
+         draft: str | os.PathLike[str] | None = None) -> Model:
     """Loads a model by name ("smollm2-135m", pulled on first use) or path.
 
     threads: worker threads (default: physical cores); context: KV cache size in tokens;
@@ -526,14 +537,18 @@ def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = N
     with an f16 scale: 53% of f16's memory; head_dim a multiple of 32) or "f32"; the reference engine keeps
     float32 and rounds K and V to what the type would hold (exact f32 by default);
     verify: check every tensor of the model file against its checksum before running it (every load checks
-    a sample of them).
+    a sample of them);
+    draft: speculative decoding (the output stays exactly what plain decoding gives): "lookup" drafts from
+    the prompt and the text so far (what a code edit repeats), a model name or path drafts with that smaller
+    model, which must share this model's vocabulary (e.g. "qwen2.5-coder-0.5b" for "qwen2.5-coder-1.5b");
+    drafting turns itself off where it does not pay. A generation's draft=False turns it off for that call.
     """
     from barellm.store import catalog
 
     path = catalog.resolve(model)
     try:
         return Model(path, threads=threads, context=context, engine=engine, chat_template=chat_template,
-                     slots=slots, activations=activations, kv_type=kv_type, verify=verify)
+                     slots=slots, activations=activations, kv_type=kv_type, verify=verify, draft=draft)
     except BarellmError:
         raise
     except (OSError, MemoryError) as e:

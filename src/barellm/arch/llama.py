@@ -219,9 +219,16 @@ class ReferenceEngine:
         self.k_cache[dst, :, :n] = self.k_cache[src, :, :n]
         self.v_cache[dst, :, :n] = self.v_cache[src, :, :n]
 
-    def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
-        """Runs several sequences (slot, tokens, start); returns each one's last logits [len(seqs), n_vocab]."""
-        return np.concatenate([self.forward(tokens, start, slot=slot) for slot, tokens, start in seqs])
+    def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]],
+                      tails: Sequence[int] | None = None) -> np.ndarray:
+        """Runs several sequences (slot, tokens, start); returns each one's last logits [len(seqs), n_vocab],
+        or with tails the logits of each one's tails[i] last positions, in order (NativeEngine's contract)."""
+        if tails is None:
+            return np.concatenate([self.forward(tokens, start, slot=slot) for slot, tokens, start in seqs])
+        if len(tails) != len(seqs) or any(not 1 <= int(t) <= len(s[1]) for t, s in zip(tails, seqs, strict=True)):
+            raise InvalidRequest("forward_batch: tails needs one count per sequence, each in 1..its length")
+        return np.concatenate([self.forward(tokens, start, all_logits=True, slot=slot)[len(tokens) - int(t):]
+                               for (slot, tokens, start), t in zip(seqs, tails, strict=True)])
 
     def forward(self, tokens: Sequence[int], start: int, all_logits: bool = False, slot: int = 0) -> np.ndarray:
         """Feeds tokens at positions start.. of a slot (overwriting its cache from there); returns logits.

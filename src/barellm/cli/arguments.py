@@ -61,6 +61,24 @@ def add_model_args(p: argparse.ArgumentParser, *, engine: bool = True) -> None:
         add_activations_arg(p)
 
 
+def add_draft_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", default=None, metavar="lookup|MODEL",
+                   help="speculative decoding, the output unchanged: 'lookup' drafts from the prompt and the text so "
+                        "far (code edits), MODEL a smaller model of the same vocabulary drafts (e.g. "
+                        "qwen2.5-coder-0.5b for qwen2.5-coder-1.5b); it turns itself off where it does not pay")
+
+
+def check_draft(args: argparse.Namespace) -> None:
+    """Refuses a --draft that names no model, before anything is loaded (a registered model not yet pulled
+    passes: loading pulls it)."""
+    from barellm.store import catalog, hub
+
+    draft = getattr(args, "draft", None)
+    if draft is None or draft == "lookup" or hub.exists(draft) or catalog.is_known(draft):
+        return
+    raise catalog.unknown_model(draft)
+
+
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     from barellm.generate.generation import DEFAULT_MAX_TOKENS
     from barellm.generate.sampling import SamplingParams

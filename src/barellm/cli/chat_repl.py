@@ -77,6 +77,16 @@ class Reply:
     interrupted: bool         # stopped by Ctrl-C
     context_full: bool        # stopped because prompt + reply filled the context
     max_tokens_hit: bool = False   # stopped at max_tokens (with room left in the context)
+    timings: Any = None            # the generation's Timings (speculative decoding's counts among them)
+
+    @property
+    def draft_note(self) -> str:
+        """With speculative decoding: how many drafted tokens were accepted and the tokens each check gave."""
+        t = self.timings
+        if t is None or not t.drafted:
+            return ""
+        return (f"; drafts: {t.accepted}/{t.drafted} accepted ({100 * t.acceptance:.0f}%), "
+                f"{t.tokens_per_verification:.2f} tokens per verification")
 
     @property
     def tokens_per_second(self) -> float:
@@ -120,7 +130,7 @@ def stream_reply(model: Any, prompt_ids: Sequence[int], options: dict[str, Any],
     context_full = cut and len(prompt_ids) + tokens >= model.n_ctx
     max_tokens_hit = cut and not context_full and max_tokens is not None and tokens >= max_tokens
     return Reply("".join(parts), tokens, len(prompt_ids), seconds, (first or time.perf_counter()) - t0, interrupted,
-                 context_full, max_tokens_hit)
+                 context_full, max_tokens_hit, getattr(getattr(gen, "completion", None), "timings", None))
 
 
 @contextlib.contextmanager
@@ -327,7 +337,7 @@ class ChatSession:
         if self.verbose:
             self._note(f"[{reply.tokens} tokens, {reply.tokens_per_second:.1f} tokens/s; prompt {reply.prompt_tokens}"
                        f" tokens, first token after {reply.first_token_seconds:.2f} s; context "
-                       f"{reply.prompt_tokens + reply.tokens}/{self.model.n_ctx}]")
+                       f"{reply.prompt_tokens + reply.tokens}/{self.model.n_ctx}{reply.draft_note}]")
         return reply
 
     # --- commands ----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from barellm.errors import BarellmError, FormatError, InvalidRequest, ModelNotFo
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from barellm.cli.arguments import add_chat_args, add_model_args, add_sampling_args
+    from barellm.cli.arguments import add_chat_args, add_draft_arg, add_model_args, add_sampling_args
 
     p = sub.add_parser("run", help="stream a continuation of a prompt; with a model and no prompt, chat",
                        description="Streams the continuation of PROMPT (its words joined by spaces; '-' reads it "
@@ -27,7 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_sampling_args(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of the chat template")
     add_chat_args(p)
-    p.add_argument("-v", "--verbose", action="store_true", help="print timings and tokens/s to stderr")
+    add_draft_arg(p)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print timings and tokens/s to stderr (with --draft: the drafts' acceptance)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("chat", help="interactive chat that keeps the history and applies the template",
@@ -41,7 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_sampling_args(p)
     add_chat_args(p)
-    p.add_argument("-v", "--verbose", action="store_true", help="print tokens/s to stderr after each reply")
+    add_draft_arg(p)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print tokens/s to stderr after each reply (with --draft: the drafts' acceptance)")
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("pull", help="fetch a model by name into the cache",
@@ -76,7 +80,8 @@ def _load(args: argparse.Namespace, model: str | None, **kw: object):
 
     return barellm.load(model, threads=args.threads, context=args.context,
                         engine=getattr(args, "engine", "auto"), activations=getattr(args, "activations", "q8x2"),
-                        kv_type=getattr(args, "kv_type", None), verify=getattr(args, "verify", False), **kw)
+                        kv_type=getattr(args, "kv_type", None), verify=getattr(args, "verify", False),
+                        draft=getattr(args, "draft", None), **kw)
 
 
 def is_model(word: str) -> bool:
@@ -104,11 +109,12 @@ def _check_model(word: str | None, command: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from barellm.cli.arguments import check_sampling_args, sampling_kwargs
+    from barellm.cli.arguments import check_draft, check_sampling_args, sampling_kwargs
     from barellm.cli.chat_repl import stream_reply
     from barellm.store import hub
 
     check_sampling_args(args)   # before the model loads, and before the prompt is echoed
+    check_draft(args)
     words = list(args.words)
     model_name = words.pop(0) if words and is_model(words[0]) else None
     _check_model(model_name, "run")
@@ -143,16 +149,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"note: the reply was cut at {reply.tokens} tokens (-n/--max-tokens)", file=sys.stderr)
     if args.verbose:
         print(f"[load {t_load:.2f} s, prompt {len(ids)} tokens, first token {reply.first_token_seconds:.3f} s, "
-              f"{reply.tokens} tokens in {reply.seconds:.2f} s, {reply.tokens_per_second:.1f} tokens/s]",
-              file=sys.stderr)
+              f"{reply.tokens} tokens in {reply.seconds:.2f} s, {reply.tokens_per_second:.1f} tokens/s"
+              f"{reply.draft_note}]", file=sys.stderr)
     return 0
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from barellm.cli.arguments import check_sampling_args, sampling_kwargs
+    from barellm.cli.arguments import check_draft, check_sampling_args, sampling_kwargs
     from barellm.cli.chat_repl import ChatSession, make_reader
 
     check_sampling_args(args)
+    check_draft(args)
     _check_model(args.model, "chat")
     model = _load(args, args.model, chat_template=args.template)
     session = ChatSession(model, sampling_kwargs(args), system=args.system, template=args.template,

@@ -62,15 +62,33 @@ class Timings:
     The driver of the loop adds its engine calls (`engine`) and its whole wall time (`wall`); the executor's
     own share of the engine calls lands in seconds["forward"] where the engine counts it (the native engine's
     executor_seconds), and `breakdown` then gives the rest of the engine calls as "logits copy". What no
-    phase accounts for is "bookkeeping": the driver's own work (slots, events, the loop itself)."""
+    phase accounts for is "bookkeeping": the driver's own work (slots, events, the loop itself).
 
-    __slots__ = ("seconds", "tokens", "engine", "wall")
+    With speculative decoding (generate/speculative/): `drafted` tokens were fed for checking in
+    `verifications` engine calls, `accepted` of them were what the model chose anyway, and those calls gave
+    `verified` tokens in all (the accepted ones and each call's own)."""
+
+    __slots__ = ("seconds", "tokens", "engine", "wall", "drafted", "accepted", "verifications", "verified")
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self.tokens = 0
         self.engine = 0.0
         self.wall = 0.0
+        self.drafted = 0
+        self.accepted = 0
+        self.verifications = 0
+        self.verified = 0
+
+    @property
+    def acceptance(self) -> float | None:
+        """The share of drafted tokens accepted (None when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_verification(self) -> float | None:
+        """Tokens each checking call gave on average (None when nothing was drafted)."""
+        return self.verified / self.verifications if self.verifications else None
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
@@ -81,6 +99,10 @@ class Timings:
         self.tokens += other.tokens
         self.engine += other.engine
         self.wall += other.wall
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.verifications += other.verifications
+        self.verified += other.verified
 
     def breakdown(self) -> dict[str, float]:
         """Seconds by phase (PHASES order); they add up to the wall time."""

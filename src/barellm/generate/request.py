@@ -82,6 +82,7 @@ class Request:
     min_indent: int = 0                 # a new line indented less ends the text (infill)
     allowed: Allowed = None             # an allowed-token bitmask, or a function of the generated ids giving one
     timings: Timings | None = None      # this request's own account of its token loop (None: the scheduler's)
+    draft: bool = True                  # speculative decoding where the scheduler drafts; False: off for this one
     # --- the scheduler's bookkeeping ---
     submitted: float = 0.0
     cancelled: bool = False
@@ -117,6 +118,7 @@ class SamplingOptions(TypedDict, total=False):
     grammar: str | None             # llguidance's Lark dialect or llama.cpp's GBNF
     regex: str | None               # the output matches it as a whole
     min_indent: int                 # a new line indented less than this ends the text (fill-in-the-middle)
+    draft: bool                     # False: no speculative decoding for this call (load(..., draft=...))
 
 
 class Options(SamplingOptions, total=False):
@@ -132,7 +134,8 @@ class Options(SamplingOptions, total=False):
 _SAMPLING = {f.name: f.default for f in fields(SamplingParams)}
 OPTION_DEFAULTS: dict[str, Any] = {
     "max_tokens": DEFAULT_MAX_TOKENS, **_SAMPLING, "stop": None, "n": 1, "logprobs": False, "top_logprobs": None,
-    "allowed_tokens": None, "json_schema": None, "grammar": None, "regex": None, "min_indent": 0, "timings": None}
+    "allowed_tokens": None, "json_schema": None, "grammar": None, "regex": None, "min_indent": 0, "timings": None,
+    "draft": True}
 assert set(OPTION_DEFAULTS) == set(Options.__annotations__), "Options and OPTION_DEFAULTS disagree"
 CONSTRAINTS = ("json_schema", "grammar", "regex")
 
@@ -183,7 +186,7 @@ def from_options(options: Mapping[str, Any], constrain: Callable[..., Any] | Non
         grammar = constrain(**wanted)
     return cls(params=params, max_tokens=o["max_tokens"], stops=[s for s in stops if s], n=o["n"],
                top_logprobs=top if top else (0 if logprobs else None), allowed=o["allowed_tokens"],
-               grammar=grammar, min_indent=o["min_indent"], timings=timings)
+               grammar=grammar, min_indent=o["min_indent"], timings=timings, draft=o["draft"])
 
 
 def check(req: Request, *, n_ctx: int, n_vocab: int, n_slots: int, clamp_max_tokens: bool = True,
@@ -193,8 +196,8 @@ def check(req: Request, *, n_ctx: int, n_vocab: int, n_slots: int, clamp_max_tok
     The prompt must be token ids of the vocabulary, at least one, leaving room for a token in the context
     (n_ctx); a max_tokens past that room is cut to it with clamp_max_tokens (the Python API and Ollama, whose
     generations stop at a full context), else refused (OpenAI's routes); n may not exceed the slots;
-    logit_bias and an allowed-token mask must fit the vocabulary. prompt_param names the prompt in errors
-    ("messages" for a chat)."""
+    logit_bias and an allowed-token mask must fit the vocabulary; draft is True or False. prompt_param names
+    the prompt in errors ("messages" for a chat)."""
     prompt = req.prompt
     for i, t in enumerate(prompt):
         if not _integer(t) or not 0 <= t < n_vocab:
@@ -232,6 +235,9 @@ def check(req: Request, *, n_ctx: int, n_vocab: int, n_slots: int, clamp_max_tok
         raise InvalidRequest(f"top_logprobs must be an integer in 0..{n_vocab}, got {top!r}", "top_logprobs")
     if not _integer(req.min_indent) or req.min_indent < 0:
         raise InvalidRequest(f"min_indent must be an integer >= 0, got {req.min_indent!r}", "min_indent")
+    if not isinstance(req.draft, bool):
+        raise InvalidRequest(f"draft must be True or False (speculative decoding on or off), got {req.draft!r}",
+                             "draft")
     allowed = req.allowed
     if allowed is not None and not callable(allowed):
         words = (n_vocab + 31) // 32

@@ -25,6 +25,10 @@ each thread waiting for its own request's events runs the rounds itself (run_unt
 every live sequence advancing in each, as vLLM's offline LLM steps its engine from the caller. A request
 whose reader has not taken its last piece (a Python stream between two next() calls) is `paused`: no step
 advances it until it is read on.
+
+With a speculator (`load(..., draft=...)`, `serve --draft`) a step feeds a decoding sequence a draft after
+its token and checks it against the logits after each fed token (generate/speculative/): the bits plain
+decoding gives, so the output and the guarantee above are unchanged.
 """
 
 from __future__ import annotations
@@ -91,7 +95,8 @@ class Scheduler(EmbeddingSteps):
 
     def __init__(self, engine: Any, tokenizer: Any, *, n_ctx: int, n_slots: int | None = None,
                  max_queue: int = 64, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 metrics: SchedulerStats | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 metrics: SchedulerStats | None = None, clock: Callable[[], float] = time.monotonic,
+                 speculator: Any = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.n_ctx = n_ctx
@@ -125,11 +130,14 @@ class Scheduler(EmbeddingSteps):
         self._rows = np.empty((self.n_slots, 1, self.n_vocab), np.float32) if takes_out and self.n_vocab else None
         self._executor = getattr(engine, "executor_seconds", None)   # the native executor's own time so far
         self._copy = getattr(engine, "copy_prefix", None)
+        # speculative decoding (generate/speculative/): drafts checked in the step's one engine call
+        self.speculator = speculator
+        self._spec = speculator.session() if speculator is not None else None
 
     def configure(self, *, max_queue: int | None = None, prefill_chunk: int | None = None,
-                  metrics: SchedulerStats | None = None) -> None:
-        """Changes what a server sets (its --queue, its --prefill-chunk, its Metrics) on a scheduler made
-        before it (a Model's)."""
+                  metrics: SchedulerStats | None = None, speculator: Any = None) -> None:
+        """Changes what a server sets (its --queue, its --prefill-chunk, its Metrics, its --draft's
+        Speculator) on a scheduler made before it (a Model's), before it runs the scheduler."""
         if max_queue is not None:
             self.max_queue = max_queue
         if prefill_chunk is not None:
@@ -137,6 +145,8 @@ class Scheduler(EmbeddingSteps):
         if metrics is not None:
             self.metrics = metrics
             metrics.timings = self.timings
+        if speculator is not None:
+            self.speculator, self._spec = speculator, speculator.session()
 
     @property
     def slot_tokens(self) -> list[list[int]]:
@@ -420,12 +430,8 @@ class Scheduler(EmbeddingSteps):
     def _step(self) -> None:
         clock = time.perf_counter
         t_start = clock()
-        batch: list[tuple[int, Any, int]] = []
-        parts: list[_Live] = []
-        for s in self._live.values():
-            if s.gen.next_token is not None and not s.job.paused:
-                batch.append((s.slot, (s.gen.next_token,), s.gen.position))
-                parts.append(s)
+        parts: list[_Live] = [s for s in self._live.values()
+                              if s.gen.next_token is not None and not s.job.paused]
         # Prompt chunks always start where the sequence's prefill stands and are prefill_chunk long
         # (the last one shorter), whatever else runs: the budget only decides which chunks join this
         # step, never how a prompt is cut, so a sequence sees the same forward calls under any load.
@@ -437,20 +443,32 @@ class Scheduler(EmbeddingSteps):
             n = min(self.prefill_chunk, len(s.job.prompt) - s.fed)
             if chunks and n > budget:
                 break
-            batch.append((s.slot, s.job.prompt[s.fed:s.fed + n], s.fed))
-            parts.append(s)
             chunks[s.slot] = n
             budget -= n
+        feeds = ([(s.gen.next_token,) for s in parts] if self._spec is None else
+                 self._spec.plan([(s.slot, s.gen, s.job.draft) for s in parts], sum(chunks.values())))
+        batch: list[tuple[int, Any, int]] = [(s.slot, f, s.gen.position) for s, f in zip(parts, feeds, strict=True)]
+        for s in prefills:
+            if s.slot in chunks:
+                batch.append((s.slot, s.job.prompt[s.fed:s.fed + chunks[s.slot]], s.fed))
+                parts.append(s)
         if not batch:
             return
         t0 = clock()
-        if len(batch) == 1 and self._forward_one is not None:
+        tails = [len(f) for f in feeds] + [1] * (len(batch) - len(feeds))
+        if len(batch) == 1 and self._forward_one is not None and tails[0] == 1:
             slot, tokens, start = batch[0]
             logits = self._forward_one(tokens, start, slot=slot)
-        else:
+        elif max(tails) == 1:
             logits = self.engine.forward_batch(batch)
+        else:   # drafted tokens: the logits of every fed token of those sequences, to check the drafts against
+            out = self.engine.forward_batch(batch, tails)
+            ends = np.cumsum(tails).tolist()
+            logits = [out[e - 1] if t == 1 else out[e - t:e] for e, t in zip(ends, tails, strict=True)]
         t1 = clock()
         self.timings.engine += t1 - t0
+        if self._spec is not None:
+            self._spec.measured(sum(len(t) for _, t, _ in batch), t1 - t0)
         tokens0 = self.timings.tokens
         table = self._table.tokens
         for i, s in enumerate(parts):
@@ -511,9 +529,10 @@ class Scheduler(EmbeddingSteps):
             if s.index == 0:
                 s.job.first_token_at = now = self.clock()
                 self.metrics.first_token(now - s.job.submitted)
-        d = s.gen.step(row)
-        if d is not None:
-            self._deliver(s, d)
+        for d in (self._spec.verify(s.slot, s.gen, row, self._table.tokens[s.slot]) if self._spec is not None
+                  else (s.gen.step(row),)):
+            if d is not None:
+                self._deliver(s, d)
         if s.gen.done:
             self._end(s)
 

@@ -364,13 +364,28 @@ class NativeEngine(EngineWeights, EngineDebug):
         self._plan.run(*args)
         self.executor_seconds += time.perf_counter() - t0
 
-    def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
+    def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]],
+                      tails: Sequence[int] | None = None) -> np.ndarray:
         """Several sequences (slot, tokens, start) in shared passes; the last logits of each
-        [len(seqs), n_vocab]. Each row is bit-identical to running that sequence alone."""
+        [len(seqs), n_vocab]. Each row is bit-identical to running that sequence alone.
+
+        tails: how many of each sequence's last positions to return logits for (default 1 each; a verification
+        of drafted tokens wants all of them): the rows [sum(tails), n_vocab], sequence by sequence, in order.
+        Only those rows pass through the output norm and the vocabulary matmul."""
         tok, pos, slot, lens = self._pack(seqs, "forward_batch")
         dest = np.full(len(tok), -1, np.int64)
-        dest[np.cumsum(lens) - 1] = np.arange(len(seqs))
-        out = np.empty((len(seqs), self.n_vocab), np.float32)
+        ends = np.cumsum(lens)
+        if tails is None:
+            dest[ends - 1] = np.arange(len(seqs))
+            n_out = len(seqs)
+        else:
+            tails = [int(t) for t in tails]
+            if len(tails) != len(seqs) or any(not 1 <= t <= n for t, n in zip(tails, lens, strict=True)):
+                raise InvalidRequest("forward_batch: tails needs one count per sequence, each in 1..its length")
+            n_out = sum(tails)
+            dest[np.concatenate([np.arange(e - t, e) for e, t in zip(ends.tolist(), tails, strict=True)])] = \
+                np.arange(n_out)
+        out = np.empty((n_out, self.n_vocab), np.float32)
         self._run_rows(tok, pos, slot, dest, len(self.ops), self._bufs["logits"], out)
         return out
 

@@ -79,7 +79,8 @@ class ServerState:
         self.metrics = metrics if metrics is not None else Metrics(model.engine.n_slots)
         self.scheduler = getattr(model, "scheduler", None)   # a Model's own: the one the Python API runs
         if self.scheduler is None:   # a stand-in that brings only an engine and a tokenizer
-            self.scheduler = Scheduler(model.engine, model.tokenizer, n_ctx=self.n_ctx)
+            self.scheduler = Scheduler(model.engine, model.tokenizer, n_ctx=self.n_ctx,
+                                       speculator=getattr(model, "speculator", None))
         self.scheduler.configure(max_queue=max_queue, prefill_chunk=prefill_chunk, metrics=self.metrics)
 
     def check_model(self, name: str | None) -> None:

@@ -65,6 +65,9 @@ class Metrics(SchedulerStats):
     def render(self) -> str:
         rate = self.tokens_per_second()
         phases, tokens = self.breakdown()
+        t = self.timings
+        drafted, accepted, checks, verified = ((t.drafted, t.accepted, t.verifications, t.verified) if t is not None
+                                               else (0, 0, 0, 0))
         with self._lock:
             lines: list[str] = []
 
@@ -106,6 +109,16 @@ class Metrics(SchedulerStats):
             metric("barellm_token_phase_ms_per_token", "gauge",
                    "Milliseconds per generated token by phase (seconds_total / tokens_total, since start).",
                    [(f'{{phase="{p}"}}', 1000 * phases[p] / tokens if tokens else 0.0) for p in PHASES])
+            metric("barellm_draft_tokens_total", "counter",
+                   "Drafted tokens fed for checking (speculative decoding, serve --draft).", [("", drafted)])
+            metric("barellm_draft_accepted_tokens_total", "counter",
+                   "Drafted tokens the model chose too (divide by draft_tokens_total for the acceptance rate).",
+                   [("", accepted)])
+            metric("barellm_draft_verifications_total", "counter", "Sequence steps that checked drafted tokens.",
+                   [("", checks)])
+            metric("barellm_draft_verified_tokens_total", "counter",
+                   "Tokens those steps gave (divide by verifications_total for the tokens per verification).",
+                   [("", verified)])
             metric("barellm_queue_depth", "gauge", "Requests waiting for a slot.", [("", self.queue_depth)])
             metric("barellm_slots_in_use", "gauge", "KV cache slots holding a live sequence.",
                    [("", self.slots_in_use)])

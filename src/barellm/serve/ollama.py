@@ -12,6 +12,7 @@ the rest of the context). The rules for the others:
 - options that tune how Ollama's runtime loads and runs a model (num_batch, num_gpu, num_thread, use_mmap,
   ...) are ignored: they do not change what is generated.
 - sampling methods barellm does not implement (mirostat, typical_p, tfs_z) are refused unless off.
+- draft (barellm's own): false turns speculative decoding off for the request, as /v1's "draft" field does.
 - anything else is an unknown option: a 400 naming it, as on the OpenAI routes.
 
 `format` ("json" or a JSON schema) constrains the answer as response_format does on /v1; /api/chat's
@@ -73,6 +74,9 @@ class OllamaOptions(_Body):
     frequency_penalty: Penalty | None = None
     num_ctx: Annotated[Int, Field(ge=1)] | None = Field(
         None, description="served if at most the server's context (then ignored), else refused")
+    draft: bool | None = Field(None, description="extension: false turns speculative decoding off for this request "
+                                                 "(where the server drafts: barellm serve --draft); the output is "
+                                                 "the same either way")
     # how Ollama's runtime loads and runs a model: ignored
     num_keep: Int | None = None
     num_batch: Int | None = None
@@ -121,7 +125,7 @@ class _OllamaGenerate(_Body):
         sampling = schemas._Sampling(
             temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p, seed=o.seed, stop=o.stop,
             repeat_penalty=o.repeat_penalty, repeat_last_n=o.repeat_last_n, presence_penalty=o.presence_penalty,
-            frequency_penalty=o.frequency_penalty, stream=self.stream)
+            frequency_penalty=o.frequency_penalty, stream=self.stream, draft=True if o.draft is None else o.draft)
         req = sampling.generation(kind)
         req.model = self.model
         req.max_tokens = o.num_predict if o.num_predict is not None and o.num_predict >= 0 else None

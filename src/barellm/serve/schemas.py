@@ -243,6 +243,9 @@ class _Sampling(_Body):
     grammar: str | None = Field(None, description="extension: the output follows this grammar (llguidance's Lark "
                                                   "dialect, or GBNF)")
     regex: str | None = Field(None, description="extension: the output matches this regular expression")
+    draft: bool = Field(True, description="extension: speculative decoding, where the server drafts (barellm serve "
+                                          "--draft); false turns it off for this request (the output is the same "
+                                          "either way)")
 
     def params(self) -> SamplingParams:
         top_p = self.top_p
@@ -291,7 +294,7 @@ class _Sampling(_Body):
             kind=kind, model=self.model, params=self.params(), max_tokens=self.max_tokens, stops=self.stops(),
             stream=self.stream, include_usage=bool(self.stream_options and self.stream_options.include_usage),
             tokens_as_ids=self.return_tokens_as_token_ids, cache_prompt=self.cache_prompt, n=self.n or 1,
-            constraint=self.constraint())
+            constraint=self.constraint(), draft=self.draft)
 
 
 ToolChoice = Annotated[Union[Annotated[Literal["none", "auto", "required"], Tag("~string")],  # noqa: UP007
