@@ -541,6 +541,81 @@ def test_request_field_turns_drafting_off() -> None:
     assert off.draft is False
 
 
+def test_ollama_option_turns_drafting_off() -> None:
+    """Ollama's routes make the same request: options.draft false turns drafting off, absent leaves it on."""
+    pytest.importorskip("pydantic")
+    from types import SimpleNamespace
+
+    from barellm.serve.ollama import OllamaChatRequest, OllamaGenerateRequest
+    from barellm.serve.schemas import parse
+
+    state = SimpleNamespace(n_ctx=1024)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert parse(OllamaChatRequest, json.dumps(chat).encode()).generation(state, "chat").draft is True
+    off = parse(OllamaChatRequest, json.dumps({**chat, "options": {"draft": False}}).encode())
+    assert off.generation(state, "chat").draft is False
+    gen = parse(OllamaGenerateRequest, json.dumps({"model": "m", "prompt": "x", "options": {"draft": False}}).encode())
+    assert gen.generation(state, "completion").draft is False
+
+
+def test_python_api_takes_draft_as_a_keyword(tiny_path: Path) -> None:
+    """draft is one of the generation methods' typed keyword-only parameters, the OpenAI-shaped ones too, and
+    the one check refuses a value that is not a bool, naming it."""
+    import inspect
+
+    m = _model(tiny_path, context=64, draft="lookup")
+    for method in (m.generate, m.complete, m.stream, m.chat, m.chat_stream, m.infill, m.create_completion,
+                   m.create_chat_completion):
+        p = inspect.signature(method).parameters["draft"]
+        assert p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is True and p.annotation == "bool", method
+    plain = m.complete("the cat", max_tokens=8, temperature=0, draft=False)
+    assert plain.timings.drafted == 0
+    out = m.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=8, temperature=0, draft=False)
+    assert out["choices"][0]["finish_reason"] in ("stop", "length")
+    for call in (lambda: m.complete("x", draft="yes"), lambda: m.create_completion("x", draft=1)):
+        with pytest.raises(InvalidRequest, match="draft must be True or False") as e:
+            call()
+        assert e.value.param == "draft"
+
+
+def test_paused_and_closed_streams_keep_their_guarantees_with_drafting(tiny_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """With drafting on at every step: a stream whose reader is away is not advanced while another call runs,
+    and both give plain decoding's tokens; a stream closed mid-way leaves each slot's record what its cache
+    holds (accepted tokens only), and the next call still gives the plain tokens."""
+    monkeypatch.setattr(speculative, "choose", lambda cost, base, rates, caps, draft_cost=None: list(caps))
+    plain = _model(tiny_path, slots=2, context=256)
+    spec = _model(tiny_path, slots=2, context=256, draft="lookup")
+    a_ids, b_ids = spec.tokenize("the the the the the the"), spec.tokenize("x y x y x y x y")
+    ref_a = plain.complete(a_ids, max_tokens=40, temperature=0).token_ids
+    ref_b = plain.complete(b_ids, max_tokens=40, temperature=0).token_ids
+    spec.complete(a_ids[:2], max_tokens=2, temperature=0)   # a call measured: the steps after it draft
+
+    s = spec.stream(a_ids, max_tokens=40, temperature=0)
+    for _ in range(2):
+        next(s)
+    (live,) = spec.scheduler._live.values()
+    made = len(live.gen.generated)
+    b = spec.complete(b_ids, max_tokens=40, temperature=0)
+    assert len(live.gen.generated) == made            # paused: not advanced meanwhile
+    assert b.token_ids == ref_b and b.timings.drafted > 0
+    list(s)
+    assert s.token_ids == ref_a and s.completion.timings.drafted > 0
+
+    s = spec.stream(b_ids, max_tokens=40, temperature=0)
+    for _ in range(3):
+        next(s)
+    s.close()                                          # cancelled mid-way: its slot freed at the next round
+    for held in spec.scheduler.slot_tokens:
+        whole = a_ids + ref_a if held[:len(a_ids)] == a_ids else b_ids + ref_b
+        assert held == whole[:len(held)]
+    again = spec.complete(b_ids + ref_b[:3], max_tokens=37, temperature=0)
+    assert again.token_ids == ref_b[3:]
+    for held in spec.scheduler.slot_tokens:
+        whole = a_ids + ref_a if held[:len(a_ids)] == a_ids else b_ids + ref_b
+        assert held == whole[:len(held)]
+
+
 # --- the command line and -v -----------------------------------------------------------------------------
 
 def test_run_with_draft_prints_the_same_and_reports_acceptance(tiny_path: Path, capsys: Any) -> None:
