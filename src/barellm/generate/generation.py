@@ -139,6 +139,13 @@ class Delta:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
 
+    def merge(self, d: Delta) -> Delta:
+        """d's text, tokens and logprobs after this one's (text gathered until it is sent); returns self."""
+        self.text += d.text
+        self.token_ids.extend(d.token_ids)
+        self.logprobs.extend(d.logprobs)
+        return self
+
 
 class Generation:
     """One sequence's state from prompt to finish (see the module docstring)."""

@@ -96,6 +96,12 @@ class Request:
     def deadline(self) -> float | None:
         return None if self.timeout is None else self.submitted + self.timeout
 
+    def choice_params(self, index: int) -> SamplingParams:
+        """Choice i draws with seed + i, so choice 0 is what n=1 gives."""
+        if index == 0 or self.params.seed is None:
+            return self.params
+        return replace(self.params, seed=self.params.seed + index)
+
 
 class SamplingOptions(TypedDict, total=False):
     """The keywords every generation method of the Python API takes, the OpenAI-shaped ones included (these add

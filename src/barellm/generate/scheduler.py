@@ -46,7 +46,6 @@ from barellm.cpu import spare_core
 from barellm.generate.embedding import EmbeddingSteps, EmbedJob, _Embedding
 from barellm.generate.generation import Delta, Generation, SlotTable, Timings, TokenLogprob, common_prefix
 from barellm.generate.request import Event, Request
-from barellm.generate.sampling import SamplingParams
 from barellm.generate.stats import SchedulerStats
 
 __all__ = ["DEFAULT_PREFILL_CHUNK", "UNBOUNDED", "EmbedJob", "Event", "Job", "QueueFull", "Request", "Scheduler",
@@ -374,7 +373,7 @@ class Scheduler(EmbeddingSteps):
                 self._emit(job, Event("start", prompt_tokens=n))
                 continue
             try:
-                gens = [Generation(job.prompt, self.tokenizer, params=_choice_params(job.params, i),
+                gens = [Generation(job.prompt, self.tokenizer, params=job.choice_params(i),
                                    max_tokens=job.max_tokens, n_ctx=self.n_ctx, stops=job.stops,
                                    top_logprobs=job.top_logprobs, eog=self.eog, n_vocab=self.n_vocab,
                                    timings=job.timings if job.timings is not None else self.timings,
@@ -538,14 +537,14 @@ class Scheduler(EmbeddingSteps):
 
     def _deliver(self, s: _Live, d: Delta) -> None:
         if s.acc is not None:   # a whole response: gathered until the end
-            _merge(s.acc, d)
+            s.acc.merge(d)
             return
         if not (d.text or d.token_ids):
             return
         interval = s.job.stream_interval
         if interval > 0:   # at most one event per interval: fewer wake-ups of the event loop per token
             if s.pending is not None:
-                d = _merge(s.pending, d)
+                d = s.pending.merge(d)
             now = self.clock()
             if now - s.sent_at < interval:
                 s.pending = d
@@ -594,16 +593,3 @@ class Scheduler(EmbeddingSteps):
                 f.leader = None
         s.followers = []
 
-
-def _merge(into: Delta, d: Delta) -> Delta:
-    into.text += d.text
-    into.token_ids.extend(d.token_ids)
-    into.logprobs.extend(d.logprobs)
-    return into
-
-
-def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Choice i draws with seed + i, so choice 0 is what n=1 gives (as Model does)."""
-    if index == 0 or params.seed is None:
-        return params
-    return SamplingParams(**{**params.__dict__, "seed": params.seed + index})
