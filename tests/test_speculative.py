@@ -642,7 +642,7 @@ def test_qwen15_with_lookup_and_the_05b_draft_equals_plain(qwen15_gguf: Path, qw
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The bench's tasks (the code edit among them) and sampled prompts, with each drafter as the controller
     decides and with drafting forced at every step (up to 6 tokens): the output is plain decoding's."""
-    from barellm.cli.bench import speculative_tasks
+    from barellm.cli.bench.draft import speculative_tasks
 
     plain = _model(qwen15_gguf, context=4096)
     specs = [_model(qwen15_gguf, context=4096, draft=d) for d in ("lookup", str(qwen05_gguf))]
