@@ -17,6 +17,9 @@ Tolerances, per op (x, w ~ N(0, 1) unless said):
   NumPy reference) exactly; attention over it is held to the same tolerance against the float64 attention
   over the dequantized keys and values (the kernels compute with those exact values), and every SIMD tier
   gives avx2's bits.
+- hadamard (what the executor turns keys and queries by before a q8_0 cache): adds and subtractions in a
+  fixed order, then one product: the NumPy codec's bits exactly; against the float64 matrix product, a few
+  ulp per butterfly level.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from kernel_tiers import PRESENT, using
 
 from barellm import _native as nat
 from barellm import kernels
-from barellm.quant import q8_0_join, q8_0_split
+from barellm.quant import hadamard, kv_rotation, q8_0_join, q8_0_split
 
 TILE = nat.KV_TILE
 
@@ -274,6 +277,41 @@ def test_kv_store_q8_0_bytes(isa, hd):
     assert np.array_equal(vd[:, :S].view(np.uint16), Vd.transpose(1, 0, 2).view(np.uint16))
     assert not k_vals[:, S:].any() and not k_scales[:, S:].view(np.uint16).any()
     assert not vq[:, S:].any() and not vd[:, S:].view(np.uint16).any()
+
+
+@pytest.mark.parametrize("n,blocks", [(1, 3), (2, 1), (32, 3), (64, 2), (128, 1), (256, 2), (1024, 1)])
+def test_hadamard(isa, n, blocks):
+    """The Walsh-Hadamard transform a q8_0 cache turns keys and queries by: the NumPy codec's bits
+    (quant.hadamard, the same butterflies in float32), each block of n on its own, orthonormal (dot products
+    kept, its own inverse) to float32 rounding, and an outlier spread over its whole block."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((blocks, n)) * 4).astype(np.float32)
+    y = x.copy().reshape(-1)
+    nat.hadamard(y, y.size, n)
+    assert np.array_equal(y, hadamard(x, n).reshape(-1))
+    h = np.array([[1.0]])
+    while len(h) < n:
+        h = np.block([[h, h], [h, -h]])
+    np.testing.assert_allclose(y.reshape(blocks, n), x.astype(np.float64) @ h.T / np.sqrt(n), rtol=0,
+                               atol=1e-5 * np.abs(x).max() * np.log2(2 * n))
+    back = y.copy()
+    nat.hadamard(back, back.size, n)
+    np.testing.assert_allclose(back, x.reshape(-1), rtol=0, atol=1e-5 * np.abs(x).max() * np.log2(2 * n))
+    if n >= 32:
+        spike = np.zeros(n, np.float32)
+        spike[5] = 100.0
+        nat.hadamard(spike, n, n)
+        assert np.allclose(np.abs(spike), 100 / np.sqrt(n))
+    with pytest.raises(ValueError, match="power of two"):
+        nat.hadamard(np.zeros(48, np.float32), 48, 48)
+    with pytest.raises(ValueError, match="power of two"):
+        nat.hadamard(np.zeros(48, np.float32), 48, 32)
+
+
+def test_kv_rotation():
+    """The order keys are turned in: the largest power of two dividing head_dim (a whole head of 64, 128 or
+    256; 32 for 96)."""
+    assert [kv_rotation(hd) for hd in (32, 64, 96, 128, 160, 192, 256)] == [32, 64, 32, 128, 32, 64, 256]
 
 
 def test_kv_q8_0_rounding_rule():

@@ -43,7 +43,7 @@ from barellm.kernels import (
     matrix_layout,
 )
 from barellm.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV, buffer_widths, llama_plan
-from barellm.quant import q8_0_join, q8_0_split
+from barellm.quant import q8_0_join, q8_0_keys, q8_0_keys_join, q8_0_split
 
 F32 = 0  # ggml type id of float32
 KIND_IDS: dict[str, int] = dict(nat.OP_KINDS)  # the op kinds the executor has, and their ids (py_engine.c)
@@ -485,6 +485,8 @@ class NativeEngine:
             if isinstance(op, RopeKV):
                 if op.q_norm and op.k_norm:
                     d.update(q_norm=self._norm(op.q_norm), k_norm=self._norm(op.k_norm))
+                if op.k_bias and self.kv_type == "q8_0":
+                    d.update(k_shift=self._norm(op.k_bias))
                 d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim,
                          eps=op.eps, rope_style=0 if cfg.rope_style == "norm" else 1,
                          rope_cs=self._rope_cs[cfg.layer_rope_theta(op.layer)])
@@ -644,18 +646,24 @@ class NativeEngine:
 
     def kv(self, slot: int, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the first n cached positions of a slot and layer, as float32 values (a q8_0 cache's
-        dequantized): K, V [n, n_kv_heads, head_dim]."""
+        dequantized, its keys turned back and shifted back: quant.q8_0_keys_join): K, V [n, n_kv_heads, head_dim]."""
         nkv, hd = self.cfg.n_kv_heads, self.cfg.head_dim
         if self.kv_type == "q8_0":
             (kq, kd), (vq, vd) = self._q8_views(slot, layer)
-            kq = kq.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd)[:, :n]
-            kd = kd.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd // KV_QK)[:, :n]
-            k, v = q8_0_join(kq, kd), q8_0_join(vq[:, :n], vd[:, :n])
-            return k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+            kq = kq.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd)[:, :n].transpose(1, 0, 2)
+            kd = kd.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd // KV_QK)[:, :n].transpose(1, 0, 2)
+            k = q8_0_keys_join(kq, kd, self._k_shift(layer))
+            return k, q8_0_join(vq[:, :n], vd[:, :n]).transpose(1, 0, 2)
         kc = self.k_cache[slot, layer]  # [nkv, tiles, hd, tile]
         k = kc.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd)[:, :n]
         v = self.v_cache[slot, layer][:, :n]
         return k.transpose(1, 0, 2).astype(np.float32), v.transpose(1, 0, 2).astype(np.float32)
+
+    def _k_shift(self, layer: int) -> np.ndarray | None:
+        """What a q8_0 cache subtracts from the keys of a layer [n_kv_heads, head_dim] (the K projection's bias),
+        or None."""
+        bias = next((op.k_bias for op in self.ops if isinstance(op, RopeKV) and op.layer == layer), None)
+        return None if bias is None else self._norm(bias).reshape(self.cfg.n_kv_heads, self.cfg.head_dim)
 
     def _q8_views(self, slot: int, layer: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
         """A q8_0 cache's parts for a slot and layer, as writable views: K's int8 values [nkv, tiles, hd, tile]
@@ -778,7 +786,8 @@ class NativeEngine:
                 s, p = int(ctx.slots[t]), int(ctx.positions[t])
                 if self.kv_type == "q8_0":
                     (kq, kd), (vq, vd) = self._q8_views(s, op.layer)
-                    kq[:, p // KV_TILE, :, p % KV_TILE], kd[:, p // KV_TILE, :, p % KV_TILE] = q8_0_split(k[t])
+                    kq[:, p // KV_TILE, :, p % KV_TILE], kd[:, p // KV_TILE, :, p % KV_TILE] = q8_0_keys(
+                        k[t], self._k_shift(op.layer))
                     vq[:, p], vd[:, p] = q8_0_split(v[t])
                     continue
                 self.k_cache[s, op.layer, :, p // KV_TILE, :, p % KV_TILE] = k[t]
