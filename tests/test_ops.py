@@ -422,6 +422,94 @@ def test_attention_bits_equal_on_every_simd_tier(hd, kv, window):
             assert np.array_equal(a, b), (tier, pos.tolist())
 
 
+@pytest.mark.parametrize("hd", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("window", [0, 1, 70])
+def test_attention_q8_0_exact_buffers(isa, hd, window):
+    """q8_0 store and attention with every buffer (keys and values in, the cache, queries, positions, outputs)
+    exactly as large as it must be, so that under AddressSanitizer (`make test-asan`) a read or write past
+    any of them fails; 1 to 5 queries, the cache's last position among them (its last tile read to the end)."""
+    rng = np.random.default_rng(3 * hd + window)
+    n_ctx, n_kv, code = 128, 2, KV_CODE["q8_0"]
+    per = n_ctx * row_bytes(hd, "q8_0")
+    kc, vc = np.zeros(n_kv * per, np.uint8), np.zeros(n_kv * per, np.uint8)
+    K = (rng.standard_normal((n_ctx, n_kv, hd)) * 3).astype(np.float32)
+    V = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float32)
+    for p in range(n_ctx):
+        nat.kv_store(kc, vc, K[p].reshape(-1).copy(), V[p].reshape(-1).copy(), p, n_kv, hd, n_ctx, code)
+    Kd, Vd = q8_0_join(*q8_0_split(K)), q8_0_join(*q8_0_split(V))
+    scale = float(np.float32(1 / np.sqrt(hd)))
+    for head in range(n_kv):
+        kh, vh = kc[head * per:(head + 1) * per].copy(), vc[head * per:(head + 1) * per].copy()  # exact, on their own
+        for nq in range(1, 6):
+            pos = np.empty(nq, np.int32)
+            pos[:] = rng.choice(n_ctx, nq)
+            pos[0] = n_ctx - 1
+            q = np.empty((nq, hd), np.float32)
+            q[:] = rng.standard_normal((nq, hd)) * 3
+            out = np.empty((nq, hd), np.float32)
+            nat.attend(q, pos, kh, vh, out, nq, hd, n_ctx, scale, code, window)
+            for i, p in enumerate(pos):
+                lo = max(0, p - window + 1) if window else 0
+                s = (Kd[lo:p + 1, head].astype(np.float64) @ q[i].astype(np.float64)) * scale
+                e = np.exp(s - s.max())
+                np.testing.assert_allclose(out[i], (e / e.sum()) @ Vd[lo:p + 1, head], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("biases", [False, True], ids=["llama", "qwen2 biases"])
+def test_q8_0_cache_in_the_executor(tmp_path, biases):
+    """What the executor adds to a q8_0 cache (executor.c: each key minus the K bias, turned by bl_hadamard,
+    stored head by head; each query turned in a scratch of its own), on a tiny model of head_dim 32, prompts
+    of several chunks (blocks of several queries) and decode: the cache holds the NumPy codec's bits of the
+    keys and values the rope op gave (quant.q8_0_keys), the attention op gives the float64 attention over the
+    keys turned and shifted back, and every SIMD tier present gives the same logits, bit for bit. Under
+    AddressSanitizer this runs the executor's scratch buffers too."""
+    from engine_support import load_config, open_source
+
+    from barellm.arch.llama import attention
+    from barellm.engine import NativeEngine
+    from barellm.quant import q8_0_keys, q8_0_keys_join, q8_0_round_trip
+
+    from tiny_model import write_tiny_llama
+
+    src = open_source(write_tiny_llama(tmp_path / "tiny.gguf", dim=128, heads=4, kv_heads=2, biases=biases))
+    cfg = load_config(src)
+    assert cfg.head_dim == 32 and cfg.attn_bias == biases
+    ids = list(range(3, 43))
+    e = NativeEngine(cfg, src, n_ctx=128, threads=2, chunk=16, kv_type="q8_0", adaptive_threads=False)
+    seen: dict[str, list[np.ndarray]] = {}
+
+    def observe(op, out, ctx):  # once a chunk
+        if op.name.endswith((".rope", ".attn")):
+            seen.setdefault(op.name, []).append(out[:ctx.T].copy())
+
+    e.debug_forward(ids, 0, observe=observe)
+    assert len(seen["blk.0.rope"]) == 3
+    n, qd, kd, hd, nkv = len(ids), cfg.q_dim, cfg.kv_dim, cfg.head_dim, cfg.n_kv_heads
+    for i in range(cfg.n_layers):
+        qkv = np.concatenate(seen[f"blk.{i}.rope"])
+        k, v = qkv[:, qd:qd + kd].reshape(n, nkv, hd), qkv[:, qd + kd:qd + 2 * kd].reshape(n, nkv, hd)
+        bias = np.asarray(src.dequantize(f"blk.{i}.attn_k.bias"), np.float32).reshape(nkv, hd) if biases else None
+        keys, values = e.kv(0, i, n)
+        assert np.array_equal(keys, q8_0_keys_join(*q8_0_keys(k, bias), bias))
+        assert np.array_equal(values, q8_0_round_trip(v))
+        want = attention(qkv[:, :qd].reshape(n, cfg.n_heads, hd).astype(np.float64), keys.astype(np.float64),
+                         values.astype(np.float64), 0, cfg.scale)
+        np.testing.assert_allclose(np.concatenate(seen[f"blk.{i}.attn"]), want, rtol=0,
+                                   atol=2e-5 * np.abs(values).max())
+
+    def logits():
+        first = e.forward(ids, 0, all_logits=True)
+        steps = [e.forward([7 + t], n + t) for t in range(3)]
+        return np.concatenate([first, *steps])
+
+    tiers = [t for t in PRESENT if t != "scalar"]
+    runs = {}
+    for tier in tiers:
+        with using(tier):
+            runs[tier] = logits()
+    assert all(np.array_equal(runs[tiers[0]], r) for r in runs.values())
+
+
 @pytest.mark.parametrize("kv", KV_TYPES)
 def test_attention_ignores_stale_cache(isa, kv):
     """Keys outside a query's range (stale entries, NaN even) never reach its result."""
