@@ -128,8 +128,6 @@ def test_kv_q8_0_perplexity_within_half_a_percent_of_f16(name):
     text = (load_data.__globals__["DATA"] / "corpus.txt").read_text(encoding="utf-8")
     ppl = {}
     for kv in ("f16", "q8_0"):
-        model = barellm.load(name, context=512, kv_type=kv)
-        ppl[kv] = perplexity(model, text, 512, progress=False).ppl
-        model.close()
+        ppl[kv] = perplexity(barellm.load(name, context=512, kv_type=kv), text, 512, progress=False).ppl
     print(f"{name}: perplexity f16 {ppl['f16']:.4f}, q8_0 {ppl['q8_0']:.4f}")
     assert abs(ppl["q8_0"] / ppl["f16"] - 1) < TOLERANCE
