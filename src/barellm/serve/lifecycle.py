@@ -123,15 +123,20 @@ def _digest(cand: Any) -> str:
     return hashlib.sha256(f"{cand.path}:{int(cand.modified)}".encode()).hexdigest()
 
 
+_FAR_AHEAD = 100 * 365 * 86400.0   # seconds: when /api/ps says a model kept loaded unloads
+
+
 async def ps(request: Request) -> Response:
     """The loaded models: size (file and KV caches), when each unloads (far ahead: kept loaded)."""
     server = request.app.state.server
     out = []
+    never = time.time() + _FAR_AHEAD
     for m in sorted(server.models.loaded.values(), key=lambda m: -m.last_used):
         expires = m.expires_at
         if expires is None:
             expires = time.time() + (m.keep_alive if m.keep_alive is not None and not m.candidate.fixed else
-                                     100 * 365 * 86400.0)
+                                     _FAR_AHEAD)
+        expires = min(expires, never)   # a keep_alive of 1e300 s is "never" too; a date that far has no year
         out.append({"name": _tag(m.name), "model": _tag(m.name), "size": m.memory, "size_vram": 0,
                     "digest": _digest(m.candidate), "details": _details(m.state),
                     "expires_at": datetime.fromtimestamp(expires, timezone.utc).isoformat().replace("+00:00", "Z"),
