@@ -116,13 +116,15 @@ class MatMul(Op):
 @dataclass(frozen=True, repr=False)
 class RopeKV(Op):
     """In place on the qkv rows: (RMSNorm of each q and k head,) RoPE of q and k; then K and V into the
-    layer's cache at each token's position."""
+    layer's cache at each token's position (an 8-bit cache stores each key minus k_bias, the K projection's
+    bias where the model has one, and turned by a Walsh-Hadamard transform: quant.q8_0_keys)."""
 
     kind: ClassVar[str] = "rope_kv"
     layer: int
     eps: float
     q_norm: str | None = None
     k_norm: str | None = None
+    k_bias: str | None = None
 
     @property
     def x(self) -> str:
@@ -130,7 +132,7 @@ class RopeKV(Op):
 
     @property
     def weights(self) -> tuple[str, ...]:
-        return tuple(n for n in (self.q_norm, self.k_norm) if n)
+        return tuple(n for n in (self.q_norm, self.k_norm, self.k_bias) if n)
 
 
 @dataclass(frozen=True, repr=False)
@@ -186,7 +188,8 @@ def llama_plan(cfg: ModelConfig) -> list[Op]:
             MatMul(b + "qkv", "qkv", src="xn", matrices=qkv, bias=bias),
             RopeKV(b + "rope", "qkv", layer=i, eps=eps,
                    q_norm=b + "attn_q_norm.weight" if cfg.qk_norm else None,
-                   k_norm=b + "attn_k_norm.weight" if cfg.qk_norm else None),
+                   k_norm=b + "attn_k_norm.weight" if cfg.qk_norm else None,
+                   k_bias=b + "attn_k.bias" if cfg.attn_bias else None),
             Attention(b + "attn", "att", src="qkv", layer=i, window=cfg.layer_window(i)),
         ]
         if cfg.post_norms:  # x += rmsnorm(W att): the norm needs the whole projected row first

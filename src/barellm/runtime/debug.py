@@ -18,7 +18,7 @@ import numpy as np
 from barellm import _native as nat
 from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV
 from barellm.errors import InvalidRequest
-from barellm.formats.quant import q8_0_split
+from barellm.formats.quant import q8_0_keys, q8_0_split
 
 KV_TILE = nat.KV_TILE
 
@@ -175,7 +175,8 @@ class EngineDebug:
                 s, p = int(ctx.slots[t]), int(ctx.positions[t])
                 if self.kv_type == "q8_0":
                     (kq, kd), (vq, vd) = self._q8_views(s, op.layer)
-                    kq[:, p // KV_TILE, :, p % KV_TILE], kd[:, p // KV_TILE, :, p % KV_TILE] = q8_0_split(k[t])
+                    kq[:, p // KV_TILE, :, p % KV_TILE], kd[:, p // KV_TILE, :, p % KV_TILE] = q8_0_keys(
+                        k[t], self._k_shift(op.layer))
                     vq[:, p], vd[:, p] = q8_0_split(v[t])
                     continue
                 self.k_cache[s, op.layer, :, p // KV_TILE, :, p % KV_TILE] = k[t]

@@ -38,7 +38,7 @@ from barellm.formats.kernels import (
     ACTIVATIONS,
     matrix_act,
 )
-from barellm.formats.quant import q8_0_join
+from barellm.formats.quant import q8_0_join, q8_0_keys_join
 from barellm.runtime.debug import EngineDebug
 from barellm.runtime.weights import EngineWeights, aligned_zeros
 
@@ -289,6 +289,8 @@ class NativeEngine(EngineWeights, EngineDebug):
             if isinstance(op, RopeKV):
                 if op.q_norm and op.k_norm:
                     d.update(q_norm=self._norm(op.q_norm), k_norm=self._norm(op.k_norm))
+                if op.k_bias and self.kv_type == "q8_0":
+                    d.update(k_shift=self._norm(op.k_bias))
                 d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim,
                          eps=op.eps, rope_style=0 if cfg.rope_style == "norm" else 1,
                          rope_cs=self._rope_cs[cfg.layer_rope_theta(op.layer)])
@@ -463,18 +465,24 @@ class NativeEngine(EngineWeights, EngineDebug):
 
     def kv(self, slot: int, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the first n cached positions of a slot and layer, as float32 values (a q8_0 cache's
-        dequantized): K, V [n, n_kv_heads, head_dim]."""
+        dequantized, its keys turned back and shifted back: quant.q8_0_keys_join): K, V [n, n_kv_heads, head_dim]."""
         nkv, hd = self.cfg.n_kv_heads, self.cfg.head_dim
         if self.kv_type == "q8_0":
             (kq, kd), (vq, vd) = self._q8_views(slot, layer)
-            kq = kq.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd)[:, :n]
-            kd = kd.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd // KV_QK)[:, :n]
-            k, v = q8_0_join(kq, kd), q8_0_join(vq[:, :n], vd[:, :n])
-            return k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+            kq = kq.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd)[:, :n].transpose(1, 0, 2)
+            kd = kd.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd // KV_QK)[:, :n].transpose(1, 0, 2)
+            k = q8_0_keys_join(kq, kd, self._k_shift(layer))
+            return k, q8_0_join(vq[:, :n], vd[:, :n]).transpose(1, 0, 2)
         kc = self.k_cache[slot, layer]  # [nkv, tiles, hd, tile]
         k = kc.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd)[:, :n]
         v = self.v_cache[slot, layer][:, :n]
         return k.transpose(1, 0, 2).astype(np.float32), v.transpose(1, 0, 2).astype(np.float32)
+
+    def _k_shift(self, layer: int) -> np.ndarray | None:
+        """What a q8_0 cache subtracts from the keys of a layer [n_kv_heads, head_dim] (the K projection's bias),
+        or None."""
+        bias = next((op.k_bias for op in self.ops if isinstance(op, RopeKV) and op.layer == layer), None)
+        return None if bias is None else self._norm(bias).reshape(self.cfg.n_kv_heads, self.cfg.head_dim)
 
     def _q8_views(self, slot: int, layer: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
         """A q8_0 cache's parts for a slot and layer, as writable views: K's int8 values [nkv, tiles, hd, tile]

@@ -47,11 +47,11 @@ from barellm.serve.relay import RelayResponse, prepare, read_body, submit
 from barellm.serve.schemas import (
     MAX_STOP_CHARS,
     MAX_STOPS,
+    Duration,
     Int,
     Penalty,
     Prob,
     _Body,
-    _empty,
     _off,
 )
 
@@ -93,15 +93,15 @@ class OllamaOptions(_Body):
     embedding_only: bool | None = None
     penalize_newline: bool | None = None
     # sampling methods barellm does not implement: accepted when off
-    mirostat: Annotated[Int | None, _off("mirostat", lambda v: v == 0, "send 0")] = None
+    mirostat: Annotated[Int | None, _off("mirostat", (0,), "send 0")] = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
-    typical_p: Annotated[float | None, _off("typical_p", lambda v: v == 1, "send 1.0")] = None
-    tfs_z: Annotated[float | None, _off("tfs_z", lambda v: v == 1, "send 1.0")] = None
+    typical_p: Annotated[float | None, _off("typical_p", (1.0,), "send 1.0")] = None
+    tfs_z: Annotated[float | None, _off("tfs_z", (1.0,), "send 1.0")] = None
 
 
-def _no(name: str, what: str) -> Any:
-    return _off(name, _empty, what)
+def _no(name: str, what: str, neutral: tuple[Any, ...]) -> Any:
+    return _off(name, neutral, what)
 
 
 class _OllamaGenerate(_Body):
@@ -110,12 +110,12 @@ class _OllamaGenerate(_Body):
     options: OllamaOptions | None = None
     format: Annotated[Literal["json", ""] | dict[str, Any] | None, Field(
         description='"json" (any JSON object) or a JSON schema the answer follows')] = None
-    keep_alive: float | str | None = Field(
+    keep_alive: float | Duration | None = Field(
         None, description='how long the model stays loaded after this request: seconds or a duration ("5m"); '
                           '0 unloads it at once, a negative value keeps it loaded (default: the server\'s, 5m)')
-    think: Annotated[bool | str | None, _no("think", "this server has no thinking mode")] = None
-    logprobs: Annotated[bool | None, _no("logprobs", "not on the Ollama routes; /v1 has them")] = None
-    top_logprobs: Annotated[Int | None, _no("top_logprobs", "not on the Ollama routes; /v1 has them")] = None
+    think: Annotated[bool | str | None, _no("think", "this server has no thinking mode", (False, ""))] = None
+    logprobs: Annotated[bool | None, _no("logprobs", "not on the Ollama routes; /v1 has them", (False,))] = None
+    top_logprobs: Annotated[Int | None, _no("top_logprobs", "not on the Ollama routes; /v1 has them", ())] = None
 
     def generation(self, state: Any, kind: str) -> GenerationRequest:
         o = self.options or OllamaOptions()
@@ -155,7 +155,7 @@ class OllamaToolCall(_Body):
 class OllamaMessage(_Body):
     role: Literal["system", "user", "assistant", "tool"] = Field(description="tool: a tool's result")
     content: str = ""
-    images: Annotated[list[Any] | None, _no("images", "this model reads text only")] = None
+    images: Annotated[list[Any] | None, _no("images", "this model reads text only", ([],))] = None
     tool_calls: list[OllamaToolCall] | None = Field(None, description="an assistant's earlier tool calls")
     tool_name: str | None = Field(None, description="the function a tool message answers")
     thinking: str | None = Field(None, description="accepted and ignored")
@@ -184,14 +184,16 @@ class OllamaGenerateRequest(_OllamaGenerate):
     prompt: str = ""
     system: str | None = None
     raw: bool = Field(False, description="true: the prompt as it is, no chat template")
-    context: list[Annotated[int, Field(ge=0)]] | None = Field(
+    context: list[Annotated[Int, Field(ge=0)]] | None = Field(
         None, description="token ids an earlier response returned: the conversation so far")
-    suffix: Annotated[str | None, _no("suffix", "no fill-in-the-middle")] = None
-    template: Annotated[str | None, _no("template", "the model's chat template is used")] = None
-    images: Annotated[list[Any] | None, _no("images", "this model reads text only")] = None
+    suffix: Annotated[str | None, _no("suffix", "no fill-in-the-middle", ("",))] = None
+    template: Annotated[str | None, _no("template", "the model's chat template is used", ("",))] = None
+    images: Annotated[list[Any] | None, _no("images", "this model reads text only", ([],))] = None
 
 
 class OllamaShowRequest(_Body):
+    model_config = lifecycle.NAMED
+
     model: str | None = None
     name: str | None = None   # older clients
     verbose: bool | None = None
