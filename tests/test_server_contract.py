@@ -173,10 +173,10 @@ def served_cache(tmp_path_factory, smollm_gguf: Path) -> Iterator[Any]:
     slots. /api/delete, /api/copy and /api/pull act on that home only, and a pull never reaches the network."""
     from test_server_models import _home_with
 
-    from barellm.store import hub
     from barellm.cli import build_parser
     from barellm.errors import BarellmError
     from barellm.serve import build_app
+    from barellm.store import hub
 
     home = _home_with(tmp_path_factory.mktemp("contract"), [MODEL_ID])
     mp = pytest.MonkeyPatch()
