@@ -312,7 +312,9 @@ class Sampler:
         if p.logit_bias:
             ids = np.fromiter(p.logit_bias.keys(), np.int32, len(p.logit_bias))
             vals = np.fromiter(p.logit_bias.values(), np.float32, len(p.logit_bias))
-        self._native = _native.Sampler(n_vocab, float(p.temperature), int(p.top_k), float(p.top_p), float(p.min_p),
+        # a top_k past the vocabulary keeps every token, as the whole vocabulary does (and fits a C int)
+        self._native = _native.Sampler(n_vocab, float(p.temperature), min(int(p.top_k), n_vocab), float(p.top_p),
+                                       float(p.min_p),
                                        float(p.repeat_penalty), float(p.presence_penalty),
                                        float(p.frequency_penalty), ids, vals)
 
