@@ -102,7 +102,7 @@ def _blm_base(name: str, path: Path) -> Base:
 
 
 def tiny_bases(workdir: Path) -> list[Base]:
-    from barellm.convert import convert
+    from barellm.store.convert import convert
 
     import tiny_model
     from gguf_writer import write_gguf
@@ -139,9 +139,9 @@ def tiny_bases(workdir: Path) -> list[Base]:
 
 
 def smollm_bases() -> list[Base]:
-    from barellm import hub
-    from barellm.cache import open_model
     from barellm.formats.gguf import GGUFFile
+    from barellm.store import hub
+    from barellm.store.converted import open_model
 
     gguf = hub.resolve("smollm2-135m", pull_missing=False)
     with GGUFFile(gguf) as g:
@@ -445,7 +445,7 @@ def _warm_up(path: Path, home: Path) -> None:
     Unicode tables): each forked child then starts from them instead of compiling and computing them again.
     Only the reference engine runs here: the native one starts threads, which a fork does not carry."""
     import barellm
-    import barellm.engine  # noqa: F401
+    import barellm.runtime.engine  # noqa: F401
     from barellm.text.sandbox import environment  # noqa: F401
 
     os.environ["BARELLM_HOME"] = str(home)

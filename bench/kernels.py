@@ -35,7 +35,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from barellm import _native as nat  # noqa: E402
-from barellm import quant  # noqa: E402
+from barellm.formats import quant  # noqa: E402
 
 Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 3, 6, 8, 12, 14
 ROWS, I8 = 0, 1

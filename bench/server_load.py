@@ -144,6 +144,8 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("-t", "--threads", type=int, default=None)
+    ap.add_argument("--draft", default=None, metavar="lookup|MODEL",
+                    help="serve with speculative decoding (serve --draft): compare a run without it")
     ap.add_argument("--url", default=None, help="benchmark a running server instead of starting one")
     ap.add_argument("--pid", type=int, default=None, help="with --url: the server's process id, for its RSS")
     ap.add_argument("--concurrency", default="1,2,4,8", help="client counts to measure (default 1,2,4,8)")
@@ -162,7 +164,7 @@ def main() -> int:
                "--engine", args.engine, "--activations", args.activations, "--slots", str(args.slots),
                "--context", str(args.context),
                "--port", str(port), "--queue", "1024", "--log-level", "warning",
-               *(["-t", str(args.threads)] if args.threads else [])]
+               *(["-t", str(args.threads)] if args.threads else []), *(["--draft", args.draft] if args.draft else [])]
         proc = subprocess.Popen(cmd)
         pid = proc.pid
         url = f"http://127.0.0.1:{port}"

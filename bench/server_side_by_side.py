@@ -120,7 +120,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import barellm
-    from barellm import hub
+    from barellm.store import hub
 
     gguf = hub.pull(args.model, keep_gguf=True, quiet=True)
     tok = barellm.load(args.model, engine="reference", context=64).tokenizer

@@ -1,8 +1,8 @@
 """barellm beside llama.cpp's own llama-bench: the same GGUF files, tests and threads, interleaved round by round.
 
     python bench/side_by_side.py --llama-bench PATH/llama-bench [--models smollm2-135m,qwen2.5-coder-1.5b]
-        [-p 512] [-n 128] [-d 0,4096] [-t 1,2] [-r 3] [--isa avx2,avx512] [--roofline PATH/roofline]
-        [--json OUT.json]
+        [-p 512] [-n 128] [-d 0,4096] [-t 1,2] [-r 3] [--isa avx2,avx512] [--kv-type f16,q8_0]
+        [--roofline PATH/roofline] [--json OUT.json]
 
 Each round runs, for every model and thread count, llama-bench once (flash attention on) and `barellm bench`
 once, and (with --roofline, bench/roofline.c built) the machine's read bandwidth; the table gives medians over
@@ -13,6 +13,11 @@ per token / bandwidth, as `barellm bench --roofline` counts them): the roofline'
 before each decode pair, each round's speed is taken over that round's limit, and the row gives the median of
 those shares. The limit is roofline.c's one-stream read; its best read as 1, 2 or 3 streams a thread (one core
 reads faster from a few places at once) is given beside it, with decode's share of that.
+
+--kv-type runs every test once per KV cache type, the same type on both sides: barellm's `--kv-type` beside
+llama-bench's `-ctk TYPE -ctv TYPE` (f16, q8_0; llama.cpp turns keys, queries and values by a Walsh-Hadamard
+transform for its quantized caches, barellm keys and queries), so decode at depth (-d 4096,16384) compares
+the 8-bit caches' attention.
 
 llama-bench is built from the llama.cpp sources vendored in the llama-cpp-python sdist (docs/benchmarks.md has
 the command); the GGUF files come from `barellm pull --keep-gguf`.
@@ -37,13 +42,13 @@ def gguf_of(name: str) -> Path:
     ../shared/bench/make_model.py: the 7B shape)."""
     if name.endswith(".gguf"):
         return Path(name)
-    from barellm import hub
+    from barellm.store import hub
 
     return hub.pull(name, keep_gguf=True, quiet=True)
 
 
-def run_llama_bench(exe: str, gguf: Path, test: str, n: int, depth: int, threads: int) -> float:
-    args = [exe, "-m", str(gguf), "-t", str(threads), "-r", "1", "-fa", "1", "-o", "json"]
+def run_llama_bench(exe: str, gguf: Path, test: str, n: int, depth: int, threads: int, kv: str = "f16") -> float:
+    args = [exe, "-m", str(gguf), "-t", str(threads), "-r", "1", "-fa", "1", "-o", "json", "-ctk", kv, "-ctv", kv]
     args += ["-p", str(n), "-n", "0"] if test == "pp" else ["-p", "0", "-n", str(n)]
     if depth:
         args += ["-d", str(depth)]
@@ -52,9 +57,10 @@ def run_llama_bench(exe: str, gguf: Path, test: str, n: int, depth: int, threads
     return float(rows[0]["avg_ts"])
 
 
-def run_barellm(model: str, test: str, n: int, depth: int, threads: int, isa: str = "") -> tuple[float, dict]:
+def run_barellm(model: str, test: str, n: int, depth: int, threads: int, isa: str = "",
+                kv: str = "f16") -> tuple[float, dict]:
     args = [sys.executable, "-m", "barellm.cli", "bench", model, "-t", str(threads), "-r", "1", "--json",
-            "--roofline"]
+            "--roofline", "--kv-type", kv]
     env = dict(os.environ, BARELLM_ISA=isa) if isa else None
     args += ["-p", str(n), "-n", "0"] if test == "pp" else ["-p", "0", "-n", str(n)]
     if depth:
@@ -98,21 +104,28 @@ def main() -> None:
     ap.add_argument("--roofline", default=None, help="bench/roofline.c built (bandwidth in the same rounds)")
     ap.add_argument("--isa", default="", help="barellm's kernel tiers to run, comma-separated (BARELLM_ISA each; "
                                               "default: the best the CPU has)")
+    ap.add_argument("--kv-type", default="f16", help="KV cache types, comma-separated (f16, q8_0): each test "
+                                                    "once per type, the same on both sides")
     ap.add_argument("--json", default=None, help="write every sample here")
     args = ap.parse_args()
+    kvs = args.kv_type.split(",")
+    if not kvs or any(k not in ("f16", "q8_0") for k in kvs):
+        ap.error(f"--kv-type: f16 and/or q8_0, comma-separated, got {args.kv_type!r}")
     isas = args.isa.split(",") if args.isa else [""]
     models = args.models.split(",")
     threads = [int(t) for t in args.t.split(",")]
     depths = [int(d) for d in args.d.split(",")]
-    tests = ([("pp", args.p, 0)] if args.p else []) + ([("tg", args.n, d) for d in depths] if args.n else [])
+    tests = [(test, n, d, kv) for kv in kvs
+             for test, n, d in ([("pp", args.p, 0)] if args.p else []) + ([("tg", args.n, d) for d in depths]
+                                                                          if args.n else [])]
     ggufs = {m: gguf_of(m) for m in models}
     samples: dict[tuple, dict[str, list[float]]] = {}
     weights: dict[str, float] = {}
     for rnd in range(args.r):
         for t in threads:
             for m in models:
-                for test, n, d in tests:
-                    key = (m, t, test, n, d)
+                for test, n, d, kv in tests:
+                    key = (m, t, test, n, d, kv)
                     s = samples.setdefault(key, {"llama.cpp": [], "GB/s": [], "GB/s streams": [],
                                                  **{f"barellm{isa}": [] for isa in isas}})
                     if args.roofline and test == "tg":
@@ -121,29 +134,30 @@ def main() -> None:
                         s["GB/s"].append(bw)
                         s["GB/s streams"].append(bw_any)
                         samples.setdefault(("bw", t), {}).setdefault("GB/s", []).append(bw)
-                    s["llama.cpp"].append(run_llama_bench(args.llama_bench, ggufs[m], test, n, d, t))
+                    s["llama.cpp"].append(run_llama_bench(args.llama_bench, ggufs[m], test, n, d, t, kv))
                     for isa in isas:
-                        tps, row = run_barellm(str(ggufs[m]) if m.endswith(".gguf") else m, test, n, d, t, isa)
+                        tps, row = run_barellm(str(ggufs[m]) if m.endswith(".gguf") else m, test, n, d, t, isa, kv)
                         s[f"barellm{isa}"].append(tps)
                         if row.get("roofline"):
                             weights[m] = float(row["roofline"]["weight_bytes_per_token"])
-                    print(f"round {rnd + 1}: {label(m)} t{t} {test}{n}{f' @{d}' if d else ''}: llama.cpp "
+                    print(f"round {rnd + 1}: {label(m)} t{t} {test}{n}{f' @{d}' if d else ''} KV {kv}: llama.cpp "
                           f"{s['llama.cpp'][-1]:.1f}, " + ", ".join(
                               f"barellm{f' {i}' if i else ''} {s[f'barellm{i}'][-1]:.1f}" for i in isas) + " tok/s",
                           file=sys.stderr, flush=True)
     print(f"\nmedians of {args.r} interleaved rounds; load average now {os.getloadavg()[0]:.1f}")
-    hdr = "| model | threads | test | llama.cpp tok/s | barellm tok/s | barellm / llama.cpp |"
+    hdr = "| model | threads | test | KV | llama.cpp tok/s | barellm tok/s | barellm / llama.cpp |"
     if args.roofline:
         hdr += (" read GB/s | decode limit tok/s | barellm of limit | llama.cpp of limit |"
                 " best read, 1-3 streams a thread | barellm of it |")
     print(hdr)
     print("|" + "---|" * (hdr.count("|") - 1))
-    for (m, t, test, n, d), s0 in [(k, v) for k, v in samples.items() if k[0] != "bw"]:
+    for (m, t, test, n, d, kv), s0 in [(k, v) for k, v in samples.items() if k[0] != "bw"]:
         for isa in isas:
             s = dict(s0, barellm=s0[f"barellm{isa}"])
             lc, bl = statistics.median(s["llama.cpp"]), statistics.median(s["barellm"])
             name = f"{test}{n}" + (f" after {d}" if d else "")
-            line = f"| {label(m)}{f' [{isa}]' if isa else ''} | {t} | {name} | {lc:.1f} | {bl:.1f} | {bl / lc:.2f}x |"
+            line = (f"| {label(m)}{f' [{isa}]' if isa else ''} | {t} | {name} | {kv} | {lc:.1f} | {bl:.1f} | "
+                    f"{bl / lc:.2f}x |")
             if args.roofline:
                 if test == "tg" and weights.get(m) and s["GB/s"]:
                     # each round's speed over the limit measured just before it, then the median of those shares

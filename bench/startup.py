@@ -29,8 +29,8 @@ for _ in m.stream("The capital of France is", max_tokens=1, temperature=0):
     break
 t3 = time.perf_counter()
 # after the first token, so that it neither delays it nor warms anything for it
-from barellm import hub
-from barellm.cache import open_model as open_model_file
+from barellm.store import hub
+from barellm.store.converted import open_model as open_model_file
 path = hub.resolve(sys.argv[1])
 t4 = time.perf_counter()
 open_model_file(path).close()
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--engines", default="native,reference")
     args = ap.parse_args()
     # convert once (the cache), so every timed run finds it
-    subprocess.run([sys.executable, "-c", "import sys, barellm.cache as c, barellm.hub as h; "
+    subprocess.run([sys.executable, "-c", "import sys, barellm.store.converted as c, barellm.store.hub as h; "
                     "c.open_model(h.resolve(sys.argv[1]))", args.model], check=True)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; median of {args.runs} fresh processes")
     print(f"{'engine':<10} {'source':<12} {'start->1st token':>17} {'interpreter':>12} {'load()':>8} "

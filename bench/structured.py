@@ -52,7 +52,7 @@ def decode_rate(model: Any, ids: list[int], n: int, bias: dict[int, float], **kw
 
 def bench_model(name: str, rounds: int, n: int, threads: int | None) -> None:
     import barellm
-    from barellm import structured
+    from barellm.generate import structured
 
     model = barellm.load(name, threads=threads)
     ids = model.chat_prompt(PROMPT)
@@ -94,7 +94,7 @@ def bench_model(name: str, rounds: int, n: int, threads: int | None) -> None:
 
 def bench_compile(name: str) -> None:
     import barellm
-    from barellm import structured
+    from barellm.generate import structured
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from test_structured import SCHEMAS

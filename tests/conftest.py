@@ -19,7 +19,7 @@ def _resolve(name: str, env: str) -> Path:
     override = os.environ.get(env)
     if override:
         return Path(override)
-    from barellm import hub
+    from barellm.store import hub
 
     return hub.pull(name, keep_gguf=True, quiet=True)  # the GGUF itself: tests read it with other readers too
 

@@ -9,7 +9,7 @@ when the type must be exact:
     str -> string, bytes -> string (raw bytes, so invalid UTF-8 can be written), NumPy scalar -> its type,
     1-D NumPy array -> array of its type, list -> array typed by its first element (nested lists nest).
 
-Tensors are `(name, values, ggml_type)`, with float values encoded by `barellm.quant.quantize`, or
+Tensors are `(name, values, ggml_type)`, with float values encoded by `barellm.formats.quant.quantize`, or
 `(name, raw_bytes, ggml_type, shape)` with the encoding already done. Shapes are in NumPy order.
 """
 
@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from barellm import quant
+from barellm.formats import quant
 
 
 class VT(IntEnum):

@@ -8,10 +8,10 @@ import pytest
 from barellm.arch import reference_engine
 from barellm.arch.config import config_of
 from barellm.arch.registry import ARCHITECTURES, architecture
-from barellm.convert import convert
-from barellm.engine import NativeEngine
 from barellm.errors import FormatError
 from barellm.formats.gguf import GGUFFile
+from barellm.runtime.engine import NativeEngine
+from barellm.store.convert import convert
 
 from conftest import DATA
 from gguf_writer import write_gguf

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from barellm import quant
-from barellm.cache import open_model as open_model_file
 from barellm.errors import FormatError
-from barellm.formats import blm, sniff
-from barellm.formats.blm import BLMFile, TensorSpec, write_blm
+from barellm.formats import blm, quant, sniff
+from barellm.formats.blm import BLMFile
+from barellm.formats.blm_writer import TensorSpec, write_blm
+from barellm.store.converted import open_model as open_model_file
 
 from conftest import plain
 
@@ -170,7 +170,8 @@ def test_missing_tensor_is_a_key_error_and_format_error(sample):
 def test_interleave8_is_the_native_repack_and_undoes_it(tid, rows):
     """The format's interleave8 is the kernels' own repacking (one implementation, in C), and converts back to
     the same GGUF bytes; any bytes, so every bit of every field is carried."""
-    from barellm import _native, quant
+    from barellm import _native
+    from barellm.formats import quant
 
     qt = quant.TYPES[tid]
     cols = qt.block_size * (5 if qt.block_size == 32 else 2)
@@ -184,7 +185,7 @@ def test_interleave8_is_the_native_repack_and_undoes_it(tid, rows):
 
 
 def test_kernel_layout_decision():
-    from barellm.convert import kernel_layout
+    from barellm.store.convert import kernel_layout
 
     assert kernel_layout("blk.0.attn_q.weight", 3, (576, 576), False) == blm.LAYOUT_INTERLEAVE8
     assert kernel_layout("token_embd.weight", 8, (49152, 576), False) == blm.LAYOUT_ROWS  # only looked up

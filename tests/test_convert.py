@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 
 import barellm
-from barellm import quant
 from barellm.arch.config import config_from_metadata
 from barellm.arch.llama import ReferenceEngine
-from barellm.cache import open_model as open_model_file
 from barellm.cli import main
-from barellm.convert import CONVERTER_REVISION, SafetensorsFile, convert, permute_qk
 from barellm.errors import FormatError
+from barellm.formats import quant
 from barellm.formats.blm import LAYOUT_INTERLEAVE8, LAYOUT_ROWS, BLMFile, verify
 from barellm.formats.gguf import GGUFFile
+from barellm.store.convert import CONVERTER_REVISION, SafetensorsFile, convert, permute_qk
+from barellm.store.converted import open_model as open_model_file
 from barellm.text.tokenizer import Tokenizer
 
 from conftest import plain
@@ -379,7 +379,7 @@ def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
             raise FormatError("simulated failure")
         return real(x, t)
 
-    monkeypatch.setattr("barellm.convert.quant.quantize", flaky)
+    monkeypatch.setattr("barellm.store.convert.quant.quantize", flaky)
     with pytest.raises(FormatError, match="simulated failure"):
         convert(tmp_path / "ckpt", out_dir / "m.blm", type="q8_0")
     assert calls["n"] == 6 and not list(out_dir.iterdir())
@@ -421,7 +421,7 @@ def test_gguf_requantized_and_repacked(tiny_gguf, tmp_path):
 
 
 def test_native_engine_reads_the_blm_as_it_reads_the_gguf(tiny_gguf, tmp_path):
-    engine = pytest.importorskip("barellm.engine", reason="native engine not built")
+    engine = pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     out = convert(tiny_gguf, tmp_path / "t.blm")
 
     def native(src):
@@ -465,8 +465,8 @@ def test_transparent_conversion_happens_once(tiny_gguf, tmp_path, monkeypatch):
         raise AssertionError("hashed again")
 
     with monkeypatch.context() as m:
-        m.setattr("barellm.convert.convert", no_conversion)
-        m.setattr("barellm.convert.sha256_files", no_hashing)
+        m.setattr("barellm.store.convert.convert", no_conversion)
+        m.setattr("barellm.store.convert.sha256_files", no_hashing)
         again = open_model_file(tiny_gguf)
         assert again.path == first
         again.close()
@@ -477,7 +477,7 @@ def test_transparent_conversion_happens_once(tiny_gguf, tmp_path, monkeypatch):
     copy = tmp_path / "copy.gguf"
     copy.write_bytes(tiny_gguf.read_bytes())
     with monkeypatch.context() as m:
-        m.setattr("barellm.convert.convert", no_conversion)
+        m.setattr("barellm.store.convert.convert", no_conversion)
         other = open_model_file(copy)
         assert other.path == first
         other.close()
@@ -506,7 +506,7 @@ def test_cache_reconverts_a_corrupt_or_stale_file(tiny_gguf, tmp_path, monkeypat
     src = open_model_file(tiny_gguf)
     assert src.path == path and src.provenance["converter.revision"] == CONVERTER_REVISION
     src.close()
-    monkeypatch.setattr("barellm.convert.CONVERTER_REVISION", CONVERTER_REVISION + 1)
+    monkeypatch.setattr("barellm.store.convert.CONVERTER_REVISION", CONVERTER_REVISION + 1)
     src = open_model_file(tiny_gguf)
     assert src.provenance["converter.revision"] == CONVERTER_REVISION + 1
     src.close()
@@ -603,7 +603,7 @@ def test_convert_killed_mid_write_leaves_nothing_that_loads(smollm_gguf, tmp_pat
 _SLOW_WRITER = r"""
 import sys, time
 import numpy as np
-from barellm.formats.blm import TensorSpec, write_blm
+from barellm.formats.blm_writer import TensorSpec, write_blm
 
 def stall():
     print("writing", flush=True)

@@ -17,7 +17,7 @@ FUZZ = Path(__file__).resolve().parent.parent / "bench" / "fuzz.py"
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the campaign forks and limits address space the Linux way")
 def test_two_hundred_mutated_tiny_models_end_cleanly():
-    pytest.importorskip("barellm.engine", reason="native engine not built")
+    pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, str(FUZZ), "-n", "200", "--seed", "7", "--models", "tiny", "--json",
                            "--timeout", "30"], capture_output=True, text=True, timeout=600)

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from barellm.generation import Generation, SlotTable, Timings, common_prefix
-from barellm.sampling import SamplingParams, allowed_mask
+from barellm.generate.generation import Generation, SlotTable, Timings, common_prefix
+from barellm.generate.sampling import SamplingParams, allowed_mask
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?\n"
 V = len(ALPHABET) + 3   # 0: end of generation; 1..32: one character each; 33, 34: the two halves of "é"

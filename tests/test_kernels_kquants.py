@@ -1,7 +1,7 @@
 """The Q5_0, Q3_K, Q4_K, Q5_K and Q6_K matmul kernels (quant_kq*.c) against NumPy, on every type x layout x ISA path.
 
 What is checked:
-- row access: every row read back from either layout equals barellm.quant's decoding, bit for bit;
+- row access: every row read back from either layout equals barellm.formats.quant's decoding, bit for bit;
 - matmul: against the exact product of the decoded weights and the quantized activations, within a float32
   rounding bound; against the float activations within the activation quantization bound;
 - invariance: the result for one (t, r) is bit-identical for any T, any row split, both layouts and both
@@ -19,7 +19,7 @@ import pytest
 from kernel_tiers import PRESENT, using
 
 from barellm import _native as nat
-from barellm import quant
+from barellm.formats import quant
 
 Q5_0, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K = 6, 8, 11, 12, 13, 14
 ROWS, I8 = 0, 1
@@ -43,7 +43,7 @@ def _f16_bytes(v):
 
 def make_weights(type_, rows, cols, rng, codec=False):
     """GGUF-ordered rows (uint8 [rows, row_bytes]): random bytes for the quants and scales (covering their
-    whole range), finite f16 scales; codec=True: Q5_0 from barellm.quant's encoder instead."""
+    whole range), finite f16 scales; codec=True: Q5_0 from barellm.formats.quant's encoder instead."""
     if codec and type_ == Q5_0:
         x = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 2, (rows, 1)).astype(np.float32)
         return quant.quantize(x, Q5_0)
@@ -156,7 +156,7 @@ def check_vs_numpy(got, raw, type_, rows, cols, x):
 @pytest.mark.parametrize("type_", TYPES)
 @pytest.mark.parametrize("rows", [1, 8, 13])
 def test_rows_match_codec(type_, rows):
-    """dequantize_row from GGUF rows and from the interleaved layout = barellm.quant.dequantize, bitwise;
+    """dequantize_row from GGUF rows and from the interleaved layout = barellm.formats.quant.dequantize, bitwise;
     and the exact decoding used as the oracle here agrees with it."""
     cols = 2 * UNIT[type_] if type_ != Q5_0 else 96
     rng = np.random.default_rng(rows + type_)

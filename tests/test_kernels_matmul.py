@@ -57,9 +57,9 @@ def make_weights(type_, rows, cols, rng):
 
 
 def dequantize(raw, type_, rows, cols):
-    """float64 W[rows, cols] from GGUF-ordered rows (barellm.quant when present, else the same in place)."""
+    """float64 W[rows, cols] from GGUF-ordered rows (barellm.formats.quant when present, else the same in place)."""
     try:
-        from barellm import quant
+        from barellm.formats import quant
 
         return quant.dequantize(np.ascontiguousarray(raw).reshape(-1), type_, (rows, cols)).astype(np.float64)
     except ImportError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from barellm.sampling import (
+from barellm.generate.sampling import (
     SamplingParams,
     allowed_mask,
     logprobs_reference,

@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from barellm import kernels, quant
 from barellm.arch.config import config_from_metadata
-from barellm.convert import FUSED_GROUPS, convert
+from barellm.formats import kernels, quant
 from barellm.formats.blm import LAYOUT_INTERLEAVE8, LAYOUT_ROWS, BLMFile
 from barellm.formats.gguf import GGUFFile
+from barellm.store.convert import FUSED_GROUPS, convert
 
 from gguf_writer import write_gguf
 from tiny_model import tiny_llama_metadata
 
-engine = pytest.importorskip("barellm.engine", reason="native engine not built")
+engine = pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
 
 Q8_0, Q3_K, Q4_K, Q5_K, Q6_K = 8, 11, 12, 13, 14
 IDS = [5, 80, 81, 82, 40, 200, 7, 7, 150, 99, 13, 250]
@@ -44,7 +44,7 @@ def k_blocks(type_id: int, rows: int, cols: int, rng: np.random.Generator) -> np
 
 
 def write_kquant_llama(path: Path, seed: int = 0) -> Path:
-    """Q|K in Q5_K (encoded by barellm.quant), V, gate and up in Q3_K, the attention output in Q4_K, down in
+    """Q|K in Q5_K (encoded by barellm.formats.quant), V, gate and up in Q3_K, the attention output in Q4_K, down in
     Q6_K, and a tied Q5_K embedding (the output matmul reads it too): Gemma's mix of fused and unfused groups."""
     md, n_vocab = tiny_llama_metadata(n_layers=2, dim=256, ffn=512, heads=4, kv_heads=2)
     dim, ffn, hd = 256, 512, 64
@@ -179,7 +179,7 @@ def test_convert_writes_k_quants(tmp_path, name, type_id):
 def test_gemma_cache_stores_k_quants_repacked_and_loads_without_copies(gemma_gguf):
     """The model cache holds every matrix of Gemma 3 as its kernels read it (Q5_0, Q8_0, Q4_K, Q6_K, and the
     tied Q8_0 embedding), fused groups back to back; the native engine binds every weight in place."""
-    from barellm.cache import open_model
+    from barellm.store.converted import open_model
 
     f = open_model(Path(gemma_gguf))
     assert isinstance(f, BLMFile)

@@ -1,8 +1,8 @@
 """The package's layers only look down, and no module imports another that imports it back.
 
-Every import counts, the ones inside functions too: a lazy import is still a dependency. A module may import
-modules of its own layer or below; LAYERS lists each layer's modules, lowest first (a name stands for itself
-and every module under it).
+Every import counts, the ones inside functions too: a lazy import is still a dependency. A layer is a folder
+of src/barellm (or, at the bottom, the few modules at its top); a module may import modules of its own layer
+or below. LAYERS lists the layers, lowest first (a name stands for itself and every module under it).
 """
 
 from __future__ import annotations
@@ -13,16 +13,13 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 LAYERS: list[list[str]] = [
-    ["barellm.errors", "barellm.progress", "barellm.files", "barellm.cpu", "barellm._native"],
-    ["barellm.quant", "barellm.kernels"],
-    ["barellm.formats"],
-    ["barellm.arch", "barellm.text", "barellm.plan", "barellm.sampling"],
-    ["barellm.convert", "barellm.engine"],
-    ["barellm.cache", "barellm.hub"],
-    ["barellm.catalog"],
-    ["barellm.generation", "barellm.structured", "barellm.openai_format", "barellm.model"],
-    ["barellm.arguments", "barellm.serve", "barellm.tools", "barellm.chat_repl", "barellm.commands"],
-    ["barellm.cli"],
+    ["barellm.errors", "barellm.files", "barellm.progress", "barellm.cpu", "barellm._native"],   # foundations
+    ["barellm.formats"],                               # the weight types' codecs and layouts; GGUF, .blm
+    ["barellm.arch", "barellm.text"],                  # model description (config, plan, reference); text
+    ["barellm.runtime", "barellm.store", "barellm.generate"],   # the engine; model files on disk; generation
+    ["barellm.api"],                                   # Model, load(), OpenAI's requests and answers
+    ["barellm.cli"],                                   # the command line
+    ["barellm.serve"],                                 # the server (its command takes the command line's options)
 ]
 
 
@@ -112,3 +109,26 @@ def test_no_import_cycle():
         if n not in state:
             visit(n)
     assert not cycles, "\n".join(cycles)
+
+
+def _folder(name: str) -> str:
+    return ".".join(name.split(".")[:2])
+
+
+def test_the_folders_of_a_layer_stand_apart():
+    """Folders side by side in a layer (arch and text; runtime, store and generate) import nothing of each
+    other: each rests on the layers below alone."""
+    mods = _modules()
+    crossing = []
+    for name, path in mods.items():
+        if name == "barellm" or _rank(name) == 0:
+            continue
+        for target in _imports(name, path, mods):
+            if _rank(target) == _rank(name) and _folder(target) != _folder(name):
+                crossing.append(f"{name} imports {target}")
+    assert not crossing, "\n".join(sorted(crossing))
+
+
+def test_the_top_of_the_package_holds_only_the_foundations():
+    top = sorted(p.name for p in (SRC / "barellm").glob("*.py"))
+    assert len(top) <= 6, top

@@ -21,7 +21,7 @@ def tiny_path(tmp_path_factory):
 @pytest.fixture(scope="module", params=ENGINES)
 def model(request, tiny_path):
     if request.param == "native":
-        pytest.importorskip("barellm.engine", reason="native engine not built")
+        pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     return barellm.load(str(tiny_path), engine=request.param, context=128)
 
 
@@ -153,7 +153,7 @@ def test_bad_load_arguments(tiny_path):
 
 def test_activation_precision_choice(tiny_path):
     """q8x2 (the default) is closer to the float32 reference than q8; both are deterministic."""
-    pytest.importorskip("barellm.engine", reason="native engine not built")
+    pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     ids = list(range(1, 40))
     ref = barellm.load(str(tiny_path), engine="reference", context=128).logits(ids)
     err = {}
@@ -173,7 +173,7 @@ def test_activation_precision_choice(tiny_path):
 def model2(request, tiny_path):
     """Two KV cache slots."""
     if request.param == "native":
-        pytest.importorskip("barellm.engine", reason="native engine not built")
+        pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     return barellm.load(str(tiny_path), engine=request.param, context=128, slots=2)
 
 
@@ -221,14 +221,14 @@ def test_a_dropped_stream_releases_its_slot(model):
     del s
     gc.collect()
     assert model.generate("the cat", max_tokens=4, temperature=0) is not None
-    assert not any(model._table.busy)
+    assert model.scheduler.slots_in_use == 0   # the slots are the scheduler's
 
 
 @pytest.mark.parametrize("slots", [1, 2])
 def test_threads_share_a_model(tiny_path, slots):
     import threading
 
-    pytest.importorskip("barellm.engine", reason="native engine not built")
+    pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     m = barellm.load(str(tiny_path), engine="native", context=128, slots=slots)
     prompts = ["the cat", "in the hat", "a dog", "the end of"]
     kw = dict(max_tokens=24, temperature=0)
@@ -334,7 +334,7 @@ def test_logit_bias_bans_and_forces_tokens(model):
 
 
 def test_allowed_tokens_restrict_the_choice(model):
-    from barellm.sampling import allowed_mask
+    from barellm.generate.sampling import allowed_mask
 
     allowed = [40, 41, 42]
     c = model.complete("the cat", max_tokens=6, temperature=1.0, seed=3,
@@ -350,3 +350,52 @@ def test_completion_timings(model):
     assert t is not None and t.tokens == len(c.token_ids)
     b = t.breakdown()
     assert b["forward"] > 0 and b["sample"] > 0 and sum(b.values()) == pytest.approx(c.decode_seconds, rel=1e-6)
+
+
+# --- one path: the scheduler the server runs, one check, keywords in the signatures ------------------------
+
+def test_generation_methods_show_their_keywords():
+    import inspect
+
+    for name in ("generate", "stream", "complete", "chat", "chat_stream", "infill", "complete_infill"):
+        params = inspect.signature(getattr(barellm.Model, name)).parameters
+        assert {"max_tokens", "temperature", "top_k", "seed", "stop", "n", "json_schema", "timings"} <= set(params)
+        assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("max_tokens", "temperature", "stop"))
+        assert params["temperature"].default == 0.8 and params["max_tokens"].default is None
+        assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()), name
+    params = inspect.signature(barellm.Model.create_completion).parameters
+    assert params["max_tokens"].default == 16 and "top_logprobs" not in params and "timings" not in params
+    assert params["temperature"].default == 0.8
+    params = inspect.signature(barellm.Model.create_chat_completion).parameters
+    assert params["logprobs"].default is False and "timings" not in params and "seed" in params
+
+
+def test_the_one_check_names_the_parameter(model):
+    with pytest.raises(InvalidRequest, match="outside the vocabulary") as e:
+        model.generate("the cat", logit_bias={model.config.n_vocab: 1})
+    assert e.value.param == "logit_bias"
+    with pytest.raises(InvalidRequest, match="slots") as e:
+        model.complete("the cat", n=model.slots + 1)
+    assert e.value.param == "n"
+    with pytest.raises(InvalidRequest, match="context") as e:
+        model.generate([5] * 200)
+    assert e.value.param == "prompt" and e.value.code == "context_length_exceeded"
+
+
+def test_a_stream_between_its_pieces_is_not_advanced(model2, monkeypatch):
+    """A stream waits, holding its slot, while its reader is away: another generation's steps run alone."""
+    kw = dict(max_tokens=12, temperature=0)
+    alone = "".join(model2.stream("the cat", **kw))
+    sizes: list[int] = []
+    real = model2.engine.forward_batch
+
+    def recording(seqs):
+        sizes.append(len(seqs))
+        return real(seqs)
+
+    monkeypatch.setattr(model2.engine, "forward_batch", recording)
+    s = model2.stream("the cat", **kw)
+    head = next(s)
+    model2.generate("in the hat and more", **kw)
+    assert max(sizes, default=1) == 1   # never batched with the paused stream
+    assert head + "".join(s) == alone

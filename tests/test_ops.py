@@ -17,6 +17,9 @@ Tolerances, per op (x, w ~ N(0, 1) unless said):
   NumPy reference) exactly; attention over it is held to the same tolerance against the float64 attention
   over the dequantized keys and values (the kernels compute with those exact values), and every SIMD tier
   gives avx2's bits.
+- hadamard (what the executor turns keys and queries by before a q8_0 cache): adds and subtractions in a
+  fixed order, then one product: the NumPy codec's bits exactly; against the float64 matrix product, a few
+  ulp per butterfly level.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ import pytest
 from kernel_tiers import PRESENT, using
 
 from barellm import _native as nat
-from barellm import kernels
-from barellm.quant import q8_0_join, q8_0_split
+from barellm.formats import kernels
+from barellm.formats.quant import hadamard, kv_rotation, q8_0_join, q8_0_split
 
 TILE = nat.KV_TILE
 
@@ -35,7 +38,7 @@ TILE = nat.KV_TILE
 
 
 def aligned(shape, dtype=np.float32):
-    from barellm.engine import aligned_zeros
+    from barellm.runtime.engine import aligned_zeros
 
     return aligned_zeros(shape, dtype)
 
@@ -276,6 +279,41 @@ def test_kv_store_q8_0_bytes(isa, hd):
     assert not vq[:, S:].any() and not vd[:, S:].view(np.uint16).any()
 
 
+@pytest.mark.parametrize("n,blocks", [(1, 3), (2, 1), (32, 3), (64, 2), (128, 1), (256, 2), (1024, 1)])
+def test_hadamard(isa, n, blocks):
+    """The Walsh-Hadamard transform a q8_0 cache turns keys and queries by: the NumPy codec's bits
+    (quant.hadamard, the same butterflies in float32), each block of n on its own, orthonormal (dot products
+    kept, its own inverse) to float32 rounding, and an outlier spread over its whole block."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((blocks, n)) * 4).astype(np.float32)
+    y = x.copy().reshape(-1)
+    nat.hadamard(y, y.size, n)
+    assert np.array_equal(y, hadamard(x, n).reshape(-1))
+    h = np.array([[1.0]])
+    while len(h) < n:
+        h = np.block([[h, h], [h, -h]])
+    np.testing.assert_allclose(y.reshape(blocks, n), x.astype(np.float64) @ h.T / np.sqrt(n), rtol=0,
+                               atol=1e-5 * np.abs(x).max() * np.log2(2 * n))
+    back = y.copy()
+    nat.hadamard(back, back.size, n)
+    np.testing.assert_allclose(back, x.reshape(-1), rtol=0, atol=1e-5 * np.abs(x).max() * np.log2(2 * n))
+    if n >= 32:
+        spike = np.zeros(n, np.float32)
+        spike[5] = 100.0
+        nat.hadamard(spike, n, n)
+        assert np.allclose(np.abs(spike), 100 / np.sqrt(n))
+    with pytest.raises(ValueError, match="power of two"):
+        nat.hadamard(np.zeros(48, np.float32), 48, 48)
+    with pytest.raises(ValueError, match="power of two"):
+        nat.hadamard(np.zeros(48, np.float32), 48, 32)
+
+
+def test_kv_rotation():
+    """The order keys are turned in: the largest power of two dividing head_dim (a whole head of 64, 128 or
+    256; 32 for 96)."""
+    assert [kv_rotation(hd) for hd in (32, 64, 96, 128, 160, 192, 256)] == [32, 64, 32, 128, 32, 64, 256]
+
+
 def test_kv_q8_0_rounding_rule():
     """ggml's rule on the cases that tell rules apart: halves go away from zero (roundf, not rint), the block's
     largest magnitude maps to +-127, an all-zero block gets scale 0 and zeros."""
@@ -382,6 +420,94 @@ def test_attention_bits_equal_on_every_simd_tier(hd, kv, window):
     for tier in tiers:
         for pos, a, b in zip(blocks, want, run(tier), strict=True):
             assert np.array_equal(a, b), (tier, pos.tolist())
+
+
+@pytest.mark.parametrize("hd", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("window", [0, 1, 70])
+def test_attention_q8_0_exact_buffers(isa, hd, window):
+    """q8_0 store and attention with every buffer (keys and values in, the cache, queries, positions, outputs)
+    exactly as large as it must be, so that under AddressSanitizer (`make test-asan`) a read or write past
+    any of them fails; 1 to 5 queries, the cache's last position among them (its last tile read to the end)."""
+    rng = np.random.default_rng(3 * hd + window)
+    n_ctx, n_kv, code = 128, 2, KV_CODE["q8_0"]
+    per = n_ctx * row_bytes(hd, "q8_0")
+    kc, vc = np.zeros(n_kv * per, np.uint8), np.zeros(n_kv * per, np.uint8)
+    K = (rng.standard_normal((n_ctx, n_kv, hd)) * 3).astype(np.float32)
+    V = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float32)
+    for p in range(n_ctx):
+        nat.kv_store(kc, vc, K[p].reshape(-1).copy(), V[p].reshape(-1).copy(), p, n_kv, hd, n_ctx, code)
+    Kd, Vd = q8_0_join(*q8_0_split(K)), q8_0_join(*q8_0_split(V))
+    scale = float(np.float32(1 / np.sqrt(hd)))
+    for head in range(n_kv):
+        kh, vh = kc[head * per:(head + 1) * per].copy(), vc[head * per:(head + 1) * per].copy()  # exact, on their own
+        for nq in range(1, 6):
+            pos = np.empty(nq, np.int32)
+            pos[:] = rng.choice(n_ctx, nq)
+            pos[0] = n_ctx - 1
+            q = np.empty((nq, hd), np.float32)
+            q[:] = rng.standard_normal((nq, hd)) * 3
+            out = np.empty((nq, hd), np.float32)
+            nat.attend(q, pos, kh, vh, out, nq, hd, n_ctx, scale, code, window)
+            for i, p in enumerate(pos):
+                lo = max(0, p - window + 1) if window else 0
+                s = (Kd[lo:p + 1, head].astype(np.float64) @ q[i].astype(np.float64)) * scale
+                e = np.exp(s - s.max())
+                np.testing.assert_allclose(out[i], (e / e.sum()) @ Vd[lo:p + 1, head], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("biases", [False, True], ids=["llama", "qwen2 biases"])
+def test_q8_0_cache_in_the_executor(tmp_path, biases):
+    """What the executor adds to a q8_0 cache (executor.c: each key minus the K bias, turned by bl_hadamard,
+    stored head by head; each query turned in a scratch of its own), on a tiny model of head_dim 32, prompts
+    of several chunks (blocks of several queries) and decode: the cache holds the NumPy codec's bits of the
+    keys and values the rope op gave (quant.q8_0_keys), the attention op gives the float64 attention over the
+    keys turned and shifted back, and every SIMD tier present gives the same logits, bit for bit. Under
+    AddressSanitizer this runs the executor's scratch buffers too."""
+    from engine_support import load_config, open_source
+
+    from barellm.arch.llama import attention
+    from barellm.formats.quant import q8_0_keys, q8_0_keys_join, q8_0_round_trip
+    from barellm.runtime.engine import NativeEngine
+
+    from tiny_model import write_tiny_llama
+
+    src = open_source(write_tiny_llama(tmp_path / "tiny.gguf", dim=128, heads=4, kv_heads=2, biases=biases))
+    cfg = load_config(src)
+    assert cfg.head_dim == 32 and cfg.attn_bias == biases
+    ids = list(range(3, 43))
+    e = NativeEngine(cfg, src, n_ctx=128, threads=2, chunk=16, kv_type="q8_0", adaptive_threads=False)
+    seen: dict[str, list[np.ndarray]] = {}
+
+    def observe(op, out, ctx):  # once a chunk
+        if op.name.endswith((".rope", ".attn")):
+            seen.setdefault(op.name, []).append(out[:ctx.T].copy())
+
+    e.debug_forward(ids, 0, observe=observe)
+    assert len(seen["blk.0.rope"]) == 3
+    n, qd, kd, hd, nkv = len(ids), cfg.q_dim, cfg.kv_dim, cfg.head_dim, cfg.n_kv_heads
+    for i in range(cfg.n_layers):
+        qkv = np.concatenate(seen[f"blk.{i}.rope"])
+        k, v = qkv[:, qd:qd + kd].reshape(n, nkv, hd), qkv[:, qd + kd:qd + 2 * kd].reshape(n, nkv, hd)
+        bias = np.asarray(src.dequantize(f"blk.{i}.attn_k.bias"), np.float32).reshape(nkv, hd) if biases else None
+        keys, values = e.kv(0, i, n)
+        assert np.array_equal(keys, q8_0_keys_join(*q8_0_keys(k, bias), bias))
+        assert np.array_equal(values, q8_0_round_trip(v))
+        want = attention(qkv[:, :qd].reshape(n, cfg.n_heads, hd).astype(np.float64), keys.astype(np.float64),
+                         values.astype(np.float64), 0, cfg.scale)
+        np.testing.assert_allclose(np.concatenate(seen[f"blk.{i}.attn"]), want, rtol=0,
+                                   atol=2e-5 * np.abs(values).max())
+
+    def logits():
+        first = e.forward(ids, 0, all_logits=True)
+        steps = [e.forward([7 + t], n + t) for t in range(3)]
+        return np.concatenate([first, *steps])
+
+    tiers = [t for t in PRESENT if t != "scalar"]
+    runs = {}
+    for tier in tiers:
+        with using(tier):
+            runs[tier] = logits()
+    assert all(np.array_equal(runs[tiers[0]], r) for r in runs.values())
 
 
 @pytest.mark.parametrize("kv", KV_TYPES)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from barellm import quant
 from barellm.errors import FormatError
+from barellm.formats import quant
 from barellm.formats.gguf import GGUFFile
 
 ENCODABLE = [t for t in quant.TYPES.values() if t.from_float is not None]

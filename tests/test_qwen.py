@@ -13,8 +13,8 @@ import pytest
 
 from barellm.arch import reference_engine
 from barellm.arch.config import config_of
-from barellm.cache import open_model
-from barellm.engine import NativeEngine
+from barellm.runtime.engine import NativeEngine
+from barellm.store.converted import open_model
 from barellm.text.chat import ChatTemplate
 from barellm.text.tokenizer import Tokenizer
 
@@ -106,3 +106,44 @@ def test_chat_template_from_the_file(qwen05_gguf):
     with_tools = tpl.render([{"role": "user", "content": "Weather in Paris?"}], tools=tools)
     assert "<tools>" in with_tools and '"name": "get_weather"' in with_tools
     src.close()
+
+
+def test_kv_q8_0_keys_minus_their_bias_turned(qwen):
+    """Qwen2's keys carry their projection's bias, a few values of up to ~270 in some layers beside an
+    informative part of a few units: an 8-bit cache stores each key minus that bias and turned by a
+    Walsh-Hadamard transform (quant.q8_0_keys), and the attention turns the queries alike. On the real model,
+    every layer's cache holds, bit for bit, the NumPy codec of the keys and values the rope op gave, and the
+    attention op's output is the float64 attention over the keys turned and shifted back (the shift adds one
+    constant to each query's scores, which the softmax cancels)."""
+    from barellm.arch.llama import attention
+    from barellm.formats.quant import q8_0_keys, q8_0_keys_join, q8_0_round_trip
+
+    _, src, gold = qwen
+    cfg = config_of(src)
+    e = NativeEngine(cfg, src, n_ctx=256, threads=2, kv_type="q8_0")
+    ids = gold["results"][0]["prompt_ids"] + gold["results"][0]["greedy_ids"]
+    n = len(ids)
+    seen = {}
+
+    def observe(op, out, ctx):
+        if op.name.endswith((".rope", ".attn")):
+            seen[op.name] = out[:n].copy()
+
+    e.debug_forward(ids, 0, observe=observe)
+    qd, kd, hd, nkv = cfg.q_dim, cfg.kv_dim, cfg.head_dim, cfg.n_kv_heads
+    biggest = 0.0
+    for i in range(cfg.n_layers):
+        qkv = seen[f"blk.{i}.rope"]
+        q = qkv[:, :qd].reshape(n, cfg.n_heads, hd)
+        k, v = qkv[:, qd:qd + kd].reshape(n, nkv, hd), qkv[:, qd + kd:qd + 2 * kd].reshape(n, nkv, hd)
+        bias = np.asarray(src.dequantize(f"blk.{i}.attn_k.bias"), np.float32).reshape(nkv, hd)
+        biggest = max(biggest, float(np.abs(bias).max()))
+        keys, values = e.kv(0, i, n)
+        assert np.array_equal(keys, q8_0_keys_join(*q8_0_keys(k, bias), bias)), i
+        assert np.array_equal(values, q8_0_round_trip(v)), i
+        want = attention(q.astype(np.float64), keys.astype(np.float64), values.astype(np.float64), 0, cfg.scale,
+                         cfg.layer_window(i))
+        # float32 sums of up to 69 exact products against float64: 4e-6 of the largest value at most here
+        np.testing.assert_allclose(seen[f"blk.{i}.attn"], want, rtol=0, atol=2e-5 * np.abs(values).max(),
+                                   err_msg=f"layer {i}")
+    assert biggest > 100  # the case this storage is for

@@ -81,7 +81,7 @@ def test_the_command_line_does_not_hang_on_a_named_pipe(tmp_path, command):
 
 
 def test_a_checkpoint_file_that_is_a_named_pipe_is_refused(tmp_path):
-    from barellm.convert import convert
+    from barellm.store.convert import convert
 
     root = tmp_path / "ckpt"
     root.mkdir()
@@ -110,7 +110,7 @@ BF16, Q5_1 = 30, 7
 @pytest.mark.parametrize("embd_type", [BF16, Q5_1])
 @pytest.mark.parametrize("tied", [False, True])
 def test_bf16_and_q5_1_embeddings_run_natively(tmp_path, monkeypatch, embd_type, tied):
-    pytest.importorskip("barellm.engine", reason="native engine not built")
+    pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     import numpy as np
 
     monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
@@ -126,8 +126,8 @@ def test_bf16_and_q5_1_embeddings_run_natively(tmp_path, monkeypatch, embd_type,
 
 
 def test_a_plan_the_native_core_refuses_is_a_clean_error_and_auto_falls_back(tmp_path, monkeypatch):
-    pytest.importorskip("barellm.engine", reason="native engine not built")
-    from barellm import engine
+    pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
+    from barellm.runtime import engine
 
     monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
     path = write_tiny_llama(tmp_path / "tiny.gguf")
@@ -146,8 +146,8 @@ def test_a_plan_the_native_core_refuses_is_a_clean_error_and_auto_falls_back(tmp
 
 def test_the_native_core_names_what_it_refuses(tmp_path, monkeypatch):
     # the op's own message, not "op 0: <class 'ValueError'>"
-    pytest.importorskip("barellm.engine", reason="native engine not built")
-    from barellm import engine
+    pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
+    from barellm.runtime import engine
 
     monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
     model = barellm.load(str(write_tiny_llama(tmp_path / "tiny.gguf")), engine="native", context=32)
@@ -192,7 +192,7 @@ def test_a_context_that_does_not_fit_is_refused_before_allocating_naming_one_tha
     from barellm.errors import InvalidRequest
 
     if engine == "native":
-        pytest.importorskip("barellm.engine", reason="native engine not built")
+        pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(cpu, "available_memory", lambda: 256 << 20)
     # an 80 KB model whose file claims a context of 2^24 tokens (several GiB of KV cache)
@@ -253,7 +253,7 @@ def _flip_data_byte(path: Path, tensor: str) -> None:
 
 @pytest.fixture()
 def tiny_blm(tmp_path, monkeypatch):
-    from barellm.convert import convert
+    from barellm.store.convert import convert
 
     monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
     return convert(write_tiny_llama(tmp_path / "tiny.gguf"), tmp_path / "tiny.blm")
@@ -294,12 +294,12 @@ def test_load_samples_larger_tensors_and_verify_checks_them_all(tiny_blm, monkey
 
 
 def test_a_corrupt_cached_conversion_is_converted_again(tmp_path, monkeypatch, capsys):
-    from barellm.cache import cached_path
+    from barellm.store.converted import conversion_of
 
     monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
     gguf = write_tiny_llama(tmp_path / "tiny.gguf")
     reference = barellm.load(str(gguf), engine="reference", context=32).logits([5, 6, 7])
-    cached = cached_path(gguf)
+    cached = conversion_of(gguf)
     _flip_data_byte(cached, "output_norm.weight")
     capsys.readouterr()
     again = barellm.load(str(gguf), engine="reference", context=32)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from barellm.errors import InvalidRequest
-from barellm.sampling import Sampler, SamplingParams, apply_penalties, candidates
+from barellm.generate.sampling import Sampler, SamplingParams, apply_penalties, candidates
 
 
 def logits_of(probs):
@@ -91,3 +91,13 @@ def test_repeat_last_n_limits_the_window():
 def test_bad_parameters_are_refused(bad):
     with pytest.raises(InvalidRequest):
         SamplingParams(**bad).validated()
+
+
+def test_a_top_k_past_any_vocabulary_keeps_every_token():
+    """top_k 2**31 (a value the server's schema allows, past a C int) draws as top_k 0 does, natively too."""
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal(300).astype(np.float32)
+    for n_vocab in (None, 300):
+        wide = Sampler(SamplingParams(temperature=1.0, top_k=2**31, top_p=1.0, min_p=0.0, seed=3), n_vocab=n_vocab)
+        off = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=3), n_vocab=n_vocab)
+        assert [wide.sample(logits) for _ in range(20)] == [off.sample(logits) for _ in range(20)]

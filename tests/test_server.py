@@ -26,15 +26,15 @@ uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from barellm.sampling import SamplingParams  # noqa: E402
-from barellm.serve.scheduler import Event, Job, QueueFull, Scheduler  # noqa: E402
+from barellm.generate.sampling import SamplingParams  # noqa: E402
+from barellm.generate.scheduler import Event, Job, QueueFull, Scheduler  # noqa: E402
 
 
 def _default_engine() -> str:
     """The default (native) engine where it is built in, else the NumPy reference: both implement slots and
     forward_batch, and the reference one is slow, so generations here stay a few tokens long."""
     try:
-        import barellm.engine  # noqa: F401
+        import barellm.runtime.engine  # noqa: F401
     except ImportError:
         return "reference"
     return "native"
@@ -847,7 +847,7 @@ def test_a_whole_response_gets_one_delta(fake: tuple[Scheduler, FakeEngine]) -> 
 def test_outbox_wakes_the_loop_once_per_batch() -> None:
     import asyncio
 
-    from barellm.serve.app import Outbox
+    from barellm.serve.relay import Outbox
 
     async def main() -> list[list[Any]]:
         loop = asyncio.get_running_loop()

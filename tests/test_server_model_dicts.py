@@ -1,5 +1,5 @@
 """Model.create_completion / create_chat_completion return the dicts the server returns (one builder,
-barellm.openai_format), and Model.chat takes the content parts the server takes."""
+barellm.api.openai), and Model.chat takes the content parts the server takes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from barellm import openai_format
+from barellm.api import openai as openai_api
 
 CHAT = [{"role": "user", "content": "Name three colors."}]
 
@@ -26,13 +26,13 @@ def _shape(x: Any) -> Any:
 
 def test_openai_format_is_plain_python() -> None:
     # the builders (and the Model that uses them) must work on an install without the server's extra
-    code = ("import sys, barellm.openai_format, barellm.model; "
+    code = ("import sys, barellm.api.openai, barellm.api.model; "
             "assert not {'pydantic', 'starlette'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
-    u = openai_format.usage(5, 3, 2)
+    u = openai_api.usage(5, 3, 2)
     assert u == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
                  "prompt_tokens_details": {"cached_tokens": 2}}
-    c = openai_format.chat_completion("chatcmpl-x", "m", "hi", "stop", u, created=7)
+    c = openai_api.chat_completion("chatcmpl-x", "m", "hi", "stop", u, created=7)
     assert c == {"id": "chatcmpl-x", "object": "chat.completion", "created": 7, "model": "m", "choices": [
         {"index": 0, "message": {"role": "assistant", "content": "hi", "refusal": None}, "logprobs": None,
          "finish_reason": "stop"}], "usage": u}

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from barellm.serve.errors import ApiError
 from barellm.serve.models import parse_bytes, parse_keep_alive
-from barellm.serve.schemas import ApiError
 
 httpx = pytest.importorskip("httpx")
 ollama = pytest.importorskip("ollama")
@@ -53,7 +53,7 @@ def _free_port() -> int:
 
 def _home_with(tmp: Path, names: list[str]) -> Path:
     """A BARELLM_HOME whose cache holds the named models: each one's manifest copied, its conversion linked."""
-    from barellm import hub
+    from barellm.store import hub
 
     home = tmp / "home"
     (home / "blm").mkdir(parents=True)
@@ -390,3 +390,28 @@ def test_models_share_a_load_evict_the_least_recent_idle_one_and_keep_busy_ones(
         assert not models.loaded
 
     asyncio.run(main())
+
+
+@pytest.mark.model
+def test_a_long_answer_runs_past_128_tokens_to_its_own_end(tmp_path, qwen05_gguf) -> None:
+    """No max_tokens through the openai client: the reply is not cut at the 128 tokens that once were the
+    default; Qwen2.5-Coder-0.5B answers this question in about 200 tokens, greedy, and ends at its end of
+    turn ("stop", well inside the context of 1024), whole and streamed alike."""
+    home = _home_with(tmp_path, ["qwen2.5-coder-0.5b"])
+    proc, base = _serve(home, context=1024)
+    try:
+        oa = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=300)
+        ask = [{"role": "user", "content": "What does the Python keyword yield do? Give an example."}]
+        r = oa.chat.completions.create(model="qwen2.5-coder-0.5b", messages=ask, temperature=0)
+        whole = r.choices[0].message.content
+        assert r.choices[0].finish_reason == "stop", (r.usage, whole[-200:])
+        assert 128 < r.usage.completion_tokens and r.usage.prompt_tokens + r.usage.completion_tokens < 1024
+        assert "yield" in whole and "def " in whole
+        chunks = list(oa.chat.completions.create(model="qwen2.5-coder-0.5b", messages=ask, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+        reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert reasons == ["stop"]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole
+        assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    finally:
+        _stop(proc)

@@ -17,7 +17,7 @@ from test_server import MODEL_ID  # noqa: E402
 from test_server import server as server  # noqa: E402  (this module's real server)
 
 from barellm.serve import ollama, openapi_doc, schemas  # noqa: E402
-from barellm.serve.schemas import ApiError  # noqa: E402
+from barellm.serve.errors import ApiError  # noqa: E402
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 N_VOCAB = 1000
@@ -56,7 +56,7 @@ def test_a_valid_request_becomes_the_scheduler_request() -> None:
     c = schemas.completion_request(json.dumps({"prompt": [[1, 2, 3]], "logprobs": 2, "echo": False,
                                                "suffix": "", "best_of": 1}).encode(), N_VOCAB)
     assert c.kind == "completion" and c.prompt == [1, 2, 3] and c.top_logprobs == 2
-    assert schemas.completion_request(b'{"prompt": ["abc"]}', N_VOCAB).prompt == "abc"
+    assert schemas.completion_request(b'{"prompt": ["abc"]}', N_VOCAB).prompt_text == "abc"   # tokenized with the model
 
 
 @pytest.mark.parametrize(("fields", "param", "code", "words"), [

@@ -19,9 +19,9 @@ pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
 import barellm  # noqa: E402
-from barellm import structured  # noqa: E402
 from barellm.errors import InvalidRequest  # noqa: E402
-from barellm.sampling import mask_bits  # noqa: E402
+from barellm.generate import structured  # noqa: E402
+from barellm.generate.sampling import mask_bits  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from barellm import _native as nat
-from barellm.engine import KIND_IDS, aligned_zeros
+from barellm.runtime.engine import KIND_IDS, aligned_zeros
 
 F32, ROWS = 0, 0
 

@@ -57,7 +57,7 @@ def test_env_caps_the_tier_and_a_bad_name_is_a_clear_error():
 def test_logits_identical_on_every_simd_tier(which, request):
     """Prefill (the lean tiles) and decode of a real model give the same bits on every SIMD tier (the scalar
     one differs only in exp: tests/test_engine.py's test_scalar_path)."""
-    from barellm.engine import NativeEngine
+    from barellm.runtime.engine import NativeEngine
 
     src = open_source(request.getfixturevalue(which))
     e = NativeEngine(load_config(src), src, n_ctx=128, threads=2, chunk=32, adaptive_threads=False)
@@ -102,7 +102,7 @@ def test_prefetch_rules_change_no_bits(smollm_gguf, gemma_gguf):
     code = """
 import sys, numpy as np
 from barellm.arch.config import config_from_metadata
-from barellm.engine import NativeEngine
+from barellm.runtime.engine import NativeEngine
 from barellm.formats.gguf import GGUFFile
 src = GGUFFile(sys.argv[1])
 cfg = config_from_metadata(src.metadata, src.tensors["token_embd.weight"].shape[0],

@@ -437,7 +437,7 @@ def test_not_constructible_without_metadata():
 def test_a_cached_regex_program_is_exactly_what_re_compiles(tmp_path, monkeypatch):
     import re
 
-    from barellm.text.tokenizer import _PRE_TOKENIZERS, _compile_cached, _translate_regex
+    from barellm.text.pretokenizer import _PRE_TOKENIZERS, _compile_cached, _translate_regex
 
     monkeypatch.setenv("BARELLM_HOME", str(tmp_path))
     sources = sorted({_translate_regex(r) for regexes, _ in _PRE_TOKENIZERS.values() for r in regexes})

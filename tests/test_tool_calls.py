@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from barellm.errors import InvalidRequest
-from barellm.text.tools import (
+from barellm.text.toolcalls import (
     ToolCallStream,
     ToolFormat,
     call_grammar,

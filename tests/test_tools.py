@@ -13,9 +13,8 @@ import pytest
 
 import barellm
 from barellm.arch import reference_engine
-from barellm.cli import main
+from barellm.cli import bench, debug, kld, main, perplexity
 from barellm.errors import InvalidRequest
-from barellm.tools import bench, debug, kld, perplexity
 
 from conftest import DATA, load_data
 from tiny_model import write_tiny_llama
@@ -315,7 +314,7 @@ def test_debug_puts_chunks_together(tiny_model):
 
 
 def _native(model):
-    pytest.importorskip("barellm.engine", reason="native engine not built")
+    pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     return barellm.load(str(model.path), engine="native", context=128)
 
 
@@ -391,8 +390,8 @@ def test_bench_command(tiny, capsys):
 def test_bench_scaling(tiny, capsys):
     """--scaling: every thread count from 1 up, decode against the bandwidth limit measured at each count,
     each count's speedup over 1 thread."""
-    pytest.importorskip("barellm.engine", reason="native engine not built")
-    from barellm.tools.bench import scaling_threads
+    pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
+    from barellm.cli.bench import scaling_threads
 
     assert scaling_threads(1) == [1] and scaling_threads(2) == [1, 2] and scaling_threads(6) == [1, 2, 4, 6]
     assert main(["bench", tiny, "-p", "16", "-n", "8", "-r", "1", "-t", "1,2", "--scaling"]) == 0
@@ -410,7 +409,7 @@ def test_bench_scaling(tiny, capsys):
 @pytest.mark.parametrize("engine", ["reference", "native"])
 def test_bench_breakdown(tiny, capsys, engine):
     if engine == "native":
-        pytest.importorskip("barellm.engine", reason="native engine not built")
+        pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     assert main(["bench", tiny, "-p", "0", "-n", "6", "-r", "2", "-t", "1", "--engine", engine, "--breakdown",
                  "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -518,7 +517,7 @@ def test_reference_perplexity_of_the_whole_corpus(smollm_ref):
 @pytest.mark.model
 def test_native_perplexity_of_the_whole_corpus(smollm_gguf):
     # the native engine scores the 19 windows in well under a minute, so CI checks the figure itself
-    pytest.importorskip("barellm.engine", reason="native engine not built")
+    pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
     model = barellm.load(str(smollm_gguf), engine="native", context=512)
     r = perplexity.perplexity(model, _corpus(), 512, progress=False)
     assert r.ppl == pytest.approx(GOLDEN_PPL, rel=5e-3)

@@ -65,10 +65,11 @@ def tiny_llama_metadata(n_layers: int = 2, dim: int = 64, ffn: int = 96, heads: 
 
 
 def write_tiny_llama(path: str | Path, seed: int = 0, layer_type: int = 3, embd_type: int = 8, tied: bool = False,
-                     **kw) -> Path:
+                     biases: bool = False, **kw) -> Path:
     """Writes the tiny model; layer_type/embd_type are ggml type ids (Q4_1 and Q8_0 like SmolLM2).
 
-    An untied output projection keeps its random logits from merely echoing the last token.
+    An untied output projection keeps its random logits from merely echoing the last token. With biases, it is
+    a qwen2 model: Q, K and V projections with biases, the K bias with a few large values as Qwen2's has.
     """
     md, n_vocab = tiny_llama_metadata(**kw)
     dim, ffn = md["llama.embedding_length"], md["llama.feed_forward_length"]
@@ -99,6 +100,15 @@ def write_tiny_llama(path: str | Path, seed: int = 0, layer_type: int = 3, embd_
             (b + "ffn_up.weight", mat(ffn, dim), layer_type),
             (b + "ffn_down.weight", mat(dim, ffn), layer_type),
         ]
+        if biases:
+            k_bias = (0.5 * rng.standard_normal(kv_heads * hd)).astype(np.float32)
+            k_bias[rng.choice(kv_heads * hd, 3, replace=False)] = [60.0, -45.0, 30.0]
+            tensors += [(b + "attn_q.bias", (0.5 * rng.standard_normal(heads * hd)).astype(np.float32), 0),
+                        (b + "attn_k.bias", k_bias, 0),
+                        (b + "attn_v.bias", (0.5 * rng.standard_normal(kv_heads * hd)).astype(np.float32), 0)]
+    if biases:
+        md = {("qwen2." + k[len("llama."):] if k.startswith("llama.") else k): v for k, v in md.items()}
+        md["general.architecture"] = "qwen2"
     path = Path(path)
     write_gguf(path, md, tensors)
     return path

@@ -11,7 +11,7 @@ __all__ = ["BarellmError", "FormatError", "InvalidRequest", "ModelNotFound", "Sl
 def __getattr__(name: str):
     # load() and Model pull in the model stack; importing barellm for its errors stays cheap.
     if name in ("load", "Model"):
-        from barellm import model
+        from barellm.api import model
 
         return getattr(model, name)
     raise AttributeError(f"module 'barellm' has no attribute {name!r}")

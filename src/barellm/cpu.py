@@ -31,6 +31,16 @@ def physical_cores() -> int:
     return max(1, os.cpu_count() or 2)
 
 
+def spare_core(threads: int) -> bool:
+    """Whether this process may run more threads than the engine's `threads`: then a grammar's masks are
+    computed on a worker thread beside the forward pass, else in line."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return cores > threads
+
+
 def default_threads() -> int:
     """The worker threads a model gets unless told otherwise: $BARELLM_THREADS, else the physical cores."""
     env = os.environ.get("BARELLM_THREADS")

@@ -17,7 +17,14 @@ class ModelNotFound(BarellmError):
 
 
 class InvalidRequest(BarellmError, ValueError):
-    """A request (generation parameters, messages, prompt) that cannot be served."""
+    """A request (generation parameters, messages, prompt) that cannot be served. `param` names the parameter
+    at fault where one is (the HTTP routes answer with it), `code` the kind of fault where it has a name
+    ("context_length_exceeded")."""
+
+    def __init__(self, message: str = "", param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
 
 
 class SlotsBusy(BarellmError):

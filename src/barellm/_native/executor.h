@@ -20,7 +20,8 @@ enum bl_op_kind {
     BL_OP_EMBED = 1,    /* out[t] = dequant(table row tokens[t]) */
     BL_OP_RMSNORM = 2,  /* out[i] = rmsnorm(x[row i], w) (then res[i] += out[i] if res); then the qjobs */
     BL_OP_MATMUL = 3,   /* qjobs (unless prequantized), barrier, parts: out = W xq (+ res) */
-    BL_OP_ROPE_KV = 4,  /* (rmsnorm each q and k head,) rotate q and k of x[t] in place; store k, v */
+    BL_OP_ROPE_KV = 4,  /* (rmsnorm each q and k head,) rotate q and k of x[t] in place; store k, v
+                           (into a q8_0 cache: H (k - k_shift), see op_rope_kv) */
     BL_OP_ATTENTION = 5,/* out[t] = attention of the q heads of x[t] over the slot's cache */
     BL_OP_SILU_MUL = 6, /* out[t] = act(x[t]) * x2[t] (act: silu, or gelu_tanh if gelu); then the qjobs */
 };
@@ -63,6 +64,7 @@ typedef struct bl_op {
     int gelu;              /* silu_mul: gelu_tanh instead of silu */
     float scale_embed;     /* embed: rows are multiplied by this unless it is 0 or 1 */
     const float *q_norm, *k_norm; /* rope_kv: per-head rmsnorm weights [head_dim] (none if NULL) */
+    const float *k_shift;  /* rope_kv, q8_0 cache: subtracted from the keys [n_kv_heads * head_dim] (none if NULL) */
     /* matmul */
     int n_parts, n_rows, row_align;
     bl_mm_part parts[BL_MAX_PARTS];

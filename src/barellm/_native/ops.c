@@ -9,6 +9,7 @@ void bl_softmax(float *x, int n) { bl_kernels.softmax(x, n); }
 void bl_silu_mul(const float *gate, const float *up, float *out, int n) { bl_kernels.silu_mul(gate, up, out, n); }
 void bl_gelu_mul(const float *gate, const float *up, float *out, int n) { bl_kernels.gelu_mul(gate, up, out, n); }
 void bl_add(float *x, const float *y, int n) { bl_kernels.add(x, y, n); }
+void bl_hadamard(float *x, int len, int n) { bl_kernels.hadamard(x, len, n); }
 void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
                int kv_type) {
     bl_kernels.attend(qs, nq, kc, vc, head_dim, scale, kv_type);

@@ -17,6 +17,9 @@
  * Attention dequantizes on the fly: a score is, block by block, an fma chain over the block's 32 int8 keys
  * (converted exactly to float) times the f32 query, scaled by the key's block scale; each value row adds
  * (p * its block scale) * int8 values. The query stays f32 (ggml quantizes it to q8_0 as well).
+ * What a q8_0 cache is given to hold is the executor's choice (executor.c, op_rope_kv): each key minus a
+ * constant vector, turned by a Walsh-Hadamard transform (bl_hadamard), and the queries turned alike. These
+ * kernels store and attend whatever rows they get.
  * Attention for a query at position p visits keys in tiles [0,64), [64,128), ... up to p with an online
  * softmax: the same tiles and updates in decode and in prefill, so both give identical bits. A sliding
  * window only masks the keys before it: the tiles stay aligned to key 0.
@@ -66,6 +69,15 @@ BL_API void bl_gelu_mul(const float *gate, const float *up, float *out, int n);
 /* x += y. */
 BL_API void bl_add(float *x, const float *y, int n);
 
+/* x = H x over each block of n values of x[0..len), H the orthonormal Walsh-Hadamard matrix of order n
+ * (a power of two dividing len): its own inverse, so (H q) . (H k) = q . k. The butterflies in a fixed
+ * order (quant.hadamard gives the same bits), then one product by 1 / sqrt(n). */
+BL_API void bl_hadamard(float *x, int len, int n);
+/* The order of the transform a q8_0 cache turns keys by: the largest power of two dividing head_dim (at
+ * least BL_KV_QK where the cache can hold head_dim), so an outlier's energy spreads over whole q8_0 blocks
+ * and the transform stays within a head. */
+static inline int bl_kv_rotation(int head_dim) { return head_dim & -head_dim; }
+
 /* Writes one position's key and value rows (n_kv_heads * head_dim each) into a (slot, layer) cache. */
 BL_API void bl_kv_store(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads,
                         int head_dim, int n_ctx, int kv_type);
@@ -87,6 +99,7 @@ BL_API void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const voi
 BL_OPS_DECLARE(scalar)
 BL_OPS_DECLARE(avx2)
 BL_OPS_DECLARE(avx512)
+void bl_hadamard_scalar(float *x, int len, int n);
 void bl_kv_store_scalar(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
                         int n_ctx, int kv_type);
 void bl_kv_store_f16_avx2(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,

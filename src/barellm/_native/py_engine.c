@@ -1,6 +1,8 @@
 /* Python bindings of the thread pool, the executor and the ops.h kernels. */
 #include "py_common.h"
 
+#include <limits.h>
+
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
@@ -251,7 +253,7 @@ static const op_keys OP_KEYS[] = {
     {"rope_kv", BL_OP_ROPE_KV,
      KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "out", "out_stride",
           "rope_dim", "eps", "rope_style", "rope_cs"),
-     KEYS("q_norm", "k_norm")},
+     KEYS("q_norm", "k_norm", "k_shift")},
     {"attention", BL_OP_ATTENTION,
      KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "window", "x",
           "x_stride", "out", "out_stride", "scale"),
@@ -346,6 +348,17 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
     op->q_norm = p;
     if (d_ptr(self, d, "k_norm", 0, &p)) return -1;
     op->k_norm = p;
+    PyObject *shift = PyDict_GetItemString(d, "k_shift");
+    if (shift && shift != Py_None) {
+        Py_ssize_t avail = 0;
+        op->k_shift = (const float *)plan_buf(self, shift, 0, &avail);
+        if (!op->k_shift) return -1;
+        if (avail < (Py_ssize_t)sizeof(float) * op->n_kv_heads * op->head_dim) {
+            PyErr_Format(PyExc_ValueError, "%s: k_shift has %zd bytes for %d kv heads of %d", spec->name, avail,
+                         op->n_kv_heads, op->head_dim);
+            return -1;
+        }
+    }
     if (d_ptr(self, d, "kc", 1, &p)) return -1;
     op->kc = p;
     if (d_ptr(self, d, "vc", 1, &p)) return -1;
@@ -720,6 +733,24 @@ static PyObject *py_add(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_hadamard(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo;
+    Py_ssize_t len;
+    int n;
+    if (!PyArg_ParseTuple(args, "Oni", &xo, &len, &n)) return NULL;
+    if (n < 1 || (n & (n - 1)) || len < 0 || len % n || len > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "hadamard: n must be a power of two dividing len, got n %d, len %zd", n, len);
+        return NULL;
+    }
+    views vs = {.n = 0};
+    float *x = vbuf(&vs, xo, 1, len, 4, "x");
+    if (x) bl_hadamard(x, (int)len, n);
+    views_release(&vs);
+    if (!x) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* bytes of one kv head's cache region of n_ctx positions; 0 (with the error set) for a bad type or head_dim */
 static Py_ssize_t kv_head_bytes(int n_ctx, int hd, int kv_type, const char *what) {
     const size_t rb = bl_kv_row_bytes(hd, kv_type);
@@ -829,6 +860,7 @@ PyMethodDef bl_engine_methods[] = {
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate, up, out, n)"},
     {"gelu_mul", py_gelu_mul, METH_VARARGS, "gelu_mul(gate, up, out, n)"},
     {"add", py_add, METH_VARARGS, "add(x, y, n): x += y"},
+    {"hadamard", py_hadamard, METH_VARARGS, "hadamard(x, len, n): x = H x over each block of n, in place"},
     {"kv_store", py_kv_store, METH_VARARGS, "kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_type=0)"},
     {"attend", py_attend, METH_VARARGS,
      "attend(q, pos, kc, vc, out, nq, head_dim, n_ctx, scale, kv_type=0, window=0): one kv head"},

@@ -140,7 +140,8 @@ class ReferenceEngine:
     """The NumPy float32 forward pass over a KV cache allocated once for n_ctx positions.
 
     kv_type: what the cache holds: "f32" (the default: exact), or the values a native cache of "f16" or
-    "q8_0" would hold (K and V rounded to halves, or through ggml's q8_0 blocks), kept as float32."""
+    "q8_0" would hold (K and V rounded to halves, or through ggml's q8_0 blocks: V as it is, K minus its bias
+    and turned by a Walsh-Hadamard transform first, quant.q8_0_keys), kept as float32."""
 
     def __init__(self, cfg: ModelConfig, source: WeightSource, n_ctx: int | None = None, n_slots: int = 1,
                  kv_type: str = "f32") -> None:
@@ -203,14 +204,22 @@ class ReferenceEngine:
         self.act = ACTIVATIONS[cfg.act]
 
     def _cached(self, x: np.ndarray) -> np.ndarray:
-        """x as the cache holds it (see kv_type)."""
+        """Values as the cache holds them (see kv_type)."""
         if self.kv_type == "f16":
             return x.astype(np.float16).astype(np.float32)
         if self.kv_type == "q8_0":
-            from barellm.quant import q8_0_round_trip
+            from barellm.formats.quant import q8_0_round_trip
 
             return q8_0_round_trip(x)
         return x
+
+    def _cached_keys(self, k: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+        """Keys [T, n_kv_heads, head_dim] as the cache holds them; bias: the K projection's, if the model has one."""
+        if self.kv_type == "q8_0":
+            from barellm.formats.quant import q8_0_keys_round_trip
+
+            return q8_0_keys_round_trip(k, None if bias is None else bias.reshape(k.shape[-2:]))
+        return self._cached(k)
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Copies the KV entries of positions 0..n-1 from slot src to slot dst."""
@@ -219,9 +228,16 @@ class ReferenceEngine:
         self.k_cache[dst, :, :n] = self.k_cache[src, :, :n]
         self.v_cache[dst, :, :n] = self.v_cache[src, :, :n]
 
-    def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]]) -> np.ndarray:
-        """Runs several sequences (slot, tokens, start); returns each one's last logits [len(seqs), n_vocab]."""
-        return np.concatenate([self.forward(tokens, start, slot=slot) for slot, tokens, start in seqs])
+    def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]],
+                      tails: Sequence[int] | None = None) -> np.ndarray:
+        """Runs several sequences (slot, tokens, start); returns each one's last logits [len(seqs), n_vocab],
+        or with tails the logits of each one's tails[i] last positions, in order (NativeEngine's contract)."""
+        if tails is None:
+            return np.concatenate([self.forward(tokens, start, slot=slot) for slot, tokens, start in seqs])
+        if len(tails) != len(seqs) or any(not 1 <= int(t) <= len(s[1]) for t, s in zip(tails, seqs, strict=True)):
+            raise InvalidRequest("forward_batch: tails needs one count per sequence, each in 1..its length")
+        return np.concatenate([self.forward(tokens, start, all_logits=True, slot=slot)[len(tokens) - int(t):]
+                               for (slot, tokens, start), t in zip(seqs, tails, strict=True)])
 
     def forward(self, tokens: Sequence[int], start: int, all_logits: bool = False, slot: int = 0) -> np.ndarray:
         """Feeds tokens at positions start.. of a slot (overwriting its cache from there); returns logits.
@@ -275,7 +291,7 @@ class ReferenceEngine:
                 q, k = rmsnorm(q, L.q_norm, eps), rmsnorm(k, L.k_norm, eps)
             cos, sin = (table[start:end] for table in self.rope[i])
             q = rope(q, cos, sin, cfg.rope_style)
-            k_cache[i, start:end] = self._cached(rope(k, cos, sin, cfg.rope_style))
+            k_cache[i, start:end] = self._cached_keys(rope(k, cos, sin, cfg.rope_style), L.bk)
             v_cache[i, start:end] = self._cached(v)
             att = attention(q, k_cache[i, :end], v_cache[i, :end], start, cfg.scale, cfg.layer_window(i)) @ L.wo
             if L.post_attn_norm is not None:

@@ -25,16 +25,15 @@ import math
 import mmap
 import struct
 from collections import Counter
-from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from barellm import quant
 from barellm.errors import FormatError
-from barellm.formats.mapped import MappedFile, TensorNotFound
+from barellm.formats import quant
+from barellm.formats.mapped import MappedFile, TensorInfo, TensorNotFound
 
 __all__ = ["GGUFFile", "TensorInfo", "TensorNotFound", "ValueType"]
 
@@ -117,30 +116,6 @@ _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # empty name, n_dims = 0, type, offset
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """Where a tensor lives in the file and what it holds. `shape` is in NumPy order (GGUF's ne reversed)."""
-
-    name: str
-    shape: tuple[int, ...]
-    type: int
-    offset: int  # absolute, in the file
-    nbytes: int
-
-    @property
-    def type_name(self) -> str:
-        return quant.type_name(self.type)
-
-    @property
-    def n_elements(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def ne(self) -> tuple[int, ...]:
-        """The dimensions as GGUF lists them, innermost first."""
-        return tuple(reversed(self.shape))
 
 
 class _Parser:

@@ -3,17 +3,19 @@ as zero-copy byte views, and a close that waits for those views to go. Subclasse
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from barellm import quant
 from barellm.errors import FormatError, ModelNotFound
 from barellm.files import check_regular
+from barellm.formats import quant
 
 Self = TypeVar("Self", bound="MappedFile")
 
@@ -23,6 +25,30 @@ _HUGE = 2 << 20  # a transparent huge page (x86-64, arm64 with 4 KB pages)
 _MADV_DONTNEED = 4
 _PAGEMAP_SCAN = 0xC0606610  # _IOWR('f', 16, struct pm_scan_arg), /proc/self/pagemap: Linux 6.7
 _PAGE_IS_PRESENT, _PAGE_IS_HUGE = 1 << 3, 1 << 6
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where a tensor lives in a model file and what it holds. `shape` is in NumPy order (GGUF's ne reversed)."""
+
+    name: str
+    shape: tuple[int, ...]
+    type: int
+    offset: int  # absolute, in the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        return quant.type_name(self.type)
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ne(self) -> tuple[int, ...]:
+        """The dimensions as GGUF lists them, innermost first."""
+        return tuple(reversed(self.shape))
 
 
 def _huge_after(offset: int) -> int:

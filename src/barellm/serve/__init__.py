@@ -16,7 +16,7 @@ from barellm.errors import BarellmError, InvalidRequest
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from barellm.arguments import add_model_args
+    from barellm.cli.arguments import add_draft_arg, add_model_args
 
     p = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server; concurrent requests share forward passes",
@@ -57,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="memory the loaded models may take together (files and KV caches), e.g. 4G; loading "
                         "past it unloads idle models first (default: no limit)")
     p.add_argument("--template", default=None, help="a built-in chat template to use instead of the file's")
+    add_draft_arg(p)
     p.add_argument("--api-key", default=os.environ.get("BARELLM_API_KEY") or None, metavar="KEY",
                    help="requests must send 'Authorization: Bearer KEY' (default: the environment variable "
                         "BARELLM_API_KEY, which keeps the key out of the process list; unset: no key)")
@@ -100,7 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def served_id(model: str | None, path: Path) -> str:
     """The id /v1/models reports: the registry name when the model was given by name, else the name the
     cache knows the file by (a user's own model), else the file's stem."""
-    from barellm import catalog, hub
+    from barellm.store import catalog, hub
 
     name = model if model is not None else hub.DEFAULT_MODEL
     name = hub.ALIASES.get(name, name)
@@ -163,8 +164,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 def keep_alive(args: argparse.Namespace) -> float | None:
     """--keep-alive in seconds, None for never."""
+    from barellm.serve.errors import ApiError
     from barellm.serve.models import parse_keep_alive
-    from barellm.serve.schemas import ApiError
 
     try:
         return parse_keep_alive(args.keep_alive, "--keep-alive")
@@ -196,8 +197,7 @@ def build_app(args: argparse.Namespace, *, replica: str | None = None) -> Any:
         first = args.models[0] if args.models else None
         model = barellm.load(first, threads=args.threads, context=args.context, engine=args.engine,
                              chat_template=args.template, slots=args.slots, activations=args.activations,
-                             kv_type=args.kv_type,
-                             verify=args.verify)
+                             kv_type=args.kv_type, verify=args.verify, draft=args.draft)
         return create_app(model, model_id=served_id(first, model.path), aliases=args.alias,
                           max_queue=args.queue, timeout=args.timeout or None, prefill_chunk=args.prefill_chunk,
                           api_key=args.api_key, allowed_hosts=allowed, cors_origins=args.cors_origin,
@@ -208,10 +208,10 @@ def build_app(args: argparse.Namespace, *, replica: str | None = None) -> Any:
 def build_server(args: argparse.Namespace, allowed: Any, replica: str | None) -> Any:
     """Many models on demand (serve.models), the ones named loaded now."""
     import barellm
-    from barellm import catalog
     from barellm.serve.app import create_server, model_state, stop_state
     from barellm.serve.metrics import Metrics
     from barellm.serve.models import Models, cache_candidates, parse_bytes
+    from barellm.store import catalog
 
     given: list[tuple[str, Path]] = []
     for m in args.models:
@@ -227,8 +227,8 @@ def build_server(args: argparse.Namespace, allowed: Any, replica: str | None) ->
     def load(cand: Any) -> Any:
         model = barellm.load(cand.path, threads=args.threads, context=args.context, engine=args.engine,
                              chat_template=args.template, slots=args.slots, activations=args.activations,
-                             kv_type=args.kv_type,
-                             verify=args.verify)
+                             kv_type=args.kv_type, verify=args.verify)
+        add_draft(model, args.draft)
         return model_state(model, cand.name, metrics, max_queue=args.queue, timeout=timeout,
                            prefill_chunk=args.prefill_chunk, stream_interval=args.stream_interval)
 
@@ -241,6 +241,19 @@ def build_server(args: argparse.Namespace, allowed: Any, replica: str | None) ->
             models.adopt(cand, load(cand), keep_alive=None)   # named at start: kept until a request says else
     return create_server(models, metrics, timeout=timeout, api_key=args.api_key, allowed_hosts=allowed,
                          cors_origins=args.cors_origin, stream_interval=args.stream_interval, replica=replica)
+
+
+def add_draft(model: Any, draft: str | None) -> None:
+    """Gives a model the server's --draft. A server serves many models, and a draft model drafts only for
+    those of its vocabulary: another one is served without drafting, with a warning naming why."""
+    if draft is None:
+        return
+    from barellm.api.drafting import speculator
+
+    try:
+        model.scheduler.configure(speculator=speculator(draft, model))
+    except InvalidRequest as e:
+        print(f"barellm: warning: {model.name} is served without drafting: {e}", file=sys.stderr)
 
 
 def connection_limits(args: argparse.Namespace) -> Any:
@@ -265,8 +278,10 @@ def connection_limits(args: argparse.Namespace) -> Any:
 def check_model(args: argparse.Namespace) -> None:
     """Refuses a model that resolves to nothing (the error names the known models) before a server starts or
     a Ray cluster is joined. A path given with --address is left to the cluster: it names a file there."""
-    from barellm import catalog, hub
+    from barellm.cli.arguments import check_draft
+    from barellm.store import catalog, hub
 
+    check_draft(args)
     for m in args.models:
         if hub.exists(m) or catalog.is_known(m):
             continue

@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP app (Starlette): validation, tokenization, and streaming the scheduler's events.
 
 The event loop never runs the model. A generation request is validated and tokenized (in a worker
-thread, as a long prompt takes a while), submitted to the Scheduler, and answered by a GenerationResponse,
-which relays the scheduler's events as one JSON body or as server-sent events while it watches the
-connection: a client that goes away cancels its job at once, freeing the slot before the next step.
+thread, as a long prompt takes a while), submitted to the Scheduler, and answered by a GenerationResponse
+(responses.py), which relays the scheduler's events as one JSON body or as server-sent events while it
+watches the connection: a client that goes away cancels its job at once, freeing the slot before the next
+step.
 """
 
 from __future__ import annotations
@@ -21,21 +22,29 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from barellm import __version__, openai_format
+from barellm import __version__
+from barellm.api.openai import GenerationRequest
 from barellm.errors import InvalidRequest
+from barellm.generate.scheduler import DEFAULT_PREFILL_CHUNK, Scheduler
 from barellm.serve import openapi_doc, schemas
+from barellm.serve.errors import ApiError, bad
 from barellm.serve.metrics import Metrics, endpoint_label
 from barellm.serve.models import Candidate, Models, Server, leasing
-from barellm.serve.relay import Outbox, RelayResponse, chat_prompt, constrain, read_body, submit, submit_embeddings
-from barellm.serve.scheduler import DEFAULT_PREFILL_CHUNK, Event, Job, Scheduler, TokenLogprob
-from barellm.serve.schemas import ApiError, GenerationRequest, bad
+from barellm.serve.relay import prepare, read_body, submit, submit_embeddings
+from barellm.serve.responses import (
+    _JSON,
+    EmbeddingResponse,
+    Formatter,
+    GenerationResponse,
+    InfillResponse,
+    error_response,
+)
 from barellm.serve.security import MAX_HEADER_BYTES, Guard
 from barellm.text.infill import end_rules
-from barellm.text.tools import ToolCallStream, parse_tool_calls
 
 DEFAULT_STREAM_INTERVAL = 0.02   # seconds: a streamed response's text goes out at most 50 times a second
 
@@ -44,20 +53,6 @@ def _run_sync(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
     from starlette.concurrency import run_in_threadpool
 
     return run_in_threadpool(fn, *args)
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def _utf8(text: str) -> bytes:
-    # an error message may quote a client's string, and JSON lets those hold lone surrogates
-    return text.encode("utf-8", errors="replace")
-
-
-class _JSON(JSONResponse):
-    def render(self, content: Any) -> bytes:
-        return _utf8(_dumps(content))
 
 
 class ServerState:
@@ -82,8 +77,11 @@ class ServerState:
         self.max_body = max_body
         self.fingerprint = f"barellm-{__version__}-{getattr(model, 'engine_name', 'engine')}"
         self.metrics = metrics if metrics is not None else Metrics(model.engine.n_slots)
-        self.scheduler = Scheduler(model.engine, model.tokenizer, n_ctx=self.n_ctx, max_queue=max_queue,
-                                   prefill_chunk=prefill_chunk, metrics=self.metrics)
+        self.scheduler = getattr(model, "scheduler", None)   # a Model's own: the one the Python API runs
+        if self.scheduler is None:   # a stand-in that brings only an engine and a tokenizer
+            self.scheduler = Scheduler(model.engine, model.tokenizer, n_ctx=self.n_ctx,
+                                       speculator=getattr(model, "speculator", None))
+        self.scheduler.configure(max_queue=max_queue, prefill_chunk=prefill_chunk, metrics=self.metrics)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name.lower() not in self.names:
@@ -91,235 +89,6 @@ class ServerState:
                            param="model", code="model_not_found")
 
 
-# --- body and errors -----------------------------------------------------------------------------
-
-def error_response(state: ServerState, path: str, err: ApiError, headers: dict[str, str] | None = None
-                   ) -> Response:
-    state.metrics.error(endpoint_label(path), err.type)
-    return _JSON(err.body(), status_code=err.status, headers=headers)
-
-
-# --- turning events into OpenAI's shapes ---------------------------------------------------------
-
-class Formatter:
-    """Builds the response objects and stream chunks of one request (their shapes: openai_format)."""
-
-    def __init__(self, state: ServerState, req: GenerationRequest, prompt_chars: int) -> None:
-        self.state = state
-        self.req = req
-        self.chat = req.kind == "chat"
-        self.id = openai_format.new_id(self.chat)
-        self.created = int(time.time())
-        self.prompt_chars = prompt_chars    # legacy logprobs' text_offset counts from the start of the prompt
-        self.offsets: dict[int, int] = {}   # per choice: text_offset of its next token
-        self._frames: dict[int, tuple[bytes, bytes]] = {}   # per choice: a text event's bytes around the text
-        # tool calls parsed out of a chat reply (streamed: per choice, as they complete)
-        self.tool_names = req.tool_names if self.chat else None
-        self._calls: dict[int, Any] = {}
-        self._held_lps: dict[int, list[TokenLogprob]] = {}
-
-    def logprobs(self, toks: list[TokenLogprob], index: int = 0) -> dict[str, Any] | None:
-        if self.req.top_logprobs is None:
-            return None
-        token_bytes = self.state.tokenizer.token_bytes
-        if self.chat:
-            return openai_format.chat_logprobs(toks, token_bytes, self.req.tokens_as_ids)
-        out, self.offsets[index] = openai_format.completion_logprobs(
-            toks, token_bytes, self.offsets.get(index, self.prompt_chars), self.req.tokens_as_ids)
-        return out
-
-    def usage(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return openai_format.usage(prompt_tokens, completion_tokens, cached_tokens)
-
-    def _ids(self) -> dict[str, Any]:
-        return {"created": self.created, "fingerprint": self.state.fingerprint}
-
-    def whole(self, choices: list[tuple[str, list[TokenLogprob], str]], usage: dict[str, Any]) -> dict[str, Any]:
-        """The response object: (text, logprobs, finish reason) of each choice."""
-        body = None
-        for i, (text, toks, reason) in enumerate(choices):
-            lps = self.logprobs(toks, i)
-            if not self.chat:
-                one = openai_format.text_completion(self.id, self.state.model_id, text, reason, usage, logprobs=lps,
-                                                    **self._ids())
-            else:
-                content: str | None = text
-                calls = None
-                if self.tool_names is not None:
-                    content, calls = parse_tool_calls(text, self.tool_names)
-                    if calls and reason == "stop":
-                        reason = "tool_calls"
-                    elif not calls:
-                        content = text
-                one = openai_format.chat_completion(self.id, self.state.model_id, content, reason, usage,
-                                                    logprobs=lps, tool_calls=calls, **self._ids())
-            if body is None:
-                body = one
-            else:
-                body["choices"].append({**one["choices"][0], "index": i})
-        assert body is not None
-        return body
-
-    def chunk(self, text: str | None, logprobs: dict[str, Any] | None, finish_reason: str | None = None,
-              role: bool = False, index: int = 0) -> dict[str, Any]:
-        if self.chat:
-            out = openai_format.chat_chunk(self.id, self.state.model_id, text=text, role=role,
-                                           finish_reason=finish_reason, logprobs=logprobs,
-                                           with_usage=self.req.include_usage, **self._ids())
-        else:
-            out = openai_format.text_chunk(self.id, self.state.model_id, text=text or "", finish_reason=finish_reason,
-                                           logprobs=logprobs, with_usage=self.req.include_usage, **self._ids())
-        if index:
-            out["choices"][0]["index"] = index
-        return out
-
-    def _tool_events(self, stream: ToolCallStream, parts: list[tuple[str, Any]], toks: list[TokenLogprob],
-                     index: int) -> bytes:
-        """The events of content and whole tool calls split out of a chat reply; logprobs go with the first
-        event after their text (held while a call is still open)."""
-        held = self._held_lps.setdefault(index, [])
-        held.extend(toks)
-        out = bytearray()
-        for kind, p in parts:
-            lps = self.logprobs(held, index) if held else (None if self.req.top_logprobs is None else
-                                                           self.logprobs([], index))
-            held.clear()
-            if kind == "content":
-                out.extend(_sse(self.chunk(p, lps, index=index)))
-            else:
-                ch = self.chunk(None, lps, index=index)
-                ch["choices"][0]["delta"] = {"tool_calls": openai_format.tool_call_deltas([p], stream.sent)}
-                stream.sent += 1
-                out.extend(_sse(ch))
-        return bytes(out)
-
-    def closing_events(self, index: int, reason: str) -> bytes:
-        """A choice's last events: what its tool-call parsing still holds, and the chunk with its finish reason
-        ("tool_calls" when it called any and stopped of its own accord)."""
-        out = b""
-        stream = self._calls.pop(index, None)
-        if stream is not None:
-            out = self._tool_events(stream, stream.finish(), [], index)
-            if stream.calls and reason == "stop":
-                reason = "tool_calls"
-        return out + _sse(self.chunk(None, None, finish_reason=reason, index=index))
-
-    def text_event(self, text: str, toks: list[TokenLogprob], index: int) -> bytes:
-        """The server-sent event of a run of text. The chunk's bytes around the JSON of the text are the same
-        for every chunk of a choice, so only the text is encoded per event."""
-        if self.tool_names is not None:
-            stream = self._calls.get(index)
-            if stream is None:
-                stream = self._calls[index] = ToolCallStream(self.tool_names)
-            return self._tool_events(stream, stream.feed(text), toks, index)
-        if self.req.top_logprobs is not None:
-            return _sse(self.chunk(text, self.logprobs(toks, index), index=index))
-        frame = self._frames.get(index)
-        if frame is None:
-            marker = "\u0000barellm-text\u0000"
-            head, tail = _dumps(self.chunk(marker, None, index=index)).split(_dumps(marker))
-            frame = self._frames[index] = (_utf8(f"data: {head}"), _utf8(f"{tail}\n\n"))
-        return frame[0] + _utf8(_dumps(text)) + frame[1]
-
-    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
-        return openai_format.usage_chunk(self.id, self.state.model_id, self.chat, usage, **self._ids())
-
-
-def _sse(obj: Any) -> bytes:
-    return _utf8(f"data: {_dumps(obj)}\n\n")
-
-
-class GenerationResponse(RelayResponse):
-    """Relays a job's events in OpenAI's shapes: one JSON body, or server-sent events. The events that
-    arrived together go out together: one write, and a run of one choice's deltas as one chunk."""
-
-    def __init__(self, state: ServerState, job: Job, events: Outbox, fmt: Formatter, path: str) -> None:
-        super().__init__(state, job, events, path)
-        self.fmt = fmt
-
-    async def _error(self, scope: Scope, receive: Receive, send: Send, ev: Event) -> None:
-        err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
-        await error_response(self.state, self.path, err)(scope, receive, send)
-
-    def _chunk(self, out: bytearray, delta: tuple[int, list[str], list[TokenLogprob]] | None) -> None:
-        if delta is not None:
-            i, parts, lps = delta
-            out.extend(self.fmt.text_event("".join(parts), lps, i))
-
-    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
-        fmt = self.fmt
-        n = self.job.n
-        start: Event | None = None
-        texts: list[list[str]] = [[] for _ in range(n)]
-        toks: list[list[TokenLogprob]] = [[] for _ in range(n)]
-        reasons: list[str | None] = [None] * n
-        completion_tokens = 0
-        streaming = False
-        clock = time.perf_counter
-        while True:
-            evs = await self.events.batch()
-            t0 = clock()
-            out = bytearray()
-            run: tuple[int, list[str], list[TokenLogprob]] | None = None   # one choice's deltas, merged
-            for ev in evs:
-                if ev is None:
-                    return
-                if ev.kind == "error":
-                    if not streaming:
-                        await self._error(scope, receive, send, ev)
-                        return
-                    # the status line is gone already: OpenAI's clients read an error object in the stream
-                    self._chunk(out, run)
-                    self.state.metrics.error(endpoint_label(self.path), ev.error_type)
-                    err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
-                    out.extend(_sse(err.body()))
-                    await send({"type": "http.response.body", "body": bytes(out), "more_body": False})
-                    return
-                if ev.kind == "start":
-                    start = ev
-                    if fmt.req.stream:
-                        await send({"type": "http.response.start", "status": 200, "headers": [
-                            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-                            (b"x-accel-buffering", b"no")]})
-                        streaming = True
-                        if fmt.chat:
-                            for i in range(n):
-                                out.extend(_sse(fmt.chunk(None, None, role=True, index=i)))
-                elif ev.kind == "delta":
-                    if not fmt.req.stream:
-                        texts[ev.index].append(ev.text)
-                        toks[ev.index].extend(ev.tokens)
-                    elif run is not None and run[0] == ev.index:
-                        run[1].append(ev.text)
-                        run[2].extend(ev.tokens)
-                    else:
-                        self._chunk(out, run)
-                        run = (ev.index, [ev.text], list(ev.tokens))
-                elif ev.kind == "done":
-                    reasons[ev.index] = ev.finish_reason
-                    completion_tokens += ev.completion_tokens
-                    if fmt.req.stream:
-                        self._chunk(out, run)
-                        run = None
-                        out.extend(fmt.closing_events(ev.index, ev.finish_reason or "length"))
-            self._chunk(out, run)
-            finished = all(r is not None for r in reasons)
-            if finished:
-                assert start is not None
-                usage = fmt.usage(start.prompt_tokens, start.cached_tokens, completion_tokens)
-                if not fmt.req.stream:
-                    body = fmt.whole([("".join(texts[i]), toks[i], reasons[i] or "length") for i in range(n)], usage)
-                    self.state.metrics.wrote(clock() - t0)
-                    await _JSON(body)(scope, receive, send)
-                    return
-                if fmt.req.include_usage:
-                    out.extend(_sse(fmt.usage_chunk(usage)))
-                out.extend(b"data: [DONE]\n\n")
-            if out:
-                await send({"type": "http.response.body", "body": bytes(out), "more_body": not finished})
-            self.state.metrics.wrote(clock() - t0)
-            if finished:
-                return
 
 
 # --- handlers ------------------------------------------------------------------------------------
@@ -343,127 +112,39 @@ def _model_field(raw: bytes) -> str | None:
     return name if isinstance(name, str) else None
 
 
-async def _generate(request: Request, state: ServerState, req: GenerationRequest, prompt_ids: list[int],
-                    prompt_chars: int) -> Response:
-    job, events = submit(state, req, prompt_ids)
+async def _generate(request: Request, state: ServerState, req: GenerationRequest) -> Response:
+    """Makes the request's prompt (off the event loop) and hands it to the scheduler; its answer is relayed."""
+    await _run_sync(prepare, state.model, req)
+    job, events = submit(state, req)
+    prompt_chars = len(req.prompt_text) if req.prompt_text is not None else 0
     return GenerationResponse(state, job, events, Formatter(state, req, prompt_chars), request.url.path)
 
 
 async def chat_completions(request: Request) -> Response:
     req = schemas.chat_request(await read_body(request, _state(request).max_body))
     state = await _model(request, req.model)
-    assert req.messages is not None
-    ids = await _run_sync(chat_prompt, state.model, req)
-    return await _generate(request, state, req, ids, 0)
+    return await _generate(request, state, req)
 
 
-def _completion_prompt(model: Any, req: GenerationRequest) -> list[int]:
-    constrain(model, req)
-    assert isinstance(req.prompt, str)
+def _infill_prompt(model: Any, body: schemas.InfillRequest, req: GenerationRequest) -> None:
+    prepare(model, req)   # the constraint: the prompt is llama.cpp's /infill layout
     try:
-        if req.suffix:
-            ids = model.infill_prompt(req.prompt, req.suffix, max_tokens=req.max_tokens, repo_level=False)
-            stops, req.min_indent = end_rules(req.prompt, req.suffix)
-            req.stops = req.stops + stops
-            return ids
-        return model.tokenize(req.prompt)
-    except InvalidRequest as e:
-        raise bad(str(e), "suffix" if req.suffix else "prompt") from None
-
-
-def _infill_prompt(model: Any, body: schemas.InfillRequest, req: GenerationRequest) -> list[int]:
-    constrain(model, req)
-    try:
-        ids = model.infill_prompt(body.input_prefix, body.input_suffix, prompt=body.prompt,
-                                  extra=[c.model_dump() for c in body.input_extra], max_tokens=req.max_tokens,
-                                  repo_level=True)
+        req.prompt = model.infill_prompt(body.input_prefix, body.input_suffix, prompt=body.prompt,
+                                         extra=[c.model_dump() for c in body.input_extra], max_tokens=req.max_tokens,
+                                         repo_level=True)
     except InvalidRequest as e:
         raise bad(str(e), "input_prefix") from None
     stops, indent = end_rules(body.input_prefix + body.prompt, body.input_suffix)
     req.stops = req.stops + stops
     req.min_indent = body.n_indent if body.n_indent is not None and body.n_indent > 0 else indent
-    return ids
-
-
-class InfillResponse(RelayResponse):
-    """llama.cpp server's answer to /infill: one object, or server-sent events of {"content", "stop": false}
-    ending with the whole object ("stop": true, the counts, timings, why it stopped)."""
-
-    def __init__(self, state: ServerState, job: Job, events: Outbox, stream: bool, path: str) -> None:
-        super().__init__(state, job, events, path)
-        self.stream = stream
-
-    def _final(self, text: str, start: Event, done: Event, t0: float, t_first: float, t_end: float
-               ) -> dict[str, Any]:
-        n_prompt = start.prompt_tokens - start.cached_tokens
-        prompt_ms, predicted_ms = 1000 * (t_first - t0), 1000 * (t_end - t_first)
-        n = done.completion_tokens
-        return {"index": 0, "content": text, "tokens": [], "id_slot": -1, "stop": True, "model": self.state.model_id,
-                "tokens_predicted": n, "tokens_evaluated": start.prompt_tokens, "tokens_cached": start.cached_tokens,
-                "has_new_line": "\n" in text, "truncated": False, "stop_type": done.stop_type,
-                "stopping_word": done.stop_word or "",
-                "timings": {"prompt_n": n_prompt, "prompt_ms": prompt_ms,
-                            "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
-                            "prompt_per_second": 1000 * n_prompt / prompt_ms if prompt_ms > 0 else 0.0,
-                            "predicted_n": n, "predicted_ms": predicted_ms,
-                            "predicted_per_token_ms": predicted_ms / n if n else 0.0,
-                            "predicted_per_second": 1000 * n / predicted_ms if predicted_ms > 0 else 0.0}}
-
-    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
-        clock = time.perf_counter
-        t0 = clock()
-        t_first: float | None = None
-        start: Event | None = None
-        parts: list[str] = []
-        streaming = False
-        while True:
-            for ev in await self.events.batch():
-                if ev is None:
-                    return
-                if ev.kind == "error":
-                    err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
-                    if not streaming:
-                        await error_response(self.state, self.path, err)(scope, receive, send)
-                    else:
-                        self.state.metrics.error(endpoint_label(self.path), ev.error_type)
-                        await send({"type": "http.response.body", "body": _sse(err.body()), "more_body": False})
-                    return
-                if ev.kind == "start":
-                    start = ev
-                    t0 = clock()
-                    if self.stream:
-                        await send({"type": "http.response.start", "status": 200, "headers": [
-                            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-                            (b"x-accel-buffering", b"no")]})
-                        streaming = True
-                elif ev.kind == "delta":
-                    if t_first is None:
-                        t_first = clock()
-                    if streaming:
-                        if ev.text:
-                            piece = {"index": 0, "content": ev.text, "tokens": ev.token_ids, "stop": False,
-                                     "id_slot": -1}
-                            await send({"type": "http.response.body", "body": _sse(piece), "more_body": True})
-                    else:
-                        parts.append(ev.text)
-                elif ev.kind == "done":
-                    assert start is not None
-                    t_end = clock()
-                    final = self._final("" if streaming else "".join(parts), start, ev, t0,
-                                        t_end if t_first is None else t_first, t_end)
-                    if streaming:
-                        await send({"type": "http.response.body", "body": _sse(final), "more_body": False})
-                    else:
-                        await _JSON(final)(scope, receive, send)
-                    return
 
 
 async def infill(request: Request) -> Response:
     body, req = schemas.infill_request(await read_body(request, _state(request).max_body))
     state = await _model(request, req.model)
-    ids = await _run_sync(_infill_prompt, state.model, body, req)
+    await _run_sync(_infill_prompt, state.model, body, req)
     stream, req.stream = req.stream, True   # the job streams either way: its first delta times the prefill
-    job, events = submit(state, req, ids)
+    job, events = submit(state, req)
     return InfillResponse(state, job, events, stream, request.url.path)
 
 
@@ -473,14 +154,7 @@ async def completions(request: Request) -> Response:
     if name is None:
         schemas.completion_request(raw, 1 << 31)   # a body that is no request fails before any model loads
     state = await _model(request, name)
-    req = schemas.completion_request(raw, state.n_vocab)
-    if isinstance(req.prompt, str):
-        ids = await _run_sync(_completion_prompt, state.model, req)
-        return await _generate(request, state, req, ids, len(req.prompt))
-    assert req.prompt is not None
-    if req.constraint is not None:
-        await _run_sync(constrain, state.model, req)
-    return await _generate(request, state, req, list(req.prompt), 0)
+    return await _generate(request, state, schemas.completion_request(raw, state.n_vocab))
 
 
 def _model_card(server: Server, cand: Candidate) -> dict[str, Any]:
@@ -542,32 +216,6 @@ async def detokenize(request: Request) -> Response:
     except InvalidRequest as e:
         raise bad(str(e), "tokens") from None
     return _JSON({"content": text})
-
-
-class EmbeddingResponse(RelayResponse):
-    """OpenAI's embedding list, once the scheduler has made every vector."""
-
-    def __init__(self, state: ServerState, job: Any, events: Outbox, path: str, base64: bool) -> None:
-        super().__init__(state, job, events, path)
-        self.base64 = base64
-
-    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
-        import base64
-
-        while True:
-            for ev in await self.events.batch():
-                if ev is None:
-                    return
-                if ev.kind == "error":
-                    err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
-                    await error_response(self.state, self.path, err)(scope, receive, send)
-                    return
-                if ev.kind == "embeddings":
-                    vectors = ([base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in ev.data]
-                               if self.base64 else ev.data.tolist())
-                    body = openai_format.embeddings(self.state.model_id, vectors, ev.prompt_tokens)
-                    await _JSON(body)(scope, receive, send)
-                    return
 
 
 async def embeddings(request: Request) -> Response:

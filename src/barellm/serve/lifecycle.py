@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from typing import Any
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -18,12 +18,19 @@ from starlette.types import Receive, Scope, Send
 
 from barellm.errors import BarellmError, InvalidRequest
 from barellm.serve import schemas
+from barellm.serve.errors import ApiError, bad
 from barellm.serve.models import leasing
 from barellm.serve.relay import Outbox, RelayResponse, read_body, submit_embeddings
-from barellm.serve.schemas import ApiError, _Body, bad
+from barellm.serve.schemas import Duration, Int, _Body
+
+# _name(): the model by either of its keys, not empty
+NAMED = ConfigDict(json_schema_extra={"anyOf": [
+    {"required": [key], "properties": {key: {"type": "string", "minLength": 1}}} for key in ("model", "name")]})
 
 
 class PullRequest(_Body):
+    model_config = NAMED
+
     model: str | None = None
     name: str | None = None   # older clients
     stream: bool = True
@@ -31,6 +38,8 @@ class PullRequest(_Body):
 
 
 class DeleteRequest(_Body):
+    model_config = NAMED
+
     model: str | None = None
     name: str | None = None
 
@@ -45,15 +54,15 @@ class EmbedRequest(_Body):
     input: str | list[str] = ""
     truncate: bool = True
     options: dict[str, Any] | None = None
-    keep_alive: float | str | None = None
-    dimensions: int | None = None
+    keep_alive: float | Duration | None = None
+    dimensions: Int | None = None
 
 
 class LegacyEmbeddingRequest(_Body):
     model: str = Field(min_length=1)
     prompt: str = ""
     options: dict[str, Any] | None = None
-    keep_alive: float | str | None = None
+    keep_alive: float | Duration | None = None
 
 
 def _tag(name: str) -> str:
@@ -123,15 +132,20 @@ def _digest(cand: Any) -> str:
     return hashlib.sha256(f"{cand.path}:{int(cand.modified)}".encode()).hexdigest()
 
 
+_FAR_AHEAD = 100 * 365 * 86400.0   # seconds: when /api/ps says a model kept loaded unloads
+
+
 async def ps(request: Request) -> Response:
     """The loaded models: size (file and KV caches), when each unloads (far ahead: kept loaded)."""
     server = request.app.state.server
     out = []
+    never = time.time() + _FAR_AHEAD
     for m in sorted(server.models.loaded.values(), key=lambda m: -m.last_used):
         expires = m.expires_at
         if expires is None:
             expires = time.time() + (m.keep_alive if m.keep_alive is not None and not m.candidate.fixed else
-                                     100 * 365 * 86400.0)
+                                     _FAR_AHEAD)
+        expires = min(expires, never)   # a keep_alive of 1e300 s is "never" too; a date that far has no year
         out.append({"name": _tag(m.name), "model": _tag(m.name), "size": m.memory, "size_vram": 0,
                     "digest": _digest(m.candidate), "details": _details(m.state),
                     "expires_at": datetime.fromtimestamp(expires, timezone.utc).isoformat().replace("+00:00", "Z"),
@@ -171,7 +185,7 @@ _pull_lock: asyncio.Lock | None = None
 @_ollama
 async def pull(request: Request) -> Response:
     """Fetches a model the cache knows by name (hub.REGISTRY), as `barellm pull` does."""
-    from barellm import hub
+    from barellm.store import hub
 
     server = request.app.state.server
     body = schemas.parse(PullRequest, await read_body(request, server.max_body))
@@ -223,8 +237,8 @@ async def pull(request: Request) -> Response:
 @_ollama
 async def delete(request: Request) -> Response:
     """Removes a model from the cache (unloading it first); one in use is refused, 409."""
-    from barellm import catalog, hub
-    from barellm.commands import remove_model
+    from barellm.cli.commands import remove_model
+    from barellm.store import catalog, hub
 
     server = request.app.state.server
     body = schemas.parse(DeleteRequest, await read_body(request, server.max_body))
@@ -351,17 +365,26 @@ async def embeddings(request: Request) -> Response:
 MODELS = [PullRequest, DeleteRequest, CopyRequest, EmbedRequest, LegacyEmbeddingRequest]
 
 
-def _op(method: str, summary: str, op_id: str, schema: str, response: str) -> dict[str, Any]:
+_ERROR = {"application/json": {"schema": {"type": "object", "properties": {"error": {"type": "string"}},
+                                          "required": ["error"]}}}
+
+
+def _op(method: str, summary: str, op_id: str, schema: str, response: str,
+        errors: dict[str, str] | None = None) -> dict[str, Any]:
     return {method: {"summary": summary, "operationId": op_id, "tags": ["ollama"],
                      "requestBody": {"required": True, "content": {"application/json": {
                          "schema": {"$ref": f"#/components/schemas/{schema}"}}}},
-                     "responses": {"200": {"description": response}}}}
+                     "responses": {"200": {"description": response},
+                                   **{code: {"description": what, "content": _ERROR}
+                                      for code, what in (errors or {}).items()}}}}
 
 
 PATHS: dict[str, Any] = {
     "/api/pull": _op("post", "Ollama: fetch a model the cache knows by name", "ollamaPull", "PullRequest",
-                     "streamed: one progress object per line, the last {status: success}"),
-    "/api/delete": _op("delete", "Ollama: remove a model from the cache", "ollamaDelete", "DeleteRequest", "{}"),
+                     "streamed: one progress object per line, the last {status: success}",
+                     {"500": "with stream false: the pull failed (the network, the disk); streamed, an error line"}),
+    "/api/delete": _op("delete", "Ollama: remove a model from the cache", "ollamaDelete", "DeleteRequest", "{}",
+                       {"409": "the model is in use", "500": "removing its files failed"}),
     "/api/copy": _op("post", "Ollama: another name for a model (while the server runs)", "ollamaCopy",
                      "CopyRequest", "{}"),
     "/api/embed": _op("post", "Ollama: embeddings of texts", "ollamaEmbed", "EmbedRequest", "{embeddings}"),

@@ -8,12 +8,12 @@ formatting and writing events, kept apart from it: /metrics reads both without s
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable
 
-from barellm.generation import PHASES, Timings
+from barellm.generate.generation import PHASES
+from barellm.generate.stats import RATE_WINDOW_S, SchedulerStats
 
 # The paths that get their own label; anything else counts as "other", so a client probing random
 # paths cannot grow the label set without bound.
@@ -21,8 +21,6 @@ KNOWN_ENDPOINTS = (
     "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
     "/tokenize", "/detokenize", "/openapi.json", "/v1/embeddings", "/infill",
 )
-
-RATE_WINDOW_S = 10.0   # generated tokens/s is measured over this trailing window
 
 
 def endpoint_label(path: str) -> str:
@@ -33,30 +31,15 @@ def endpoint_label(path: str) -> str:
     return "other"
 
 
-class Metrics:
+class Metrics(SchedulerStats):
+    """The scheduler's counters (SchedulerStats) and the HTTP side's: requests by endpoint and status, errors,
+    the event loop's time spent writing."""
+
     def __init__(self, n_slots: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self._lock = threading.Lock()
-        self._clock = clock
-        self.started = clock()
-        self.n_slots = n_slots
+        super().__init__(n_slots, clock)
         self.requests: dict[tuple[str, int], int] = defaultdict(int)
         self.errors: dict[tuple[str, str], int] = defaultdict(int)
-        self.prompt_tokens = 0
-        self.cached_tokens = 0
-        self.generated_tokens = 0
-        self.finished: dict[str, int] = defaultdict(int)   # by finish reason (stop, length, cancelled, error)
-        self.steps = 0
-        self.step_seconds = 0.0
-        self.step_sequences = 0
-        self.ttft_sum = 0.0
-        self.ttft_count = 0
-        self.queue_depth = 0
-        self.slots_in_use = 0
-        self._recent: deque[tuple[float, int]] = deque()   # (time, tokens) of recent decode steps
-        self.timings: Timings | None = None     # the scheduler's token loop (its thread writes it)
         self.write_seconds = 0.0                # formatting and sending events (the event loop)
-
-    # --- updates ------------------------------------------------------------------------------
 
     def request(self, endpoint: str, status: int) -> None:
         with self._lock:
@@ -65,27 +48,6 @@ class Metrics:
     def error(self, endpoint: str, kind: str) -> None:
         with self._lock:
             self.errors[(endpoint, kind)] += 1
-
-    def admitted(self, prompt_tokens: int, cached_tokens: int) -> None:
-        with self._lock:
-            self.prompt_tokens += prompt_tokens
-            self.cached_tokens += cached_tokens
-
-    def first_token(self, seconds: float) -> None:
-        with self._lock:
-            self.ttft_sum += seconds
-            self.ttft_count += 1
-
-    def step(self, seconds: float, sequences: int, generated: int) -> None:
-        now = self._clock()
-        with self._lock:
-            self.steps += 1
-            self.step_seconds += seconds
-            self.step_sequences += sequences
-            self.generated_tokens += generated
-            if generated:
-                self._recent.append((now, generated))
-            self._trim(now)
 
     def wrote(self, seconds: float) -> None:
         """Time the event loop spent turning events into response bytes and handing them to the server."""
@@ -100,32 +62,12 @@ class Metrics:
             out["write"] = self.write_seconds
         return out, (t.tokens if t is not None else 0)
 
-    def finish(self, reason: str) -> None:
-        with self._lock:
-            self.finished[reason] += 1
-
-    def occupancy(self, queue_depth: int, slots_in_use: int) -> None:
-        with self._lock:
-            self.queue_depth = queue_depth
-            self.slots_in_use = slots_in_use
-
-    def _trim(self, now: float) -> None:
-        while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
-            self._recent.popleft()
-
-    # --- reading ------------------------------------------------------------------------------
-
-    def tokens_per_second(self) -> float:
-        now = self._clock()
-        with self._lock:
-            self._trim(now)
-            total = sum(n for _, n in self._recent)
-            window = min(RATE_WINDOW_S, max(now - self.started, 1e-9))
-        return total / window
-
     def render(self) -> str:
         rate = self.tokens_per_second()
         phases, tokens = self.breakdown()
+        t = self.timings
+        drafted, accepted, checks, verified = ((t.drafted, t.accepted, t.verifications, t.verified) if t is not None
+                                               else (0, 0, 0, 0))
         with self._lock:
             lines: list[str] = []
 
@@ -167,6 +109,16 @@ class Metrics:
             metric("barellm_token_phase_ms_per_token", "gauge",
                    "Milliseconds per generated token by phase (seconds_total / tokens_total, since start).",
                    [(f'{{phase="{p}"}}', 1000 * phases[p] / tokens if tokens else 0.0) for p in PHASES])
+            metric("barellm_draft_tokens_total", "counter",
+                   "Drafted tokens fed for checking (speculative decoding, serve --draft).", [("", drafted)])
+            metric("barellm_draft_accepted_tokens_total", "counter",
+                   "Drafted tokens the model chose too (divide by draft_tokens_total for the acceptance rate).",
+                   [("", accepted)])
+            metric("barellm_draft_verifications_total", "counter", "Sequence steps that checked drafted tokens.",
+                   [("", checks)])
+            metric("barellm_draft_verified_tokens_total", "counter",
+                   "Tokens those steps gave (divide by verifications_total for the tokens per verification).",
+                   [("", verified)])
             metric("barellm_queue_depth", "gauge", "Requests waiting for a slot.", [("", self.queue_depth)])
             metric("barellm_slots_in_use", "gauge", "KV cache slots holding a live sequence.",
                    [("", self.slots_in_use)])

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from barellm.serve.schemas import ApiError
+from barellm.serve.errors import ApiError
 
 DEFAULT_KEEP_ALIVE = 300.0   # seconds, as Ollama
 DEFAULT_MAX_LOADED = 3       # as Ollama on a CPU
@@ -88,7 +88,7 @@ def cache_candidates(extra: Iterable[tuple[str, Path]] = (), aliases: dict[str, 
                      ) -> list[Candidate]:
     """Every model the cache holds (registered models pulled, the user's own conversions), and the extra
     (name, path) pairs (models given by path on the command line); aliases: more names, name -> model."""
-    from barellm import catalog, hub
+    from barellm.store import catalog, hub
 
     out: list[Candidate] = []
     seen: dict[Path, int] = {}
@@ -242,7 +242,7 @@ class Models:
     def not_found(self, name: str) -> ApiError:
         import difflib
 
-        from barellm import hub
+        from barellm.store import hub
 
         known = self.known_names()
         hint = ""
@@ -258,7 +258,7 @@ class Models:
                         param="model", code="model_not_found")
 
     def _default(self) -> Candidate:
-        from barellm import hub
+        from barellm.store import hub
 
         if self.default is not None:
             c = self._find(_key(self.default), False) or self._find(_key(self.default), True)

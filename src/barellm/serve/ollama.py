@@ -12,6 +12,7 @@ the rest of the context). The rules for the others:
 - options that tune how Ollama's runtime loads and runs a model (num_batch, num_gpu, num_thread, use_mmap,
   ...) are ignored: they do not change what is generated.
 - sampling methods barellm does not implement (mirostat, typical_p, tfs_z) are refused unless off.
+- draft (barellm's own): false turns speculative decoding off for the request, as /v1's "draft" field does.
 - anything else is an unknown option: a 400 naming it, as on the OpenAI routes.
 
 `format` ("json" or a JSON schema) constrains the answer as response_format does on /v1; /api/chat's
@@ -35,26 +36,24 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from barellm import __version__
+from barellm.api.openai import GenerationRequest, ResponseBuilder
 from barellm.errors import InvalidRequest
+from barellm.generate.scheduler import Event
 from barellm.serve import lifecycle, schemas
+from barellm.serve.errors import ApiError, bad
 from barellm.serve.lifecycle import _details, _details_of_file, _digest, _keep_alive, _tag
 from barellm.serve.models import leasing
-from barellm.serve.relay import RelayResponse, chat_prompt, constrain, read_body, submit
-from barellm.serve.scheduler import Event
+from barellm.serve.relay import RelayResponse, prepare, read_body, submit
 from barellm.serve.schemas import (
     MAX_STOP_CHARS,
     MAX_STOPS,
-    ApiError,
-    GenerationRequest,
+    Duration,
     Int,
     Penalty,
     Prob,
     _Body,
-    _empty,
     _off,
-    bad,
 )
-from barellm.text.tools import ToolCallStream, parse_tool_calls
 
 # The Ollama release whose API these routes follow; tools read /api/version to decide what to send.
 OLLAMA_API_VERSION = "0.6.0"
@@ -75,6 +74,9 @@ class OllamaOptions(_Body):
     frequency_penalty: Penalty | None = None
     num_ctx: Annotated[Int, Field(ge=1)] | None = Field(
         None, description="served if at most the server's context (then ignored), else refused")
+    draft: bool | None = Field(None, description="extension: false turns speculative decoding off for this request "
+                                                 "(where the server drafts: barellm serve --draft); the output is "
+                                                 "the same either way")
     # how Ollama's runtime loads and runs a model: ignored
     num_keep: Int | None = None
     num_batch: Int | None = None
@@ -91,15 +93,15 @@ class OllamaOptions(_Body):
     embedding_only: bool | None = None
     penalize_newline: bool | None = None
     # sampling methods barellm does not implement: accepted when off
-    mirostat: Annotated[Int | None, _off("mirostat", lambda v: v == 0, "send 0")] = None
+    mirostat: Annotated[Int | None, _off("mirostat", (0,), "send 0")] = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
-    typical_p: Annotated[float | None, _off("typical_p", lambda v: v == 1, "send 1.0")] = None
-    tfs_z: Annotated[float | None, _off("tfs_z", lambda v: v == 1, "send 1.0")] = None
+    typical_p: Annotated[float | None, _off("typical_p", (1.0,), "send 1.0")] = None
+    tfs_z: Annotated[float | None, _off("tfs_z", (1.0,), "send 1.0")] = None
 
 
-def _no(name: str, what: str) -> Any:
-    return _off(name, _empty, what)
+def _no(name: str, what: str, neutral: tuple[Any, ...]) -> Any:
+    return _off(name, neutral, what)
 
 
 class _OllamaGenerate(_Body):
@@ -108,12 +110,12 @@ class _OllamaGenerate(_Body):
     options: OllamaOptions | None = None
     format: Annotated[Literal["json", ""] | dict[str, Any] | None, Field(
         description='"json" (any JSON object) or a JSON schema the answer follows')] = None
-    keep_alive: float | str | None = Field(
+    keep_alive: float | Duration | None = Field(
         None, description='how long the model stays loaded after this request: seconds or a duration ("5m"); '
                           '0 unloads it at once, a negative value keeps it loaded (default: the server\'s, 5m)')
-    think: Annotated[bool | str | None, _no("think", "this server has no thinking mode")] = None
-    logprobs: Annotated[bool | None, _no("logprobs", "not on the Ollama routes; /v1 has them")] = None
-    top_logprobs: Annotated[Int | None, _no("top_logprobs", "not on the Ollama routes; /v1 has them")] = None
+    think: Annotated[bool | str | None, _no("think", "this server has no thinking mode", (False, ""))] = None
+    logprobs: Annotated[bool | None, _no("logprobs", "not on the Ollama routes; /v1 has them", (False,))] = None
+    top_logprobs: Annotated[Int | None, _no("top_logprobs", "not on the Ollama routes; /v1 has them", ())] = None
 
     def generation(self, state: Any, kind: str) -> GenerationRequest:
         o = self.options or OllamaOptions()
@@ -123,7 +125,7 @@ class _OllamaGenerate(_Body):
         sampling = schemas._Sampling(
             temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p, seed=o.seed, stop=o.stop,
             repeat_penalty=o.repeat_penalty, repeat_last_n=o.repeat_last_n, presence_penalty=o.presence_penalty,
-            frequency_penalty=o.frequency_penalty, stream=self.stream)
+            frequency_penalty=o.frequency_penalty, stream=self.stream, draft=True if o.draft is None else o.draft)
         req = sampling.generation(kind)
         req.model = self.model
         req.max_tokens = o.num_predict if o.num_predict is not None and o.num_predict >= 0 else None
@@ -153,7 +155,7 @@ class OllamaToolCall(_Body):
 class OllamaMessage(_Body):
     role: Literal["system", "user", "assistant", "tool"] = Field(description="tool: a tool's result")
     content: str = ""
-    images: Annotated[list[Any] | None, _no("images", "this model reads text only")] = None
+    images: Annotated[list[Any] | None, _no("images", "this model reads text only", ([],))] = None
     tool_calls: list[OllamaToolCall] | None = Field(None, description="an assistant's earlier tool calls")
     tool_name: str | None = Field(None, description="the function a tool message answers")
     thinking: str | None = Field(None, description="accepted and ignored")
@@ -182,14 +184,16 @@ class OllamaGenerateRequest(_OllamaGenerate):
     prompt: str = ""
     system: str | None = None
     raw: bool = Field(False, description="true: the prompt as it is, no chat template")
-    context: list[Annotated[int, Field(ge=0)]] | None = Field(
+    context: list[Annotated[Int, Field(ge=0)]] | None = Field(
         None, description="token ids an earlier response returned: the conversation so far")
-    suffix: Annotated[str | None, _no("suffix", "no fill-in-the-middle")] = None
-    template: Annotated[str | None, _no("template", "the model's chat template is used")] = None
-    images: Annotated[list[Any] | None, _no("images", "this model reads text only")] = None
+    suffix: Annotated[str | None, _no("suffix", "no fill-in-the-middle", ("",))] = None
+    template: Annotated[str | None, _no("template", "the model's chat template is used", ("",))] = None
+    images: Annotated[list[Any] | None, _no("images", "this model reads text only", ([],))] = None
 
 
 class OllamaShowRequest(_Body):
+    model_config = lifecycle.NAMED
+
     model: str | None = None
     name: str | None = None   # older clients
     verbose: bool | None = None
@@ -246,16 +250,19 @@ def _modified(created: float) -> str:
 class OllamaResponse(RelayResponse):
     """Relays a job's events as Ollama's objects: one per line while streaming, or one in all."""
 
-    def __init__(self, state: Any, job: Any, events: Any, req: GenerationRequest, path: str,
-                 chat: bool, model_name: str, prompt_ids: list[int], load_seconds: float = 0.0) -> None:
+    def __init__(self, state: Any, job: Any, events: Any, req: GenerationRequest, path: str, stream: bool,
+                 model_name: str, load_seconds: float = 0.0) -> None:
         super().__init__(state, job, events, path)
         self.req = req
+        self.stream = stream
         self.load_ns = int(load_seconds * 1e9)
-        self.chat = chat
+        self.chat = req.kind == "chat"
         self.model_name = model_name
-        self.prompt_ids = prompt_ids
+        self.prompt_ids = list(req.prompt)
         self.t0 = time.perf_counter_ns()
-        self.calls = ToolCallStream(req.tool_names) if chat and req.tool_names is not None else None
+        # the tool calls of a chat reply are parsed as on /v1 (the same builder), then given Ollama's shape
+        self.calls = ResponseBuilder(req, model_name, state.tokenizer.token_bytes) \
+            if self.chat and req.tool_names is not None else None
 
     def _piece(self, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model_name, "created_at": _now()}
@@ -272,14 +279,14 @@ class OllamaResponse(RelayResponse):
         """The lines of a run of text: as it is, or split into content and tool calls."""
         if self.calls is None:
             return [_line(self._piece(text))] if text else []
-        parts = self.calls.feed(text) + (self.calls.finish() if final else [])
+        parts = self.calls.split(0, text, final)
         return [_line(self._piece(p) if kind == "content" else self._piece("", [p])) for kind, p in parts]
 
     def _final(self, text: str, done: Event, t_start: int, t_first: int | None, ids: list[int]) -> dict[str, Any]:
         calls = None
         if self.calls is not None and text:
-            content, calls = parse_tool_calls(text, self.req.tool_names or ())
-            text = (content or "") if calls else text
+            content, calls, _ = self.calls.calls(text, "stop")
+            text = content or ""
         out = self._piece(text, calls)
         now = time.perf_counter_ns()
         first = t_first if t_first is not None else now
@@ -306,7 +313,7 @@ class OllamaResponse(RelayResponse):
         t_first: int | None = None
         parts: list[str] = []
         ids: list[int] = []
-        if self.req.stream:
+        if self.stream:
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no")]})
@@ -317,7 +324,7 @@ class OllamaResponse(RelayResponse):
             if ev.kind == "delta":
                 t_first = t_first if t_first is not None else time.perf_counter_ns()
                 ids += ev.token_ids
-                if self.req.stream:
+                if self.stream:
                     lines = self._pieces(ev.text)
                     if lines:
                         await send({"type": "http.response.body", "body": b"".join(lines), "more_body": True})
@@ -325,14 +332,14 @@ class OllamaResponse(RelayResponse):
                     parts.append(ev.text)
             elif ev.kind == "done":
                 final = self._final("".join(parts), ev, t_start, t_first, ids)
-                if self.req.stream:
+                if self.stream:
                     rest = b"".join(self._pieces("", final=True))
                     await send({"type": "http.response.body", "body": rest + _line(final), "more_body": False})
                 else:
                     await JSONResponse(final)(scope, receive, send)
                 return
             elif ev.kind == "error":
-                if not self.req.stream:
+                if not self.stream:
                     await self._error(scope, receive, send, ev)
                     return
                 self.state.metrics.error("other", ev.error_type)
@@ -364,14 +371,12 @@ def _loaded(model: str, chat: bool, lease: Any) -> Response:
     return JSONResponse(out)
 
 
-def _submit(state: Any, req: GenerationRequest, ids: list[int]) -> tuple[Any, Any]:
-    """submit(), the job streaming its deltas either way: the first one times the prompt's evaluation, so a
-    non-streamed answer's eval_duration is the decode's real time."""
+def _respond(request: Request, state: Any, req: GenerationRequest, model: str, load_seconds: float) -> Response:
+    """submit(), the job streaming its deltas either way (the first one times the prompt's evaluation, so a
+    non-streamed answer's eval_duration is the decode's real time), and its answer in Ollama's shape."""
     stream, req.stream = req.stream, True
-    try:
-        return submit(state, req, ids)
-    finally:
-        req.stream = stream
+    job, events = submit(state, req)
+    return OllamaResponse(state, job, events, req, request.url.path, stream, model, load_seconds)
 
 
 @_ollama_errors
@@ -389,9 +394,8 @@ async def chat(request: Request) -> Response:
         names = [t["function"]["name"] for t in req.tools]
         if len(set(names)) != len(names):
             raise bad("a function is defined twice in tools", "tools")
-    ids = await _run(chat_prompt, state.model, req)
-    job, events = _submit(state, req, ids)
-    return OllamaResponse(state, job, events, req, request.url.path, True, body.model, ids, lease.load_seconds)
+    await _run(prepare, state.model, req)
+    return _respond(request, state, req, body.model, lease.load_seconds)
 
 
 @_ollama_errors
@@ -403,8 +407,7 @@ async def generate(request: Request) -> Response:
     req = body.generation(state, "completion")
     if not body.prompt and not body.context:
         return _loaded(body.model, False, lease)
-    if req.constraint is not None:
-        await _run(constrain, state.model, req)
+    await _run(prepare, state.model, req)   # the constraint; the prompt is Ollama's, below
     try:
         if body.raw:
             ids = await _run(state.model.tokenize, body.prompt, not body.context)
@@ -420,8 +423,8 @@ async def generate(request: Request) -> Response:
     if body.context:
         schemas._check_ids(body.context, state.n_vocab, "context")
         ids = list(body.context) + ids
-    job, events = _submit(state, req, ids)
-    return OllamaResponse(state, job, events, req, request.url.path, False, body.model, ids, lease.load_seconds)
+    req.prompt = ids
+    return _respond(request, state, req, body.model, lease.load_seconds)
 
 
 def _ollama_call(call: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The OpenAPI document of the server, generated from the pydantic models: the request bodies (schemas.py)
-and the response shapes below. The app builds its responses as plain dicts (barellm.openai_format); the
+and the response shapes below. The app builds its responses as plain dicts (barellm.api.openai); the
 tests hold them to these models, which forbid fields they do not list."""
 
 from __future__ import annotations
@@ -244,9 +244,14 @@ _MODELS: list[type[BaseModel]] = [
 
 # --- OpenAPI -------------------------------------------------------------------------------------
 
-ERROR_STATUSES = {400: "invalid request", 401: "missing or wrong API key (with --api-key)", 404: "unknown model",
-                  413: "body over 1 MiB", 415: "the body is not sent as application/json", 429: "the queue is full",
-                  503: "waited past the time limit"}
+ERROR_STATUSES = {
+    400: "invalid request: a body the schema does not allow, or one refused for what no schema can state: token "
+         "ids past the model's vocabulary, a prompt longer than its context, n past --slots, /infill on a model "
+         "without fill-in-the-middle tokens, embedding dimensions not the model's, a tool_choice naming none of "
+         "the tools or two tools of one name, a grammar, regex or JSON schema that does not compile or can never "
+         "be satisfied",
+    401: "missing or wrong API key (with --api-key)", 404: "unknown model", 413: "body over 1 MiB",
+    415: "the body is not sent as application/json", 429: "the queue is full", 503: "waited past the time limit"}
 # what every operation may answer, whatever its handler: the Guard's refusals (security.py), and for a body
 # the parser's (schemas.py). A refusal of the connection itself (408, 503 past --max-connections:
 # connections.py) comes before any route and is not an operation's answer.

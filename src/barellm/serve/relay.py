@@ -17,9 +17,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from barellm.api import openai as openai_api
+from barellm.api.openai import GenerationRequest
 from barellm.errors import InvalidRequest
-from barellm.serve.scheduler import EmbedJob, Event, Job, QueueFull
-from barellm.serve.schemas import ApiError, GenerationRequest, bad
+from barellm.generate.request import check
+from barellm.generate.scheduler import EmbedJob, Event, Job, QueueFull
+from barellm.serve.errors import ApiError, bad
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for the legacy endpoint
 
@@ -87,85 +90,41 @@ class Outbox:
             return out
 
 
-def chat_prompt(model: Any, req: GenerationRequest) -> list[int]:
-    """The prompt of a chat request, its output constraint compiled (constrain): token ids through the model's
-    template, with the request's tools when their calls are parsed; a 400 naming `messages` when the
-    template refuses them. Both APIs' chat routes run it off the event loop."""
-    constrain(model, req)
+def prepare(model: Any, req: GenerationRequest) -> None:
+    """api/openai.py's prepare (the prompt's token ids and the compiled constraint, as Model.create_* makes them),
+    its InvalidRequest a 400 naming the field (a constraint that needs the missing llguidance:
+    "unsupported_parameter"). Runs off the event loop: a template, a long prompt and a large schema take a
+    while."""
+    from barellm.generate.structured import StructuredUnavailable
+
     try:
-        if req.tool_names is not None:
-            return model.chat_prompt(req.messages, tools=req.tools)
-        return model.chat_prompt(req.messages)
-    except InvalidRequest as e:
-        raise bad(str(e), "messages") from None
-
-
-def constrain(model: Any, req: GenerationRequest) -> None:
-    """Compiles the request's output constraint into req.grammar (response_format, json_schema, grammar,
-    regex, or tool_choice "required" / a named function) and decides whether tool calls are parsed out of
-    the reply (req.tool_names). A 400 naming the field when it cannot be served. Runs off the event loop:
-    compiling a large schema takes a while, and the first one builds the model's vocabulary for llguidance."""
-    from barellm.structured import StructuredUnavailable
-    from barellm.text.tools import resolve_choice
-
-    param = req.constraint.param if req.constraint is not None else "tool_choice"
-    try:
-        c = req.constraint
-        if c is not None:
-            vocab = model.structured()
-            if c.kind == "json_object":
-                req.grammar = vocab.json_object(c.param)
-            elif c.kind == "json_schema":
-                req.grammar = vocab.json_schema(c.value, c.param)
-            elif c.kind == "grammar":
-                req.grammar = vocab.lark(c.value, c.param)
-            else:
-                req.grammar = vocab.regex(c.value, c.param)
-        if req.kind == "chat":
-            mode, name = resolve_choice(req.tools, req.tool_choice)
-            if mode in ("required", "function"):
-                param = "tool_choice"
-                req.grammar = model.tool_grammar(req.tools, mode, name, req.parallel_tool_calls)
-            if mode != "none" and req.tools:
-                req.tool_names = [t["function"]["name"] for t in req.tools]
+        openai_api.prepare(model, req)
     except StructuredUnavailable as e:
-        raise ApiError(400, str(e), param=param, code="unsupported_parameter") from None
+        raise ApiError(400, str(e), param=e.param, code="unsupported_parameter") from None
     except InvalidRequest as e:
-        raise bad(str(e), param) from None
+        raise bad(str(e), e.param, e.code) from None
 
 
-def submit(state: Any, req: GenerationRequest, prompt_ids: list[int]) -> tuple[Job, Outbox]:
-    """Checks the prompt against the context and queues the job: the one path every API's generation
-    requests take to the scheduler. Returns the job and the outbox its events arrive in."""
-    if not prompt_ids:
-        raise bad("the prompt is empty (it encodes to no tokens)", "prompt" if req.kind == "completion" else "messages")
-    room = state.n_ctx - len(prompt_ids)
-    if room < 1:
-        raise bad(f"the prompt has {len(prompt_ids)} tokens; this server's context holds {state.n_ctx}, "
-                  "including the reply", "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
-    max_tokens = req.max_tokens
-    if max_tokens is None:
-        max_tokens = room if req.kind == "chat" or not req.short_default else min(room, COMPLETIONS_DEFAULT_MAX_TOKENS)
-    elif max_tokens > room:
-        if not req.clamp_max_tokens:
-            raise bad(f"the prompt has {len(prompt_ids)} tokens and max_tokens is {max_tokens}: together over the "
-                      f"context of {state.n_ctx} tokens", "max_tokens", "context_length_exceeded")
-        max_tokens = room
-    n_slots = state.scheduler.n_slots
-    if req.n > n_slots:
-        raise bad(f"n = {req.n} needs {req.n} free slots at once; this server has {n_slots} (barellm serve --slots)",
-                  "n")
-    bias = req.params.logit_bias
-    if bias and max(bias) >= state.n_vocab:
-        raise bad(f"logit_bias names token {max(bias)}, outside the vocabulary (0..{state.n_vocab - 1})",
-                  "logit_bias")
+def submit(state: Any, req: GenerationRequest) -> tuple[Job, Outbox]:
+    """Holds the request (its prompt made: prepare) to the model's limits with the check the Python API makes
+    too (generate.request.check) and queues it: the one path every API's generation requests take to the
+    scheduler. Returns the request, which is the job the scheduler runs, and the outbox its events arrive in."""
     events = Outbox(asyncio.get_running_loop())
-    job = Job(prompt=prompt_ids, params=req.params, max_tokens=max_tokens, emit=events.push, stops=req.stops,
-              top_logprobs=req.top_logprobs, timeout=state.timeout, cache_prompt=req.cache_prompt, n=req.n,
-              stream=req.stream, stream_interval=getattr(state, "stream_interval", 0.0), grammar=req.grammar,
-              min_indent=req.min_indent)
-    _enqueue(state, job)
-    return job, events
+    req.emit = events.push
+    req.timeout = state.timeout
+    req.stream_interval = getattr(state, "stream_interval", 0.0)
+    # no max_tokens: the rest of the context, but OpenAI's legacy completions, which default to 16 (cut to fit)
+    short = req.max_tokens is None and req.kind != "chat" and req.short_default
+    if short:
+        req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+    try:
+        check(req, n_ctx=state.n_ctx, n_vocab=state.n_vocab, n_slots=state.scheduler.n_slots,
+              clamp_max_tokens=short or req.clamp_max_tokens,
+              prompt_param="messages" if req.kind == "chat" else "prompt")
+    except InvalidRequest as e:
+        raise bad(str(e), e.param, e.code) from None
+    _enqueue(state, req)
+    return req, events
 
 
 def _enqueue(state: Any, job: Job | EmbedJob) -> None:

@@ -1,4 +1,4 @@
-"""The HTTP API's request bodies as pydantic models, and the error shape.
+"""The HTTP API's request bodies as pydantic models (their parsing and the error shape: serve/errors.py).
 
 A body is parsed and validated in one pass (pydantic's Rust JSON parser), strictly: a field of the wrong
 JSON type (no "10" for 10, no true for 1), out of range, or unknown is a 400 that names it (OpenAI answers
@@ -13,24 +13,24 @@ prompt fitting the context) and what spans fields is checked in to_generation() 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
     Tag,
-    ValidationError,
+    WithJsonSchema,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, core_schema
 
+from barellm.api.openai import Constraint, GenerationRequest, check_tool_choice, constraint_of
 from barellm.errors import InvalidRequest
-from barellm.sampling import SamplingParams
+from barellm.generate.sampling import SamplingParams
+from barellm.serve.errors import _json_type, bad, parse
 from barellm.text.chat import message_text
 
 MAX_BODY_BYTES = 1 << 20
@@ -44,54 +44,29 @@ INT64 = 1 << 63
 UINT31 = 1 << 31
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param, code=code)
-
-
 # --- field types -----------------------------------------------------------------------------------
 
 def _integral(v: Any) -> Any:
-    # JSON has one number type: 16.0 means 16 (1.5 stays a float and fails the integer check)
-    if isinstance(v, float) and v.is_integer() and abs(v) < INT64:
+    # JSON has one number type: 16.0 means 16, and 1e20 is an integer too (1.5 stays a float and fails the
+    # integer check; a field's bounds then judge the value)
+    if isinstance(v, float) and v.is_integer():
         return int(v)
     return v
 
 
 Int = Annotated[int, BeforeValidator(_integral)]
+# Ollama's keep_alive as text: read by serve.models.parse_keep_alive (Go's durations such as "5m" or "1h30m",
+# or a bare number of seconds), which names what is wrong; the document states the part of that grammar with
+# few enough digits to stay finite
+DURATION_PATTERN = (r"^-?((\d{1,9}(\.\d{0,9})?|\.\d{1,9})(ns|us|µs|ms|s|m|h))+$"
+                    r"|^-?(\d{1,9}(\.\d{0,9})?|\.\d{1,9})$")
+Duration = Annotated[str, WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN})]
 Prob = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 
 # A union's branch is chosen from the value (its JSON type, or its "type" field), so only that branch is
 # validated and an error is about it alone. Branch tags start with "~": they show in an error's location,
 # where _where() leaves them out.
-
-
-def _json_type(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "array"
-    return "object"
 
 
 def _by_json_type(v: Any) -> str | None:
@@ -118,17 +93,43 @@ def _either(string: Any, array: Any, what: str) -> Any:
 T = TypeVar("T")
 
 
-def _off(name: str, neutral: Callable[[Any], bool], what: str) -> AfterValidator:
-    """A field barellm does not implement (yet): its neutral values pass, anything else is refused."""
-    def check(v: T) -> T:
-        if v is not None and not neutral(v):
-            raise PydanticCustomError("unsupported_parameter", f"{name} is not supported by this server ({what})")
+def _neutral(v: Any, n: Any) -> bool:
+    if isinstance(n, bool) or isinstance(v, bool):
+        return v is n
+    if isinstance(n, (int, float)):
+        return isinstance(v, (int, float)) and v == n
+    return type(v) is type(n) and v == n
+
+
+@dataclass(frozen=True)
+class _Off:
+    """A field barellm does not implement (yet): its neutral values (and null) pass, anything else is refused.
+    The document states the neutral values as the field's schema, so that a schema-valid request is one the
+    server accepts."""
+
+    name: str
+    neutral: tuple[Any, ...]
+    what: str
+
+    def check(self, v: T) -> T:
+        if v is not None and not any(_neutral(v, n) for n in self.neutral):
+            raise PydanticCustomError("unsupported_parameter", f"{self.name} is not supported by this server "
+                                                               f"({self.what})")
         return v
-    return AfterValidator(check)
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict[str, Any]:
+        return {"anyOf": [*({"const": n} for n in self.neutral), {"type": "null"}],
+                "description": f"not supported ({self.what}): accepted only as one of these"}
 
 
-def _empty(v: Any) -> bool:
-    return v in ([], {}, "") or v is False
+EMPTY = ([], {}, "", False)   # what an unimplemented field may hold: nothing
+
+
+def _off(name: str, neutral: tuple[Any, ...], what: str) -> _Off:
+    return _Off(name, neutral, what)
 
 
 class _Body(BaseModel):
@@ -196,7 +197,7 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 
 def _echoed(name: str) -> Any:
     """A key a client sends back from an earlier response: accepted while it says nothing."""
-    return Annotated[Any, _off(name, _empty, "send it empty or leave it out")]
+    return Annotated[Any, _off(name, EMPTY, "send it empty or leave it out")]
 
 
 class CalledFunction(_Body):
@@ -210,7 +211,38 @@ class ToolCall(_Body):
     function: CalledFunction
 
 
+def _not_null(name: str) -> dict[str, Any]:
+    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+
+
+def _null(*names: str) -> dict[str, Any]:
+    return {"properties": {n: {"type": "null"} for n in names}}
+
+
+def _role_is(*roles: str) -> dict[str, Any]:
+    return {"properties": {"role": {"enum": list(roles)}}}
+
+
+def _either_of(*alternatives: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": list(alternatives)}
+
+
+_NO_CALLS = {"properties": {"tool_calls": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}}}
+_NOT_ANSWERING = {"properties": {"tool_call_id": {"type": "null"}}}
+# what _message() requires of a message beyond its fields' types, stated in the document: by role. (Few
+# alternatives and no "not": a fuzzer that generates from the document expands each into branches.)
+_MESSAGE_RULES: dict[str, Any] = _either_of(
+    {"allOf": [_role_is("tool"), _not_null("tool_call_id"), _NO_CALLS]},
+    {"allOf": [_role_is("assistant"), _NOT_ANSWERING, _either_of(
+        _not_null("content"), {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array",
+                                                                                          "minItems": 1}}})]},
+    {"allOf": [_role_is("system", "developer", "user"), _not_null("content"), _NOT_ANSWERING, _NO_CALLS]},
+)
+
+
 class Message(_Body):
+    model_config = ConfigDict(json_schema_extra=_MESSAGE_RULES)
+
     role: Role = Field(description="developer is read as system; tool: a tool's result (tool_call_id)")
     content: Content | None = Field(None, description="may be null on an assistant message with tool_calls, and "
                                                       "on a tool message (an empty result)")
@@ -236,7 +268,26 @@ Stop = _either(Annotated[str, Field(max_length=MAX_STOP_CHARS)],
                "must be a string or an array of strings")
 
 
+# what generation() requires beyond the fields' types: stream_options with stream true only; one output
+# constraint at most (a null one, or response_format {"type": "text"}, constrains nothing)
+_INACTIVE: dict[str, Any] = {
+    "response_format": {"anyOf": [{"type": "null"}, {"properties": {"type": {"const": "text"}}}]},
+    "json_schema": {"type": "null"}, "grammar": {"type": "null"}, "regex": {"type": "null"}}
+_NO_CONSTRAINT: dict[str, Any] = {"properties": _INACTIVE}
+_SAMPLING_RULES: list[dict[str, Any]] = [
+    _either_of(_null("stream_options"), {"required": ["stream"], "properties": {"stream": {"const": True}}}),
+    _either_of(*({"properties": {k: v for k, v in _INACTIVE.items() if k != c}} for c in _INACTIVE)),
+]
+
+
+def _rules(*rules: dict[str, Any]) -> ConfigDict:
+    """A request model's config with cross-field rules for its schema (its fields' own types say the rest)."""
+    return ConfigDict(json_schema_extra={"allOf": [*_SAMPLING_RULES, *rules]})
+
+
 class _Sampling(_Body):
+    model_config = _rules()
+
     model: str | None = Field(None, description="the served model's id, a file name of it, or an --alias")
     max_tokens: Annotated[Int, Field(ge=1, le=UINT31)] | None = Field(
         None, description="tokens to generate at most; prompt + max_tokens must fit the context")
@@ -259,9 +310,9 @@ class _Sampling(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, description="accepted and ignored")
-    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]], Field(max_length=MAX_LOGIT_BIAS)
-                          ] | None = Field(None, description="token id -> added to its logit before sampling "
-                                                             "(-100 bans the token)")
+    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]], Field(
+        max_length=MAX_LOGIT_BIAS, json_schema_extra={"propertyNames": {"pattern": "^[0-9]{1,12}$"}})
+    ] | None = Field(None, description="token id -> added to its logit before sampling (-100 bans the token)")
     metadata: dict[str, Any] | None = Field(None, description="accepted and ignored")
     store: bool | None = Field(None, description="accepted and ignored")
     service_tier: str | None = Field(None, description="accepted and ignored")
@@ -275,6 +326,9 @@ class _Sampling(_Body):
     grammar: str | None = Field(None, description="extension: the output follows this grammar (llguidance's Lark "
                                                   "dialect, or GBNF)")
     regex: str | None = Field(None, description="extension: the output matches this regular expression")
+    draft: bool = Field(True, description="extension: speculative decoding, where the server drafts (barellm serve "
+                                          "--draft); false turns it off for this request (the output is the same "
+                                          "either way)")
 
     def params(self) -> SamplingParams:
         top_p = self.top_p
@@ -309,20 +363,12 @@ class _Sampling(_Body):
 
     def constraint(self) -> Constraint | None:
         """The one output constraint the request asks for (two are a 400)."""
-        given = []
         rf = self.response_format
-        if rf is not None and rf.type == "json_object":
-            given.append(Constraint("json_object", None, "response_format"))
-        elif rf is not None and rf.type == "json_schema":
-            schema = rf.json_schema.schema_
-            given.append(Constraint("json_schema", {} if schema is None else schema,
-                                    "response_format.json_schema.schema"))
-        for name in ("json_schema", "grammar", "regex"):
-            if getattr(self, name) is not None:
-                given.append(Constraint(name, getattr(self, name), name))
-        if len(given) > 1:
-            raise bad(f"{given[0].param} and {given[1].param} both constrain the output: send one", given[1].param)
-        return given[0] if given else None
+        try:
+            return constraint_of(rf.model_dump(by_alias=True) if rf is not None else None, self.json_schema,
+                                 self.grammar, self.regex)
+        except InvalidRequest as e:
+            raise bad(str(e), e.param) from None
 
     def generation(self, kind: str) -> GenerationRequest:
         if self.stream_options is not None and not self.stream:
@@ -331,7 +377,7 @@ class _Sampling(_Body):
             kind=kind, model=self.model, params=self.params(), max_tokens=self.max_tokens, stops=self.stops(),
             stream=self.stream, include_usage=bool(self.stream_options and self.stream_options.include_usage),
             tokens_as_ids=self.return_tokens_as_token_ids, cache_prompt=self.cache_prompt, n=self.n or 1,
-            constraint=self.constraint())
+            constraint=self.constraint(), draft=self.draft)
 
 
 ToolChoice = Annotated[Union[Annotated[Literal["none", "auto", "required"], Tag("~string")],  # noqa: UP007
@@ -346,6 +392,16 @@ FunctionCall = Annotated[Union[Annotated[Literal["none", "auto"], Tag("~string")
 
 
 class ChatCompletionRequest(_Sampling):
+    # to_generation()'s rules; two it cannot state: a named tool_choice names one of the tools, and no two
+    # tools share a name
+    model_config = _rules(
+        _either_of(_null("max_tokens"), _null("max_completion_tokens")),
+        _either_of(_null("top_logprobs"), {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}),
+        _either_of({"properties": {"tool_choice": {"enum": [None, "none"]}}},
+                   {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}),
+        _either_of({"properties": {"tool_choice": {"enum": [None, "none", "auto"]}}}, _NO_CONSTRAINT),
+    )
+
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: Annotated[Int, Field(ge=1, le=UINT31)] | None = Field(
         None, description="the same as max_tokens")
@@ -357,11 +413,11 @@ class ChatCompletionRequest(_Sampling):
         None, description='"auto" (default with tools), "none", "required" or a named function: the last two '
                           "constrain the output to calls whose arguments fit the function's schema")
     parallel_tool_calls: bool | None = Field(None, description='with "required": one call (false) or one or more')
-    functions: Annotated[list[FunctionDef] | None, _off("functions", _empty, "use tools")] = None
-    function_call: Annotated[FunctionCall | None, _off("function_call", lambda v: v == "none", "use tool_choice")
+    functions: Annotated[list[FunctionDef] | None, _off("functions", ([],), "use tools")] = None
+    function_call: Annotated[FunctionCall | None, _off("function_call", ("none",), "use tool_choice")
                              ] = None
     modalities: Annotated[list[Literal["text", "audio"]] | None,
-                          _off("modalities", lambda v: v == ["text"], 'only ["text"]')] = None
+                          _off("modalities", (["text"],), 'only ["text"]')] = None
     reasoning_effort: str | None = Field(None, description="accepted and ignored")
 
     def to_generation(self) -> GenerationRequest:
@@ -388,9 +444,10 @@ class ChatCompletionRequest(_Sampling):
                           "tool_choice.function.name")
         if self.parallel_tool_calls is not None:
             req.parallel_tool_calls = self.parallel_tool_calls
-        if req.constraint is not None and req.tool_choice not in (None, "none", "auto"):
-            raise bad(f"tool_choice {req.tool_choice!r} constrains the output to tool calls; it cannot be combined "
-                      f"with {req.constraint.param}", "tool_choice")
+        try:
+            check_tool_choice(req.tool_choice, req.constraint)
+        except InvalidRequest as e:
+            raise bad(str(e), e.param) from None
         if self.tools:
             names = [t.function.name for t in self.tools]
             dup = next((n for n in names if names.count(n) > 1), None)
@@ -440,21 +497,26 @@ def _one_prompt(v: Any) -> Any:
     return v
 
 
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = Annotated[Int, Field(ge=0)]
 _TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 # what the schema says a prompt may be: OpenAI's batch forms with one prompt in them included
-_PromptInput = Union[str, _TokenIds, Annotated[list[str], Field(min_length=1, max_length=1)],  # noqa: UP007
+# (and a text with tokens: an empty one has none unless the model adds BOS)
+_Text = Annotated[str, Field(min_length=1)]
+_PromptInput = Union[_Text, _TokenIds, Annotated[list[_Text], Field(min_length=1, max_length=1)],  # noqa: UP007
                      Annotated[list[_TokenIds], Field(min_length=1, max_length=1)]]
 Prompt = Annotated[_either(str, _TokenIds, "must be a string or an array of token ids"),
                    BeforeValidator(_one_prompt, json_schema_input_type=_PromptInput)]
 
 
 class CompletionRequest(_Sampling):
+    model_config = _rules(_either_of({"properties": {"suffix": {"enum": [None, ""]}}},
+                                     {"properties": {"prompt": {"type": "string"}}}))
+
     prompt: Prompt
     logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     best_of: Annotated[Annotated[Int, Field(ge=1, le=128)] | None,
-                       _off("best_of", lambda v: v == 1, "one choice per request: best_of must be 1")] = None
-    echo: Annotated[bool | None, _off("echo", lambda v: v is False, "echo is not implemented")] = None
+                       _off("best_of", (1,), "one choice per request: best_of must be 1")] = None
+    echo: Annotated[bool | None, _off("echo", (False,), "echo is not implemented")] = None
     suffix: str | None = Field(None, description="the text after the completion: fill-in-the-middle with the "
                                                  "model's FIM tokens (the prompt is the text before)")
 
@@ -463,7 +525,9 @@ class CompletionRequest(_Sampling):
         req.top_logprobs = self.logprobs
         if isinstance(self.prompt, list):
             _check_ids(self.prompt, n_vocab, "prompt")
-        req.prompt = self.prompt
+            req.prompt = list(self.prompt)
+        else:
+            req.prompt_text = self.prompt
         if self.suffix:
             if not isinstance(self.prompt, str):
                 raise bad("suffix needs a string prompt (the text before the hole)", "suffix")
@@ -474,10 +538,22 @@ class CompletionRequest(_Sampling):
 MAX_EMBED_INPUTS = 2048   # OpenAI's limit on inputs per request
 
 
+def _inputs(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items, "minItems": 1, "maxItems": MAX_EMBED_INPUTS}
+
+
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+# inputs() takes one kind of input per request: the document states the four forms, not any mix; and a text
+# must have tokens (an empty one has none unless the model adds BOS)
+_TEXT = {"type": "string", "minLength": 1}
+_EMBEDDING_INPUT = {"anyOf": [_TEXT, _inputs(_TEXT), _inputs(_TOKEN_IDS["items"]), _inputs(_TOKEN_IDS)]}
+
+
 class EmbeddingRequest(_Body):
-    input: _either(str, Annotated[list[Union[str, TokenId, Annotated[list[TokenId], Field(min_length=1)]]],  # noqa: UP007
-                                  Field(min_length=1, max_length=MAX_EMBED_INPUTS)],
-                   "must be a string, an array of strings, an array of token ids or an array of those") = Field(
+    input: Annotated[_either(str, Annotated[list[Union[str, TokenId, Annotated[list[TokenId], Field(min_length=1)]]],  # noqa: UP007
+                                            Field(min_length=1, max_length=MAX_EMBED_INPUTS)],
+                             "must be a string, an array of strings, an array of token ids or an array of those"),
+                     WithJsonSchema(_EMBEDDING_INPUT)] = Field(
         description="a text, texts, one token-id list, or token-id lists")
     model: str | None = None
     encoding_format: Literal["float", "base64"] | None = Field(
@@ -511,6 +587,11 @@ class ExtraChunk(_Body):
 
 class InfillRequest(_Sampling):
     """llama.cpp server's /infill: the code before and after the cursor, other files for context."""
+
+    model_config = _rules({"properties": {"n": {"anyOf": [{"const": 1}, {"type": "null"}]},
+                                          "n_predict": {"not": {"const": 0}}}},
+                          {"anyOf": [_null("max_tokens"), {"properties": {"n_predict": {"anyOf": [
+                              {"type": "null"}, {"const": -1}]}}}]})
 
     input_prefix: str = Field("", description="the text before the hole")
     input_suffix: str = Field("", description="the text after the hole")
@@ -559,116 +640,7 @@ def _check_ids(ids: list[int], n_vocab: int, param: str) -> None:
             raise bad(f"{param}[{i}] = {t} is outside the vocabulary (0..{n_vocab - 1})", param)
 
 
-@dataclass
-class GenerationRequest:
-    """What the scheduler path needs of a request, whichever API it came through."""
 
-    kind: str                                  # "chat" or "completion"
-    model: str | None
-    params: SamplingParams
-    max_tokens: int | None                     # None: the rest of the context (chat) / 16 (completions)
-    stops: list[str] = field(default_factory=list)
-    stream: bool = False
-    include_usage: bool = False
-    top_logprobs: int | None = None            # None: no logprobs
-    tokens_as_ids: bool = False                # logprobs name tokens "token_id:<id>" (vLLM's extension)
-    cache_prompt: bool = True                  # reuse a slot's cached prefix (llama.cpp server's extension)
-    n: int = 1                                 # choices, sharing the prompt's KV cache
-    messages: list[dict[str, str]] | None = None
-    prompt: str | list[int] | None = None
-    short_default: bool = True                 # no max_tokens on a completion: 16 tokens (OpenAI's), else the rest
-    clamp_max_tokens: bool = False             # max_tokens past the context: cut to fit (Ollama's) instead of a 400
-    constraint: Constraint | None = None       # the output's format (JSON schema, regex, grammar), as asked
-    tools: list[dict[str, Any]] | None = None  # OpenAI's tool objects
-    tool_choice: Any = None                    # "none", "auto", "required", {"type": "function", ...}; None: default
-    parallel_tool_calls: bool = True
-    suffix: str | None = None                  # fill-in-the-middle: the text after the hole
-    grammar: Any = None                        # the compiled constraint (structured.Grammar), set by the app
-    tool_names: list[str] | None = None        # parse tool calls of these functions out of the reply
-    min_indent: int = 0                        # infill: a new line indented less ends the text
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """An output constraint as the request gave it: kind ("json_object", "json_schema", "grammar", "regex"),
-    its value, and the field that asked (errors name it)."""
-
-    kind: str
-    value: Any
-    param: str
-
-
-# --- parsing bodies and naming what is wrong ------------------------------------------------------
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def parse(model: type[M], raw: bytes) -> M:
-    """The body validated as model, or an ApiError (400) that names the first thing wrong."""
-    if not raw.strip():
-        raise bad("the request body is empty; send a JSON object", code="invalid_json")
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as e:
-        errors = e.errors(include_url=False)
-        first = errors[0]
-        if first["type"] == "missing":
-            # a misspelt field also leaves the real one missing: the misspelling is the news
-            first = next((x for x in errors if x["type"] == "extra_forbidden"
-                          and x["loc"][:-1] == first["loc"][:-1]), first)
-        raise _api_error(first) from None
-
-
-def _where(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not part.startswith("~"):
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _api_error(err: Any) -> ApiError:
-    where = _where(err["loc"])
-    kind = err["type"]
-    msg: str = err["msg"]
-    if kind == "json_invalid":
-        return bad(f"the body is not valid JSON: {err.get('ctx', {}).get('error', msg)}", code="invalid_json")
-    if not where:
-        if kind == "model_type":
-            return bad("the body must be a JSON object", code="invalid_json")
-        return bad(msg)
-    if kind == "extra_forbidden":
-        if "." in where or "[" in where:
-            return bad(f"unrecognized field {where}", where, "unknown_parameter")
-        return bad(f"unrecognized request argument: {where}", where, "unknown_parameter")
-    if kind == "missing":
-        return bad(f"{where} is required", where)
-    if kind == "unsupported_parameter":
-        return bad(msg, where, "unsupported_parameter")
-    got = f", got {_json_type(err['input'])}" if "input" in err else ""
-    if kind == "type_error":
-        return bad(f"{where} {msg}{got}", where)
-    ctx = err.get("ctx") or {}
-    if kind in ("too_short", "too_long"):
-        bound = f"at least {ctx.get('min_length')}" if kind == "too_short" else f"at most {ctx.get('max_length')}"
-        n = ctx.get("min_length" if kind == "too_short" else "max_length")
-        got_n = ctx.get("actual_length")
-        if got_n is None and isinstance(err.get("input"), (dict, list, str)):
-            got_n = len(err["input"])   # pydantic leaves the count out for a mapping
-        what = "entries" if isinstance(err.get("input"), dict) else f"item{'' if n == 1 else 's'}"
-        return bad(f"{where} must have {bound} {what}, got {got_n}", where)
-    bounds = {"greater_than_equal": ("ge", ">="), "less_than_equal": ("le", "<="), "greater_than": ("gt", ">"),
-              "less_than": ("lt", "<")}
-    if kind in bounds:   # pydantic prints large bounds as floats
-        key, op = bounds[kind]
-        return bad(f"{where} must be {op} {ctx.get(key)}, got {err.get('input')}", where)
-    if msg.startswith("Input should be "):
-        if kind.endswith("_type"):
-            msg += got
-        return bad(f"{where} should be {msg[len('Input should be '):]}", where)
-    return bad(f"{where}: {msg[:1].lower()}{msg[1:]}", where)
 
 
 def chat_request(raw: bytes) -> GenerationRequest:

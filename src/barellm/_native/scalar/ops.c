@@ -59,6 +59,21 @@ void bl_add_scalar(float *x, const float *y, int n) {
     for (int i = 0; i < n; i++) x[i] += y[i];
 }
 
+void bl_hadamard_scalar(float *x, int len, int n) {
+    const float scale = (float)(1.0 / sqrt((double)n));
+    for (int b = 0; b + n <= len; b += n) {
+        float *v = x + b;
+        for (int h = 1; h < n; h *= 2)
+            for (int i = 0; i < n; i += 2 * h)
+                for (int j = i; j < i + h; j++) {
+                    const float a = v[j], c = v[j + h];
+                    v[j] = a + c;
+                    v[j + h] = a - c;
+                }
+        for (int i = 0; i < n; i++) v[i] *= scale;
+    }
+}
+
 static inline float kv_at(const void *base, size_t i, int f16) {
     return f16 ? bl_half_to_float(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }

@@ -24,6 +24,7 @@ const bl_kernel_table bl_tier_scalar = {
     },
     .rmsnorm = bl_rmsnorm_scalar, .rope = bl_rope_scalar, .softmax = bl_softmax_scalar,
     .silu_mul = bl_silu_mul_scalar, .gelu_mul = bl_gelu_mul_scalar, .add = bl_add_scalar,
+    .hadamard = bl_hadamard_scalar,
     .attend = bl_attend_scalar, .kv_store = bl_kv_store_scalar,
     .argmax = bl_argmax_scalar, .top = bl_top_scalar, .sum_exp = bl_sum_exp_scalar, .row_max = bl_row_max_scalar,
     .read_sum = read_sum_scalar,

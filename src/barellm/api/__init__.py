@@ -1,0 +1,1 @@
+"""The Python API: Model and load(), and OpenAI's requests and answers."""

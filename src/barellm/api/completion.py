@@ -1,0 +1,78 @@
+"""What the Python API's generation methods return: a Completion (the text, ids, finish reason, counts, timings
+and logprobs of every choice) and a Stream (the pieces as they come, its Completion filled meanwhile)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from barellm.generate.generation import Timings
+from barellm.generate.sampling import TokenLogprob
+
+
+@dataclass
+class Choice:
+    """One of the n sequences a complete(..., n=n) call generates."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)   # every generated token (a stop string's too)
+    finish_reason: str = "length"
+    logprobs: list[TokenLogprob] | None = None            # one per token of the text, when asked
+
+@dataclass
+class Completion:
+    """Everything about one generation; `text` is what generate() returns.
+
+    text, token_ids, finish_reason and logprobs are those of the first choice; `choices` holds all n."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str = "length"      # "stop" (end of generation or stop string) or "length"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0             # prompt tokens whose KV entries were reused
+    prefill_seconds: float = 0.0       # prompt processing, up to the first token's logits
+    decode_seconds: float = 0.0
+    logprobs: list[TokenLogprob] | None = None   # with logprobs / top_logprobs: one per token of the text
+    choices: list[Choice] = field(default_factory=list)
+    timings: Timings | None = None     # seconds per phase of the token loop (generation.PHASES)
+
+class Stream(Iterator[str]):
+    """What stream() and chat_stream() return: an iterator of text pieces. The token ids generated so far
+    are in `token_ids`; once the stream is exhausted, `finish_reason` says why it ended ("stop": an
+    end-of-generation token or a stop string; "length": max_tokens or the full context); None before that
+    and for a stream closed early. close() ends it and gives its KV cache slot back, as dropping it does."""
+
+    def __init__(self, pieces: Iterator[str], completion: Completion) -> None:
+        self._pieces = pieces
+        self.completion = completion     # filled as the generation runs
+        self._ended = False
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._pieces)
+        except StopIteration:
+            self._ended = True
+            raise
+
+    def close(self) -> None:
+        close = getattr(self._pieces, "close", None)
+        if close is not None:
+            close()
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.completion.choices[0].token_ids if self.completion.choices else []
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.completion.prompt_tokens
+
+    @property
+    def finish_reason(self) -> str | None:
+        if not self._ended:
+            return None
+        return self.completion.choices[0].finish_reason if self.completion.choices else "length"

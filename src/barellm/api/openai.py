@@ -1,0 +1,553 @@
+"""OpenAI's API in plain Python: the one place for its requests and its answers, used by the server's routes
+(OpenAI's and Ollama's) and by Model.create_completion / create_chat_completion alike, so code written
+against either sees the same shapes (and code written for llama-cpp-python's methods of those names moves
+over unchanged).
+
+- `GenerationRequest`: a chat or completion request as OpenAI's API words it (tools, tool_choice,
+  response_format, a suffix, usage in a stream, ...). It is the Request the scheduler runs
+  (generate/request.py), with those extras; the server's bodies (serve/schemas.py) and Model.create_*'s
+  arguments both become one.
+- `prepare`: its prompt's token ids and its compiled output constraint, from the messages and tools or the
+  prompt and suffix.
+- `ResponseBuilder`: the answer's objects, whole or as stream chunks, tool calls parsed out of a chat reply
+  and log-probabilities in OpenAI's shapes. The server adds only the HTTP and server-sent-event framing.
+- the response objects themselves as dicts: pure functions of their arguments, which the server's pydantic
+  models only describe (serve/openapi_doc.py), and its tests hold the dicts to.
+
+No dependency beyond barellm's own: a Python API user needs no server extra.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from barellm.api.completion import Completion
+from barellm.errors import InvalidRequest
+from barellm.generate.request import Request, SamplingOptions, from_options, takes_options
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["Constraint", "GenerationRequest", "ResponseBuilder", "constraint_of", "prepare", "new_id", "usage",
+           "chat_completion", "text_completion", "chat_chunk", "text_chunk", "usage_chunk", "tool_call_deltas",
+           "embeddings", "chat_logprobs", "completion_logprobs"]
+
+
+# --- the request ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Constraint:
+    """An output constraint as the request gave it: kind ("json_object", "json_schema", "grammar", "regex"),
+    its value, and the field that asked (errors name it)."""
+
+    kind: str
+    value: Any
+    param: str
+
+
+def constraint_of(response_format: Mapping[str, Any] | None = None, json_schema: Any = None,
+                  grammar: str | None = None, regex: str | None = None) -> Constraint | None:
+    """The one output constraint a request asks for: OpenAI's response_format ({"type": "text"} is none), or
+    llama.cpp's json_schema, grammar or regex. Two are an InvalidRequest naming the second."""
+    given = []
+    if response_format is not None:
+        kind = response_format.get("type") if isinstance(response_format, Mapping) else None
+        if kind == "json_object":
+            given.append(Constraint("json_object", None, "response_format"))
+        elif kind == "json_schema":
+            spec = response_format.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, Mapping) else None
+            given.append(Constraint("json_schema", {} if schema is None else schema,
+                                    "response_format.json_schema.schema"))
+        elif kind != "text":
+            raise InvalidRequest('response_format must be an object with "type": "text", "json_object" or '
+                                 '"json_schema"', "response_format")
+    for name, value in (("json_schema", json_schema), ("grammar", grammar), ("regex", regex)):
+        if value is not None:
+            given.append(Constraint(name, value, name))
+    if len(given) > 1:
+        raise InvalidRequest(f"{given[0].param} and {given[1].param} both constrain the output: give one",
+                             given[1].param)
+    return given[0] if given else None
+
+
+def check_tool_choice(tool_choice: Any, constraint: Constraint | None) -> None:
+    """tool_choice "required" or a named function constrains the output to tool calls: no other constraint."""
+    if constraint is not None and tool_choice not in (None, "none", "auto"):
+        raise InvalidRequest(f"tool_choice {tool_choice!r} constrains the output to tool calls; it cannot be "
+                             f"combined with {constraint.param}", "tool_choice")
+
+
+@dataclass(eq=False)
+class GenerationRequest(Request):
+    """A chat ("chat") or completion ("completion", "infill") request as OpenAI's API words it: the Request the
+    scheduler runs, and what makes its prompt and shapes its answer."""
+
+    kind: str = "chat"
+    model: str | None = None                   # the model the request names
+    include_usage: bool = False                # a stream ends with a usage chunk
+    tokens_as_ids: bool = False                # logprobs name tokens "token_id:<id>" (vLLM's extension)
+    messages: list[dict[str, Any]] | None = None
+    prompt_text: str | None = None             # a completion's prompt as text (token ids go to `prompt` as they are)
+    short_default: bool = True                 # no max_tokens on a completion: 16 tokens (OpenAI's), else the rest
+    clamp_max_tokens: bool = False             # max_tokens past the context: cut to fit (Ollama's) instead of a 400
+    constraint: Constraint | None = None       # the output's format (JSON schema, regex, grammar), as asked
+    tools: list[dict[str, Any]] | None = None  # OpenAI's tool objects
+    tool_choice: Any = None                    # "none", "auto", "required", {"type": "function", ...}; None: default
+    parallel_tool_calls: bool = True
+    suffix: str | None = None                  # fill-in-the-middle: the text after the hole
+    tool_names: list[str] | None = field(default=None)   # parse tool calls of these functions out of the reply
+
+
+def constrain(model: Any, req: GenerationRequest) -> None:
+    """Compiles req's output constraint into req.grammar (response_format, json_schema, grammar, regex, or
+    tool_choice "required" / a named function) and decides whether tool calls are parsed out of the reply
+    (req.tool_names). An InvalidRequest names the field that cannot be served (compiling a large schema takes
+    a while, and the first one builds the model's vocabulary for llguidance: the server runs this off its
+    event loop)."""
+    from barellm.text.toolcalls import resolve_choice
+
+    c = req.constraint
+    param = c.param if c is not None else "tool_choice"
+    try:
+        if c is not None:
+            vocab = model.structured()
+            if c.kind == "json_object":
+                req.grammar = vocab.json_object(c.param)
+            elif c.kind == "json_schema":
+                req.grammar = vocab.json_schema(c.value, c.param)
+            elif c.kind == "grammar":
+                req.grammar = vocab.lark(c.value, c.param)
+            else:
+                req.grammar = vocab.regex(c.value, c.param)
+        if req.kind == "chat":
+            check_tool_choice(req.tool_choice, c)
+            param = "tool_choice"
+            mode, name = resolve_choice(req.tools, req.tool_choice)
+            if mode in ("required", "function"):
+                assert req.tools is not None
+                req.grammar = model.tool_grammar(req.tools, mode, name, req.parallel_tool_calls)
+            if mode != "none" and req.tools:
+                req.tool_names = [t["function"]["name"] for t in req.tools]
+    except InvalidRequest as e:
+        if e.param is None:
+            e.param = param
+        raise
+
+
+def prepare(model: Any, req: GenerationRequest) -> None:
+    """Makes req's prompt (token ids) and compiles its constraint (constrain): a chat's messages through the
+    model's template, with its tools when their calls are parsed; a completion's text tokenized, or with a
+    suffix made a fill-in-the-middle prompt whose end rules join req's (a completion given as token ids
+    keeps them). An InvalidRequest names the field at fault."""
+    constrain(model, req)
+    if req.kind == "chat":
+        try:
+            messages = req.messages or []
+            req.prompt = (model.chat_prompt(messages, tools=req.tools) if req.tool_names is not None
+                          else model.chat_prompt(messages))
+        except InvalidRequest as e:
+            raise InvalidRequest(str(e), "messages") from None
+        return
+    text = req.prompt_text
+    if text is None:
+        return
+    try:
+        if req.suffix:
+            from barellm.text.infill import end_rules
+
+            req.prompt = model.infill_prompt(text, req.suffix, max_tokens=req.max_tokens, repo_level=False)
+            stops, req.min_indent = end_rules(text, req.suffix)
+            req.stops = req.stops + stops
+        else:
+            req.prompt = model.tokenize(text)
+    except InvalidRequest as e:
+        raise InvalidRequest(str(e), "suffix" if req.suffix else "prompt") from None
+
+
+# --- the answer ----------------------------------------------------------------------------------------
+
+class ResponseBuilder:
+    """The objects of one request's answer in OpenAI's shapes: whole (`whole`) or as the chunks of a stream
+    (`opening`, `text`, `closing`, `usage_chunk`), each choice's tool calls parsed out of a chat reply (in a
+    stream, each call as soon as it is complete) and its log-probabilities mapped, the same for the server and
+    for Model.create_*."""
+
+    def __init__(self, req: GenerationRequest, model: str, token_bytes: Callable[[int], bytes], *,
+                 prompt_chars: int = 0, fingerprint: str | None = None) -> None:
+        self.req = req
+        self.chat = req.kind == "chat"
+        self.model = model
+        self.token_bytes = token_bytes
+        self.id = new_id(self.chat)
+        self.created = int(time.time())
+        self.fingerprint = fingerprint
+        self.prompt_chars = prompt_chars    # legacy logprobs' text_offset counts from the start of the prompt
+        self.offsets: dict[int, int] = {}   # per choice: text_offset of its next token
+        self.tool_names = req.tool_names if self.chat else None
+        self._calls: dict[int, Any] = {}    # per choice: its ToolCallStream
+        self._held: dict[int, list[Any]] = {}   # per choice: logprobs of text a call still holds
+
+    def usage(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        return usage(prompt_tokens, completion_tokens, cached_tokens)
+
+    def logprobs(self, toks: Sequence[Any], index: int = 0) -> dict[str, Any] | None:
+        """A run of one choice's tokens (TokenLogprob) as OpenAI's logprobs object; None when not asked."""
+        if self.req.top_logprobs is None:
+            return None
+        as_ids = self.req.tokens_as_ids
+        if self.chat:
+            return chat_logprobs(toks, self.token_bytes, as_ids)
+        out, self.offsets[index] = completion_logprobs(toks, self.token_bytes,
+                                                       self.offsets.get(index, self.prompt_chars), as_ids)
+        return out
+
+    def calls(self, text: str, reason: str) -> tuple[str | None, list[dict[str, Any]] | None, str]:
+        """A whole chat reply's content, tool calls and finish reason ("tool_calls" when it called any and
+        stopped of its own accord); the text as it is when the request parses no calls or it made none."""
+        if self.tool_names is None:
+            return text, None, reason
+        from barellm.text.toolcalls import parse_tool_calls
+
+        content, calls = parse_tool_calls(text, self.tool_names)
+        if not calls:
+            return text, None, reason
+        return content, calls, "tool_calls" if reason == "stop" else reason
+
+    def whole(self, choices: Sequence[tuple[str, Sequence[Any], str]], usage: dict[str, Any]) -> dict[str, Any]:
+        """The response object of (text, logprobs, finish reason) of each choice."""
+        body: dict[str, Any] | None = None
+        ids = {"created": self.created, "fingerprint": self.fingerprint}
+        for i, (text, toks, reason) in enumerate(choices):
+            lps = self.logprobs(toks, i)
+            if self.chat:
+                content, calls, reason = self.calls(text, reason)
+                one = chat_completion(self.id, self.model, content, reason, usage, logprobs=lps, tool_calls=calls,
+                                      **ids)
+            else:
+                one = text_completion(self.id, self.model, text, reason, usage, logprobs=lps, **ids)
+            if body is None:
+                body = one
+            else:
+                body["choices"].append({**one["choices"][0], "index": i})
+        assert body is not None
+        return body
+
+    def chunk(self, text: str | None, logprobs: dict[str, Any] | None = None, finish_reason: str | None = None,
+              role: bool = False, index: int = 0, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """One chunk of choice `index`."""
+        ids = {"created": self.created, "fingerprint": self.fingerprint, "with_usage": self.req.include_usage}
+        if self.chat:
+            out = chat_chunk(self.id, self.model, text=text, role=role, finish_reason=finish_reason,
+                             logprobs=logprobs, tool_calls=tool_calls, **ids)
+        else:
+            out = text_chunk(self.id, self.model, text=text or "", finish_reason=finish_reason, logprobs=logprobs,
+                             **ids)
+        if index:
+            out["choices"][0]["index"] = index
+        return out
+
+    def opening(self, n: int) -> list[dict[str, Any]]:
+        """A stream's first chunks: a chat's role for each choice (a completion has none)."""
+        return [self.chunk(None, role=True, index=i) for i in range(n)] if self.chat else []
+
+    def split(self, index: int, text: str, final: bool = False) -> list[tuple[str, Any]]:
+        """A chat reply's run of text split into content and whole tool calls ([("content", str) |
+        ("call", dict)]), as its ToolCallStream sees them; final: the reply ended, what it holds comes out."""
+        from barellm.text.toolcalls import ToolCallStream
+
+        stream = self._calls.get(index)
+        if stream is None:
+            stream = self._calls[index] = ToolCallStream(self.tool_names or ())
+        return stream.feed(text) + (stream.finish() if final else [])
+
+    def text(self, index: int, text: str, toks: Sequence[Any]) -> list[dict[str, Any]]:
+        """The chunks of a run of one choice's text: one, or with tool calls parsed, the content and the
+        calls complete so far (the logprobs go with the first chunk after their text; a call still open holds
+        them)."""
+        if self.tool_names is None:
+            return [self.chunk(text, self.logprobs(toks, index), index=index)]
+        return self._parts(index, self.split(index, text), toks)
+
+    def _parts(self, index: int, parts: list[tuple[str, Any]], toks: Sequence[Any]) -> list[dict[str, Any]]:
+        held = self._held.setdefault(index, [])
+        held.extend(toks)
+        out = []
+        for kind, p in parts:
+            lps = self.logprobs(held, index)
+            held.clear()
+            if kind == "content":
+                out.append(self.chunk(p, lps, index=index))
+            else:
+                stream = self._calls[index]
+                out.append(self.chunk(None, lps, index=index, tool_calls=tool_call_deltas([p], stream.sent)))
+                stream.sent += 1
+        return out
+
+    def closing(self, index: int, reason: str) -> list[dict[str, Any]]:
+        """A choice's last chunks: what its tool-call parsing still holds, and the one with its finish reason
+        ("tool_calls" when it called any and stopped of its own accord)."""
+        out = []
+        if self.tool_names is not None:
+            out = self._parts(index, self.split(index, "", final=True), [])
+            if self._calls[index].calls and reason == "stop":
+                reason = "tool_calls"
+        return out + [self.chunk(None, finish_reason=reason, index=index)]
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return usage_chunk(self.id, self.model, self.chat, usage, created=self.created, fingerprint=self.fingerprint)
+
+
+# --- the Python API's OpenAI methods -------------------------------------------------------------------
+
+class OpenAIMethods:
+    """Model's methods that take and give OpenAI's shapes, as llama-cpp-python's of these names do: their
+    requests become the GenerationRequest a server body becomes, prepared and answered by the same code."""
+
+    @property
+    def tool_format(self) -> Any:
+        """How this model meets tools (text/tools.py): its template's own rendering or the built-in form."""
+        from barellm.text.toolcalls import tool_format
+
+        fmt = getattr(self, "_tool_format", None)
+        if fmt is None:
+            fmt = self._tool_format = tool_format(self.template.source, self.tokenizer)
+        return fmt
+
+    def tool_grammar(self, tools: Sequence[dict[str, Any]], mode: str, name: str | None = None,
+                     parallel: bool = True) -> Any:
+        """The constraint of tool_choice "required" (mode "required") or a named function (mode "function"):
+        output that is tool calls only, with arguments valid for the function's schema, ending with the
+        turn's calls (the model, not the mask, decides whether another call follows one)."""
+        from barellm.text.toolcalls import call_grammar, validate_tools
+
+        src = call_grammar(validate_tools(tools), self.tool_format, name if mode == "function" else None,
+                           parallel and mode == "required")
+        return self.structured().lark(src, "tool_choice", end_on_exit=True)
+
+    @takes_options(leave_out=("top_logprobs", "timings"))
+    def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16, stream: bool = False,
+                          response_format: dict[str, Any] | None = None, suffix: str | None = None,
+                          logprobs: int | None = None, **options: Unpack[SamplingOptions]
+                          ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """complete() as OpenAI's text_completion object (id, object, created, model, choices[0].text and
+        finish_reason, usage), as llama-cpp-python's method of this name returns it; stream=True yields the
+        chunk objects as they come. max_tokens None: the rest of the context; logprobs=k: each token's
+        log-probability and its k best alternatives (0..20); suffix: the text after a hole to fill (the prompt
+        is the text before it); other keywords as generate()."""
+        if "top_logprobs" in options:
+            raise InvalidRequest("create_completion takes logprobs=k (the alternatives per token)")
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
+                                     or not 0 <= logprobs <= 20):
+            raise InvalidRequest(f"logprobs must be an integer in 0..20, got {logprobs!r}")
+        req = self._openai_request("completion", options, max_tokens, stream, logprobs, response_format)
+        if isinstance(prompt, str):
+            req.prompt_text, req.suffix = prompt, suffix or None
+        elif suffix:
+            raise InvalidRequest("suffix needs a string prompt (the text before the hole)")
+        else:
+            req.prompt = self._prompt_ids(prompt)
+        return self._openai(req)
+
+    @takes_options(leave_out=("timings",))
+    def create_chat_completion(self, messages: Sequence[dict[str, Any]], *, max_tokens: int | None = None,
+                               stream: bool = False, tools: Sequence[dict[str, Any]] | None = None,
+                               tool_choice: Any = None, parallel_tool_calls: bool = True,
+                               response_format: dict[str, Any] | None = None, logprobs: bool = False,
+                               top_logprobs: int | None = None, **options: Unpack[SamplingOptions]
+                               ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """chat() as OpenAI's chat.completion object (choices[0].message), or with stream=True its
+        chat.completion.chunk objects. max_tokens None: the rest of the context.
+
+        tools, tool_choice ("auto" by default with tools; "none", "required", {"type": "function",
+        "function": {"name": ...}}), parallel_tool_calls: OpenAI's; the model's calls come back as
+        message.tool_calls (streamed: delta.tool_calls) with finish_reason "tool_calls". "required" and a
+        named function constrain the output to calls whose arguments fit the function's schema.
+        response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}.
+        logprobs, top_logprobs: OpenAI's chat ones (a flag, and the alternatives per token)."""
+        from barellm.text.toolcalls import validate_tools
+
+        if not isinstance(logprobs, bool):
+            raise InvalidRequest(f"logprobs must be True or False here, got {logprobs!r}")
+        if top_logprobs is not None and not logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs=True")
+        req = self._openai_request("chat", options, max_tokens, stream, (top_logprobs or 0) if logprobs else None,
+                                   response_format)
+        req.messages = list(messages)
+        req.tools = validate_tools(tools) if tools else None
+        req.tool_choice, req.parallel_tool_calls = tool_choice, parallel_tool_calls
+        return self._openai(req)
+
+    def _openai_request(self, kind: str, options: Any, max_tokens: int | None, stream: bool,
+                        top_logprobs: int | None, response_format: Any) -> GenerationRequest:
+        """The GenerationRequest of create_*'s arguments, as the server makes one of a body: the output
+        constraint kept as asked (response_format, json_schema, grammar or regex: one of them), compiled with
+        the prompt (prepare, as the server does)."""
+        for k in ("timings", "max_tokens", "logprobs", "top_logprobs"):
+            if k in options:
+                raise InvalidRequest(f"unknown generation parameter here: {k}")
+        constraint = constraint_of(response_format, *(options.get(k) for k in ("json_schema", "grammar", "regex")))
+        rest = {k: v for k, v in options.items() if k not in ("json_schema", "grammar", "regex")}
+        if constraint is not None and rest.get("allowed_tokens") is not None:
+            raise InvalidRequest(f"allowed_tokens and {constraint.param} both constrain the output: give one")
+        req = from_options({**rest, "logprobs": top_logprobs is not None, "top_logprobs": top_logprobs,
+                            "max_tokens": max_tokens}, cls=GenerationRequest)
+        req.kind, req.constraint, req.stream, req.clamp_max_tokens = kind, constraint, stream, True
+        return req
+
+    def _openai(self, req: GenerationRequest) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        self._check_served()
+        prepare(self, req)
+        if req.max_tokens is None:   # OpenAI's None: the rest of the context
+            req.max_tokens = max(self.n_ctx - len(req.prompt), 0)
+        self._submit(req.prompt, req)   # a bad request fails here, not at a stream's first next()
+        prompt_chars = len(req.prompt_text) if req.prompt_text is not None else 0
+        out = ResponseBuilder(req, self.name, self.tokenizer.token_bytes, prompt_chars=prompt_chars)
+        if req.stream:
+            return self._openai_chunks(req, out)
+        c = self._complete(req)
+        usage = out.usage(c.prompt_tokens, c.cached_tokens, sum(len(ch.token_ids) for ch in c.choices))
+        return out.whole([(ch.text, ch.logprobs or [], ch.finish_reason) for ch in c.choices], usage)
+
+    def _openai_chunks(self, req: GenerationRequest, out: Any) -> Iterator[dict[str, Any]]:
+        c = Completion()
+        yield from out.opening(req.n)
+        for ev in self._run(req, c, pause=True):
+            if ev.text or ev.tokens:
+                yield from out.text(ev.index, ev.text, ev.tokens)
+        for ch in c.choices:
+            yield from out.closing(ch.index, ch.finish_reason)
+
+
+# --- the response objects ------------------------------------------------------------------------------
+
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def _envelope(id: str, obj: str, created: int | None, model: str, fingerprint: str | None,
+              choices: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": id, "object": obj, "created": int(time.time()) if created is None else created,
+                           "model": model}
+    if fingerprint is not None:
+        out["system_fingerprint"] = fingerprint
+    out["choices"] = choices
+    return out
+
+
+def chat_completion(id: str, model: str, text: str | None, finish_reason: str, usage: dict[str, Any], *,
+                    logprobs: dict[str, Any] | None = None, created: int | None = None,
+                    fingerprint: str | None = None, tool_calls: list[dict[str, Any]] | None = None
+                    ) -> dict[str, Any]:
+    """A whole chat reply: {"object": "chat.completion", "choices": [{"message": {...}}], "usage"}. With
+    tool_calls (OpenAI's [{"id", "type": "function", "function": {"name", "arguments"}}]) the message carries
+    them and text is what the model wrote besides (None when nothing)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {**_envelope(id, "chat.completion", created, model, fingerprint, [choice]), "usage": usage}
+
+
+def text_completion(id: str, model: str, text: str, finish_reason: str, usage: dict[str, Any], *,
+                    logprobs: dict[str, Any] | None = None, created: int | None = None,
+                    fingerprint: str | None = None) -> dict[str, Any]:
+    """A whole completion: {"object": "text_completion", "choices": [{"text": ...}], "usage"}."""
+    choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {**_envelope(id, "text_completion", created, model, fingerprint, [choice]), "usage": usage}
+
+
+def chat_chunk(id: str, model: str, *, text: str | None = None, role: bool = False,
+               finish_reason: str | None = None, logprobs: dict[str, Any] | None = None, created: int | None = None,
+               fingerprint: str | None = None, with_usage: bool = False,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One streamed chat piece: the opening one (role), a piece of text, tool calls (each whole, with its
+    "index" among the reply's calls), or the closing one (finish_reason).
+    with_usage: the stream ends with a usage_chunk, and every chunk before it says "usage": null."""
+    delta: dict[str, Any] = {}
+    if role:
+        delta = {"role": "assistant", "content": ""}
+    elif tool_calls:
+        delta = {"tool_calls": tool_calls}
+    elif text is not None:
+        delta = {"content": text}
+    choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    out = _envelope(id, "chat.completion.chunk", created, model, fingerprint, [choice])
+    if with_usage:
+        out["usage"] = None
+    return out
+
+
+def text_chunk(id: str, model: str, *, text: str = "", finish_reason: str | None = None,
+               logprobs: dict[str, Any] | None = None, created: int | None = None, fingerprint: str | None = None,
+               with_usage: bool = False) -> dict[str, Any]:
+    """One streamed completion piece (the last one carries finish_reason)."""
+    choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    out = _envelope(id, "text_completion", created, model, fingerprint, [choice])
+    if with_usage:
+        out["usage"] = None
+    return out
+
+
+def usage_chunk(id: str, model: str, chat: bool, usage: dict[str, Any], *, created: int | None = None,
+                fingerprint: str | None = None) -> dict[str, Any]:
+    """The last chunk of a stream that asked for usage: no choices, the counts."""
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    return {**_envelope(id, obj, created, model, fingerprint, []), "usage": usage}
+
+
+def tool_call_deltas(calls: list[dict[str, Any]], first_index: int) -> list[dict[str, Any]]:
+    """Whole tool calls as the entries of a streamed delta.tool_calls: each with its index in the reply."""
+    return [{"index": first_index + i, **c} for i, c in enumerate(calls)]
+
+
+def embeddings(model: str, vectors: list[Any], prompt_tokens: int) -> dict[str, Any]:
+    """OpenAI's embeddings list: {"object": "list", "data": [{"object": "embedding", "index", "embedding"}],
+    "model", "usage"}; each vector a list of floats, or a base64 string of little-endian float32."""
+    return {"object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+            "model": model, "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+
+
+def _token(token_bytes: Callable[[int], bytes], token_id: int, as_ids: bool) -> tuple[str, list[int]]:
+    b = token_bytes(token_id)
+    return (f"token_id:{token_id}" if as_ids else b.decode("utf-8", errors="replace")), list(b)
+
+
+def chat_logprobs(toks: Sequence[Any], token_bytes: Callable[[int], bytes], as_ids: bool = False) -> dict[str, Any]:
+    """A chat choice's logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...]}.
+    toks: TokenLogprob-like (token_id, logprob, top [(id, logprob)]); as_ids: tokens named "token_id:<id>"."""
+    content = []
+    for t in toks:
+        s, b = _token(token_bytes, t.token_id, as_ids)
+        top = []
+        for i, lp in t.top:
+            ts, tb = _token(token_bytes, i, as_ids)
+            top.append({"token": ts, "logprob": lp, "bytes": tb})
+        content.append({"token": s, "logprob": t.logprob, "bytes": b, "top_logprobs": top})
+    return {"content": content}
+
+
+def completion_logprobs(toks: Sequence[Any], token_bytes: Callable[[int], bytes], offset: int,
+                        as_ids: bool = False) -> tuple[dict[str, Any], int]:
+    """A completion choice's logprobs ({"tokens", "token_logprobs", "top_logprobs", "text_offset"}) and the
+    text offset after them (offsets count characters from offset, the start of this run of tokens)."""
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for t in toks:
+        out["tokens"].append(_token(token_bytes, t.token_id, as_ids)[0])
+        out["token_logprobs"].append(t.logprob)
+        out["top_logprobs"].append({_token(token_bytes, i, as_ids)[0]: lp for i, lp in t.top})
+        out["text_offset"].append(offset)
+        offset += len(token_bytes(t.token_id).decode("utf-8", errors="ignore"))
+    return out, offset

@@ -1,0 +1,221 @@
+"""The forward pass as a plan: a flat list of typed ops over named buffers.
+
+The plan says *what* runs, in order, in architecture terms; engine.py binds it to buffers and weights
+and compiles it for the native executor. One small dataclass per op kind, so a misspelt field is an error
+where the plan is written, not a zero in C. Op names are stable (the debug tools address ops by them):
+
+    token_embd
+    blk.{i}.attn_norm  blk.{i}.qkv  blk.{i}.rope  blk.{i}.attn  blk.{i}.attn_out  [blk.{i}.post_attn_norm]
+    blk.{i}.ffn_norm   blk.{i}.ffn_gate_up  blk.{i}.ffn_act  blk.{i}.ffn_down  [blk.{i}.post_ffn_norm]
+    output_norm  output
+(the bracketed ones in models with post norms, Gemma 3).
+
+Buffers (rows = tokens of the current chunk, or the selected rows for the output ops):
+    x [T, dim] residual stream      xn [T, dim] normed          qkv [T, q_dim + 2 kv_dim]
+    att [T, q_dim]                  proj [T, dim] scratch       gu [T, 2 ffn_dim] (gate | up)
+    act [T, ffn_dim]                xo [n_out, dim]             logits [n_out, n_vocab]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from barellm.arch.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Op:
+    """What every op has: a name, the buffer it writes (its observable result), and which rows it covers:
+    "tokens" (the chunk's T rows) or "selected" (the rows picked for logits: out row i <- x row sel[i])."""
+
+    kind: ClassVar[str]
+    name: str
+    out: str
+
+    @property
+    def x(self) -> str | None:
+        """The buffer the op reads (None for the embedding lookup)."""
+        return None
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        """Every tensor the op reads."""
+        return ()
+
+    @property
+    def rows(self) -> str:
+        return "tokens"
+
+    def __repr__(self) -> str:
+        w = f" {'|'.join(self.weights)}" if self.weights else ""
+        return f"<{self.name}: {self.kind} {self.x} -> {self.out}{w}>"
+
+
+@dataclass(frozen=True, repr=False)
+class Embed(Op):
+    """out[t] = table row tokens[t] * scale."""
+
+    kind: ClassVar[str] = "embed"
+    table: str
+    scale: float = 1.0
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return (self.table,)
+
+
+@dataclass(frozen=True, repr=False)
+class RMSNorm(Op):
+    """out = rmsnorm(src) * weight; with accumulate, out += rmsnorm(src) * weight (a post norm)."""
+
+    kind: ClassVar[str] = "rmsnorm"
+    src: str
+    weight: str
+    eps: float
+    accumulate: bool = False
+    selected: bool = False   # the output rows only (the final norm)
+
+    @property
+    def x(self) -> str:
+        return self.src
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return (self.weight,)
+
+    @property
+    def rows(self) -> str:
+        return "selected" if self.selected else "tokens"
+
+
+@dataclass(frozen=True, repr=False)
+class MatMul(Op):
+    """out = src @ W.T (+ bias) with W the row-concatenation of `matrices`; with accumulate, out += that."""
+
+    kind: ClassVar[str] = "matmul"
+    src: str
+    matrices: tuple[str, ...]
+    bias: tuple[str, ...] = ()   # one vector per matrix, concatenated the same way
+    accumulate: bool = False
+    selected: bool = False
+
+    @property
+    def x(self) -> str:
+        return self.src
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return self.matrices + self.bias
+
+    @property
+    def rows(self) -> str:
+        return "selected" if self.selected else "tokens"
+
+
+@dataclass(frozen=True, repr=False)
+class RopeKV(Op):
+    """In place on the qkv rows: (RMSNorm of each q and k head,) RoPE of q and k; then K and V into the
+    layer's cache at each token's position (an 8-bit cache stores each key minus k_bias, the K projection's
+    bias where the model has one, and turned by a Walsh-Hadamard transform: quant.q8_0_keys)."""
+
+    kind: ClassVar[str] = "rope_kv"
+    layer: int
+    eps: float
+    q_norm: str | None = None
+    k_norm: str | None = None
+    k_bias: str | None = None
+
+    @property
+    def x(self) -> str:
+        return self.out
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return tuple(n for n in (self.q_norm, self.k_norm, self.k_bias) if n)
+
+
+@dataclass(frozen=True, repr=False)
+class Attention(Op):
+    """out[t] = causal grouped-query attention of the q heads of src[t] over the slot's cache (the last
+    `window` keys only, when window > 0)."""
+
+    kind: ClassVar[str] = "attention"
+    src: str
+    layer: int
+    window: int = 0
+
+    @property
+    def x(self) -> str:
+        return self.src
+
+
+@dataclass(frozen=True, repr=False)
+class GatedAct(Op):
+    """out = act(gate) * up, gate and up the two halves of each src row."""
+
+    kind: ClassVar[str] = "silu_mul"
+    src: str
+    act: str = "silu"            # "silu" or "gelu_tanh"
+
+    @property
+    def x(self) -> str:
+        return self.src
+
+
+OP_TYPES = (Embed, RMSNorm, MatMul, RopeKV, Attention, GatedAct)
+
+
+def buffer_widths(cfg: ModelConfig) -> dict[str, int]:
+    return {
+        "x": cfg.dim, "xn": cfg.dim, "qkv": cfg.q_dim + 2 * cfg.kv_dim, "att": cfg.q_dim, "proj": cfg.dim,
+        "gu": 2 * cfg.ffn_dim, "act": cfg.ffn_dim, "xo": cfg.dim, "logits": cfg.n_vocab,
+    }
+
+
+def llama_plan(cfg: ModelConfig) -> list[Op]:
+    """The llama-family forward pass: pre-norm blocks, GQA attention with RoPE, a gated MLP; and what the
+    other rows of the registry add to it (Q/K/V biases, per-head QK norms, scaled embeddings, post norms,
+    GELU, sliding windows)."""
+    eps = cfg.norm_eps
+    ops: list[Op] = [Embed("token_embd", "x", table="token_embd.weight", scale=cfg.embed_scale)]
+    for i in range(cfg.n_layers):
+        b = f"blk.{i}."
+        qkv = (b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight")
+        bias = (b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias") if cfg.attn_bias else ()
+        ops += [
+            RMSNorm(b + "attn_norm", "xn", src="x", weight=b + "attn_norm.weight", eps=eps),
+            MatMul(b + "qkv", "qkv", src="xn", matrices=qkv, bias=bias),
+            RopeKV(b + "rope", "qkv", layer=i, eps=eps,
+                   q_norm=b + "attn_q_norm.weight" if cfg.qk_norm else None,
+                   k_norm=b + "attn_k_norm.weight" if cfg.qk_norm else None,
+                   k_bias=b + "attn_k.bias" if cfg.attn_bias else None),
+            Attention(b + "attn", "att", src="qkv", layer=i, window=cfg.layer_window(i)),
+        ]
+        if cfg.post_norms:  # x += rmsnorm(W att): the norm needs the whole projected row first
+            ops += [
+                MatMul(b + "attn_out", "proj", src="att", matrices=(b + "attn_output.weight",)),
+                RMSNorm(b + "post_attn_norm", "x", src="proj", weight=b + "post_attention_norm.weight", eps=eps,
+                        accumulate=True),
+            ]
+        else:
+            ops.append(MatMul(b + "attn_out", "x", src="att", matrices=(b + "attn_output.weight",), accumulate=True))
+        ops += [
+            RMSNorm(b + "ffn_norm", "xn", src="x", weight=b + "ffn_norm.weight", eps=eps),
+            MatMul(b + "ffn_gate_up", "gu", src="xn", matrices=(b + "ffn_gate.weight", b + "ffn_up.weight")),
+            GatedAct(b + "ffn_act", "act", src="gu", act=cfg.act),
+        ]
+        if cfg.post_norms:
+            ops += [
+                MatMul(b + "ffn_down", "proj", src="act", matrices=(b + "ffn_down.weight",)),
+                RMSNorm(b + "post_ffn_norm", "x", src="proj", weight=b + "post_ffw_norm.weight", eps=eps,
+                        accumulate=True),
+            ]
+        else:
+            ops.append(MatMul(b + "ffn_down", "x", src="act", matrices=(b + "ffn_down.weight",), accumulate=True))
+    out_w = "token_embd.weight" if cfg.tied_output else "output.weight"
+    ops += [
+        RMSNorm("output_norm", "xo", src="x", weight="output_norm.weight", eps=eps, selected=True),
+        MatMul("output", "logits", src="xo", matrices=(out_w,), selected=True),
+    ]
+    return ops

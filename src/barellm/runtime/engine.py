@@ -1,0 +1,497 @@
+"""NativeEngine: the forward plan (plan.py) bound to preallocated buffers and run by the C executor.
+
+At load, the engine
+  - decides each weight matrix's layout (`matrix_layout`, the one place that choice is made), fuses
+    Q|K|V and gate|up into single matrices where their types agree, and repacks what the kernels want
+    repacked;
+  - allocates every buffer once, for `chunk` tokens: activations, quantized activations, the KV cache of
+    each slot, the logits;
+  - compiles the plan into an array of C op structs pointing at those buffers.
+A forward call then only writes the token ids, positions and slots into small preallocated arrays and
+makes one native call per chunk of up to `chunk` tokens; the worker threads run all layers with a
+barrier between ops. Nothing is allocated in the token loop except the returned logits array (pass
+`out=` to avoid even that).
+
+Invariance: every op computes a row (a token) with the same float operations whatever the chunk, the
+batch or the thread split, so greedy output is the same for any thread count, prefill chunking, or
+batch composition (see ops.h, kernels.h).
+
+The weights' side (their layouts, fusing, repacking) is runtime/weights.py; the per-op debugger, which runs
+the same plan one op at a time by native kernels or NumPy implementations, runtime/debug.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from barellm import _native as nat
+from barellm.arch.config import ModelConfig, check_tensors
+from barellm.arch.llama import rope_frequencies
+from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV, buffer_widths, llama_plan
+from barellm.cpu import check_memory, default_threads
+from barellm.errors import FormatError, InvalidRequest
+from barellm.formats.kernels import (
+    ACTIVATIONS,
+    matrix_act,
+)
+from barellm.formats.quant import q8_0_join, q8_0_keys_join
+from barellm.runtime.debug import EngineDebug
+from barellm.runtime.weights import EngineWeights, aligned_zeros
+
+KIND_IDS: dict[str, int] = dict(nat.OP_KINDS)  # the op kinds the executor has, and their ids (py_engine.c)
+KV_TILE = nat.KV_TILE
+KV_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q8_0": nat.KV_Q8_0}  # the cache element types (ops.h, bl_kv_type)
+KV_QK = 32  # values per block of a q8_0 cache
+FLOAT_ALIGN = 16  # buffer rows start on cache lines: strides are multiples of 16 floats
+ROPE_FIRST = 512  # positions of the RoPE tables filled by the first forward call (see _rope_upto)
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A zeroed array in its own anonymous mapping of small pages, resident only where it has been written.
+
+    For the KV cache: it is sized for the whole context, but a conversation fills it from position 0 on. NumPy
+    asks for transparent huge pages on big arrays, and a 2 MB page becomes resident at its first write: a
+    cache whose every (layer, head) region had one token written would then be resident whole (SmolLM2 at
+    context 2048: 44 of its 47 MB after a 36-token chat), and the first forward pass would have the kernel
+    zero (and, on a fragmented machine, compact memory for) those 2 MB pages: 10-100 ms of the first token.
+    """
+    import mmap
+
+    nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        try:
+            m.madvise(mmap.MADV_NOHUGEPAGE)
+        except OSError:
+            pass
+    return np.frombuffer(m, dtype=np.uint8, count=nbytes).view(dtype).reshape(shape)
+
+
+def _round_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+class NativeUnsupported(FormatError):
+    """A legal model the native core refuses to plan (a combination of types or shapes it has no path for).
+    engine="auto" falls back on the reference engine; engine="native" reports it."""
+
+
+def check_kv_type(kv_type: str, cfg: ModelConfig) -> None:
+    if kv_type not in KV_TYPES:
+        raise InvalidRequest(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+    if kv_type == "q8_0" and cfg.head_dim % KV_QK:
+        raise InvalidRequest(f"kv_type q8_0 needs a head_dim that is a multiple of {KV_QK}; this model's is "
+                             f"{cfg.head_dim}")
+
+
+def kv_bytes_per_token(cfg: ModelConfig, kv_type: str) -> int:
+    """Bytes a position takes in one slot's cache, K and V of every layer (q8_0: 34 bytes per 32 values)."""
+    hd = cfg.head_dim
+    per_head = {"f32": 4 * hd, "f16": 2 * hd, "q8_0": hd + hd // KV_QK * 2}[kv_type]
+    return 2 * cfg.n_layers * cfg.n_kv_heads * per_head
+
+
+def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
+    """Why the native engine cannot run a model, or None if it can (Model falls back on the reference)."""
+    if cfg.act not in ("silu", "gelu_tanh"):
+        return f"activation {cfg.act!r} has no native kernel"
+    return None
+
+
+class NativeEngine(EngineWeights, EngineDebug):
+    """The C executor's forward pass over a KV cache (one region per slot) allocated at load."""
+
+    def __init__(self, cfg: ModelConfig, source: Any, n_ctx: int | None = None, threads: int | None = None,
+                 n_slots: int = 1, chunk: int = 64, pin: bool = False, kv_type: str = "f16",
+                 adaptive_threads: bool = True, activations: str = "q8x2") -> None:
+        check_kv_type(kv_type, cfg)
+        check_tensors(cfg, source.tensors)
+        reason = unsupported_reason(cfg, source)
+        if reason is not None:
+            raise FormatError(f"the native engine cannot run this model: {reason}")
+        if cfg.n_heads % cfg.n_kv_heads:
+            raise InvalidRequest("n_heads must be a multiple of n_kv_heads")
+        self.cfg = cfg
+        self.n_ctx = int(n_ctx or cfg.context_length)
+        self.n_vocab = cfg.n_vocab
+        self.n_slots = int(n_slots)
+        self.chunk = int(chunk)
+        self.threads = int(threads or default_threads())
+        if self.n_ctx < 1 or self.n_slots < 1 or not 1 <= self.chunk <= 4096 or not 1 <= self.threads <= 256:
+            raise InvalidRequest(f"bad engine sizes: n_ctx={n_ctx} n_slots={n_slots} chunk={chunk} threads={threads}")
+        self.kv_type = kv_type
+        if activations not in ACTIVATIONS:
+            raise InvalidRequest(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+        self.activations = activations
+        self._source = source
+        self._pool = nat.Pool(self.threads, bool(pin))
+        self.ops: list[Op] = llama_plan(cfg)
+        self._check_memory()
+        self._alloc()
+        self._matrices: dict[tuple[str, ...], list[tuple[int, int, int, int, np.ndarray]]] = {}
+        self._norms: dict[str, np.ndarray] = {}
+        self._dequantized: dict[str, np.ndarray] = {}
+        try:
+            self._plan = self._compile(fuse=True)
+        except ValueError as e:  # the C core refused an op: say which, as a BarellmError
+            if isinstance(e, InvalidRequest):
+                raise
+            raise NativeUnsupported(f"the native engine cannot run this model: {e}") from None
+        self._plan.set_adaptive(bool(adaptive_threads))
+        self._debug_plan: Any = None
+        self.executor_seconds = 0.0   # time spent in the C executor so far: the engine calls' "forward" share
+
+    # --- buffers ------------------------------------------------------------------------------
+
+    def _check_memory(self) -> None:
+        """What _alloc will take, against the machine's available memory (the weights are mapped, not counted)."""
+        cfg = self.cfg
+        kv = self.n_slots * kv_bytes_per_token(cfg, self.kv_type)
+        bases = len({cfg.layer_rope_theta(i) for i in range(cfg.n_layers)})
+        rope = bases * cfg.rope_dim * 24  # the float32 table, and the float64 angles, cosines and sines it comes from
+        pad = _round_up(self.n_ctx, KV_TILE) - self.n_ctx
+        scratch = 4 * self.chunk * sum(_round_up(w, FLOAT_ALIGN) for w in buffer_widths(cfg).values())
+        check_memory("native", self.n_ctx, kv, rope, scratch + pad * (kv + rope), fixed_what="buffers")
+
+    def _alloc(self) -> None:
+        cfg, T = self.cfg, self.chunk
+        self._widths = buffer_widths(cfg)
+        self._bufs = {name: aligned_zeros((T, _round_up(w, FLOAT_ALIGN))) for name, w in self._widths.items()}
+        self._qbufs: dict[tuple[str, int, int, int], np.ndarray] = {}
+        self.n_ctx_pad = _round_up(self.n_ctx, KV_TILE)
+        hd, nkv, L = cfg.head_dim, cfg.n_kv_heads, cfg.n_layers
+        # K: [slot][layer][kv head][n_ctx / tile][head_dim][tile]; V: [slot][layer][kv head][n_ctx][head_dim];
+        # q8_0 (bytes): K [slot][layer][kv head][n_ctx / tile][tile's int8 values, then its f16 scales],
+        # V [slot][layer][kv head][n_ctx][a row's int8 values, then its scales] (ops.h)
+        tiles = self.n_ctx_pad // KV_TILE
+        if self.kv_type == "q8_0":
+            per_pos = hd + hd // KV_QK * 2
+            self.k_cache = lazy_zeros((self.n_slots, L, nkv, tiles, KV_TILE * per_pos), np.uint8)
+            self.v_cache = lazy_zeros((self.n_slots, L, nkv, self.n_ctx_pad, per_pos), np.uint8)
+        else:
+            per_pos = hd
+            kv_dtype = np.float16 if self.kv_type == "f16" else np.float32
+            self.k_cache = lazy_zeros((self.n_slots, L, nkv, tiles, hd, KV_TILE), kv_dtype)
+            self.v_cache = lazy_zeros((self.n_slots, L, nkv, self.n_ctx_pad, hd), kv_dtype)
+        self._layer_elems = nkv * self.n_ctx_pad * per_pos  # in the cache's elements (q8_0: bytes)
+        self._slot_elems = L * self._layer_elems
+        # RoPE tables [n_ctx, rope_dim]: cos then sin of position * base^(-2i/rope_dim), one per base. Filled
+        # when positions come into use (_rope_upto): all 4096 positions' cosines and sines take 7-14 ms of
+        # libm, most of them for positions a short exchange never reaches. Each entry is computed on its own,
+        # so a table filled in two pieces holds exactly what one filled at once does.
+        self._rope_cs: dict[float, np.ndarray] = {}
+        self._rope_inv: dict[float, np.ndarray] = {}
+        self._rope_filled = 0
+        factors = np.asarray(self._source.dequantize("rope_freqs.weight"), np.float64) if cfg.rope_freqs else None
+        for base in sorted({cfg.layer_rope_theta(i) for i in range(L)}):
+            self._rope_inv[base] = rope_frequencies(cfg.rope_dim, base, factors)
+            self._rope_cs[base] = aligned_zeros((self.n_ctx_pad, cfg.rope_dim))
+        # per-call inputs the plan reads
+        self._tok = aligned_zeros(T, np.int32)
+        self._pos = aligned_zeros(T, np.int32)
+        self._slot = aligned_zeros(T, np.int32)
+        self._rows = aligned_zeros(T, np.int32)
+        self._iota = np.arange(T, dtype=np.int32)
+
+    def _rope_upto(self, n: int) -> None:
+        """Fills the RoPE tables for positions below n: the first ROPE_FIRST positions at the first call that
+        needs no more, and all the rest at the call that needs any of them (once: the token loop allocates
+        nothing after)."""
+        if n <= self._rope_filled:
+            return
+        lo = self._rope_filled
+        hi = min(self.n_ctx_pad, ROPE_FIRST) if n <= ROPE_FIRST else self.n_ctx_pad
+        for base, table in self._rope_cs.items():
+            ang = np.outer(np.arange(lo, hi, dtype=np.float64), self._rope_inv[base])
+            table[lo:hi] = np.concatenate([np.cos(ang), np.sin(ang)], axis=1)
+        self._rope_filled = hi
+
+    def _view(self, name: str, rows: int) -> np.ndarray:
+        return self._bufs[name][:rows, :self._widths[name]]
+
+    def _spec(self, name: str, col: int = 0) -> tuple[np.ndarray, int]:
+        """C buffer spec of buffer `name` starting at column col."""
+        return (self._bufs[name], 4 * col)
+
+    def _stride(self, name: str) -> int:
+        return self._bufs[name].shape[1]
+
+    def _qbuf(self, src: str, mat: tuple) -> np.ndarray:
+        """Quantized-activation buffer for rows of `src` converted for matrices like `mat`."""
+        type_id, layout, _, cols, _, act = mat
+        key = (src, type_id, layout, act)
+        if key not in self._qbufs:
+            rb = nat.act_row_bytes(type_id, layout, cols, act)
+            self._qbufs[key] = aligned_zeros((self.chunk, rb), np.uint8)
+        return self._qbufs[key]
+
+
+    # --- compiling ----------------------------------------------------------------------------
+
+    def _compile(self, fuse: bool) -> Any:
+        specs = [self._op_spec(op) for op in self.ops]
+        if fuse:  # quantize a matmul's input in the epilogue of the op that produced it (saves a barrier)
+            for k in range(1, len(self.ops)):
+                op, prev = self.ops[k], self.ops[k - 1]
+                if (isinstance(op, MatMul) and isinstance(prev, (RMSNorm, GatedAct)) and prev.out == op.x
+                        and prev.rows == op.rows and specs[k].get("qjobs")):
+                    specs[k - 1]["qjobs"] = [dict(j, x=None) for j in specs[k]["qjobs"]]
+                    specs[k]["prequantized"] = 1
+        return nat.Plan(self._pool, specs, self._tok, self._pos, self._slot, self._rows, self.chunk, self.chunk,
+                        self.n_vocab, self.n_ctx, self.n_slots)
+
+    def _op_spec(self, op: Op) -> dict[str, Any]:
+        """The executor's dict for one op: exactly the keys its kind takes (py_engine.c refuses others)."""
+        cfg = self.cfg
+        d: dict[str, Any] = {"kind": KIND_IDS[op.kind], "name": op.name, "rows_sel": int(op.rows == "selected")}
+        if isinstance(op, Embed):
+            table = self._table(op.table)
+            d.update(out=self._spec(op.out), out_stride=self._stride(op.out), n=cfg.dim, table=table,
+                     scale_embed=float(np.float32(op.scale)))
+        elif isinstance(op, RMSNorm):
+            d.update(x=self._spec(op.src), x_stride=self._stride(op.src), w=self._norm(op.weight), eps=op.eps,
+                     n=self._widths[op.src])
+            if op.accumulate:  # out += rmsnorm(x): normalize x in place, then add
+                d.update(out=self._spec(op.src), out_stride=self._stride(op.src), res=self._spec(op.out),
+                         res_stride=self._stride(op.out))
+            else:
+                d.update(out=self._spec(op.out), out_stride=self._stride(op.out))
+        elif isinstance(op, MatMul):
+            parts = [(*p, matrix_act(p[0], self.activations)) for p in self._matrix(op.matrices)]
+            bias = self._bias(op.bias) if op.bias else None
+            qjobs, qmap, pspecs = [], {}, []
+            col = 0
+            for p in parts:
+                key = (p[0], p[1], p[5])
+                if key not in qmap:
+                    qb = self._qbuf(op.src, p)
+                    qmap[key] = qb
+                    qjobs.append({"w": (p[0], p[1], p[2], p[3], None, p[5]), "x": self._spec(op.src),
+                                  "x_stride": self._stride(op.src), "dst": qb, "dst_stride": qb.shape[1]})
+                target = "proj" if op.accumulate else op.out
+                ps = {"w": p, "xq": qmap[key], "out": self._spec(target, col), "ldo": self._stride(target)}
+                if bias is not None:
+                    ps["bias"] = bias[col:col + p[2]]
+                if op.accumulate:
+                    ps.update(res=self._spec(op.out, col), res_stride=self._stride(op.out))
+                pspecs.append(ps)
+                col += p[2]
+            d.update(parts=pspecs, qjobs=qjobs)
+        elif isinstance(op, (RopeKV, Attention)):
+            off = self.k_cache.itemsize * op.layer * self._layer_elems
+            d.update(n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, n_ctx=self.n_ctx_pad,
+                     kc=(self.k_cache, off), vc=(self.v_cache, off), slot_stride=self._slot_elems,
+                     kv_type=KV_TYPES[self.kv_type])
+            if isinstance(op, RopeKV):
+                if op.q_norm and op.k_norm:
+                    d.update(q_norm=self._norm(op.q_norm), k_norm=self._norm(op.k_norm))
+                if op.k_bias and self.kv_type == "q8_0":
+                    d.update(k_shift=self._norm(op.k_bias))
+                d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim,
+                         eps=op.eps, rope_style=0 if cfg.rope_style == "norm" else 1,
+                         rope_cs=self._rope_cs[cfg.layer_rope_theta(op.layer)])
+            else:
+                d.update(x=self._spec(op.src), x_stride=self._stride(op.src), out=self._spec(op.out),
+                         out_stride=self._stride(op.out), scale=float(np.float32(cfg.scale)), window=op.window)
+        elif isinstance(op, GatedAct):
+            f = cfg.ffn_dim
+            d.update(x=self._spec(op.src), x2=self._spec(op.src, f), x_stride=self._stride(op.src),
+                     out=self._spec(op.out), out_stride=self._stride(op.out), n=f, gelu=int(op.act == "gelu_tanh"))
+        else:
+            raise InvalidRequest(f"op {op.name}: the native engine has no kind {op.kind!r}")
+        return d
+
+    # --- running ------------------------------------------------------------------------------
+
+    def _check(self, tokens: Sequence[int], start: int, slot: int) -> np.ndarray:
+        ids = np.asarray(tokens)
+        if ids.ndim != 1 or len(ids) == 0:
+            raise InvalidRequest("forward needs a non-empty sequence of token ids")
+        if ids.dtype.kind not in "iu":
+            raise InvalidRequest(f"token ids must be integers, got {ids.dtype}")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.n_vocab:
+            raise InvalidRequest(f"token id out of range 0..{self.n_vocab - 1}")
+        if not isinstance(start, (int, np.integer)) or start < 0 or start + len(ids) > self.n_ctx:
+            raise InvalidRequest(f"positions {start}..{start + len(ids) - 1} do not fit the context of {self.n_ctx}")
+        if not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.n_slots:
+            raise InvalidRequest(f"slot {slot} out of range 0..{self.n_slots - 1}")
+        return ids
+
+    def forward(self, tokens: Sequence[int], start: int, all_logits: bool = False, slot: int = 0,
+                out: np.ndarray | None = None) -> np.ndarray:
+        """Feeds tokens at positions start.. of a slot's cache; returns float32 logits [len, n_vocab] if
+        all_logits, else [1, n_vocab] for the last token. `out`, if given, receives them (no allocation)."""
+        return self._forward(tokens, start, all_logits, slot, out, None)
+
+    def _forward(self, tokens, start, all_logits, slot, out, step) -> np.ndarray:
+        ids = self._check(tokens, start, slot)
+        n = len(ids)
+        shape = (n if all_logits else 1, self.n_vocab)
+        if out is None:
+            out = np.empty(shape, np.float32)
+        elif out.shape != shape or out.dtype != np.float32:
+            raise InvalidRequest(f"out must be float32 {shape}")
+        self._rope_upto(start + n)
+        logits = self._bufs["logits"]
+        for c0 in range(0, n, self.chunk):
+            c1 = min(n, c0 + self.chunk)
+            T = c1 - c0
+            self._tok[:T] = ids[c0:c1]
+            np.add(self._iota[:T], start + c0, out=self._pos[:T])
+            self._slot[:T] = slot
+            if all_logits:
+                self._rows[:T] = self._iota[:T]
+                n_out = T
+            elif c1 == n:
+                self._rows[0] = T - 1
+                n_out = 1
+            else:
+                n_out = 0
+            if step is None:
+                self._run_plan(T, n_out)
+            else:
+                step(T, n_out)
+            if all_logits:
+                out[c0:c1] = logits[:T, :self.n_vocab]
+            elif n_out:
+                out[0] = logits[0, :self.n_vocab]
+        return out
+
+    def _run_plan(self, *args: int) -> None:
+        t0 = time.perf_counter()
+        self._plan.run(*args)
+        self.executor_seconds += time.perf_counter() - t0
+
+    def forward_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]],
+                      tails: Sequence[int] | None = None) -> np.ndarray:
+        """Several sequences (slot, tokens, start) in shared passes; the last logits of each
+        [len(seqs), n_vocab]. Each row is bit-identical to running that sequence alone.
+
+        tails: how many of each sequence's last positions to return logits for (default 1 each; a verification
+        of drafted tokens wants all of them): the rows [sum(tails), n_vocab], sequence by sequence, in order.
+        Only those rows pass through the output norm and the vocabulary matmul."""
+        tok, pos, slot, lens = self._pack(seqs, "forward_batch")
+        dest = np.full(len(tok), -1, np.int64)
+        ends = np.cumsum(lens)
+        if tails is None:
+            dest[ends - 1] = np.arange(len(seqs))
+            n_out = len(seqs)
+        else:
+            tails = [int(t) for t in tails]
+            if len(tails) != len(seqs) or any(not 1 <= t <= n for t, n in zip(tails, lens, strict=True)):
+                raise InvalidRequest("forward_batch: tails needs one count per sequence, each in 1..its length")
+            n_out = sum(tails)
+            dest[np.concatenate([np.arange(e - t, e) for e, t in zip(ends.tolist(), tails, strict=True)])] = \
+                np.arange(n_out)
+        out = np.empty((n_out, self.n_vocab), np.float32)
+        self._run_rows(tok, pos, slot, dest, len(self.ops), self._bufs["logits"], out)
+        return out
+
+    def hidden_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]], last_only: bool = False,
+                     out: np.ndarray | None = None) -> np.ndarray:
+        """The final normed hidden states (the output norm's result, what the logits are made from) of
+        several sequences (slot, tokens, start), fed into their slots' caches as forward_batch feeds them:
+        every token's row in order, [sum of lengths, dim], or with last_only each sequence's last,
+        [len(seqs), dim]. The plan runs to the output norm and stops before the vocabulary matmul; nothing is
+        allocated but the result (pass `out` to avoid even that). Each row is bit-identical however the
+        sequences are batched or chunked."""
+        tok, pos, slot, lens = self._pack(seqs, "hidden_batch")
+        if last_only:
+            dest = np.full(len(tok), -1, np.int64)
+            dest[np.cumsum(lens) - 1] = np.arange(len(seqs))
+        else:
+            dest = np.arange(len(tok), dtype=np.int64)
+        shape = (len(seqs) if last_only else len(tok), self.cfg.dim)
+        if out is None:
+            out = np.empty(shape, np.float32)
+        elif out.shape != shape or out.dtype != np.float32:
+            raise InvalidRequest(f"out must be float32 {shape}")
+        if self.ops[-1].name != "output" or self.ops[-2].out != "xo":
+            raise InvalidRequest("this plan does not end with the output norm and matmul")
+        self._run_rows(tok, pos, slot, dest, len(self.ops) - 1, self._bufs["xo"], out)  # all but the vocabulary
+        return out
+
+    def _pack(self, seqs: Sequence[tuple[int, Sequence[int], int]], what: str
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+        """Checks sequences (slot, tokens, start), each in its own slot, and lays their token ids, positions and
+        slots end to end, with each one's length; fills the RoPE tables as far as their positions go."""
+        if not seqs:
+            raise InvalidRequest(f"{what} needs at least one sequence")
+        slots = [s for s, _, _ in seqs]
+        if len(set(slots)) != len(slots):
+            raise InvalidRequest(f"{what}: each sequence needs its own slot")
+        ids = [self._check(tokens, start, slot) for slot, tokens, start in seqs]
+        tok = np.concatenate([i.astype(np.int32) for i in ids])
+        pos = np.concatenate([np.arange(start, start + len(i), dtype=np.int32)
+                              for (_, _, start), i in zip(seqs, ids, strict=True)])
+        slot = np.concatenate([np.full(len(i), s, np.int32) for s, i in zip(slots, ids, strict=True)])
+        self._rope_upto(int(pos.max()) + 1)
+        return tok, pos, slot, [len(i) for i in ids]
+
+    def _run_rows(self, tok: np.ndarray, pos: np.ndarray, slot: np.ndarray, dest: np.ndarray, end: int,
+                  src: np.ndarray, out: np.ndarray) -> None:
+        """Runs ops [0, end) over the packed tokens a chunk at a time; the result row of token t (in `src`, the
+        buffer the last op writes) goes to out[dest[t]] where dest[t] >= 0, and only those rows are computed
+        past the ops that select rows."""
+        width = out.shape[1]
+        for c0 in range(0, len(tok), self.chunk):
+            c1 = min(len(tok), c0 + self.chunk)
+            T = c1 - c0
+            self._tok[:T] = tok[c0:c1]
+            self._pos[:T] = pos[c0:c1]
+            self._slot[:T] = slot[c0:c1]
+            sel = np.nonzero(dest[c0:c1] >= 0)[0]
+            self._rows[:len(sel)] = sel
+            self._run_plan(T, len(sel), 0, end)
+            out[dest[c0:c1][sel]] = src[:len(sel), :width]
+
+    # --- the KV cache -------------------------------------------------------------------------
+
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Copies the KV entries of positions 0..n-1 from slot src to slot dst (n choices of one prompt share
+        its prefill). Whole tiles of K are copied: the positions past n in the last one are never read before
+        dst writes them."""
+        if not (0 <= src < self.n_slots and 0 <= dst < self.n_slots and 0 <= n <= self.n_ctx):
+            raise InvalidRequest(f"copy_prefix: slots {src}, {dst} of {self.n_slots}, {n} positions of {self.n_ctx}")
+        if src != dst and n:
+            tiles = -(-n // KV_TILE)
+            self.k_cache[dst, :, :, :tiles] = self.k_cache[src, :, :, :tiles]
+            self.v_cache[dst, :, :, :n] = self.v_cache[src, :, :, :n]
+
+    def kv(self, slot: int, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the first n cached positions of a slot and layer, as float32 values (a q8_0 cache's
+        dequantized, its keys turned back and shifted back: quant.q8_0_keys_join): K, V [n, n_kv_heads, head_dim]."""
+        nkv, hd = self.cfg.n_kv_heads, self.cfg.head_dim
+        if self.kv_type == "q8_0":
+            (kq, kd), (vq, vd) = self._q8_views(slot, layer)
+            kq = kq.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd)[:, :n].transpose(1, 0, 2)
+            kd = kd.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd // KV_QK)[:, :n].transpose(1, 0, 2)
+            k = q8_0_keys_join(kq, kd, self._k_shift(layer))
+            return k, q8_0_join(vq[:, :n], vd[:, :n]).transpose(1, 0, 2)
+        kc = self.k_cache[slot, layer]  # [nkv, tiles, hd, tile]
+        k = kc.transpose(0, 1, 3, 2).reshape(nkv, self.n_ctx_pad, hd)[:, :n]
+        v = self.v_cache[slot, layer][:, :n]
+        return k.transpose(1, 0, 2).astype(np.float32), v.transpose(1, 0, 2).astype(np.float32)
+
+    def _k_shift(self, layer: int) -> np.ndarray | None:
+        """What a q8_0 cache subtracts from the keys of a layer [n_kv_heads, head_dim] (the K projection's bias),
+        or None."""
+        bias = next((op.k_bias for op in self.ops if isinstance(op, RopeKV) and op.layer == layer), None)
+        return None if bias is None else self._norm(bias).reshape(self.cfg.n_kv_heads, self.cfg.head_dim)
+
+    def _q8_views(self, slot: int, layer: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """A q8_0 cache's parts for a slot and layer, as writable views: K's int8 values [nkv, tiles, hd, tile]
+        and scales [nkv, tiles, hd / 32, tile], V's values [nkv, n_ctx, hd] and scales [nkv, n_ctx, hd / 32]."""
+        nkv, hd = self.cfg.n_kv_heads, self.cfg.head_dim
+        kc, vc = self.k_cache[slot, layer], self.v_cache[slot, layer]
+        tiles = kc.shape[1]
+        kq = kc[..., :KV_TILE * hd].view(np.int8).reshape(nkv, tiles, hd, KV_TILE)
+        kd = kc[..., KV_TILE * hd:].view(np.float16).reshape(nkv, tiles, hd // KV_QK, KV_TILE)
+        return (kq, kd), (vc[..., :hd].view(np.int8), vc[..., hd:].view(np.float16))
+
+

@@ -1,0 +1,1 @@
+"""Model files on disk: pulled by name, converted once into the model store, opened from there."""

@@ -1,0 +1,269 @@
+"""Every model the cache holds, by name: the registered models a pull fetched (hub.REGISTRY), and the
+conversions of a user's own GGUF files, which loading one by path writes into the cache.
+
+A conversion is stored as blm/<sha256 of its source>.blm: that hash is the cache's internal file name, never
+what a user types or reads. A user's conversion goes by the name of the file it came from, without its
+extension (my-model.Q4_0.gguf: `my-model.Q4_0`), and by the model's own `general.name`; `barellm list` shows
+it, and `run`, `chat`, `serve`, `bench`, `perplexity` and `rm` take that name (or the original path).
+Two conversions of different files with one name: the later ones get their hash's first 8 digits added
+(`my-model-1a2b3c4d`), so every name stays unique.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from barellm.errors import ModelNotFound
+from barellm.store import hub
+
+_HASH_NAME = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A conversion of a user's own model file in the cache."""
+
+    name: str                 # what `barellm list` shows: the source file's name without its extension
+    general_name: str | None  # the model's own name (its metadata's general.name), another name for it
+    path: Path                # the cache's .blm
+    sha256: str               # of the source file: the .blm's internal name
+    size: int
+    source: str               # the file it was converted from, by name
+    instruct: bool
+    mtime: float
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name that resolves to this model (compared case-insensitively)."""
+        out = [self.name, self.source, Path(self.source).stem]
+        if self.general_name:
+            out.append(self.general_name)
+        return tuple(dict.fromkeys(out))
+
+
+# header reads, by (path, size, mtime): a conversion's header is parsed once per process
+_headers: dict[tuple[str, int, int], tuple[str, str, str | None, bool] | None] = {}
+
+
+def _header(path: Path) -> tuple[str, str, str | None, bool] | None:
+    """(source sha256, source file name, general.name, instruct) of a cached conversion; None if unreadable."""
+    from barellm.errors import BarellmError
+    from barellm.formats import blm
+
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key in _headers:
+        return _headers[key]
+    note = _note_path(path)
+    try:   # what an earlier read of this conversion noted: no header to parse (a large vocabulary takes a while)
+        n = json.loads(note.read_text())
+        if n.get("size") == st.st_size and n.get("mtime_ns") == st.st_mtime_ns:
+            _headers[key] = out = (n["sha256"], n["source"], n["general_name"], bool(n["instruct"]))
+            return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    out = None
+    try:
+        with blm.BLMFile(path, prefetch=False) as f:
+            p, md = f.provenance, f.metadata
+            template = md.get("tokenizer.chat_template")
+            general = md.get("general.name")
+            out = (str(p.get("source.sha256", "")), str(p.get("source.name", path.name)),
+                   general.strip() if isinstance(general, str) and general.strip() else None,
+                   isinstance(template, str) and bool(template.strip()))
+    except (BarellmError, OSError, ValueError):
+        out = None
+    _headers[key] = out
+    if out is not None:
+        from barellm.files import write_bytes_atomic
+
+        try:
+            note.parent.mkdir(exist_ok=True)
+            write_bytes_atomic(note, json.dumps({"sha256": out[0], "source": out[1], "general_name": out[2],
+                                                 "instruct": out[3], "size": st.st_size,
+                                                 "mtime_ns": st.st_mtime_ns}).encode())
+        except OSError:
+            pass   # a read-only cache: the header is parsed again next time
+    return out
+
+
+def _note_path(blm_path: Path) -> Path:
+    """Where the names of a user's conversion are noted: blm/names/<sha256>.json beside blm/index."""
+    return blm_path.parent / "names" / f"{blm_path.stem}.json"
+
+
+def _registered_hashes() -> dict[str, str]:
+    return {spec.sha256: name for name, spec in hub.REGISTRY.items()}
+
+
+def _stem(file_name: str) -> str:
+    stem = Path(file_name).name
+    for ext in (".gguf", ".blm", ".safetensors"):
+        if stem.lower().endswith(ext):
+            return stem[: -len(ext)]
+    return stem
+
+
+def local_models() -> list[LocalModel]:
+    """The user's own conversions in the cache, oldest first, each under a unique name."""
+    from barellm.store.converted import cache_dir
+
+    directory = cache_dir()
+    if not directory.is_dir():
+        return []
+    registered = _registered_hashes()
+    taken = {n.lower() for n in (*hub.REGISTRY, *hub.ALIASES)}
+    found = []
+    for path in directory.glob("*.blm"):
+        if not _HASH_NAME.fullmatch(path.stem) or path.stem in registered:
+            continue
+        head = _header(path)
+        if head is None or head[0] != path.stem:
+            continue
+        st = path.stat()
+        found.append((st.st_mtime, path, st.st_size, head))
+    out = []
+    for mtime, path, size, (sha, source, general, instruct) in sorted(found, key=lambda t: (t[0], t[1].name)):
+        name = _stem(source) or sha[:8]
+        if name.lower() in taken:
+            name = f"{name}-{sha[:8]}"
+        taken.add(name.lower())
+        if general is not None and general.lower() in taken:
+            general = None   # a general.name another model goes by already is no name for this one
+        elif general is not None:
+            taken.add(general.lower())
+        out.append(LocalModel(name, general, path, sha, size, source, instruct, mtime))
+    return out
+
+
+def find_local(word: str) -> LocalModel | None:
+    """The user's conversion a name stands for (any of its names, any case, ":latest" allowed), or None."""
+    if not word or any(c in word for c in "\0\n"):
+        return None
+    key = word.lower().removesuffix(":latest")
+    models = local_models()
+    for m in models:   # the listed name first: it is unique, where a file name may not be
+        if m.name.lower() == key:
+            return m
+    for m in models:
+        if key in (n.lower() for n in m.names):
+            return m
+    return None
+
+
+def of_path(path: str | Path) -> LocalModel | None:
+    """The user's conversion a file stands for: the cached .blm itself, or a source file the cache's index
+    records as converted."""
+    from barellm.store.converted import cache_dir, conversion_of
+
+    p = Path(path).expanduser()
+    try:
+        if p.suffix == ".blm" and p.resolve().parent == cache_dir().resolve():
+            blm = p.resolve()
+        elif p.is_file():
+            found = conversion_of(p)
+            if found is None:
+                return None
+            blm = found.resolve()
+        else:
+            return None
+    except OSError:
+        return None
+    for m in local_models():
+        if m.path.resolve() == blm:
+            return m
+    return None
+
+
+def remove_local(m: LocalModel) -> list[tuple[Path, int]]:
+    """Removes a user's conversion from the cache: the .blm and every index entry that points to it (the
+    source file, wherever it is, stays). Returns what was removed, with sizes."""
+    from barellm.store.converted import cache_dir
+
+    removed: list[tuple[Path, int]] = []
+    for entry in (cache_dir() / "index").glob("*.json"):
+        try:
+            sha = json.loads(entry.read_text()).get("sha256")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if sha == m.sha256:
+            entry.unlink(missing_ok=True)
+    if m.path.is_file():
+        m.path.unlink()
+        removed.append((m.path, m.size))
+    _note_path(m.path).unlink(missing_ok=True)
+    _headers.clear()
+    return removed
+
+
+def display_name(path: str | Path) -> str:
+    """The name to print for a model file: its registered name (the cache's conversion of a registered
+    model, or its pulled GGUF), the name of a user's conversion, else the file's name without extension."""
+    p = Path(path)
+    registered = _registered_hashes()
+    if p.stem in registered:
+        return registered[p.stem]
+    for name, spec in hub.REGISTRY.items():
+        if p.name == spec.filename and p.parent.name == name:
+            return name
+    if _HASH_NAME.fullmatch(p.stem):
+        head = _header(p)
+        if head is not None:
+            for m in local_models():
+                if m.sha256 == p.stem:
+                    return m.name
+            return _stem(head[1])
+    return _stem(p.name)
+
+
+# --- names over everything: the registry's (hub) and the user's own models ---------------------------
+
+def known_names() -> list[str]:
+    """Every model name a command takes: the registered ones, then the user's own models in the cache."""
+    return [*sorted(hub.REGISTRY), *(m.name for m in local_models())]
+
+
+def is_known(word: str) -> bool:
+    """Whether a word names a model without being a path: a registered name or alias, or one's own model."""
+    return word in hub.REGISTRY or word in hub.ALIASES or find_local(word) is not None
+
+
+def close_names(word: str) -> list[str]:
+    """The known names and aliases `word` is most likely a misspelling of, best first (maybe none)."""
+    names = [*hub.REGISTRY, *hub.ALIASES, *(m.name for m in local_models())]
+    return difflib.get_close_matches(word, names, n=3, cutoff=0.8)
+
+
+def looks_like_model(word: str) -> bool:
+    """hub.looks_like_model, one's own models' names and their near misses included."""
+    if hub.looks_like_model(word):
+        return True
+    return bool(word) and word != "-" and (is_known(word) or (not any(c.isspace() for c in word)
+                                                              and bool(close_names(word))))
+
+
+def unknown_model(target: str) -> ModelNotFound:
+    """The error for a model reference that resolves to nothing: one line naming the known models (one's
+    own among them), and the closest of them when the reference looks like a misspelling of one."""
+    close = close_names(target)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return ModelNotFound(f"{target!r} is neither a file nor a known model{hint} (known: {', '.join(known_names())})")
+
+
+def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing: bool = True) -> Path:
+    """The file a model name or path stands for (hub.resolve), one's own models by name too."""
+    target = os.fspath(name_or_path) if name_or_path is not None else hub.DEFAULT_MODEL
+    if target in hub.REGISTRY or target in hub.ALIASES or hub.exists(target):
+        return hub.resolve(target, pull_missing=pull_missing)
+    local = find_local(target)
+    if local is not None:
+        return local.path
+    raise unknown_model(target)
