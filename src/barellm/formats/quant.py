@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -311,6 +312,21 @@ def _as_blocks(x: np.ndarray, block_size: int) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=_F32).reshape(-1, block_size)
 
 
+def _quantizer(layout: np.dtype, block_size: int, encode: Callable[[np.ndarray], np.ndarray]) -> FromFloat:
+    """An encoder working through the blocks a chunk at a time, as decoding does (the searches' temporaries
+    stay in cache)."""
+    def from_float(x: np.ndarray) -> np.ndarray:
+        xb = _as_blocks(x, block_size)
+        step = max(1, _CHUNK_VALUES // block_size)
+        out = np.empty(xb.shape[0], dtype=layout)
+        for start in range(0, xb.shape[0], step):
+            out[start:start + step] = encode(xb[start:start + step])
+        return out.view(np.uint8)
+
+    from_float.__name__ = f"from_float_{encode.__name__.strip('_').removesuffix('_encode')}"
+    return from_float
+
+
 def _f32_from_float(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype="<f4").view(np.uint8).reshape(-1)
 
@@ -404,48 +420,52 @@ def q8_0_keys_round_trip(k: np.ndarray, shift: np.ndarray | None = None) -> np.n
     return q8_0_keys_join(*q8_0_keys(k, shift), shift)
 
 
+def _symmetric_quants(xb: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_0's and Q5_0's rounding (half = 8, 16): the scale d = -signed_absmax / half and each value's
+    MIN(2 half - 1, (int8_t)(x*id + half + 0.5f)), i.e. truncation; the sum is never negative."""
+    d = _signed_absmax(xb) / _F32(-half)
+    q = np.minimum(np.trunc(xb * _inverse(d)[:, None] + _F32(half + 0.5)), 2 * half - 1).astype(np.uint8)
+    return d, q
+
+
+def _offset_quants(xb: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_1's and Q5_1's rounding (nmax = 15, 31): the minimum, the scale d = (max - min) / nmax and each value's
+    (int)((x - min)*id + 0.5f). ggml clamps only Q4_1's; (max - min) * id + 0.5 cannot pass nmax, so the clamp
+    only guards NaN."""
+    lo = xb.min(axis=-1)
+    d = (xb.max(axis=-1) - lo) / _F32(nmax)
+    q = np.minimum(np.trunc((xb - lo[:, None]) * _inverse(d)[:, None] + _F32(0.5)), nmax).astype(np.uint8)
+    return lo, d, q
+
+
 def _q4_0_from_float(x: np.ndarray) -> np.ndarray:
     xb = _as_blocks(x, QK)
-    d = _signed_absmax(xb) / _F32(-8)
-    # ggml: MIN(15, (int8_t)(x*id + 8.5f)), i.e. truncation; the sum is never negative
-    q = np.minimum(np.trunc(xb * _inverse(d)[:, None] + _F32(8.5)), 15).astype(np.uint8)
     out = np.empty(xb.shape[0], dtype=_BLOCK_Q4_0)
-    out["d"] = d
+    out["d"], q = _symmetric_quants(xb, 8)
     out["qs"] = q[:, : QK // 2] | (q[:, QK // 2 :] << 4)
     return out.view(np.uint8)
 
 
 def _q4_1_from_float(x: np.ndarray) -> np.ndarray:
     xb = _as_blocks(x, QK)
-    lo = xb.min(axis=-1)
-    d = (xb.max(axis=-1) - lo) / _F32(15)
-    q = np.minimum(np.trunc((xb - lo[:, None]) * _inverse(d)[:, None] + _F32(0.5)), 15).astype(np.uint8)
     out = np.empty(xb.shape[0], dtype=_BLOCK_Q4_1)
-    out["d"] = d
-    out["m"] = lo
+    out["m"], out["d"], q = _offset_quants(xb, 15)
     out["qs"] = q[:, : QK // 2] | (q[:, QK // 2 :] << 4)
     return out.view(np.uint8)
 
 
 def _q5_0_from_float(x: np.ndarray) -> np.ndarray:
     xb = _as_blocks(x, QK)
-    d = _signed_absmax(xb) / _F32(-16)
-    q = np.minimum(np.trunc(xb * _inverse(d)[:, None] + _F32(16.5)), 31).astype(np.uint8)
     out = np.empty(xb.shape[0], dtype=_BLOCK_Q5_0)
-    out["d"] = d
+    out["d"], q = _symmetric_quants(xb, 16)
     _pack_q5(out, q)
     return out.view(np.uint8)
 
 
 def _q5_1_from_float(x: np.ndarray) -> np.ndarray:
     xb = _as_blocks(x, QK)
-    lo = xb.min(axis=-1)
-    d = (xb.max(axis=-1) - lo) / _F32(31)
-    # ggml does not clamp here; (max - min) * id + 0.5 cannot reach 32, so the clamp only guards NaN
-    q = np.minimum(np.trunc((xb - lo[:, None]) * _inverse(d)[:, None] + _F32(0.5)), 31).astype(np.uint8)
     out = np.empty(xb.shape[0], dtype=_BLOCK_Q5_1)
-    out["d"] = d
-    out["m"] = lo
+    out["m"], out["d"], q = _offset_quants(xb, 31)
     _pack_q5(out, q)
     return out.view(np.uint8)
 
@@ -562,13 +582,7 @@ def _q5_k_encode(xb: np.ndarray) -> np.ndarray:
     return out
 
 
-def _q5_k_from_float(x: np.ndarray) -> np.ndarray:
-    xb = _as_blocks(x, QK_K)
-    step = max(1, _CHUNK_VALUES // QK_K)
-    out = np.empty(xb.shape[0], dtype=_BLOCK_Q5_K)
-    for start in range(0, xb.shape[0], step):
-        out[start:start + step] = _q5_k_encode(xb[start:start + step])
-    return out.view(np.uint8)
+_q5_k_from_float = _quantizer(_BLOCK_Q5_K, QK_K, _q5_k_encode)
 
 
 # --- Q3_K (ggml's quantize_row_q3_K_ref) ---------------------------------------------------------------
@@ -641,13 +655,7 @@ def _q3_k_encode(xb: np.ndarray) -> np.ndarray:
     return out
 
 
-def _q3_k_from_float(x: np.ndarray) -> np.ndarray:
-    xb = _as_blocks(x, QK_K)
-    step = max(1, _CHUNK_VALUES // QK_K)
-    out = np.empty(xb.shape[0], dtype=_BLOCK_Q3_K)
-    for start in range(0, xb.shape[0], step):
-        out[start:start + step] = _q3_k_encode(xb[start:start + step])
-    return out.view(np.uint8)
+_q3_k_from_float = _quantizer(_BLOCK_Q3_K, QK_K, _q3_k_encode)
 
 
 # --- error bounds --------------------------------------------------------------------------------------
@@ -678,28 +686,31 @@ def _q8_0_max_error(xb: np.ndarray) -> np.ndarray:
     return d / 2 + 127 * _fp16_error(d) + _slack(xb)
 
 
-def _q4_0_max_error(xb: np.ndarray) -> np.ndarray:
-    # Values can reach 8|d| on the side opposite the block's extreme, but only +7 is encodable there:
-    # those clip, so the step is a whole |d|, not half of it.
-    d = _signed_absmax(xb) / _F32(-8)
-    return np.abs(d) + 8 * _fp16_error(d) + _slack(xb)
+def _symmetric_max_error(xb: np.ndarray, half: int) -> np.ndarray:
+    # Values can reach half |d| on the side opposite the block's extreme, but only half - 1 is encodable
+    # there: those clip, so the step is a whole |d|, not half of it.
+    d = _signed_absmax(xb) / _F32(-half)
+    return np.abs(d) + half * _fp16_error(d) + _slack(xb)
 
 
-def _q4_1_max_error(xb: np.ndarray) -> np.ndarray:
+def _offset_max_error(xb: np.ndarray, nmax: int) -> np.ndarray:
     lo = xb.min(axis=-1)
-    d = (xb.max(axis=-1) - lo) / _F32(15)
-    return d / 2 + 15 * _fp16_error(d) + _fp16_error(lo) + _slack(xb)
+    d = (xb.max(axis=-1) - lo) / _F32(nmax)
+    return d / 2 + nmax * _fp16_error(d) + _fp16_error(lo) + _slack(xb)
 
 
-def _q5_0_max_error(xb: np.ndarray) -> np.ndarray:
-    d = _signed_absmax(xb) / _F32(-16)
-    return np.abs(d) + 16 * _fp16_error(d) + _slack(xb)
+_q4_0_max_error = partial(_symmetric_max_error, half=8)
+_q4_1_max_error = partial(_offset_max_error, nmax=15)
+_q5_0_max_error = partial(_symmetric_max_error, half=16)
+_q5_1_max_error = partial(_offset_max_error, nmax=31)
 
 
-def _q5_1_max_error(xb: np.ndarray) -> np.ndarray:
-    lo = xb.min(axis=-1)
-    d = (xb.max(axis=-1) - lo) / _F32(31)
-    return d / 2 + 31 * _fp16_error(d) + _fp16_error(lo) + _slack(xb)
+def _grid_max_error(xb: np.ndarray, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                    half_step: np.ndarray) -> np.ndarray:
+    """The K-quants' bound per block: each group of x (axis 2) within half_step of its grid [lo, hi], or
+    clipped to the grid's ends."""
+    clip = np.maximum(np.maximum(lo - x.min(axis=2), x.max(axis=2) - hi), 0)
+    return (np.maximum(half_step, clip) * (1 + 2.0**-20) + _slack(xb)[:, None]).max(axis=1).astype(_F32)
 
 
 def _q5_k_max_error(xb: np.ndarray) -> np.ndarray:
@@ -712,10 +723,7 @@ def _q5_k_max_error(xb: np.ndarray) -> np.ndarray:
     sc, m = _k4_scales_mins(enc["scales"])
     d = (_f16(enc["d"])[:, None] * sc.astype(_F32)).astype(np.float64)
     dm = (_f16(enc["dmin"])[:, None] * m.astype(_F32)).astype(np.float64)
-    x = xb.reshape(n, 8, 32).astype(np.float64)
-    lo, hi = -dm, 31 * d - dm
-    clip = np.maximum(np.maximum(lo - x.min(axis=2), x.max(axis=2) - hi), 0)
-    return (np.maximum(d / 2, clip) * (1 + 2.0**-20) + _slack(xb)[:, None]).max(axis=1).astype(_F32)
+    return _grid_max_error(xb, xb.reshape(n, 8, 32).astype(np.float64), -dm, 31 * d - dm, d / 2)
 
 
 def _q3_k_max_error(xb: np.ndarray) -> np.ndarray:
@@ -725,9 +733,7 @@ def _q3_k_max_error(xb: np.ndarray) -> np.ndarray:
     enc = _q3_k_encode(np.ascontiguousarray(xb, dtype=_F32))
     d = (_f16(enc["d"])[:, None] * _q3_k_scales(enc["scales"]).astype(_F32)).astype(np.float64)
     x = xb.reshape(n, 16, 16).astype(np.float64)
-    lo, hi = np.minimum(-4 * d, 3 * d), np.maximum(-4 * d, 3 * d)
-    clip = np.maximum(np.maximum(lo - x.min(axis=2), x.max(axis=2) - hi), 0)
-    return (np.maximum(np.abs(d) / 2, clip) * (1 + 2.0**-20) + _slack(xb)[:, None]).max(axis=1).astype(_F32)
+    return _grid_max_error(xb, x, np.minimum(-4 * d, 3 * d), np.maximum(-4 * d, 3 * d), np.abs(d) / 2)
 
 
 def _exact(xb: np.ndarray) -> np.ndarray:
@@ -823,20 +829,15 @@ def by_name(name: str) -> QuantType:
     return t
 
 
-def _with_layout(type_id: int) -> QuantType:
-    t = _known(type_id)
-    if not t.has_layout:
-        raise FormatError(f"ggml type {t.name} (id {t.id}) was removed from ggml and has no known layout")
-    return t
-
-
 def row_bytes(type_id: int, n: int) -> int:
     """Bytes taken by a row of `n` values; `n` must be a whole number of blocks.
 
     Works for every type whose layout is known, decodable or not, so readers can size tensors they will
     only list.
     """
-    t = _with_layout(type_id)
+    t = _known(type_id)
+    if not t.has_layout:
+        raise FormatError(f"ggml type {t.name} (id {t.id}) was removed from ggml and has no known layout")
     if n < 0 or n % t.block_size:
         raise FormatError(f"a row of {n} values is not a whole number of {t.name} blocks ({t.block_size})")
     return n // t.block_size * t.block_bytes
