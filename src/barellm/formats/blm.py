@@ -331,20 +331,13 @@ class BLMFile(MappedFile):
     The mapping stays alive as long as any view handed out does, even after close().
     """
 
-    path: Path
     major: int
     minor: int
-    metadata: dict[str, Any]
-    metadata_types: dict[str, str]
     provenance: dict[str, Any]
     provenance_types: dict[str, str]
-    tensors: dict[str, TensorInfo]
-    alignment: int
     header_size: int
     header_crc32: int
-    data_offset: int
     data_size: int
-    file_size: int
 
     def _data_start(self) -> int:
         if self._data is None or self._data.size < PREAMBLE_BYTES:

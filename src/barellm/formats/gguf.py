@@ -26,7 +26,6 @@ import mmap
 import struct
 from collections import Counter
 from enum import IntEnum
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -264,14 +263,7 @@ class GGUFFile(MappedFile):
     `close()` (the mapping is released when the last view goes).
     """
 
-    path: Path
     version: int
-    metadata: dict[str, Any]
-    metadata_types: dict[str, str]
-    tensors: dict[str, TensorInfo]
-    alignment: int
-    data_offset: int
-    file_size: int
 
     def _check_size(self, size: int) -> None:
         if size == 0:

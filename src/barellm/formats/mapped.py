@@ -171,7 +171,12 @@ def hugepages(m: mmap.mmap, data_start: int = 0) -> bool:
 
 
 class MappedFile:
-    tensors: dict[str, Any]
+    path: Path
+    metadata: dict[str, Any]
+    metadata_types: dict[str, str]  # each key's type in the format's terms ("uint32", "array[string]")
+    tensors: dict[str, TensorInfo]
+    alignment: int
+    data_offset: int
     file_size: int
 
     def __init__(self, path: str | os.PathLike[str], *, prefetch: bool = False) -> None:
