@@ -20,7 +20,7 @@ import codecs
 import heapq
 import operator
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from barellm.errors import FormatError, InvalidRequest
@@ -59,6 +59,22 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _CACHE_LIMIT = 1 << 16  # entries per word cache; cleared when full so a server's memory stays bounded
 
 
+def _links(n: int) -> tuple[list[int], list[int]]:
+    """Each of n symbols' next and previous neighbour (-1: none), as merging links them."""
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    return nxt, list(range(-1, n - 1))
+
+
+def _join(syms: list[str], nxt: list[int], prv: list[int], left: int, right: int) -> int:
+    """Merges symbol right into its neighbour left (right becomes ""); returns left's new next (-1: none)."""
+    syms[left] += syms[right]
+    syms[right] = ""
+    nx = nxt[right]
+    nxt[left] = nx
+    if nx >= 0:
+        prv[nx] = left
+    return nx
 
 
 # --- the tokenizer -------------------------------------------------------------------------------------------
@@ -367,9 +383,7 @@ class Tokenizer:
         n = len(syms)
         if n > 1:
             ranks = self._ranks
-            nxt = list(range(1, n + 1))
-            nxt[-1] = -1
-            prv = list(range(-1, n - 1))
+            nxt, prv = _links(n)
             heap: list[tuple[int, int, int, str, str]] = []
             for i in range(n - 1):
                 r = ranks.get(syms[i] + " " + syms[i + 1])
@@ -382,12 +396,7 @@ class Tokenizer:
                 _, left, right, a, b = heapq.heappop(heap)
                 if syms[left] != a or syms[right] != b:
                     continue
-                syms[left] = a + b
-                syms[right] = ""
-                nx = nxt[right]
-                nxt[left] = nx
-                if nx >= 0:
-                    prv[nx] = left
+                nx = _join(syms, nxt, prv, left, right)
                 p = prv[left]
                 if p >= 0:
                     r = ranks.get(syms[p] + " " + syms[left])
@@ -397,19 +406,24 @@ class Tokenizer:
                     r = ranks.get(syms[left] + " " + syms[nx])
                     if r is not None:
                         heapq.heappush(heap, (r, left, nx, syms[left], syms[nx]))
+        return self._ids(syms, self._bpe_bytes)
+
+    def _bpe_bytes(self, symbol: str) -> list[int]:
+        """A merged symbol that is no token: its (byte-level) bytes one by one."""
+        vocab = self._token_to_id
+        return [tid if (tid := vocab.get(ch)) is not None else self._unknown(ch) for ch in symbol]
+
+    def _ids(self, syms: list[str], spell: Callable[[str], list[int]]) -> tuple[int, ...]:
+        """The ids of the symbols merging left ("" once merged away); spell gives a non-token symbol's ids."""
+        vocab = self._token_to_id
         ids: list[int] = []
         for s in syms:
-            if not s:
-                continue
-            tid = vocab.get(s)
-            if tid is not None:
-                ids.append(tid)
-                continue
-            for ch in s:  # a symbol that is no token: its bytes one by one
-                tid = vocab.get(ch)
-                if tid is None:
-                    tid = self._unknown(ch)
-                ids.append(tid)
+            if s:
+                tid = vocab.get(s)
+                if tid is not None:
+                    ids.append(tid)
+                else:
+                    ids.extend(spell(s))
         return tuple(ids)
 
     def _unknown(self, what: str) -> int:
@@ -433,9 +447,7 @@ class Tokenizer:
         scores = self._scores
         syms = list(text)
         n = len(syms)
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prv = list(range(-1, n - 1))
+        nxt, prv = _links(n)
         heap: list[tuple[float, int, int, int]] = []
 
         def bigram(left: int, right: int) -> None:
@@ -453,29 +465,17 @@ class Tokenizer:
             # symbols only grow, so a changed length means the queued pair is gone
             if not a or not b or len(a) + len(b) != size:
                 continue
-            syms[left] = a + b
-            syms[right] = ""
-            nx = nxt[right]
-            nxt[left] = nx
-            if nx >= 0:
-                prv[nx] = left
+            nx = _join(syms, nxt, prv, left, right)
             if prv[left] >= 0:
                 bigram(prv[left], left)
             if nx >= 0:
                 bigram(left, nx)
-        ids: list[int] = []
-        for s in syms:
-            if not s:
-                continue
-            tid = vocab.get(s)
-            if tid is not None:
-                ids.append(tid)
-                continue
-            # only single characters can be missing (merged symbols are tokens by construction)
-            for byte in s.encode("utf-8"):
-                tid = self._byte_ids[byte]
-                ids.append(tid if tid is not None else self._unknown(s))
-        return tuple(ids)
+        return self._ids(syms, self._spm_bytes)
+
+    def _spm_bytes(self, char: str) -> list[int]:
+        """A character that is no token (merged symbols are tokens by construction): its UTF-8 bytes' tokens."""
+        byte_ids = self._byte_ids
+        return [tid if (tid := byte_ids[b]) is not None else self._unknown(char) for b in char.encode("utf-8")]
 
     # ----- decoding -----
 
