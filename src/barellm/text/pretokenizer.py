@@ -10,6 +10,8 @@ import json
 import re
 import unicodedata
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 # --- GPT-2 byte alphabet -------------------------------------------------------------------------------
 
@@ -49,6 +51,17 @@ _WS = "\\t\\n\\x0b\\x0c\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f
 _SCAN_END = 0x40000
 
 
+def _keep(path: Path, value: Any) -> None:
+    """value as JSON in the model cache, for later starts to read back."""
+    from barellm.files import write_bytes_atomic
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(path, json.dumps(value).encode("utf-8"))
+    except OSError:
+        pass  # a read-only cache only costs the work again next time
+
+
 @functools.lru_cache(maxsize=1)
 def _unicode_classes() -> dict[str, str]:
     """Character-class bodies for \\p{L}, \\p{N}, \\p{P} built from unicodedata (the stdlib re has no \\p).
@@ -56,7 +69,7 @@ def _unicode_classes() -> dict[str, str]:
     Building them takes a few tenths of a second, so they are kept in the model cache, one file per
     Unicode version, and later starts read them back.
     """
-    from barellm.files import home, write_bytes_atomic
+    from barellm.files import home
 
     cache = home() / f"unicode-classes-{unicodedata.unidata_version}.json"
     try:
@@ -76,11 +89,7 @@ def _unicode_classes() -> dict[str, str]:
         return "".join(parts)
 
     classes = {"L": body("L"), "N": body("N"), "P": body("P")}
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(cache, json.dumps(classes).encode("utf-8"))
-    except OSError:
-        pass  # a read-only cache only costs the rebuild next time
+    _keep(cache, classes)
     return classes
 
 
@@ -167,7 +176,7 @@ def _compile_cached(source: str) -> re.Pattern[str]:
         import _sre
         from re import _compiler, _parser  # type: ignore[attr-defined]  # (Python >= 3.11)
 
-        from barellm.files import home, write_bytes_atomic
+        from barellm.files import home
     except ImportError:
         return re.compile(source)
     import hashlib
@@ -195,11 +204,7 @@ def _compile_cached(source: str) -> re.Pattern[str]:
                                 tuple(indexgroup))
     except Exception:  # noqa: BLE001 - internals unlike 3.11's
         return re.compile(source)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(path, json.dumps(saved).encode("utf-8"))
-    except OSError:
-        pass  # a read-only cache only costs the compile next time
+    _keep(path, saved)
     return compiled
 
 

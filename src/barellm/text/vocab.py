@@ -30,11 +30,16 @@ def _checked_once(what: tuple[str, list[str], list[str]], check: Callable[[], No
     check()
     note_passed(digest)
 
+def _present(md: Mapping[str, Any], full: str, required: bool) -> bool:
+    if full in md:
+        return True
+    if required:
+        raise FormatError(f"{full}: missing from the model metadata")
+    return False
+
 def _key(md: Mapping[str, Any], name: str, kind: type | tuple[type, ...], required: bool = False) -> Any:
     full = f"tokenizer.ggml.{name}"
-    if full not in md:
-        if required:
-            raise FormatError(f"{full}: missing from the model metadata")
+    if not _present(md, full, required):
         return None
     v = md[full]
     # bool is an int to Python; an id or a count given as true/false is a broken file, not a 0 or 1
@@ -51,9 +56,7 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 def _array(md: Mapping[str, Any], name: str, item: type | tuple[type, ...], n: int | None,
            required: bool = False) -> list[Any] | None:
     full = f"tokenizer.ggml.{name}"
-    if full not in md:
-        if required:
-            raise FormatError(f"{full}: missing from the model metadata")
+    if not _present(md, full, required):
         return None
     v = md[full]
     if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
