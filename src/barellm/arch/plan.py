@@ -173,6 +173,16 @@ def buffer_widths(cfg: ModelConfig) -> dict[str, int]:
     }
 
 
+def _residual(cfg: ModelConfig, name: str, src: str, matrix: str, norm: str, norm_weight: str) -> list[Op]:
+    """x += W src; with post norms x += rmsnorm(W src), which needs the whole projected row first."""
+    if not cfg.post_norms:
+        return [MatMul(name, "x", src=src, matrices=(matrix,), accumulate=True)]
+    return [
+        MatMul(name, "proj", src=src, matrices=(matrix,)),
+        RMSNorm(norm, "x", src="proj", weight=norm_weight, eps=cfg.norm_eps, accumulate=True),
+    ]
+
+
 def llama_plan(cfg: ModelConfig) -> list[Op]:
     """The llama-family forward pass: pre-norm blocks, GQA attention with RoPE, a gated MLP; and what the
     other rows of the registry add to it (Q/K/V biases, per-head QK norms, scaled embeddings, post norms,
@@ -191,28 +201,14 @@ def llama_plan(cfg: ModelConfig) -> list[Op]:
                    k_norm=b + "attn_k_norm.weight" if cfg.qk_norm else None,
                    k_bias=b + "attn_k.bias" if cfg.attn_bias else None),
             Attention(b + "attn", "att", src="qkv", layer=i, window=cfg.layer_window(i)),
-        ]
-        if cfg.post_norms:  # x += rmsnorm(W att): the norm needs the whole projected row first
-            ops += [
-                MatMul(b + "attn_out", "proj", src="att", matrices=(b + "attn_output.weight",)),
-                RMSNorm(b + "post_attn_norm", "x", src="proj", weight=b + "post_attention_norm.weight", eps=eps,
-                        accumulate=True),
-            ]
-        else:
-            ops.append(MatMul(b + "attn_out", "x", src="att", matrices=(b + "attn_output.weight",), accumulate=True))
-        ops += [
+            *_residual(cfg, b + "attn_out", "att", b + "attn_output.weight",
+                       b + "post_attn_norm", b + "post_attention_norm.weight"),
             RMSNorm(b + "ffn_norm", "xn", src="x", weight=b + "ffn_norm.weight", eps=eps),
             MatMul(b + "ffn_gate_up", "gu", src="xn", matrices=(b + "ffn_gate.weight", b + "ffn_up.weight")),
             GatedAct(b + "ffn_act", "act", src="gu", act=cfg.act),
+            *_residual(cfg, b + "ffn_down", "act", b + "ffn_down.weight",
+                       b + "post_ffn_norm", b + "post_ffw_norm.weight"),
         ]
-        if cfg.post_norms:
-            ops += [
-                MatMul(b + "ffn_down", "proj", src="act", matrices=(b + "ffn_down.weight",)),
-                RMSNorm(b + "post_ffn_norm", "x", src="proj", weight=b + "post_ffw_norm.weight", eps=eps,
-                        accumulate=True),
-            ]
-        else:
-            ops.append(MatMul(b + "ffn_down", "x", src="act", matrices=(b + "ffn_down.weight",), accumulate=True))
     out_w = "token_embd.weight" if cfg.tied_output else "output.weight"
     ops += [
         RMSNorm("output_norm", "xo", src="x", weight="output_norm.weight", eps=eps, selected=True),
