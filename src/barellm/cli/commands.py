@@ -12,9 +12,20 @@ from pathlib import Path
 from barellm.errors import BarellmError, FormatError, InvalidRequest, ModelNotFound
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def _add_generation_args(p: argparse.ArgumentParser, verbose_help: str, chat_flag: bool = False) -> None:
+    """The options run and chat share: the model's, sampling, the chat template's, drafting, -v."""
     from barellm.cli.arguments import add_chat_args, add_draft_arg, add_model_args, add_sampling_args
 
+    add_model_args(p)
+    add_sampling_args(p)
+    if chat_flag:
+        p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of the chat template")
+    add_chat_args(p)
+    add_draft_arg(p)
+    p.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="stream a continuation of a prompt; with a model and no prompt, chat",
                        description="Streams the continuation of PROMPT (its words joined by spaces; '-' reads it "
                                    "from stdin). MODEL is a name `barellm list` shows or a path to a model file, "
@@ -23,13 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]",
                    help="a model first (a known name, a path, or a word shaped like either, which must then "
                         "resolve), then the prompt")
-    add_model_args(p)
-    add_sampling_args(p)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of the chat template")
-    add_chat_args(p)
-    add_draft_arg(p)
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="print timings and tokens/s to stderr (with --draft: the drafts' acceptance)")
+    _add_generation_args(p, "print timings and tokens/s to stderr (with --draft: the drafts' acceptance)",
+                         chat_flag=True)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("chat", help="interactive chat that keeps the history and applies the template",
@@ -40,12 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "file) continues the conversation as plain text. Piped input is read line by "
                                    "line.")
     p.add_argument("model", nargs="?", default=None, help="model name or path (default smollm2-135m)")
-    add_model_args(p)
-    add_sampling_args(p)
-    add_chat_args(p)
-    add_draft_arg(p)
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="print tokens/s to stderr after each reply (with --draft: the drafts' acceptance)")
+    _add_generation_args(p, "print tokens/s to stderr after each reply (with --draft: the drafts' acceptance)")
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("pull", help="fetch a model by name into the cache",

@@ -234,14 +234,14 @@ def compare_golden(cases: Sequence[dict[str, Any]], logits_of: Callable[[list[in
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "kld", help="KL divergence and top-1 agreement of an engine against the float32 reference",
-        description="Compares MODEL's next-token distributions from --engine with the NumPy float32 reference "
-                    "on the windows of TEXTFILE: KL(reference || engine) over the whole vocabulary (mean, "
-                    "median, 99th percentile, max) and top-1 agreement. Windows and scored rows follow "
-                    + CONVENTION + " With --golden FILE.json (no TEXTFILE), compares teacher-forced with golden "
-                    "figures instead: KL over the golden top-10 plus the rest.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("kld", help="KL divergence and top-1 agreement of an engine against the float32 reference",
+                       description="Compares MODEL's next-token distributions from --engine with the NumPy float32 "
+                                   "reference on the windows of TEXTFILE: KL(reference || engine) over the whole "
+                                   "vocabulary (mean, median, 99th percentile, max) and top-1 agreement. Windows "
+                                   "and scored rows follow " + CONVENTION + " With --golden FILE.json (no "
+                                   "TEXTFILE), compares teacher-forced with golden figures instead: KL over the "
+                                   "golden top-10 plus the rest.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("words", nargs="*", metavar="[MODEL] [TEXTFILE]",
                    help="model name or path (default smollm2-135m), then the text file (not with --golden)")
     add_engine_args(p)
