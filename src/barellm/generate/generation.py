@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,7 @@ DEFAULT_MAX_TOKENS: int | None = None
 Allowed = np.ndarray | Callable[[Sequence[int]], "np.ndarray | None"] | None
 
 
+@dataclass(eq=False, slots=True)
 class Timings:
     """Seconds spent in each phase of the token loop, and the tokens generated meanwhile.
 
@@ -68,17 +69,14 @@ class Timings:
     `verifications` engine calls, `accepted` of them were what the model chose anyway, and those calls gave
     `verified` tokens in all (the accepted ones and each call's own)."""
 
-    __slots__ = ("seconds", "tokens", "engine", "wall", "drafted", "accepted", "verifications", "verified")
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
-        self.tokens = 0
-        self.engine = 0.0
-        self.wall = 0.0
-        self.drafted = 0
-        self.accepted = 0
-        self.verifications = 0
-        self.verified = 0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    tokens: int = 0
+    engine: float = 0.0
+    wall: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    verifications: int = 0
+    verified: int = 0
 
     @property
     def acceptance(self) -> float | None:
@@ -96,13 +94,9 @@ class Timings:
     def merge(self, other: Timings) -> None:
         for k, v in other.seconds.items():
             self.seconds[k] += v
-        self.tokens += other.tokens
-        self.engine += other.engine
-        self.wall += other.wall
-        self.drafted += other.drafted
-        self.accepted += other.accepted
-        self.verifications += other.verifications
-        self.verified += other.verified
+        for f in fields(self):
+            if f.name != "seconds":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def breakdown(self) -> dict[str, float]:
         """Seconds by phase (PHASES order); they add up to the wall time."""
