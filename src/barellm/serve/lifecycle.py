@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ConfigDict, Field
 from starlette.requests import Request
@@ -73,6 +73,17 @@ def _keep_alive(body: Any) -> float | None | str:
     from barellm.serve.models import parse_keep_alive
 
     return "default" if body.keep_alive is None else parse_keep_alive(body.keep_alive)
+
+
+B = TypeVar("B", bound=_Body)
+
+
+async def _leased(request: Request, shape: type[B]) -> tuple[B, Any]:
+    """The request's body read as shape, and a lease on the model it names (loaded first where it is not), held
+    as its keep_alive asks."""
+    server = request.app.state.server
+    body = schemas.parse(shape, await read_body(request, server.max_body))
+    return body, await server.lease(request, body.model, _keep_alive(body))
 
 
 def _details(state: Any) -> dict[str, Any]:
@@ -299,32 +310,27 @@ class EmbedResponse(RelayResponse):
         self.load_ns = int(load_seconds * 1e9)
 
     async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
-        while True:
-            for ev in await self.events.batch():
-                if ev is None:
-                    return
-                if ev.kind == "error":
-                    await _error(ev.status, ev.message)(scope, receive, send)
-                    return
-                if ev.kind == "embeddings":
-                    vectors = ev.data.tolist()
-                    if self.legacy:
-                        body: dict[str, Any] = {"embedding": vectors[0]}
-                    else:
-                        body = {"model": self.model, "embeddings": vectors,
-                                "total_duration": time.perf_counter_ns() - self.t0 + self.load_ns,
-                                "load_duration": self.load_ns, "prompt_eval_count": ev.prompt_tokens}
-                    await JSONResponse(body)(scope, receive, send)
-                    return
+        async for ev in self._each():
+            if ev.kind == "error":
+                await _error(ev.status, ev.message)(scope, receive, send)
+                return
+            if ev.kind == "embeddings":
+                vectors = ev.data.tolist()
+                if self.legacy:
+                    body: dict[str, Any] = {"embedding": vectors[0]}
+                else:
+                    body = {"model": self.model, "embeddings": vectors,
+                            "total_duration": time.perf_counter_ns() - self.t0 + self.load_ns,
+                            "load_duration": self.load_ns, "prompt_eval_count": ev.prompt_tokens}
+                await JSONResponse(body)(scope, receive, send)
+                return
 
 
 async def _embed(request: Request, legacy: bool) -> Response:
     from starlette.concurrency import run_in_threadpool
 
-    server = request.app.state.server
-    raw = await read_body(request, server.max_body)
-    body: Any = schemas.parse(LegacyEmbeddingRequest if legacy else EmbedRequest, raw)
-    lease = await server.lease(request, body.model, _keep_alive(body))
+    body: Any
+    body, lease = await _leased(request, LegacyEmbeddingRequest if legacy else EmbedRequest)
     state = lease.state
     texts = [body.prompt] if legacy else ([body.input] if isinstance(body.input, str) else list(body.input))
     if not texts or any(not t for t in texts):

@@ -41,7 +41,7 @@ from barellm.errors import InvalidRequest
 from barellm.generate.scheduler import Event
 from barellm.serve import lifecycle, schemas
 from barellm.serve.errors import ApiError, bad
-from barellm.serve.lifecycle import _details, _details_of_file, _digest, _keep_alive, _tag
+from barellm.serve.lifecycle import _details, _details_of_file, _digest, _leased, _tag
 from barellm.serve.models import leasing
 from barellm.serve.relay import RelayResponse, prepare, read_body, submit
 from barellm.serve.schemas import (
@@ -381,9 +381,7 @@ def _respond(request: Request, state: Any, req: GenerationRequest, model: str, l
 
 @_ollama_errors
 async def chat(request: Request) -> Response:
-    server = _state(request)
-    body = schemas.parse(OllamaChatRequest, await read_body(request, server.max_body))
-    lease = await server.lease(request, body.model, _keep_alive(body))
+    body, lease = await _leased(request, OllamaChatRequest)
     state = lease.state
     req = body.generation(state, "chat")
     if not body.messages:
@@ -400,9 +398,7 @@ async def chat(request: Request) -> Response:
 
 @_ollama_errors
 async def generate(request: Request) -> Response:
-    server = _state(request)
-    body = schemas.parse(OllamaGenerateRequest, await read_body(request, server.max_body))
-    lease = await server.lease(request, body.model, _keep_alive(body))
+    body, lease = await _leased(request, OllamaGenerateRequest)
     state = lease.state
     req = body.generation(state, "completion")
     if not body.prompt and not body.context:

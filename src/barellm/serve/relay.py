@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -181,3 +181,11 @@ class RelayResponse(Response):
 
     async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
         raise NotImplementedError
+
+    async def _each(self) -> AsyncIterator[Event]:
+        """The job's events one at a time, until its last (or the client's going: None)."""
+        while True:
+            for ev in await self.events.batch():
+                if ev is None:
+                    return
+                yield ev

@@ -63,6 +63,16 @@ class Formatter(ResponseBuilder):
 def _sse(obj: Any) -> bytes:
     return _utf8(f"data: {_dumps(obj)}\n\n")
 
+async def _start_events(send: Send) -> None:
+    """The status line and headers of a stream of server-sent events (no proxy is to buffer it)."""
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no")]})
+
+def _api_error(ev: Event) -> ApiError:
+    """A job's error event as the error OpenAI's clients read."""
+    return ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
+
 class GenerationResponse(RelayResponse):
     """Relays a job's events in OpenAI's shapes: one JSON body, or server-sent events. The events that
     arrived together go out together: one write, and a run of one choice's deltas as one chunk."""
@@ -72,8 +82,7 @@ class GenerationResponse(RelayResponse):
         self.fmt = fmt
 
     async def _error(self, scope: Scope, receive: Receive, send: Send, ev: Event) -> None:
-        err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
-        await error_response(self.state, self.path, err)(scope, receive, send)
+        await error_response(self.state, self.path, _api_error(ev))(scope, receive, send)
 
     def _chunk(self, out: bytearray, delta: tuple[int, list[str], list[TokenLogprob]] | None) -> None:
         if delta is not None:
@@ -105,16 +114,13 @@ class GenerationResponse(RelayResponse):
                     # the status line is gone already: OpenAI's clients read an error object in the stream
                     self._chunk(out, run)
                     self.state.metrics.error(endpoint_label(self.path), ev.error_type)
-                    err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
-                    out.extend(_sse(err.body()))
+                    out.extend(_sse(_api_error(ev).body()))
                     await send({"type": "http.response.body", "body": bytes(out), "more_body": False})
                     return
                 if ev.kind == "start":
                     start = ev
                     if fmt.req.stream:
-                        await send({"type": "http.response.start", "status": 200, "headers": [
-                            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-                            (b"x-accel-buffering", b"no")]})
+                        await _start_events(send)
                         streaming = True
                         for chunk in fmt.opening(n):
                             out.extend(_sse(chunk))
@@ -185,46 +191,41 @@ class InfillResponse(RelayResponse):
         start: Event | None = None
         parts: list[str] = []
         streaming = False
-        while True:
-            for ev in await self.events.batch():
-                if ev is None:
-                    return
-                if ev.kind == "error":
-                    err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
-                    if not streaming:
-                        await error_response(self.state, self.path, err)(scope, receive, send)
-                    else:
-                        self.state.metrics.error(endpoint_label(self.path), ev.error_type)
-                        await send({"type": "http.response.body", "body": _sse(err.body()), "more_body": False})
-                    return
-                if ev.kind == "start":
-                    start = ev
-                    t0 = clock()
-                    if self.stream:
-                        await send({"type": "http.response.start", "status": 200, "headers": [
-                            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-                            (b"x-accel-buffering", b"no")]})
-                        streaming = True
-                elif ev.kind == "delta":
-                    if t_first is None:
-                        t_first = clock()
-                    if streaming:
-                        if ev.text:
-                            piece = {"index": 0, "content": ev.text, "tokens": ev.token_ids, "stop": False,
-                                     "id_slot": -1}
-                            await send({"type": "http.response.body", "body": _sse(piece), "more_body": True})
-                    else:
-                        parts.append(ev.text)
-                elif ev.kind == "done":
-                    assert start is not None
-                    t_end = clock()
-                    final = self._final("" if streaming else "".join(parts), start, ev, t0,
-                                        t_end if t_first is None else t_first, t_end)
-                    if streaming:
-                        await send({"type": "http.response.body", "body": _sse(final), "more_body": False})
-                    else:
-                        await _JSON(final)(scope, receive, send)
-                    return
+        async for ev in self._each():
+            if ev.kind == "error":
+                err = _api_error(ev)
+                if not streaming:
+                    await error_response(self.state, self.path, err)(scope, receive, send)
+                else:
+                    self.state.metrics.error(endpoint_label(self.path), ev.error_type)
+                    await send({"type": "http.response.body", "body": _sse(err.body()), "more_body": False})
+                return
+            if ev.kind == "start":
+                start = ev
+                t0 = clock()
+                if self.stream:
+                    await _start_events(send)
+                    streaming = True
+            elif ev.kind == "delta":
+                if t_first is None:
+                    t_first = clock()
+                if streaming:
+                    if ev.text:
+                        piece = {"index": 0, "content": ev.text, "tokens": ev.token_ids, "stop": False,
+                                 "id_slot": -1}
+                        await send({"type": "http.response.body", "body": _sse(piece), "more_body": True})
+                else:
+                    parts.append(ev.text)
+            elif ev.kind == "done":
+                assert start is not None
+                t_end = clock()
+                final = self._final("" if streaming else "".join(parts), start, ev, t0,
+                                    t_end if t_first is None else t_first, t_end)
+                if streaming:
+                    await send({"type": "http.response.body", "body": _sse(final), "more_body": False})
+                else:
+                    await _JSON(final)(scope, receive, send)
+                return
 
 class EmbeddingResponse(RelayResponse):
     """OpenAI's embedding list, once the scheduler has made every vector."""
@@ -236,17 +237,13 @@ class EmbeddingResponse(RelayResponse):
     async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
         import base64
 
-        while True:
-            for ev in await self.events.batch():
-                if ev is None:
-                    return
-                if ev.kind == "error":
-                    err = ApiError(ev.status, ev.message, type=ev.error_type, code=ev.error_type)
-                    await error_response(self.state, self.path, err)(scope, receive, send)
-                    return
-                if ev.kind == "embeddings":
-                    vectors = ([base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in ev.data]
-                               if self.base64 else ev.data.tolist())
-                    body = openai_api.embeddings(self.state.model_id, vectors, ev.prompt_tokens)
-                    await _JSON(body)(scope, receive, send)
-                    return
+        async for ev in self._each():
+            if ev.kind == "error":
+                await error_response(self.state, self.path, _api_error(ev))(scope, receive, send)
+                return
+            if ev.kind == "embeddings":
+                vectors = ([base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in ev.data]
+                           if self.base64 else ev.data.tolist())
+                body = openai_api.embeddings(self.state.model_id, vectors, ev.prompt_tokens)
+                await _JSON(body)(scope, receive, send)
+                return
