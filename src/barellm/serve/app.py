@@ -43,6 +43,7 @@ from barellm.serve.responses import (
     InfillResponse,
     error_response,
 )
+from barellm.serve.schema_types import MAX_BODY_BYTES
 from barellm.serve.security import MAX_HEADER_BYTES, Guard
 from barellm.text.infill import end_rules
 
@@ -60,7 +61,7 @@ class ServerState:
 
     def __init__(self, model: Any, *, model_id: str | None = None, aliases: Iterable[str] = (),
                  max_queue: int = 64, timeout: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 max_body: int = schemas.MAX_BODY_BYTES, stream_interval: float = DEFAULT_STREAM_INTERVAL,
+                 max_body: int = MAX_BODY_BYTES, stream_interval: float = DEFAULT_STREAM_INTERVAL,
                  metrics: Metrics | None = None) -> None:
         self.model = model
         self.stream_interval = max(0.0, stream_interval)
@@ -319,7 +320,7 @@ def process_name() -> str:
 
 def create_app(model: Any, *, model_id: str | None = None, aliases: Iterable[str] = (), max_queue: int = 64,
                timeout: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-               max_body: int = schemas.MAX_BODY_BYTES, api_key: str | None = None,
+               max_body: int = MAX_BODY_BYTES, api_key: str | None = None,
                allowed_hosts: Iterable[str] | None = None, cors_origins: Iterable[str] = (),
                stream_interval: float = DEFAULT_STREAM_INTERVAL, replica: str | None = None) -> Starlette:
     """The app for a loaded model (barellm.load(..., slots=N): one slot per concurrent sequence), which it
@@ -389,7 +390,7 @@ def stop_state(state: ServerState) -> None:
 
 
 def create_server(models: Models, metrics: Metrics, *, timeout: float | None = None,
-                  max_body: int = schemas.MAX_BODY_BYTES, api_key: str | None = None,
+                  max_body: int = MAX_BODY_BYTES, api_key: str | None = None,
                   allowed_hosts: Iterable[str] | None = None, cors_origins: Iterable[str] = (),
                   stream_interval: float = DEFAULT_STREAM_INTERVAL, replica: str | None = None) -> Starlette:
     """The app for many models (`barellm serve`): models loads and unloads them (serve.models); every

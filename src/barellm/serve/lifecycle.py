@@ -21,7 +21,7 @@ from barellm.serve import schemas
 from barellm.serve.errors import ApiError, bad
 from barellm.serve.models import leasing
 from barellm.serve.relay import Outbox, RelayResponse, read_body, submit_embeddings
-from barellm.serve.schemas import Duration, Int, _Body
+from barellm.serve.schema_types import Duration, Int, _Body
 
 # _name(): the model by either of its keys, not empty
 NAMED = ConfigDict(json_schema_extra={"anyOf": [

@@ -39,12 +39,12 @@ from barellm import __version__
 from barellm.api.openai import GenerationRequest, ResponseBuilder
 from barellm.errors import InvalidRequest
 from barellm.generate.scheduler import Event
-from barellm.serve import lifecycle, schemas
+from barellm.serve import lifecycle, schema_types, schemas
 from barellm.serve.errors import ApiError, bad
 from barellm.serve.lifecycle import _details, _details_of_file, _digest, _leased, _tag
 from barellm.serve.models import leasing
 from barellm.serve.relay import RelayResponse, prepare, read_body, submit
-from barellm.serve.schemas import (
+from barellm.serve.schema_types import (
     MAX_STOP_CHARS,
     MAX_STOPS,
     Duration,
@@ -66,7 +66,7 @@ class OllamaOptions(_Body):
     min_p: Prob | None = None
     num_predict: Annotated[Int, Field(ge=-2, le=1 << 31)] | None = Field(
         None, description="tokens to generate at most; -1 or -2: the rest of the context")
-    seed: Annotated[Int, Field(ge=-schemas.INT64, le=(1 << 64) - 1)] | None = None
+    seed: Annotated[Int, Field(ge=-schema_types.INT64, le=(1 << 64) - 1)] | None = None
     stop: Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOPS)] | None = None
     repeat_penalty: Annotated[float, Field(ge=1e-6, le=10)] | None = None
     repeat_last_n: Annotated[Int, Field(ge=-1, le=1 << 31)] | None = None
@@ -175,7 +175,7 @@ class OllamaMessage(_Body):
 
 
 class OllamaChatRequest(_OllamaGenerate):
-    messages: list[OllamaMessage] = Field(default_factory=list, max_length=schemas.MAX_MESSAGES)
+    messages: list[OllamaMessage] = Field(default_factory=list, max_length=schema_types.MAX_MESSAGES)
     tools: Annotated[list[schemas.Tool], Field(max_length=128)] | None = Field(
         None, description="functions the model may call (OpenAI's tool objects)")
 

@@ -385,7 +385,7 @@ _BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "ex
 
 def _json_bounds(schema: Any) -> Any:
     """schema with pydantic's bound keys put in JSON Schema's words. A Field(ge=...) on a type that carries a
-    validator of its own (schemas.Int: 16.0 read as 16) is written as "ge", which no JSON Schema reader
+    validator of its own (schema_types.Int: 16.0 read as 16) is written as "ge", which no JSON Schema reader
     knows: the document stated no bound at all for n, top_k, dimensions, ..."""
     if isinstance(schema, dict):
         numeric = schema.get("type") in ("integer", "number")

@@ -1,4 +1,6 @@
-"""The HTTP API's request bodies as pydantic models (their parsing and the error shape: serve/errors.py).
+"""The request bodies of the OpenAI-compatible routes (and of llama.cpp server's /infill, /tokenize and
+/detokenize) as pydantic models; what they are built from, shared with the Ollama routes' bodies:
+serve/schema_types.py; their parsing and the error shape: serve/errors.py.
 
 A body is parsed and validated in one pass (pydantic's Rust JSON parser), strictly: a field of the wrong
 JSON type (no "10" for 10, no true for 1), out of range, or unknown is a 400 that names it (OpenAI answers
@@ -13,127 +15,39 @@ prompt fitting the context) and what spans fields is checked in to_generation() 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    WithJsonSchema,
-)
-from pydantic_core import PydanticCustomError, core_schema
+from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
 from barellm.api.openai import Constraint, GenerationRequest, check_tool_choice, constraint_of
 from barellm.errors import InvalidRequest
 from barellm.generate.sampling import SamplingParams
-from barellm.serve.errors import _json_type, bad, parse
+from barellm.serve.errors import bad, parse
+from barellm.serve.schema_types import (
+    EMPTY,
+    INT64,
+    MAX_MESSAGES,
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    UINT31,
+    Int,
+    Penalty,
+    Prob,
+    _Body,
+    _by_json_type,
+    _either,
+    _either_of,
+    _not_null,
+    _null,
+    _off,
+    _tagged,
+)
 from barellm.text.chat import message_text
 
-MAX_BODY_BYTES = 1 << 20
-MAX_STOPS = 16
-MAX_STOP_CHARS = 1000
-MAX_MESSAGES = 4096
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 128       # n; the server also needs one free slot per choice
 MAX_LOGIT_BIAS = 300    # entries of logit_bias (OpenAI's limit)
-INT64 = 1 << 63
-UINT31 = 1 << 31
-
-
-# --- field types -----------------------------------------------------------------------------------
-
-def _integral(v: Any) -> Any:
-    # JSON has one number type: 16.0 means 16, and 1e20 is an integer too (1.5 stays a float and fails the
-    # integer check; a field's bounds then judge the value)
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return v
-
-
-Int = Annotated[int, BeforeValidator(_integral)]
-# Ollama's keep_alive as text: read by serve.models.parse_keep_alive (Go's durations such as "5m" or "1h30m",
-# or a bare number of seconds), which names what is wrong; the document states the part of that grammar with
-# few enough digits to stay finite
-DURATION_PATTERN = (r"^-?((\d{1,9}(\.\d{0,9})?|\.\d{1,9})(ns|us|µs|ms|s|m|h))+$"
-                    r"|^-?(\d{1,9}(\.\d{0,9})?|\.\d{1,9})$")
-Duration = Annotated[str, WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN})]
-Prob = Annotated[float, Field(ge=0, le=1)]
-Penalty = Annotated[float, Field(ge=-2, le=2)]
-
-# A union's branch is chosen from the value (its JSON type, or its "type" field), so only that branch is
-# validated and an error is about it alone. Branch tags start with "~": they show in an error's location,
-# where _where() leaves them out.
-
-
-def _by_json_type(v: Any) -> str | None:
-    return {"string": "~string", "array": "~array", "object": "~object"}.get(_json_type(v))
-
-
-def _by_type_field(v: Any) -> str | None:
-    return f"~{v['type']}" if isinstance(v, dict) and isinstance(v.get("type"), str) else None
-
-
-def _tagged(*branches: type[BaseModel], what: str) -> Any:
-    """A union of objects told apart by their "type" field (each branch's Literal)."""
-    return Annotated[Union[tuple(Annotated[b, Tag(f"~{b.model_fields['type'].annotation.__args__[0]}")]  # noqa: UP007
-                                 for b in branches)],
-                     Discriminator(_by_type_field, custom_error_type="type_error", custom_error_message=what)]
-
-
-def _either(string: Any, array: Any, what: str) -> Any:
-    """A value that is a string or an array (of whatever array says): OpenAI's usual 'one or many'."""
-    return Annotated[Union[Annotated[string, Tag("~string")], Annotated[array, Tag("~array")]],  # noqa: UP007
-                     Discriminator(_by_json_type, custom_error_type="type_error", custom_error_message=what)]
-
-
-T = TypeVar("T")
-
-
-def _neutral(v: Any, n: Any) -> bool:
-    if isinstance(n, bool) or isinstance(v, bool):
-        return v is n
-    if isinstance(n, (int, float)):
-        return isinstance(v, (int, float)) and v == n
-    return type(v) is type(n) and v == n
-
-
-@dataclass(frozen=True)
-class _Off:
-    """A field barellm does not implement (yet): its neutral values (and null) pass, anything else is refused.
-    The document states the neutral values as the field's schema, so that a schema-valid request is one the
-    server accepts."""
-
-    name: str
-    neutral: tuple[Any, ...]
-    what: str
-
-    def check(self, v: T) -> T:
-        if v is not None and not any(_neutral(v, n) for n in self.neutral):
-            raise PydanticCustomError("unsupported_parameter", f"{self.name} is not supported by this server "
-                                                               f"({self.what})")
-        return v
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
-        return core_schema.no_info_after_validator_function(self.check, handler(source))
-
-    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict[str, Any]:
-        return {"anyOf": [*({"const": n} for n in self.neutral), {"type": "null"}],
-                "description": f"not supported ({self.what}): accepted only as one of these"}
-
-
-EMPTY = ([], {}, "", False)   # what an unimplemented field may hold: nothing
-
-
-def _off(name: str, neutral: tuple[Any, ...], what: str) -> _Off:
-    return _Off(name, neutral, what)
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, hide_input_in_errors=True)
 
 
 # --- tools and output formats ----------------------------------------------------------------------
@@ -211,20 +125,8 @@ class ToolCall(_Body):
     function: CalledFunction
 
 
-def _not_null(name: str) -> dict[str, Any]:
-    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
-
-
-def _null(*names: str) -> dict[str, Any]:
-    return {"properties": {n: {"type": "null"} for n in names}}
-
-
 def _role_is(*roles: str) -> dict[str, Any]:
     return {"properties": {"role": {"enum": list(roles)}}}
-
-
-def _either_of(*alternatives: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": list(alternatives)}
 
 
 _NO_CALLS = {"properties": {"tool_calls": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}}}
