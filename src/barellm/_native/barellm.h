@@ -9,7 +9,8 @@
  *   threadpool.c     persistent workers, spin barrier, row partitioning
  *   executor.c       runs a plan of ops over preallocated buffers
  *   sample*.c        the sampling chain over a row of logits (top-k heap, penalties, bias, token mask)
- *   py_*.c, module.c the Python binding (GIL released around work)
+ *   py_*.c, module.c the Python binding, a file per concept: kernels, ops, pool, plan, sample (GIL released
+ *                    around work)
  *
  * Conventions: matrices are row-major; a weight matrix W has `rows` output features and `cols` input
  * features, and a matmul computes out[t, r] = sum_k W[r, k] * x[t, k].

@@ -3,9 +3,6 @@
 
 #include <stdatomic.h>
 #include <string.h>
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
 
 static void run_qjobs(const bl_op *op, int r0, int r1) {
     for (int j = 0; j < op->n_qjobs; j++) {
@@ -281,23 +278,15 @@ static void exec_op(const bl_plan *p, const bl_op *op, int tid, int nth, unsigne
     }
 }
 
-static inline uint64_t cycles(void) {
-#if defined(__x86_64__)
-    return __rdtsc();
-#else
-    return 0;
-#endif
-}
-
 static void plan_task(void *ctx, int tid, int nth) {
     const bl_plan *p = ctx;
     uint64_t *prof = p->op_cycles ? p->op_cycles + (size_t)tid * p->n_ops : NULL;
-    uint64_t c0 = prof ? cycles() : 0;
+    uint64_t c0 = prof ? bl_cycles() : 0;
     for (int i = p->begin; i < p->end; i++) {
         exec_op(p, &p->ops[i], tid, nth, (p->run_seq * 1024u + (unsigned)i) & 0xFFFFu);
         if (i + 1 < p->end) bl_pool_barrier(p->pool, tid);
         if (prof) {
-            uint64_t c1 = cycles();
+            uint64_t c1 = bl_cycles();
             prof[i] += c1 - c0;
             c0 = c1;
         }
@@ -355,11 +344,11 @@ void bl_plan_run(bl_plan *p, int T, int n_out, int begin, int end) {
     bl_adapt_state *a = &p->adapt[T > 1];
     const int whole = begin == 0 && end == p->n_ops;
     const int use = p->adaptive && nth > 1 && whole ? adapt_choose(a, nth) : nth;
-    const uint64_t c0 = cycles(), w0 = bl_pool_wait_cycles(p->pool);
+    const uint64_t c0 = bl_cycles(), w0 = bl_pool_wait_cycles(p->pool);
     bl_pool_run_n(p->pool, plan_task, p, use);
     p->last_threads = use;
     if (p->adaptive && nth > 1 && whole) {
-        const double dc = (double)(cycles() - c0), dw = (double)(bl_pool_wait_cycles(p->pool) - w0);
+        const double dc = (double)(bl_cycles() - c0), dw = (double)(bl_pool_wait_cycles(p->pool) - w0);
         adapt_update(a, use, nth, dc / T, dc > 0 ? dw / dc : 0);
     }
 }

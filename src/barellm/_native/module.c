@@ -5,8 +5,7 @@
 #include "tier.h"
 #include "py_common.h"
 
-static PyObject *py_cpu_info(PyObject *self, PyObject *args) {
-    (void)self; (void)args;
+static PyObject *py_cpu_info(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
     PyObject *tiers = PyList_New(0);
     if (!tiers) return NULL;
     for (int i = 0; i < BL_ISA_COUNT; i++) {
@@ -19,8 +18,7 @@ static PyObject *py_cpu_info(PyObject *self, PyObject *args) {
                          bl_prefetch_describe());
 }
 
-static PyObject *py_set_isa(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_set_isa(PyObject *Py_UNUSED(self), PyObject *args) {
     const char *name;
     if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
     const int isa = bl_isa_from_name(name);
@@ -33,8 +31,7 @@ static PyObject *py_set_isa(PyObject *self, PyObject *args) {
 }
 
 /* {entry: tier} for every entry of the resolved table: which tier's kernel each op and matmul runs */
-static PyObject *py_kernel_sources(PyObject *self, PyObject *args) {
-    (void)self; (void)args;
+static PyObject *py_kernel_sources(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
     PyObject *d = PyDict_New();
     if (!d) return NULL;
 #define PUT(key, tier)                                                                                   \
@@ -81,15 +78,27 @@ static int add_methods(PyObject *m, PyMethodDef *defs) {
     return 0;
 }
 
+/* each binding file's functions and the init that adds its types and constants (NULL: none) */
+static const struct {
+    PyMethodDef *methods;
+    int (*init)(PyObject *m);
+} parts[] = {
+    {core_methods, NULL},
+    {bl_kernel_methods, NULL},
+    {bl_op_methods, bl_op_module_init},
+    {bl_pool_methods, bl_pool_module_init},
+    {NULL, bl_plan_module_init},
+    {bl_sample_methods, bl_sample_module_init},
+};
+
 PyMODINIT_FUNC PyInit__native(void) {
     bl_isa(); /* picks the tier and lays its kernel table together, before any thread runs */
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
-    if (add_methods(m, core_methods) < 0 || add_methods(m, bl_kernel_methods) < 0 ||
-        add_methods(m, bl_engine_methods) < 0 || bl_engine_module_init(m) < 0 ||
-        add_methods(m, bl_sample_methods) < 0 || bl_sample_module_init(m) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if ((parts[i].methods && add_methods(m, parts[i].methods) < 0) || (parts[i].init && parts[i].init(m) < 0)) {
+            Py_DECREF(m);
+            return NULL;
+        }
     return m;
 }

@@ -129,8 +129,7 @@ static int check_storage(int type, int layout, int rows, int cols) {
     return 0;
 }
 
-static PyObject *py_matrix_bytes(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_matrix_bytes(PyObject *Py_UNUSED(self), PyObject *args) {
     int type, layout, rows, cols;
     if (!PyArg_ParseTuple(args, "iiii", &type, &layout, &rows, &cols)) return NULL;
     if (check_storage(type, layout, rows, cols) < 0) return NULL;
@@ -138,8 +137,7 @@ static PyObject *py_matrix_bytes(PyObject *self, PyObject *args) {
 }
 
 /* type_info(type) -> dict of the table's row, or None for a type the table does not know */
-static PyObject *py_type_info(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_type_info(PyObject *Py_UNUSED(self), PyObject *args) {
     int type;
     if (!PyArg_ParseTuple(args, "i", &type)) return NULL;
     const bl_type_traits *t = bl_traits(type);
@@ -167,22 +165,19 @@ static PyObject *py_type_info(PyObject *self, PyObject *args) {
                          "layout", t->layout, "layouts", layouts);
 }
 
-static PyObject *py_row_bytes(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_row_bytes(PyObject *Py_UNUSED(self), PyObject *args) {
     int type, cols;
     if (!PyArg_ParseTuple(args, "ii", &type, &cols)) return NULL;
     return PyLong_FromSize_t(bl_row_bytes(type, cols));
 }
 
-static PyObject *py_group_bytes(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_group_bytes(PyObject *Py_UNUSED(self), PyObject *args) {
     int type, layout, cols;
     if (!PyArg_ParseTuple(args, "iii", &type, &layout, &cols)) return NULL;
     return PyLong_FromSize_t(bl_group_bytes(type, layout, cols));
 }
 
-static PyObject *py_layout_rows(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_layout_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     int layout;
     if (!PyArg_ParseTuple(args, "i", &layout)) return NULL;
     if (layout < 0 || layout >= BL_LAYOUT_COUNT) return PyErr_Format(PyExc_ValueError, "unknown layout %d", layout);
@@ -224,20 +219,17 @@ static PyObject *repack_dir(PyObject *args, int back) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_repack_into(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_repack_into(PyObject *Py_UNUSED(self), PyObject *args) {
     return repack_dir(args, 0);
 }
 
-static PyObject *py_unrepack_into(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_unrepack_into(PyObject *Py_UNUSED(self), PyObject *args) {
     return repack_dir(args, 1);
 }
 
 /* dequantize_rows(type, layout, rows, cols, w, out, r0=0, r1=rows): rows [r0, r1) of W into out (f32,
  * (r1 - r0) * cols values), from any layout, with the type's one dequantizer */
-static PyObject *py_dequantize_rows(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_dequantize_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     int type, layout, rows, cols, r0 = 0, r1 = -1;
     PyObject *wo, *oo;
     if (!PyArg_ParseTuple(args, "iiiiOO|ii", &type, &layout, &rows, &cols, &wo, &oo, &r0, &r1)) return NULL;
@@ -260,8 +252,7 @@ static PyObject *py_dequantize_rows(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_act_row_bytes(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_act_row_bytes(PyObject *Py_UNUSED(self), PyObject *args) {
     int type, layout, cols, act = BL_ACT_Q8;
     bl_matrix m;
     if (!PyArg_ParseTuple(args, "iii|i", &type, &layout, &cols, &act)) return NULL;
@@ -269,15 +260,13 @@ static PyObject *py_act_row_bytes(PyObject *self, PyObject *args) {
     return PyLong_FromSize_t(bl_act_row_bytes(&m, cols));
 }
 
-static PyObject *py_act_supported(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_act_supported(PyObject *Py_UNUSED(self), PyObject *args) {
     int type, act;
     if (!PyArg_ParseTuple(args, "ii", &type, &act)) return NULL;
     return PyBool_FromLong(bl_act_supported(type, act));
 }
 
-static PyObject *py_row_align(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_row_align(PyObject *Py_UNUSED(self), PyObject *args) {
     int type, layout;
     bl_matrix m;
     if (!PyArg_ParseTuple(args, "ii", &type, &layout)) return NULL;
@@ -285,8 +274,7 @@ static PyObject *py_row_align(PyObject *self, PyObject *args) {
     return PyLong_FromLong(bl_matmul_row_align(&m));
 }
 
-static PyObject *py_repack(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_repack(PyObject *Py_UNUSED(self), PyObject *args) {
     int type, layout, rows, cols;
     PyObject *wobj;
     bl_matrix m;
@@ -318,8 +306,7 @@ static PyObject *py_repack(PyObject *self, PyObject *args) {
     return ba;
 }
 
-static PyObject *py_quantize_act(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_quantize_act(PyObject *Py_UNUSED(self), PyObject *args) {
     int type, layout, cols, T, act = BL_ACT_Q8, piece = 0;
     PyObject *xobj;
     bl_matrix m;
@@ -349,8 +336,7 @@ static PyObject *py_quantize_act(PyObject *self, PyObject *args) {
     return ba;
 }
 
-static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw) {
-    (void)self;
+static PyObject *py_matmul(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"type", "layout", "rows", "cols", "w", "x", "r0", "r1", "act", NULL};
     int type, layout, rows, cols, r0 = 0, r1 = -1, T, act = BL_ACT_Q8;
     PyObject *wobj, *xobj;
@@ -385,8 +371,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw) {
 }
 
 /* matmul_q(type, layout, rows, cols, w, xq, T, r0=0, r1=rows): from activations made by quantize_act */
-static PyObject *py_matmul_q(PyObject *self, PyObject *args, PyObject *kw) {
-    (void)self;
+static PyObject *py_matmul_q(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"type", "layout", "rows", "cols", "w", "xq", "T", "r0", "r1", "act", NULL};
     int type, layout, rows, cols, T, r0 = 0, r1 = -1, act = BL_ACT_Q8;
     PyObject *wobj, *xobj;
@@ -419,8 +404,7 @@ static PyObject *py_matmul_q(PyObject *self, PyObject *args, PyObject *kw) {
     return res;
 }
 
-static PyObject *py_dequantize_row(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_dequantize_row(PyObject *Py_UNUSED(self), PyObject *args) {
     int type, layout, rows, cols, r;
     PyObject *wobj;
     bl_matrix m;
@@ -447,8 +431,7 @@ static double now_s(int cpu) {
  * activations quantized once beforehand); ws is a sequence of weight buffers of the same shape, used
  * round-robin (many copies make the weights stream from memory instead of cache). cpu: count this thread's
  * CPU time instead of wall time (steadier on a shared machine). */
-static PyObject *py_bench_matmul(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_bench_matmul(PyObject *Py_UNUSED(self), PyObject *args) {
     int type, layout, rows, cols, iters, T, cpu = 0, act = BL_ACT_Q8;
     PyObject *wseq, *xobj;
     bl_matrix m;

@@ -45,7 +45,7 @@ typedef struct {
     int n_bias;
 } SamplerObject;
 
-static void sampler_free(SamplerObject *s) {
+static void Sampler_free(SamplerObject *s) {
     free(s->scratch);
     free(s->saved);
     free(s->counts);
@@ -56,12 +56,12 @@ static void sampler_free(SamplerObject *s) {
     s->bias = NULL;
 }
 
-static void sampler_dealloc(SamplerObject *s) {
-    sampler_free(s);
+static void Sampler_dealloc(SamplerObject *s) {
+    Sampler_free(s);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
-static int sampler_init(SamplerObject *s, PyObject *args, PyObject *kw) {
+static int Sampler_init(SamplerObject *s, PyObject *args, PyObject *kw) {
     static char *names[] = {"n_vocab", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
                             "presence_penalty", "frequency_penalty", "bias_ids", "bias_values", NULL};
     int n, top_k;
@@ -76,7 +76,7 @@ static int sampler_init(SamplerObject *s, PyObject *args, PyObject *kw) {
                                           "repeat_penalty > 0");
         return -1;
     }
-    sampler_free(s);
+    Sampler_free(s);
     s->n = n;
     s->p = (bl_sampling){temperature, top_k, top_p, min_p, (float)rp, (float)pp, (float)fp};
     s->n_bias = 0;
@@ -122,56 +122,46 @@ static int sampler_init(SamplerObject *s, PyObject *args, PyObject *kw) {
     s->saved = malloc(sizeof(bl_cand) * ((size_t)s->n_bias + n));
     s->counts = penalized ? calloc((size_t)n, sizeof(int32_t)) : NULL;
     if (!s->scratch || !s->saved || (penalized && !s->counts)) {
-        sampler_free(s);
+        Sampler_free(s);
         PyErr_NoMemory();
         return -1;
     }
     return 0;
 }
 
-/* parses (logits, [u,] history=None, start=0, end=0, allowed=None) into a context; views to release */
-typedef struct {
-    Py_buffer v[3];
-    int nv;
-} views3;
-
-static void release3(views3 *vs) {
-    for (int i = 0; i < vs->nv; i++) PyBuffer_Release(&vs->v[i]);
-    vs->nv = 0;
-}
-
 /* unless ao is None, the allowed-token mask of a row of n logits into *allowed, its view into vs; -1: an error */
-static int get_allowed(PyObject *ao, Py_ssize_t n, const uint32_t **allowed, views3 *vs) {
+static int get_allowed(PyObject *ao, Py_ssize_t n, const uint32_t **allowed, bl_views *vs) {
     if (ao == Py_None) return 0;
-    *allowed = get_buf(ao, &vs->v[vs->nv], 0, (n + 31) / 32, 'I', "allowed");
+    *allowed = get_buf(ao, &vs->v[vs->n], 0, (n + 31) / 32, 'I', "allowed");
     if (!*allowed) return -1;
-    vs->nv++;
+    vs->n++;
     return 0;
 }
 
+/* parses (logits, [u,] history=None, start=0, end=0, allowed=None) into a context; views to release into vs */
 static float *prepare(SamplerObject *s, PyObject *lo, PyObject *ho, Py_ssize_t start, Py_ssize_t end, PyObject *ao,
-                      bl_sample_ctx *c, views3 *vs) {
+                      bl_sample_ctx *c, bl_views *vs) {
     if (!s->scratch) {
         PyErr_SetString(PyExc_RuntimeError, "Sampler is not initialized");
         return NULL;
     }
-    float *x = get_buf(lo, &vs->v[vs->nv], 1, s->n, 'f', "logits");
+    float *x = get_buf(lo, &vs->v[vs->n], 1, s->n, 'f', "logits");
     if (!x) return NULL;
-    vs->nv++;
+    vs->n++;
     *c = (bl_sample_ctx){.p = s->p, .counts = s->counts, .bias_ids = s->bias_ids, .bias = s->bias,
                          .n_bias = s->n_bias, .scratch = s->scratch, .saved = s->saved};
     if (ho != Py_None) {
         Py_ssize_t avail;
-        if (PyObject_GetBuffer(ho, &vs->v[vs->nv], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-        avail = vs->v[vs->nv].len / 4;
-        PyBuffer_Release(&vs->v[vs->nv]);
+        if (PyObject_GetBuffer(ho, &vs->v[vs->n], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+        avail = vs->v[vs->n].len / 4;
+        PyBuffer_Release(&vs->v[vs->n]);
         if (start < 0 || end < start || end > avail) {
             PyErr_Format(PyExc_ValueError, "history window %zd..%zd is outside 0..%zd", start, end, avail);
             return NULL;
         }
-        const int32_t *h = get_buf(ho, &vs->v[vs->nv], 0, end, 'i', "history");
+        const int32_t *h = get_buf(ho, &vs->v[vs->n], 0, end, 'i', "history");
         if (!h) return NULL;
-        vs->nv++;
+        vs->n++;
         /* the penalties need each distinct token once in `saved`: at most n of them */
         c->recent = h + start;
         c->n_recent = (int)(end - start);
@@ -179,31 +169,31 @@ static float *prepare(SamplerObject *s, PyObject *lo, PyObject *ho, Py_ssize_t s
     return get_allowed(ao, s->n, &c->allowed, vs) < 0 ? NULL : x;
 }
 
-static PyObject *sampler_sample(SamplerObject *s, PyObject *args, PyObject *kw) {
+static PyObject *Sampler_sample(SamplerObject *s, PyObject *args, PyObject *kw) {
     static char *names[] = {"logits", "u", "history", "start", "end", "allowed", NULL};
     PyObject *lo, *ho = Py_None, *ao = Py_None;
     double u;
     Py_ssize_t start = 0, end = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Od|OnnO", names, &lo, &u, &ho, &start, &end, &ao)) return NULL;
-    views3 vs = {.nv = 0};
+    bl_views vs = {.n = 0};
     bl_sample_ctx c;
     float *x = prepare(s, lo, ho, start, end, ao, &c, &vs);
     int tok = x ? bl_sample(x, s->n, &c, u) : -2;
-    release3(&vs);
+    bl_views_release(&vs);
     if (tok == -2) return NULL;
     return PyLong_FromLong(tok);
 }
 
-static PyObject *sampler_candidates(SamplerObject *s, PyObject *args, PyObject *kw) {
+static PyObject *Sampler_candidates(SamplerObject *s, PyObject *args, PyObject *kw) {
     static char *names[] = {"logits", "history", "start", "end", "allowed", NULL};
     PyObject *lo, *ho = Py_None, *ao = Py_None;
     Py_ssize_t start = 0, end = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OnnO", names, &lo, &ho, &start, &end, &ao)) return NULL;
-    views3 vs = {.nv = 0};
+    bl_views vs = {.n = 0};
     bl_sample_ctx c;
     float *x = prepare(s, lo, ho, start, end, ao, &c, &vs);
     if (!x) {
-        release3(&vs);
+        bl_views_release(&vs);
         return NULL;
     }
     int32_t *ids = malloc(sizeof(int32_t) * s->n);
@@ -227,50 +217,26 @@ static PyObject *sampler_candidates(SamplerObject *s, PyObject *args, PyObject *
     }
     free(ids);
     free(probs);
-    release3(&vs);
+    bl_views_release(&vs);
     return res;
 }
 
-static PyMethodDef sampler_methods[] = {
-    {"sample", (PyCFunction)(void (*)(void))sampler_sample, METH_VARARGS | METH_KEYWORDS,
+static PyMethodDef Sampler_methods[] = {
+    {"sample", (PyCFunction)(void (*)(void))Sampler_sample, METH_VARARGS | METH_KEYWORDS,
      "sample(logits, u, history=None, start=0, end=0, allowed=None) -> token id (-1: no token allowed).\n"
      "history[start:end] is the penalty window; u a uniform draw in [0, 1) (unused when greedy)."},
-    {"candidates", (PyCFunction)(void (*)(void))sampler_candidates, METH_VARARGS | METH_KEYWORDS,
+    {"candidates", (PyCFunction)(void (*)(void))Sampler_candidates, METH_VARARGS | METH_KEYWORDS,
      "candidates(logits, history=None, start=0, end=0, allowed=None) -> (ids, probabilities), best first"},
     {NULL, NULL, 0, NULL},
 };
 
-static PyTypeObject SamplerType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "barellm._native.Sampler",
-    .tp_basicsize = sizeof(SamplerObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Sampler(n_vocab, temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, "
-              "frequency_penalty, bias_ids=None, bias_values=None): the sampling chain of sample.h",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)sampler_init,
-    .tp_dealloc = (destructor)sampler_dealloc,
-    .tp_methods = sampler_methods,
-};
+static BL_TYPE(Sampler, NULL,
+               "Sampler(n_vocab, temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, "
+               "frequency_penalty, bias_ids=None, bias_values=None): the sampling chain of sample.h");
 
 /* ---- row kernels ---- */
 
-/* a row kernel's logits (n values) and allowed-token mask (ao None: none); their views into vs. fn: the kernel's
- * name, for the error of an n out of range */
-static const float *row_views(const char *fn, PyObject *lo, Py_ssize_t n, PyObject *ao, const uint32_t **allowed,
-                              views3 *vs) {
-    if (n < 1 || n > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "%s: n must be positive", fn);
-        return NULL;
-    }
-    const float *x = get_buf(lo, &vs->v[vs->nv], 0, n, 'f', "logits");
-    if (!x) return NULL;
-    vs->nv++;
-    return get_allowed(ao, n, allowed, vs) < 0 ? NULL : x;
-}
-
-static PyObject *py_logprobs(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_logprobs(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *lo;
     Py_ssize_t n;
     int token, k;
@@ -302,21 +268,33 @@ static PyObject *py_logprobs(PyObject *self, PyObject *args) {
     return res;
 }
 
-static PyObject *py_argmax(PyObject *self, PyObject *args) {
-    (void)self;
+/* a row kernel's logits (n values) and allowed-token mask (ao None: none); their views into vs. fn: the kernel's
+ * name, for the error of an n out of range */
+static const float *row_views(const char *fn, PyObject *lo, Py_ssize_t n, PyObject *ao, const uint32_t **allowed,
+                              bl_views *vs) {
+    if (n < 1 || n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: n must be positive", fn);
+        return NULL;
+    }
+    const float *x = get_buf(lo, &vs->v[vs->n], 0, n, 'f', "logits");
+    if (!x) return NULL;
+    vs->n++;
+    return get_allowed(ao, n, allowed, vs) < 0 ? NULL : x;
+}
+
+static PyObject *py_argmax(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *lo, *ao = Py_None;
     Py_ssize_t n;
     if (!PyArg_ParseTuple(args, "On|O", &lo, &n, &ao)) return NULL;
-    views3 vs = {.nv = 0};
+    bl_views vs = {.n = 0};
     const uint32_t *allowed = NULL;
     const float *x = row_views("argmax", lo, n, ao, &allowed, &vs);
     const int r = x ? bl_argmax(x, (int)n, allowed) : 0;
-    release3(&vs);
+    bl_views_release(&vs);
     return x ? PyLong_FromLong(r) : NULL;
 }
 
-static PyObject *py_top(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_top(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *lo, *ao = Py_None;
     Py_ssize_t n;
     int m;
@@ -325,7 +303,7 @@ static PyObject *py_top(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "top: 1 <= m <= n");
         return NULL;
     }
-    views3 vs = {.nv = 0};
+    bl_views vs = {.n = 0};
     const uint32_t *allowed = NULL;
     const float *x = row_views("top", lo, n, ao, &allowed, &vs);
     bl_cand *h = x ? malloc(sizeof(bl_cand) * m) : NULL;
@@ -338,21 +316,20 @@ static PyObject *py_top(PyObject *self, PyObject *args) {
         for (int i = 0; res && i < k; i++) PyList_SET_ITEM(res, i, PyLong_FromLong(h[i].id));
     }
     free(h);
-    release3(&vs);
+    bl_views_release(&vs);
     return res;
 }
 
-static PyObject *py_sum_exp(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *py_sum_exp(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *lo, *ao = Py_None;
     Py_ssize_t n;
     float ref, scale, floor_;
     if (!PyArg_ParseTuple(args, "Onfff|O", &lo, &n, &ref, &scale, &floor_, &ao)) return NULL;
-    views3 vs = {.nv = 0};
+    bl_views vs = {.n = 0};
     const uint32_t *allowed = NULL;
     const float *x = row_views("sum_exp", lo, n, ao, &allowed, &vs);
     const double s = x ? bl_sum_exp(x, (int)n, allowed, ref, scale, floor_) : 0.0;
-    release3(&vs);
+    bl_views_release(&vs);
     return x ? PyFloat_FromDouble(s) : NULL;
 }
 
@@ -366,12 +343,4 @@ PyMethodDef bl_sample_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int bl_sample_module_init(PyObject *m) {
-    if (PyType_Ready(&SamplerType) < 0) return -1;
-    Py_INCREF(&SamplerType);
-    if (PyModule_AddObject(m, "Sampler", (PyObject *)&SamplerType) < 0) {
-        Py_DECREF(&SamplerType);
-        return -1;
-    }
-    return 0;
-}
+int bl_sample_module_init(PyObject *m) { return PyModule_AddType(m, &SamplerType); }

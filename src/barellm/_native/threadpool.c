@@ -15,7 +15,6 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-#include <x86intrin.h>
 #define cpu_relax() _mm_pause()
 #else
 #define cpu_relax() ((void)0)
@@ -209,14 +208,6 @@ void bl_pool_run_n(bl_pool *p, bl_task_fn fn, void *ctx, int n_active) {
 
 uint64_t bl_pool_wait_cycles(const bl_pool *p) { return p->wait0; }
 
-static inline uint64_t tsc(void) {
-#if defined(__x86_64__)
-    return __rdtsc();
-#else
-    return 0;
-#endif
-}
-
 static void barrier_wait(bl_pool *p, unsigned phase);
 
 void bl_pool_barrier(bl_pool *p, int tid) {
@@ -229,9 +220,9 @@ void bl_pool_barrier(bl_pool *p, int tid) {
         return;
     }
     if (tid == 0) {
-        const uint64_t c0 = tsc();
+        const uint64_t c0 = bl_cycles();
         barrier_wait(p, phase);
-        p->wait0 += tsc() - c0;
+        p->wait0 += bl_cycles() - c0;
     } else {
         barrier_wait(p, phase);
     }

@@ -11,6 +11,10 @@
 
 #include "barellm.h"
 
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
 typedef struct bl_pool bl_pool;
 typedef void (*bl_task_fn)(void *ctx, int tid, int nth);
 
@@ -24,6 +28,14 @@ BL_API int bl_pool_size(const bl_pool *p);
 BL_API void bl_pool_run(bl_pool *p, bl_task_fn fn, void *ctx);
 /* The same with only threads 0 .. n_active - 1 taking part (the others stay idle). */
 BL_API void bl_pool_run_n(bl_pool *p, bl_task_fn fn, void *ctx, int n_active);
+/* The time stamp counter: the pool's and the executor's profiles count in its cycles (0 off x86-64). */
+static inline uint64_t bl_cycles(void) {
+#if defined(__x86_64__)
+    return __rdtsc();
+#else
+    return 0;
+#endif
+}
 /* Cycles (TSC) thread 0 has spent waiting at barriers so far. */
 BL_API uint64_t bl_pool_wait_cycles(const bl_pool *p);
 /* All threads of the running task wait here until every one has arrived; memory written before the

@@ -42,7 +42,7 @@ from barellm.formats.quant import q8_0_join, q8_0_keys_join
 from barellm.runtime.debug import EngineDebug
 from barellm.runtime.weights import EngineWeights, aligned_zeros
 
-KIND_IDS: dict[str, int] = dict(nat.OP_KINDS)  # the op kinds the executor has, and their ids (py_engine.c)
+KIND_IDS: dict[str, int] = dict(nat.OP_KINDS)  # the op kinds the executor has, and their ids (py_plan.c)
 KV_TILE = nat.KV_TILE
 KV_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q8_0": nat.KV_Q8_0}  # the cache element types (ops.h, bl_kv_type)
 KV_QK = 32  # values per block of a q8_0 cache
@@ -245,7 +245,7 @@ class NativeEngine(EngineWeights, EngineDebug):
                         self.n_vocab, self.n_ctx, self.n_slots)
 
     def _op_spec(self, op: Op) -> dict[str, Any]:
-        """The executor's dict for one op: exactly the keys its kind takes (py_engine.c refuses others)."""
+        """The executor's dict for one op: exactly the keys its kind takes (py_plan.c refuses others)."""
         cfg = self.cfg
         d: dict[str, Any] = {"kind": KIND_IDS[op.kind], "name": op.name, "rows_sel": int(op.rows == "selected")}
         if isinstance(op, Embed):
