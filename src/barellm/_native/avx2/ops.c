@@ -263,10 +263,11 @@ ALWAYS void pv_pass(int QB, const bl_attn_query *qs, const float *p, const float
     }
 }
 
+ALWAYS __m256 ld8_i8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+
 /* 32 int8 at p as 4 vectors of floats */
 ALWAYS void ld32_i8(const int8_t *p, __m256 v[4]) {
-    for (int u = 0; u < 4; u++)
-        v[u] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8 * u))));
+    for (int u = 0; u < 4; u++) v[u] = ld8_i8(p + 8 * u);
 }
 
 /* qk_pass on a q8_0 tile (ops.h): per 32-value block an fma chain over its int8 keys, then
@@ -280,10 +281,18 @@ ALWAYS void qk_pass_q8(int QB, const bl_attn_query *qs, const uint8_t *tile, int
     for (int b = 0; b < head_dim / BL_KV_QK; b++) {
         __m256 a[2][4];
         zero4(QB, a);
+        /* the keys as 4 named vectors and the steps written out: with qk_step here the register allocator
+         * kept 4 of the 8 chains of the second half (h = 1, QB = 2) in memory, 25% slower */
         for (int d = b * BL_KV_QK; d < (b + 1) * BL_KV_QK; d++) {
-            __m256 k[4];
-            ld32_i8(kq + (size_t)d * KT + 32 * h, k);
-            qk_step(QB, qs, d, k, a);
+            const int8_t *kr = kq + (size_t)d * KT + 32 * h;
+            const __m256 k0 = ld8_i8(kr), k1 = ld8_i8(kr + 8), k2 = ld8_i8(kr + 16), k3 = ld8_i8(kr + 24);
+            for (int i = 0; i < QB; i++) {
+                const __m256 qd = _mm256_broadcast_ss(qs[i].q + d);
+                a[i][0] = _mm256_fmadd_ps(qd, k0, a[i][0]);
+                a[i][1] = _mm256_fmadd_ps(qd, k1, a[i][1]);
+                a[i][2] = _mm256_fmadd_ps(qd, k2, a[i][2]);
+                a[i][3] = _mm256_fmadd_ps(qd, k3, a[i][3]);
+            }
         }
         for (int u = 0; u < 4; u++) {
             const __m256 dk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + b * KT + 32 * h + 8 * u)));
