@@ -288,8 +288,10 @@ AI void tile_q4_g2(const int type, const int x2, const tile_args *A) {
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     __m256 acc2 = _mm256_setzero_ps(), accm2 = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *q = block_at(g, b, 128, pf, pfs, 3), *q2 = block_at(g2, b, 128, pf2, pfs, 3);
+        const uint8_t *q = g + (size_t)b * 128, *q2 = g2 + (size_t)b * 128;
         const int8_t *h = xh + (size_t)b * 32, *l = xl + (size_t)b * 32;
+        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3);
+        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 3);
         __m256i sh, sl, sh2, sl2;
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
@@ -342,8 +344,10 @@ AI void tile_q8_g2(const int x2, const tile_args *A) {
     const float *xd = (const float *)(const void *)(xa + (size_t)nb * (x2 ? 64 : 32));
     __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *q = block_at(g, b, 256, pf, pfs, 5), *q2 = block_at(g2, b, 256, pf2, pfs, 5);
+        const uint8_t *q = g + (size_t)b * 256, *q2 = g2 + (size_t)b * 256;
         const size_t xo = (size_t)b * 32;
+        if (pf) prefetch_lines(pf + (size_t)b * pfs, 5);
+        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 5);
         __m256i s, s2;
         for (int j = 0; j < 8; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
