@@ -4,12 +4,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "attend.h"
 #include "ops.h"
 #include "avx2/simd.h"
-
-static inline float exp1(float x) {
-    return _mm256_cvtss_f32(exp8(_mm256_set1_ps(x)));
-}
 
 void bl_rmsnorm_avx2(const float *x, const float *w, float *out, int n, float eps) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -161,25 +158,49 @@ void bl_kv_store_f16_avx2(void *kc, void *vc, const float *k, const float *v, in
 
 #define ALWAYS static inline __attribute__((always_inline))
 
+/* The attention passes keep, per query, 32 chains in 4 vectors a[i][0..3]: 32 keys' scores, or 32 output
+ * values. */
+
+/* a[u] = fma(x, v[u], a[u]), u < 4: one step of a query's 32 chains */
+ALWAYS void fma4(__m256 a[4], const __m256 x, const __m256 v[4]) {
+    for (int u = 0; u < 4; u++) a[u] = _mm256_fmadd_ps(x, v[u], a[u]);
+}
+
+ALWAYS void zero4(int QB, __m256 a[2][4]) {
+    for (int i = 0; i < QB; i++)
+        for (int u = 0; u < 4; u++) a[i][u] = _mm256_setzero_ps();
+}
+
+/* one step of the score chains over d: a[i][u] = fma(q_i[d], k[u], a[i][u]) */
+ALWAYS void qk_step(int QB, const bl_attn_query *qs, int d, const __m256 k[4], __m256 a[2][4]) {
+    for (int i = 0; i < QB; i++) fma4(a[i], _mm256_broadcast_ss(qs[i].q + d), k);
+}
+
+/* the value chains' start: each query's output values [d0, d0 + 32) times its rescale factor */
+ALWAYS void pv_start(int QB, const bl_attn_query *qs, const float *corr, int d0, __m256 a[2][4]) {
+    for (int i = 0; i < QB; i++) {
+        const __m256 c = _mm256_set1_ps(corr[i]);
+        for (int u = 0; u < 4; u++) a[i][u] = _mm256_mul_ps(_mm256_loadu_ps(qs[i].out + d0 + 8 * u), c);
+    }
+}
+
+ALWAYS void pv_end(int QB, const bl_attn_query *qs, int d0, __m256 a[2][4]) {
+    for (int i = 0; i < QB; i++)
+        for (int u = 0; u < 4; u++) _mm256_storeu_ps(qs[i].out + d0 + 8 * u, a[i][u]);
+}
+
 /* Scores of QB queries against keys [32 h, 32 h + 32) of a tile, unscaled, into s[i * KT + k]:
  * each score is an fma chain over d = 0 .. head_dim - 1 (the same chain for any QB). */
 ALWAYS void qk_pass(int QB, const bl_attn_query *qs, const void *kc, size_t kt, int h, int head_dim, int f16,
                     float *s) {
     enum { KT = BL_KV_TILE };
     __m256 a[2][4];
-    for (int i = 0; i < QB; i++)
-        for (int u = 0; u < 4; u++) a[i][u] = _mm256_setzero_ps();
+    zero4(QB, a);
     for (int d = 0; d < head_dim; d++) {
         const size_t kr = kt + (size_t)d * KT + 32 * h;
-        const __m256 k0 = ld8(kc, kr, f16), k1 = ld8(kc, kr + 8, f16);
-        const __m256 k2 = ld8(kc, kr + 16, f16), k3 = ld8(kc, kr + 24, f16);
-        for (int i = 0; i < QB; i++) {
-            const __m256 qd = _mm256_broadcast_ss(qs[i].q + d);
-            a[i][0] = _mm256_fmadd_ps(qd, k0, a[i][0]);
-            a[i][1] = _mm256_fmadd_ps(qd, k1, a[i][1]);
-            a[i][2] = _mm256_fmadd_ps(qd, k2, a[i][2]);
-            a[i][3] = _mm256_fmadd_ps(qd, k3, a[i][3]);
-        }
+        __m256 k[4];
+        for (int u = 0; u < 4; u++) k[u] = ld8(kc, kr + 8 * u, f16);
+        qk_step(QB, qs, d, k, a);
     }
     for (int i = 0; i < QB; i++)
         for (int u = 0; u < 4; u++) _mm256_store_ps(s + i * KT + 32 * h + 8 * u, a[i][u]);
@@ -222,24 +243,14 @@ ALWAYS void pv_pass(int QB, const bl_attn_query *qs, const float *p, const float
     int d0 = 0;
     for (; d0 + 32 <= head_dim; d0 += 32) {
         __m256 a[2][4];
-        for (int i = 0; i < QB; i++) {
-            const __m256 c = _mm256_set1_ps(corr[i]);
-            for (int u = 0; u < 4; u++) a[i][u] = _mm256_mul_ps(_mm256_loadu_ps(qs[i].out + d0 + 8 * u), c);
-        }
+        pv_start(QB, qs, corr, d0, a);
         for (int k = k0; k < k1; k++) {
             const size_t vr = vt + (size_t)k * head_dim + d0;
-            const __m256 v0 = ld8(vc, vr, f16), v1 = ld8(vc, vr + 8, f16);
-            const __m256 v2 = ld8(vc, vr + 16, f16), v3 = ld8(vc, vr + 24, f16);
-            for (int i = 0; i < QB; i++) {
-                const __m256 pk = _mm256_broadcast_ss(p + i * KT + k);
-                a[i][0] = _mm256_fmadd_ps(pk, v0, a[i][0]);
-                a[i][1] = _mm256_fmadd_ps(pk, v1, a[i][1]);
-                a[i][2] = _mm256_fmadd_ps(pk, v2, a[i][2]);
-                a[i][3] = _mm256_fmadd_ps(pk, v3, a[i][3]);
-            }
+            __m256 v[4];
+            for (int u = 0; u < 4; u++) v[u] = ld8(vc, vr + 8 * u, f16);
+            for (int i = 0; i < QB; i++) fma4(a[i], _mm256_broadcast_ss(p + i * KT + k), v);
         }
-        for (int i = 0; i < QB; i++)
-            for (int u = 0; u < 4; u++) _mm256_storeu_ps(qs[i].out + d0 + 8 * u, a[i][u]);
+        pv_end(QB, qs, d0, a);
     }
     for (; d0 < head_dim; d0 += 8) { /* head_dim % 32: one vector at a time */
         __m256 a[2];
@@ -254,6 +265,11 @@ ALWAYS void pv_pass(int QB, const bl_attn_query *qs, const float *p, const float
 
 ALWAYS __m256 ld8_i8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 
+/* 32 int8 at p as 4 vectors of floats */
+ALWAYS void ld32_i8(const int8_t *p, __m256 v[4]) {
+    for (int u = 0; u < 4; u++) v[u] = ld8_i8(p + 8 * u);
+}
+
 /* qk_pass on a q8_0 tile (ops.h): per 32-value block an fma chain over its int8 keys, then
  * s = fma(chain, key scale, s), s kept in memory between blocks (the registers hold one block's chains) */
 ALWAYS void qk_pass_q8(int QB, const bl_attn_query *qs, const uint8_t *tile, int h, int head_dim, float *s) {
@@ -264,8 +280,9 @@ ALWAYS void qk_pass_q8(int QB, const bl_attn_query *qs, const uint8_t *tile, int
         for (int u = 0; u < 4; u++) _mm256_store_ps(s + i * KT + 32 * h + 8 * u, _mm256_setzero_ps());
     for (int b = 0; b < head_dim / BL_KV_QK; b++) {
         __m256 a[2][4];
-        for (int i = 0; i < QB; i++)
-            for (int u = 0; u < 4; u++) a[i][u] = _mm256_setzero_ps();
+        zero4(QB, a);
+        /* the keys as 4 named vectors and the steps written out: with qk_step here the register allocator
+         * kept 4 of the 8 chains of the second half (h = 1, QB = 2) in memory, 25% slower */
         for (int d = b * BL_KV_QK; d < (b + 1) * BL_KV_QK; d++) {
             const int8_t *kr = kq + (size_t)d * KT + 32 * h;
             const __m256 k0 = ld8_i8(kr), k1 = ld8_i8(kr + 8), k2 = ld8_i8(kr + 16), k3 = ld8_i8(kr + 24);
@@ -295,25 +312,15 @@ ALWAYS void pv_pass_q8(int QB, const bl_attn_query *qs, const float *p, const fl
     const size_t rb = bl_kv_row_bytes(head_dim, BL_KV_Q8_0);
     for (int d0 = 0; d0 < head_dim; d0 += BL_KV_QK) {
         __m256 a[2][4];
-        for (int i = 0; i < QB; i++) {
-            const __m256 c = _mm256_set1_ps(corr[i]);
-            for (int u = 0; u < 4; u++) a[i][u] = _mm256_mul_ps(_mm256_loadu_ps(qs[i].out + d0 + 8 * u), c);
-        }
+        pv_start(QB, qs, corr, d0, a);
         for (int k = k0; k < k1; k++) {
             const uint8_t *row = vtile + (size_t)k * rb;
-            const int8_t *vr = (const int8_t *)row + d0;
             const float dv = bl_half_to_float(((const uint16_t *)(row + head_dim))[d0 / BL_KV_QK]);
-            const __m256 v0 = ld8_i8(vr), v1 = ld8_i8(vr + 8), v2 = ld8_i8(vr + 16), v3 = ld8_i8(vr + 24);
-            for (int i = 0; i < QB; i++) {
-                const __m256 pk = _mm256_set1_ps(p[i * KT + k] * dv);
-                a[i][0] = _mm256_fmadd_ps(pk, v0, a[i][0]);
-                a[i][1] = _mm256_fmadd_ps(pk, v1, a[i][1]);
-                a[i][2] = _mm256_fmadd_ps(pk, v2, a[i][2]);
-                a[i][3] = _mm256_fmadd_ps(pk, v3, a[i][3]);
-            }
+            __m256 v[4];
+            ld32_i8((const int8_t *)row + d0, v);
+            for (int i = 0; i < QB; i++) fma4(a[i], _mm256_set1_ps(p[i * KT + k] * dv), v);
         }
-        for (int i = 0; i < QB; i++)
-            for (int u = 0; u < 4; u++) _mm256_storeu_ps(qs[i].out + d0 + 8 * u, a[i][u]);
+        pv_end(QB, qs, d0, a);
     }
 }
 
@@ -340,24 +347,9 @@ ALWAYS void tile_block(int QB, const bl_attn_query *qs, float *m, float *l, cons
 
 ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
                    int kvt) {
-    enum { KT = BL_KV_TILE };
-    float m[BL_ATT_MAXQ], l[BL_ATT_MAXQ];
-    int tiles = 0, first = 1 << 30;
-    for (int i = 0; i < nq; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0;
-        memset(qs[i].out, 0, sizeof(float) * head_dim);
-        if (qs[i].pos / KT + 1 > tiles) tiles = qs[i].pos / KT + 1;
-        if (qs[i].lo / KT < first) first = qs[i].lo / KT;
-    }
-    for (int j = first; j < tiles; j++) {
-        int r0[BL_ATT_MAXQ], r1[BL_ATT_MAXQ];
-        for (int i = 0; i < nq; i++) {
-            const int pos = qs[i].pos, lo = qs[i].lo;
-            r0[i] = lo > j * KT ? lo - j * KT : 0;
-            r1[i] = pos - j * KT + 1 < KT ? pos - j * KT + 1 : KT;
-            if (pos < j * KT || lo >= (j + 1) * KT) r1[i] = 0; /* not in this tile */
-        }
+    bl_attend_walk w;
+    for (bl_attend_begin(&w, qs, nq, head_dim); bl_attend_next(&w, qs, nq);) {
+        const int j = w.j, *r0 = w.r0, *r1 = w.r1;
         for (int i = 0; i < nq;) {
             if (r1[i] <= r0[i]) {
                 i++;
@@ -367,25 +359,15 @@ ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *
             int n = i + 1;
             while (n < nq && r1[n] <= r0[n]) n++;
             if (n < nq && r0[n] == r0[i] && r1[n] == r1[i] && n == i + 1) {
-                tile_block(2, qs + i, m + i, l + i, kc, vc, j, r0[i], r1[i], head_dim, scale, kvt);
+                tile_block(2, qs + i, w.m + i, w.l + i, kc, vc, j, r0[i], r1[i], head_dim, scale, kvt);
                 i += 2;
             } else {
-                tile_block(1, qs + i, m + i, l + i, kc, vc, j, r0[i], r1[i], head_dim, scale, kvt);
+                tile_block(1, qs + i, w.m + i, w.l + i, kc, vc, j, r0[i], r1[i], head_dim, scale, kvt);
                 i++;
             }
         }
     }
-    for (int i = 0; i < nq; i++) {
-        const __m256 inv = _mm256_set1_ps(1.0f / l[i]);
-        for (int d = 0; d < head_dim; d += 8)
-            _mm256_storeu_ps(qs[i].out + d, _mm256_mul_ps(_mm256_loadu_ps(qs[i].out + d), inv));
-    }
+    bl_attend_finish(qs, nq, head_dim, w.l);
 }
 
-void bl_attend_avx2(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
-                    int kv_type) {
-    if (head_dim % 8) bl_attend_scalar(qs, nq, kc, vc, head_dim, scale, kv_type);
-    else if (kv_type == BL_KV_Q8_0) attend(qs, nq, kc, vc, head_dim, scale, BL_KV_Q8_0);
-    else if (kv_type == BL_KV_F16) attend(qs, nq, kc, vc, head_dim, scale, BL_KV_F16);
-    else attend(qs, nq, kc, vc, head_dim, scale, BL_KV_F32);
-}
+BL_ATTEND_TIER(bl_attend_avx2, 8, bl_attend_scalar)

@@ -28,6 +28,14 @@ AI void prefetch_lines(const uint8_t *p, const int n) {
     for (int i = 0; i < n; i++) bl_prefetch_line(p + 64 * i, hint);
 }
 
+/* block b of a group whose blocks take `bytes` bytes (the tiles' weights), once its share of the prefetch span
+ * (n lines at pf + b * pfs; pf NULL: none) is on its way */
+AI const uint8_t *block_at(const uint8_t *g, const int b, const size_t bytes, const uint8_t *pf, const size_t pfs,
+                           const int n) {
+    if (pf) prefetch_lines(pf + (size_t)b * pfs, n);
+    return g + (size_t)b * bytes;
+}
+
 /* ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)), as the scalar path */
 AI float hsum_ps(__m256 p) {
     __m128 a = _mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1));
@@ -161,9 +169,8 @@ AI void tile_q4(const int type, const int x2, const int NT, const tile_args *A) 
     const __m256i khi = x2 ? _mm256_set1_epi16(254) : ones; /* the weight of the (hi) plane */
     const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *q = g + (size_t)b * 128;
+        const uint8_t *q = block_at(g, b, 128, pf, pfs, 3);
         const size_t xo = (size_t)b * 32;
-        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3);
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
             const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
@@ -208,9 +215,8 @@ AI void tile_q8(const int x2, const int NT, const tile_args *A) {
     const __m256i ones = _mm256_set1_epi16(1), khi = x2 ? _mm256_set1_epi16(254) : ones;
     const uint8_t *dp = g + (size_t)nb * 256;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *q = g + (size_t)b * 256;
+        const uint8_t *q = block_at(g, b, 256, pf, pfs, 5);
         const size_t xo = (size_t)b * 32;
-        if (pf) prefetch_lines(pf + (size_t)b * pfs, 5);
         for (int j = 0; j < 8; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
             const __m256i av = _mm256_abs_epi8(v);

@@ -21,28 +21,36 @@ static inline float hmax8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* e^x, about 2 ulp, for x in [-87.3, 88.7] (clamped outside; so never exactly 0 or inf) */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.72283f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* 2^n in two steps so n = 128 (x near the top of the range) does not overflow the exponent */
-    __m256i ni = _mm256_cvtps_epi32(n);
-    __m256i half = _mm256_srai_epi32(ni, 1);
-    __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
-    __m256 p2 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
-}
+/* e^x, about 2 ulp, for x in [-87.3, 88.7] (clamped outside; so never exactly 0 or inf), on a vector of any
+ * width: P is the intrinsics' prefix (_mm256, _mm512), V and VI the float and int vectors, ROUND the
+ * round-to-nearest intrinsic, CASTI the int-to-float bit cast. One body for exp8 here and the avx512 tier's
+ * exp16, so that the two stay the same operations lane for lane (the tiers' attention gives the same bits). */
+#define BL_DEFINE_EXP(QUAL, name, V, VI, P, ROUND, CASTI)                                                  \
+    QUAL V name(V x) {                                                                                    \
+        x = P##_min_ps(P##_max_ps(x, P##_set1_ps(-87.33654f)), P##_set1_ps(88.72283f));                   \
+        V n = ROUND(P##_mul_ps(x, P##_set1_ps(1.44269504088896341f)),                                     \
+                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);                                       \
+        V r = P##_fnmadd_ps(n, P##_set1_ps(0.693359375f), x);                                             \
+        r = P##_fnmadd_ps(n, P##_set1_ps(-2.12194440e-4f), r);                                            \
+        V y = P##_set1_ps(1.9875691500e-4f);                                                              \
+        y = P##_fmadd_ps(y, r, P##_set1_ps(1.3981999507e-3f));                                            \
+        y = P##_fmadd_ps(y, r, P##_set1_ps(8.3334519073e-3f));                                            \
+        y = P##_fmadd_ps(y, r, P##_set1_ps(4.1665795894e-2f));                                            \
+        y = P##_fmadd_ps(y, r, P##_set1_ps(1.6666665459e-1f));                                            \
+        y = P##_fmadd_ps(y, r, P##_set1_ps(5.0000001201e-1f));                                            \
+        y = P##_fmadd_ps(y, P##_mul_ps(r, r), P##_add_ps(r, P##_set1_ps(1.0f)));                          \
+        /* 2^n in two steps so n = 128 (x near the top of the range) does not overflow the exponent */    \
+        VI ni = P##_cvtps_epi32(n);                                                                       \
+        VI half = P##_srai_epi32(ni, 1);                                                                  \
+        V p1 = CASTI(P##_slli_epi32(P##_add_epi32(half, P##_set1_epi32(127)), 23));                       \
+        V p2 = CASTI(P##_slli_epi32(P##_add_epi32(P##_sub_epi32(ni, half), P##_set1_epi32(127)), 23));    \
+        return P##_mul_ps(P##_mul_ps(y, p1), p2);                                                         \
+    }
+
+BL_DEFINE_EXP(static inline, exp8, __m256, __m256i, _mm256, _mm256_round_ps, _mm256_castsi256_ps)
+
+/* e^x of one float: exp8's lane, so a vector loop's scalar tail gives its lanes' bits */
+static inline float exp1(float x) { return _mm256_cvtss_f32(exp8(_mm256_set1_ps(x))); }
 
 /* The quantized matmuls' helpers, forced inline: they sit in the decode tiles' hot loops. */
 

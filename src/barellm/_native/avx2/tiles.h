@@ -29,7 +29,7 @@ typedef struct {
     size_t pfs;
     size_t pdone;       /* bytes of that span prefetched, for tiles that keep the count here (avx512/decode_kq.c:
                            kept in a register, its Q5_K tile's count cost it 40 more vector spills) */
-    const uint8_t *s;   /* avx2/quant_kq.c's lean tiles: the group unpacked */
+    const uint8_t *s;   /* avx2/quant_kq_prefill.c's lean tiles: the group unpacked */
 } tile_args;
 
 typedef void (*tile_fn)(tile_args *A);

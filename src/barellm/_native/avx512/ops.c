@@ -10,35 +10,15 @@
 #include <math.h>
 #include <string.h>
 
+#include "attend.h"
 #include "ops.h"
 #include "avx2/simd.h"
 
 #define ALWAYS static inline __attribute__((always_inline))
 #define QMAX 4 /* queries per block: 4 x 4 score or value accumulators + 4 K or V vectors fit in 32 zmm */
 
-/* avx2/simd.h's exp8, lane for lane on 16 lanes */
-ALWAYS __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i ni = _mm512_cvtps_epi32(n);
-    __m512i half = _mm512_srai_epi32(ni, 1);
-    __m512 p1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, _mm512_set1_epi32(127)), 23));
-    __m512 p2 = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, half), _mm512_set1_epi32(127)), 23));
-    return _mm512_mul_ps(_mm512_mul_ps(y, p1), p2);
-}
-
-static inline float exp1(float x) { return _mm256_cvtss_f32(exp8(_mm256_set1_ps(x))); }
+/* avx2/simd.h's exp8 on 16 lanes */
+BL_DEFINE_EXP(ALWAYS, exp16, __m512, __m512i, _mm512, _mm512_roundscale_ps, _mm512_castsi512_ps)
 
 ALWAYS __m512 ld16(const void *base, size_t i, int f16) {
     return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)))
@@ -225,24 +205,9 @@ ALWAYS void tile_block(int QB, const blk *b, const void *kc, const void *vc, int
 
 ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
                    int kvt) {
-    enum { KT = BL_KV_TILE };
-    float m[BL_ATT_MAXQ], l[BL_ATT_MAXQ];
-    int tiles = 0, first = 1 << 30;
-    for (int i = 0; i < nq; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0;
-        memset(qs[i].out, 0, sizeof(float) * head_dim);
-        if (qs[i].pos / KT + 1 > tiles) tiles = qs[i].pos / KT + 1;
-        if (qs[i].lo / KT < first) first = qs[i].lo / KT;
-    }
-    for (int j = first; j < tiles; j++) {
-        int r0[BL_ATT_MAXQ], r1[BL_ATT_MAXQ];
-        for (int i = 0; i < nq; i++) {
-            const int pos = qs[i].pos, lo = qs[i].lo;
-            r0[i] = lo > j * KT ? lo - j * KT : 0;
-            r1[i] = pos - j * KT + 1 < KT ? pos - j * KT + 1 : KT;
-            if (pos < j * KT || lo >= (j + 1) * KT) r1[i] = 0; /* not in this tile */
-        }
+    bl_attend_walk w;
+    for (bl_attend_begin(&w, qs, nq, head_dim); bl_attend_next(&w, qs, nq);) {
+        const int j = w.j, *r0 = w.r0, *r1 = w.r1;
         /* blocks of up to QMAX queries with one key range, neighbours or not: a block only shares loads,
          * each query's operations are its own */
         unsigned todo = 0;
@@ -257,8 +222,8 @@ ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *
                 if (r0[i] != r0[i0] || r1[i] != r1[i0]) continue;
                 b.q[n] = qs[i].q;
                 b.out[n] = qs[i].out;
-                b.m[n] = m + i;
-                b.l[n] = l + i;
+                b.m[n] = w.m + i;
+                b.l[n] = w.l + i;
                 n++;
                 todo &= ~(1u << i);
             }
@@ -270,17 +235,7 @@ ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *
             }
         }
     }
-    for (int i = 0; i < nq; i++) {
-        const __m512 inv = _mm512_set1_ps(1.0f / l[i]);
-        for (int d = 0; d < head_dim; d += 16)
-            _mm512_storeu_ps(qs[i].out + d, _mm512_mul_ps(_mm512_loadu_ps(qs[i].out + d), inv));
-    }
+    bl_attend_finish(qs, nq, head_dim, w.l);
 }
 
-void bl_attend_avx512(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
-                      int kv_type) {
-    if (head_dim % 16) bl_attend_avx2(qs, nq, kc, vc, head_dim, scale, kv_type);
-    else if (kv_type == BL_KV_Q8_0) attend(qs, nq, kc, vc, head_dim, scale, BL_KV_Q8_0);
-    else if (kv_type == BL_KV_F16) attend(qs, nq, kc, vc, head_dim, scale, BL_KV_F16);
-    else attend(qs, nq, kc, vc, head_dim, scale, BL_KV_F32);
-}
+BL_ATTEND_TIER(bl_attend_avx512, 16, bl_attend_avx2)

@@ -153,65 +153,24 @@ AI void unit_q45k(const uint8_t *ua, const uint8_t *ub, uint8_t *o, const int fi
                 _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * j + jj)), q45k_values(five, ua, ub, j, jj));
 }
 
-/* w: the values come from the weights (the few-token path), not the scratch; a constant, as n and five */
-AI void tile_q45_k(const int n, const int five, const int w, const tile_args *L) {
-    const kq_fields8 F = five ? KQ_Q5_K : KQ_Q4_K;
-    const int nu = L->nu, hint = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0].hint;
-    tile_tokens X;
-    tokens_of(n, L, &X);
-    __m512 acc[NT], accm[NT];
+/* Sub-block j (block b of the row) of a unit into pu: its 8 granules' dots, times its scale. w: the values come
+ * from the weights at ua, ub (the few-token path), not from the scratch su; a constant, as n and five. */
+AI void block_q45k(const int n, const int five, const int w, const uint8_t *ua, const uint8_t *ub, const uint8_t *su,
+                   const tile_tokens *X, const int b, const int j, __m512 *pu) {
+    __m512i dot[NT];
 #pragma GCC unroll 8
-    for (int t = 0; t < n; t++) acc[t] = accm[t] = _mm512_setzero_ps();
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *su = L->s + (size_t)u * L->su;
-        const uint8_t *ua = w ? L->ga + (size_t)u * F.unit : NULL, *ub = w && L->gb ? L->gb + (size_t)u * F.unit : NULL;
-        if (w && L->pf) prefetch_unit(L, F.unit, u, hint);
-        if (w && L->fill) unit_q45k(ua, ub, (uint8_t *)su, five, 0);
-        __m512 pu[NT];
+    for (int t = 0; t < n; t++) dot[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-        for (int t = 0; t < n; t++) pu[t] = _mm512_setzero_ps();
-#pragma GCC unroll 1
-        for (int j = 0; j < 8; j++) {
-            const int b = 8 * u + j;
-            __m512i dot[NT];
+    for (int jj = 0; jj < 8; jj++) {
+        const __m512i v = w ? q45k_values(five, ua, ub, j, jj)
+                             : _mm512_load_si512((const void *)(su + Q4K_VALS + 64 * (8 * j + jj)));
 #pragma GCC unroll 8
-            for (int t = 0; t < n; t++) dot[t] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-            for (int jj = 0; jj < 8; jj++) {
-                const __m512i v = w ? q45k_values(five, ua, ub, j, jj)
-                                     : _mm512_load_si512((const void *)(su + Q4K_VALS + 64 * (8 * j + jj)));
-#pragma GCC unroll 8
-                for (int t = 0; t < n; t++) dot[t] = _mm512_dpbusd_epi32(dot[t], v, bcast(X.q[t] + (size_t)b * 32 + 4 * jj));
-            }
-            const __m512 sc = _mm512_load_ps((const float *)(const void *)(su + Q4K_SC + 64 * j));
-#pragma GCC unroll 8
-            for (int t = 0; t < n; t++)
-                pu[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[t]), sc), _mm512_set1_ps(X.d[t][b]), pu[t]);
-        }
-        const __m512 dw = _mm512_load_ps((const float *)(const void *)(su + Q4K_D));
-#pragma GCC unroll 8
-        for (int t = 0; t < n; t++) acc[t] = _mm512_fmadd_ps(pu[t], dw, acc[t]);
+        for (int t = 0; t < n; t++) dot[t] = _mm512_dpbusd_epi32(dot[t], v, bcast(X->q[t] + (size_t)b * 32 + 4 * jj));
     }
-    /* the mins chain, a pass of its own over the scratch: with it in the loop above the 8 tokens' chains do
-     * not fit the 32 registers */
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *su = L->s + (size_t)u * L->su;
-        __m512 mu[NT];
+    const __m512 sc = _mm512_load_ps((const float *)(const void *)(su + Q4K_SC + 64 * j));
 #pragma GCC unroll 8
-        for (int t = 0; t < n; t++) mu[t] = _mm512_setzero_ps();
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            const __m512 m = _mm512_load_ps((const float *)(const void *)(su + Q4K_M + 64 * j));
-#pragma GCC unroll 8
-            for (int t = 0; t < n; t++) mu[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(X.s[t][8 * u + j]), mu[t]);
-        }
-        const __m512 dm = _mm512_load_ps((const float *)(const void *)(su + Q4K_DMIN));
-#pragma GCC unroll 8
-        for (int t = 0; t < n; t++) accm[t] = _mm512_fmadd_ps(mu[t], dm, accm[t]);
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < n; t++) acc[t] = _mm512_sub_ps(acc[t], accm[t]);
-    store_tokens(n, L, acc);
+    for (int t = 0; t < n; t++)
+        pu[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[t]), sc), _mm512_set1_ps(X->d[t][b]), pu[t]);
 }
 
 /* ---- Q5_0 ---- */
@@ -346,59 +305,112 @@ static void unit_q3k(const uint8_t *ua, const uint8_t *ub, uint8_t *o) {
     _mm512_store_ps((float *)(void *)(o + Q6K_D), f16x16(ua + 864, ub ? ub + 864 : NULL));
 }
 
-/* off: log2 of the values' offset (Q6_K q - 32: 5, Q3_K q - 4: 2), taken off once per block as
+/* Block kb (block b of the row) of a unit into pu: both halves' dots times their scales, less the offset's
+ * share. off: log2 of the values' offset (Q6_K q - 32: 5, Q3_K q - 4: 2), taken off once per block as
  * (sa * sum(qx[0:16]) + sb * sum(qx[16:32])) << off, so the unpacked values stay unsigned for vpdpbusd */
-AI void tile_q36_k(const int n, const int off, const int w, const tile_args *L) {
-    const int nu = L->nu, nb = L->nb, hint = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0].hint;
+AI void block_q36k(const int n, const int off, const int w, const uint8_t *ua, const uint8_t *ub, const uint8_t *su,
+                   const tile_args *L, const tile_tokens *X, const int b, const int kb, __m512 *pu) {
+    const int nb = L->nb;
+    __m512i i32[NT];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        __m512i v[4], dot[NT];
+        if (w) q6k_values(ua, ub, kb, h, v);
+        else
+            for (int g = 0; g < 4; g++) v[g] = _mm512_load_si512((const void *)(su + Q6K_VALS + 64 * (8 * kb + 4 * h + g)));
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) dot[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++)
+#pragma GCC unroll 8
+            for (int t = 0; t < n; t++)
+                dot[t] = _mm512_dpbusd_epi32(dot[t], v[g], bcast(X->q[t] + (size_t)b * 32 + 16 * h + 4 * g));
+        const __m512i sc = _mm512_load_si512((const void *)(su + Q6K_SC + 64 * (2 * kb + h)));
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) {
+            const __m512i p = _mm512_mullo_epi32(dot[t], sc);
+            i32[t] = h ? _mm512_add_epi32(i32[t], p) : p;
+        }
+    }
+    const __m512i sab = _mm512_load_si512((const void *)(su + Q6K_SAB + 64 * kb));
+#pragma GCC unroll 8
+    for (int t = 0; t < n; t++) {
+        const __m512i corr = _mm512_madd_epi16(sab, _mm512_set1_epi32(L->xp[(size_t)t * nb + b]));
+        const __m512i i = _mm512_sub_epi32(i32[t], _mm512_slli_epi32(corr, off));
+        pu[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(X->d[t][b]), pu[t]);
+    }
+}
+
+/* ---- the K-quant tiles ---- */
+
+/* The scales chain of the Q4_K, Q5_K (kind 4, 5), Q6_K and Q3_K (6, 3) tiles: acc = fma(pu, d, acc) over the
+ * units, pu the sum of a unit's 8 blocks (block_q45k, block_q36k), from 0. w: the values come from the weights
+ * (the few-token path: their units are prefetched ahead and, with L->fill, their scales first go into the
+ * scratch); a constant, as n and kind. */
+AI void units_chain(const int n, const int kind, const int w, const tile_args *L, const tile_tokens *X, __m512 *acc) {
+    const int six = kind == 6 || kind == 3;
+    const size_t unit = six ? KQ_Q6_K.unit : kind == 5 ? KQ_Q5_K.unit : KQ_Q4_K.unit;
+    const int nu = L->nu, hint = bl_prefetch_rules[BL_PF_KQUANTS][bl_shared_stream != 0].hint;
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *su = L->s + (size_t)u * L->su;
+        const uint8_t *ua = w ? L->ga + (size_t)u * unit : NULL, *ub = w && L->gb ? L->gb + (size_t)u * unit : NULL;
+        if (w && L->pf) prefetch_unit(L, unit, u, hint);
+        if (w && L->fill) {
+            if (six) unit_q6k(ua, ub, (uint8_t *)su, 0);
+            else unit_q45k(ua, ub, (uint8_t *)su, kind == 5, 0);
+        }
+        __m512 pu[NT];
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) pu[t] = _mm512_setzero_ps();
+#pragma GCC unroll 1
+        for (int j = 0; j < 8; j++) {
+            if (six) block_q36k(n, kind == 3 ? 2 : 5, w, ua, ub, su, L, X, 8 * u + j, j, pu);
+            else block_q45k(n, kind == 5, w, ua, ub, su, X, 8 * u + j, j, pu);
+        }
+        const __m512 dw = _mm512_load_ps((const float *)(const void *)(su + (six ? Q6K_D : Q4K_D)));
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) acc[t] = _mm512_fmadd_ps(pu[t], dw, acc[t]);
+    }
+}
+
+AI void tile_q45_k(const int n, const int five, const int w, const tile_args *L) {
+    const int nu = L->nu;
+    tile_tokens X;
+    tokens_of(n, L, &X);
+    __m512 acc[NT], accm[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < n; t++) acc[t] = accm[t] = _mm512_setzero_ps();
+    units_chain(n, five ? 5 : 4, w, L, &X, acc);
+    /* the mins chain, a pass of its own over the scratch: with it in the loop above the 8 tokens' chains do
+     * not fit the 32 registers */
+    for (int u = 0; u < nu; u++) {
+        const uint8_t *su = L->s + (size_t)u * L->su;
+        __m512 mu[NT];
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) mu[t] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const __m512 m = _mm512_load_ps((const float *)(const void *)(su + Q4K_M + 64 * j));
+#pragma GCC unroll 8
+            for (int t = 0; t < n; t++) mu[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(X.s[t][8 * u + j]), mu[t]);
+        }
+        const __m512 dm = _mm512_load_ps((const float *)(const void *)(su + Q4K_DMIN));
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) accm[t] = _mm512_fmadd_ps(mu[t], dm, accm[t]);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < n; t++) acc[t] = _mm512_sub_ps(acc[t], accm[t]);
+    store_tokens(n, L, acc);
+}
+
+/* Q6_K, or Q3_K (three = 1) */
+AI void tile_q36_k(const int n, const int three, const int w, const tile_args *L) {
     tile_tokens X;
     tokens_of(n, L, &X);
     __m512 acc[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < n; t++) acc[t] = _mm512_setzero_ps();
-    for (int u = 0; u < nu; u++) {
-        const uint8_t *su = L->s + (size_t)u * L->su;
-        const uint8_t *ua = w ? L->ga + (size_t)u * 1680 : NULL, *ub = w && L->gb ? L->gb + (size_t)u * 1680 : NULL;
-        if (w && L->pf) prefetch_unit(L, 1680, u, hint);
-        if (w && L->fill) unit_q6k(ua, ub, (uint8_t *)su, 0);
-        __m512 pu[NT];
-#pragma GCC unroll 8
-        for (int t = 0; t < n; t++) pu[t] = _mm512_setzero_ps();
-#pragma GCC unroll 1
-        for (int kb = 0; kb < 8; kb++) {
-            const int b = 8 * u + kb;
-            __m512i i32[NT];
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                __m512i v[4], dot[NT];
-                if (w) q6k_values(ua, ub, kb, h, v);
-                else
-                    for (int g = 0; g < 4; g++) v[g] = _mm512_load_si512((const void *)(su + Q6K_VALS + 64 * (8 * kb + 4 * h + g)));
-#pragma GCC unroll 8
-                for (int t = 0; t < n; t++) dot[t] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-                for (int g = 0; g < 4; g++)
-#pragma GCC unroll 8
-                    for (int t = 0; t < n; t++)
-                        dot[t] = _mm512_dpbusd_epi32(dot[t], v[g], bcast(X.q[t] + (size_t)b * 32 + 16 * h + 4 * g));
-                const __m512i sc = _mm512_load_si512((const void *)(su + Q6K_SC + 64 * (2 * kb + h)));
-#pragma GCC unroll 8
-                for (int t = 0; t < n; t++) {
-                    const __m512i p = _mm512_mullo_epi32(dot[t], sc);
-                    i32[t] = h ? _mm512_add_epi32(i32[t], p) : p;
-                }
-            }
-            const __m512i sab = _mm512_load_si512((const void *)(su + Q6K_SAB + 64 * kb));
-#pragma GCC unroll 8
-            for (int t = 0; t < n; t++) {
-                const __m512i corr = _mm512_madd_epi16(sab, _mm512_set1_epi32(L->xp[(size_t)t * nb + b]));
-                const __m512i i = _mm512_sub_epi32(i32[t], _mm512_slli_epi32(corr, off));
-                pu[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(X.d[t][b]), pu[t]);
-            }
-        }
-        const __m512 dw = _mm512_load_ps((const float *)(const void *)(su + Q6K_D));
-#pragma GCC unroll 8
-        for (int t = 0; t < n; t++) acc[t] = _mm512_fmadd_ps(pu[t], dw, acc[t]);
-    }
+    units_chain(n, three ? 3 : 6, w, L, &X, acc);
     store_tokens(n, L, acc);
 }
 
@@ -435,11 +447,11 @@ typedef void (*tile_fn)(const tile_args *);
     static const tile_fn name[NT] = {name##1, name##2, name##3, name##4, name##5, name##6, name##7, name##8};
 #define Q4K_TILE(n, L) tile_q45_k(n, 0, 0, L)
 #define Q5K_TILE(n, L) tile_q45_k(n, 1, 0, L)
-#define Q6K_TILE(n, L) tile_q36_k(n, 5, 0, L)
-#define Q3K_TILE(n, L) tile_q36_k(n, 2, 0, L)
+#define Q6K_TILE(n, L) tile_q36_k(n, 0, 0, L)
+#define Q3K_TILE(n, L) tile_q36_k(n, 1, 0, L)
 #define Q4K_FEW(n, L) tile_q45_k(n, 0, 1, L)
 #define Q5K_FEW(n, L) tile_q45_k(n, 1, 1, L)
-#define Q6K_FEW(n, L) tile_q36_k(n, 5, 1, L)
+#define Q6K_FEW(n, L) tile_q36_k(n, 0, 1, L)
 TILE_FNS(TQ4K, Q4K_TILE)
 TILE_FNS(TQ5K, Q5K_TILE)
 TILE_FNS(TQ6K, Q6K_TILE)

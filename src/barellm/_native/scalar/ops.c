@@ -2,6 +2,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "attend.h"
 #include "ops.h"
 
 void bl_rmsnorm_scalar(const float *x, const float *w, float *out, int n, float eps) {
@@ -109,23 +110,14 @@ void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const voi
     enum { KT = BL_KV_TILE };
     const int f16 = kv_type == BL_KV_F16, q8 = kv_type == BL_KV_Q8_0;
     const size_t rb = bl_kv_row_bytes(head_dim, kv_type);
-    float m[BL_ATT_MAXQ], l[BL_ATT_MAXQ];
-    int tiles = 0, first = 1 << 30;
-    for (int i = 0; i < nq; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0;
-        memset(qs[i].out, 0, sizeof(float) * head_dim);
-        if (qs[i].pos / KT + 1 > tiles) tiles = qs[i].pos / KT + 1;
-        if (qs[i].lo / KT < first) first = qs[i].lo / KT;
-    }
-    for (int j = first; j < tiles; j++) {
-        const size_t kt = (size_t)j * head_dim * KT, vt = (size_t)j * KT * head_dim;
-        const uint8_t *ktile = (const uint8_t *)kc + (size_t)j * KT * rb, *vtile = (const uint8_t *)vc + (size_t)j * KT * rb;
+    bl_attend_walk w;
+    float *m = w.m, *l = w.l;
+    for (bl_attend_begin(&w, qs, nq, head_dim); bl_attend_next(&w, qs, nq);) {
+        const size_t kt = (size_t)w.j * head_dim * KT, vt = (size_t)w.j * KT * head_dim, tb = (size_t)w.j * KT * rb;
+        const uint8_t *ktile = (const uint8_t *)kc + tb, *vtile = (const uint8_t *)vc + tb;
         for (int i = 0; i < nq; i++) {
-            const int pos = qs[i].pos, lo = qs[i].lo;
-            if (pos < j * KT || lo >= (j + 1) * KT) continue;
-            const int k0 = lo > j * KT ? lo - j * KT : 0;
-            const int k1 = pos - j * KT + 1 < KT ? pos - j * KT + 1 : KT;
+            const int k0 = w.r0[i], k1 = w.r1[i];
+            if (k1 <= k0) continue;
             const float *q = qs[i].q;
             float *acc = qs[i].out;
             float s[KT];
@@ -164,10 +156,7 @@ void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const voi
             }
         }
     }
-    for (int i = 0; i < nq; i++) {
-        const float inv = 1.0f / l[i];
-        for (int d = 0; d < head_dim; d++) qs[i].out[d] *= inv;
-    }
+    bl_attend_finish(qs, nq, head_dim, w.l);
 }
 
 /* ggml's quantize_row_q8_0_ref on one block of 32: d = amax / 127, q = roundf(x * (1 / d)); the clamp
