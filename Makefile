@@ -55,7 +55,7 @@ test-asan: setup
 	cp .asan-build/lib/barellm/_native*.so .asan-build/pkg/
 	mkdir -p .asan-build/path && mv .asan-build/pkg .asan-build/path/barellm
 	cd .asan-build && PYTHONMALLOC=malloc LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
-		PYTHONPATH=$$PWD/path ../$(PY) -m pytest -q -p no:cacheprovider --rootdir=.. -c ../pyproject.toml \
+		PYTHONPATH=$$PWD/path $(abspath $(PY)) -m pytest -q -p no:cacheprovider --rootdir=.. -c ../pyproject.toml \
 		$$(ls ../tests/test_kernels*.py ../tests/test_ops.py 2>/dev/null)
 
 bench: build
