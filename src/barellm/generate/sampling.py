@@ -314,8 +314,7 @@ class Sampler:
             vals = np.fromiter(p.logit_bias.values(), np.float32, len(p.logit_bias))
         # a top_k past the vocabulary keeps every token, as the whole vocabulary does (and fits a C int)
         self._native = _native.Sampler(n_vocab, float(p.temperature), min(int(p.top_k), n_vocab), float(p.top_p),
-                                       float(p.min_p),
-                                       float(p.repeat_penalty), float(p.presence_penalty),
+                                       float(p.min_p), float(p.repeat_penalty), float(p.presence_penalty),
                                        float(p.frequency_penalty), ids, vals)
 
     def _window(self, n: int) -> tuple[int, int]:

@@ -100,10 +100,6 @@ class OllamaOptions(_Body):
     tfs_z: Annotated[float | None, _off("tfs_z", (1.0,), "send 1.0")] = None
 
 
-def _no(name: str, what: str, neutral: tuple[Any, ...]) -> Any:
-    return _off(name, neutral, what)
-
-
 class _OllamaGenerate(_Body):
     model: str = Field(min_length=1)
     stream: bool = True
@@ -113,9 +109,9 @@ class _OllamaGenerate(_Body):
     keep_alive: float | Duration | None = Field(
         None, description='how long the model stays loaded after this request: seconds or a duration ("5m"); '
                           '0 unloads it at once, a negative value keeps it loaded (default: the server\'s, 5m)')
-    think: Annotated[bool | str | None, _no("think", "this server has no thinking mode", (False, ""))] = None
-    logprobs: Annotated[bool | None, _no("logprobs", "not on the Ollama routes; /v1 has them", (False,))] = None
-    top_logprobs: Annotated[Int | None, _no("top_logprobs", "not on the Ollama routes; /v1 has them", ())] = None
+    think: Annotated[bool | str | None, _off("think", (False, ""), "this server has no thinking mode")] = None
+    logprobs: Annotated[bool | None, _off("logprobs", (False,), "not on the Ollama routes; /v1 has them")] = None
+    top_logprobs: Annotated[Int | None, _off("top_logprobs", (), "not on the Ollama routes; /v1 has them")] = None
 
     def generation(self, state: Any, kind: str) -> GenerationRequest:
         o = self.options or OllamaOptions()
@@ -155,7 +151,7 @@ class OllamaToolCall(_Body):
 class OllamaMessage(_Body):
     role: Literal["system", "user", "assistant", "tool"] = Field(description="tool: a tool's result")
     content: str = ""
-    images: Annotated[list[Any] | None, _no("images", "this model reads text only", ([],))] = None
+    images: Annotated[list[Any] | None, _off("images", ([],), "this model reads text only")] = None
     tool_calls: list[OllamaToolCall] | None = Field(None, description="an assistant's earlier tool calls")
     tool_name: str | None = Field(None, description="the function a tool message answers")
     thinking: str | None = Field(None, description="accepted and ignored")
@@ -186,9 +182,9 @@ class OllamaGenerateRequest(_OllamaGenerate):
     raw: bool = Field(False, description="true: the prompt as it is, no chat template")
     context: list[Annotated[Int, Field(ge=0)]] | None = Field(
         None, description="token ids an earlier response returned: the conversation so far")
-    suffix: Annotated[str | None, _no("suffix", "no fill-in-the-middle", ("",))] = None
-    template: Annotated[str | None, _no("template", "the model's chat template is used", ("",))] = None
-    images: Annotated[list[Any] | None, _no("images", "this model reads text only", ([],))] = None
+    suffix: Annotated[str | None, _off("suffix", ("",), "no fill-in-the-middle")] = None
+    template: Annotated[str | None, _off("template", ("",), "the model's chat template is used")] = None
+    images: Annotated[list[Any] | None, _off("images", ([],), "this model reads text only")] = None
 
 
 class OllamaShowRequest(_Body):
