@@ -6,7 +6,8 @@
 
 The engine figure is single-token forwards per second; "model.complete, decode" is (tokens - 1) / the
 Completion's decode seconds (the first token comes with the prompt); the others are generated tokens / a
-whole call's wall time, so prompt processing and, for the server, HTTP and JSON count against them. The
+whole call's wall time, so prompt processing and, for the server, HTTP and JSON count against them;
+"serve, streamed, decode" is the rate the client sees between the first token's chunk and the last's. The
 median of the repetitions is printed, as a fraction of the engine's; then the server's per-token time
 breakdown from /metrics.
 """
@@ -50,25 +51,47 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_tps(url: str, n: int, seed: int, stream: bool) -> float:
-    import httpx
-
+def server_tps(client, url: str, n: int, seed: int, stream: bool) -> tuple[float, float]:
+    """Generated tokens / the call's wall time, and, streamed, the decode rate the client sees: (tokens - 1) /
+    the time from the first token's chunk to the last's (the non-streamed call gives no such times: nan)."""
     body = {"prompt": PROMPT, "max_tokens": n, "seed": seed, "stream": stream, **SAMPLING}
     if stream:
         body["stream_options"] = {"include_usage": True}
     t0 = time.perf_counter()
     tokens = 0
-    with httpx.Client(timeout=600) as c:
-        if stream:
-            with c.stream("POST", f"{url}/v1/completions", json=body) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: {"):
-                        chunk = json.loads(line[6:])
-                        if chunk.get("usage"):
-                            tokens = chunk["usage"]["completion_tokens"]
-        else:
-            tokens = c.post(f"{url}/v1/completions", json=body).json()["usage"]["completion_tokens"]
-    return tokens / (time.perf_counter() - t0)
+    first = last = float("nan")
+    if stream:
+        with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    if chunk.get("usage"):
+                        tokens = chunk["usage"]["completion_tokens"]
+                    elif chunk["choices"] and chunk["choices"][0].get("text"):
+                        last = time.perf_counter()
+                        if first != first:
+                            first = last
+    else:
+        tokens = client.post(f"{url}/v1/completions", json=body).json()["usage"]["completion_tokens"]
+    whole = tokens / (time.perf_counter() - t0)
+    return whole, (tokens - 1) / (last - first) if stream else float("nan")
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", args.model, "-t", str(args.threads),
+                             "--context", "1024", "--slots", "1", "--port", str(port), "--log-level", "warning"])
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+        if proc.poll() is not None:
+            raise SystemExit("the server did not start")
 
 
 def main() -> int:
@@ -83,54 +106,52 @@ def main() -> int:
     import barellm
 
     model = barellm.load(args.model, threads=args.threads, context=1024)
-    rows: dict[str, list[float]] = {"engine tg": [], "model.complete, decode": [], "model.complete, whole call": []}
-    engine_tg(model, 16)
-    complete_tps(model, 16, 0)
-    for r in range(args.repetitions):
-        rows["engine tg"].append(engine_tg(model, args.tokens))
-        decode, whole = complete_tps(model, args.tokens, r + 1)
-        rows["model.complete, decode"].append(decode)
-        rows["model.complete, whole call"].append(whole)
-    del model
+    proc = client = None
+    lines: list[str] = []
     if not args.no_server:
         import httpx
 
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", args.model, "-t", str(args.threads),
-                                 "--context", "1024", "--slots", "1", "--port", str(port), "--log-level", "warning"])
-        try:
-            while True:
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
-                if proc.poll() is not None:
-                    print("the server did not start", file=sys.stderr)
-                    return 1
-            server_tps(url, 16, 0, False)
-            rows["serve, whole"] = []
-            rows["serve, streamed"] = []
-            for r in range(args.repetitions):
-                rows["serve, whole"].append(server_tps(url, args.tokens, r + 1, False))
-                rows["serve, streamed"].append(server_tps(url, args.tokens, r + 1, True))
+        proc, url = start_server(args)   # idle while the in-process figures run: its workers sleep
+        # one client for every call, as an application keeps one: building an httpx.Client (its TLS
+        # context) costs ~15 ms, a tenth of a 128-token call, and is no part of the server
+        client = httpx.Client(timeout=600)
+    # every round measures each way once, one after the other, so that the machine's drift (a shared VM's
+    # memory bandwidth moves by tens of percent within minutes) falls on all of them alike; the ratios
+    # are taken within a round
+    rows: dict[str, list[float]] = {}
+    engine_tg(model, 16)
+    complete_tps(model, 16, 0)
+    if client is not None:
+        server_tps(client, url, 16, 0, False)
+    try:
+        for r in range(args.repetitions):
+            got = {"engine tg": engine_tg(model, args.tokens)}
+            got["model.complete, decode"], got["model.complete, whole call"] = complete_tps(model, args.tokens, r + 1)
+            if client is not None:
+                got["serve, whole"] = server_tps(client, url, args.tokens, r + 1, False)[0]
+                got["serve, streamed"], got["serve, streamed, decode"] = server_tps(client, url, args.tokens, r + 1,
+                                                                                    True)
+            for name, v in got.items():
+                rows.setdefault(name, []).append(v)
+                rows.setdefault(name + " /", []).append(v / got["engine tg"])
+        if client is not None:
             try:
-                metrics = httpx.get(f"{url}/metrics", timeout=10).text
+                metrics = client.get(f"{url}/metrics", timeout=10).text
                 lines = [ln for ln in metrics.splitlines() if ln.startswith("barellm_token_phase_ms_per_token")]
             except httpx.HTTPError:
-                lines = []
-        finally:
+                pass
+    finally:
+        if client is not None:
+            client.close()
+        if proc is not None:
             proc.terminate()
             proc.wait(30)
-    else:
-        lines = []
-    base = statistics.median(rows["engine tg"])
-    print(f"| {args.model}, {args.threads} threads, {args.tokens} tokens | tok/s (median) | of engine tg |")
+    print(f"| {args.model}, {args.threads} threads, {args.tokens} tokens, {args.repetitions} rounds "
+          "| tok/s (median) | of engine tg (median of the rounds' ratios) |")
     print("|---|---:|---:|")
     for name, xs in rows.items():
-        m = statistics.median(xs)
-        print(f"| {name} | {m:.1f} | {100 * m / base:.0f} % |")
+        if not name.endswith(" /"):
+            print(f"| {name} | {statistics.median(xs):.1f} | {100 * statistics.median(rows[name + ' /']):.0f} % |")
     if lines:
         print("\nserver per-token breakdown (/metrics):")
         print("\n".join(lines))
