@@ -139,17 +139,21 @@ def test_lookup_follows_the_copy_it_drafts_from() -> None:
 def test_cost_table_measures_interpolates_and_extends() -> None:
     t = CostTable()
     assert t(1) is None
+    t.record(1, 0.050)                              # a count's first call is a cold one: not counted
+    assert t(1) is None and not t.measured(1)
     t.record(1, 0.010)
-    assert t(1) == pytest.approx(0.010)
+    assert t(1) == pytest.approx(0.010) and t.measured(1)
     assert 0.010 < t(4) < 0.020                     # before it is measured: a small share per token (optimistic)
-    t.record(3, 0.014)
-    t.record(8, 0.040)
+    for tokens, seconds in ((3, 0.014), (8, 0.040)):
+        t.record(tokens, 0.5)
+        t.record(tokens, seconds)
     assert t(5) == pytest.approx(0.014 + (0.040 - 0.014) * 2 / 5)
     assert t(10) == pytest.approx(0.040 + (0.040 - 0.014) / 5 * 2)
     t.record(1, 0.020)                              # a running average, not the last figure
     assert 0.010 < t(1) < 0.0116                    # and a slow call counts less than a quick one
     t.record(1, 0.010)
     assert t(1) < 0.0112
+    t.record(6, 0.100)
     t.record(6, 0.100)                              # measured in a slow spell: hopefully, near its neighbours
     assert t.hopeful(6, 1) < 0.020 and t(6) == pytest.approx(0.100)
     assert t.hopeful(2, 1) == pytest.approx(min(t(2), t(1) * 1.1))
@@ -410,6 +414,22 @@ def test_draft_model_greedy_and_sampled_equal_plain(tiny_path: Path, tmp_path: P
                 if right and kw["temperature"] == 0 and b.timings.drafted:
                     assert b.timings.accepted == b.timings.drafted
                 _check_draft_slots(spec.speculator.draft_model)
+
+
+def test_new_sequences_start_from_the_drafters_recent_acceptance(tiny_path: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sequence's acceptance starts from what the drafter achieved over the sequences before it (a fixed
+    prior would keep a good draft model off for each new sequence's first tokens)."""
+    same = tmp_path / "same.gguf"
+    shutil.copyfile(tiny_path, same)
+    monkeypatch.setattr(speculative, "choose", lambda cost, base, rates, caps, draft_cost=None:
+                        [min(c, 4) for c in caps])
+    spec = _model(tiny_path, draft=str(same))
+    session = spec.scheduler._spec
+    assert session._priors()[0].rate == pytest.approx(speculative.MODEL_PRIOR)
+    c = spec.complete("the cat", max_tokens=32, temperature=0)
+    assert c.timings.drafted and c.timings.accepted == c.timings.drafted
+    assert session._priors()[0].rate > 0.9
 
 
 def _check_draft_slots(dm: Any) -> None:

@@ -50,7 +50,14 @@ from typing import Any
 import numpy as np
 
 from barellm.generate.generation import Delta, Generation, common_prefix
-from barellm.generate.speculative.control import EXPLORE_EVERY, Acceptance, CostTable, choose, costs_of
+from barellm.generate.speculative.control import (
+    EXPLORE_EVERY,
+    LATELY_DECAY,
+    Acceptance,
+    CostTable,
+    choose,
+    costs_of,
+)
 from barellm.generate.speculative.draft_model import DraftModel, check_draft_model, check_vocabulary
 from barellm.generate.speculative.lookup import Lookup
 
@@ -61,6 +68,10 @@ LOOKUP_MAX = 12          # tokens prompt lookup drafts at most in one step
 MODEL_MAX = 8            # tokens a draft model drafts at most in one step
 LOOKUP_PRIORS = {1: 0.2, 2: 0.35, 3: 0.5}   # acceptance before any evidence, by match length (3: three or more)
 MODEL_PRIOR = 0.7        # a draft model of the same family agrees this often, before any evidence
+# A new sequence starts from what its drafter achieved lately over every sequence (which drifts back to the
+# priors above while nothing is drafted): with a fixed prior of 0.7 a 0.5B draft for the 1.5B looked not
+# worth its cost to every new sequence, which then drafted nothing for its first ~40 tokens (until an
+# exploring step tried), though the drafts of the sequences before had been 95% right.
 STEADY_LAG = 2           # tokens a draft slot is behind between two drafts (the rest is a catch-up)
 
 
@@ -106,6 +117,8 @@ class Speculation:
         self.draft_model = owner.draft_model
         self._seqs: dict[int, _Seq] = {}
         self._plans = 0
+        priors = LOOKUP_PRIORS if self.draft_model is None else {0: MODEL_PRIOR}
+        self._lately = {b: Acceptance(p, LATELY_DECAY) for b, p in priors.items()}   # over every sequence
 
     # --- the three calls of a token loop -----------------------------------------------------
 
@@ -122,7 +135,7 @@ class Speculation:
         if others or not any(states) or not self.costs.measured(base):
             for st in states:
                 if st is not None and st.lookup is None:
-                    st.acceptance[0].idle()
+                    self._idle(st)
             return feeds
         self._plans += 1
         rates, caps, proposals = [], [], []
@@ -158,7 +171,7 @@ class Speculation:
                     if k > 0:
                         st.draft = next(drafted)
                     else:
-                        st.acceptance[0].idle()
+                        self._idle(st)
         else:
             for st, k, prop in zip(states, ks, proposals, strict=True):
                 if st is None:
@@ -203,7 +216,7 @@ class Speculation:
         new = gen.generated[n0:]
         accepted = common_prefix(new, draft)
         rejected = 0 if gen.done or accepted == len(draft) else 1
-        st.acceptance[st.bucket].observe(accepted, rejected)
+        self._observe(st, st.bucket, accepted, rejected)
         t = gen.timings
         t.drafted += len(draft)
         t.accepted += accepted
@@ -222,10 +235,9 @@ class Speculation:
             tokens = gen.prompt + gen.generated
             if self.draft_model is None:
                 lookup = Lookup(tokens)
-                st = _Seq(gen, lookup.tokens, lookup, {b: Acceptance(p) for b, p in LOOKUP_PRIORS.items()},
-                          len(gen.generated))
+                st = _Seq(gen, lookup.tokens, lookup, self._priors(), len(gen.generated))
             else:
-                st = _Seq(gen, tokens, None, {0: Acceptance(MODEL_PRIOR)}, len(gen.generated))
+                st = _Seq(gen, tokens, None, self._priors(), len(gen.generated))
             self._seqs[slot] = st
             return st
         new = gen.generated[st.seen:]
@@ -237,15 +249,28 @@ class Speculation:
                     matched += 1
                     st.shadow = (prop, bucket, matched) if matched < len(prop) else None
                     if matched == len(prop):
-                        st.acceptance[bucket].observe(matched, 0)
+                        self._observe(st, bucket, matched, 0)
                 else:
-                    st.acceptance[bucket].observe(matched, 1)
+                    self._observe(st, bucket, matched, 1)
                     st.shadow = None
             if st.lookup is not None:
                 st.lookup.append(t)
             else:
                 st.tokens.append(t)
         return st
+
+    def _priors(self) -> dict[int, Acceptance]:
+        """A new sequence's acceptance by bucket: what the drafter achieved lately."""
+        return {b: Acceptance(a.rate) for b, a in self._lately.items()}
+
+    def _observe(self, st: _Seq, bucket: int, accepted: int, rejected: int) -> None:
+        st.acceptance[bucket].observe(accepted, rejected)
+        self._lately[bucket].observe(accepted, rejected)
+
+    def _idle(self, st: _Seq) -> None:
+        """A draft model's sequence that drafted nothing this step."""
+        st.acceptance[0].idle()
+        self._lately[0].idle()
 
     def _finish(self, slot: int, st: _Seq | None) -> None:
         if st is not None and st.gen.done and self._seqs.get(slot) is st:

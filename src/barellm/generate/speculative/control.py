@@ -26,14 +26,16 @@ PRIOR_SLOPE = 0.1      # before a T-token call is measured: each token past the 
 EMA_DOWN = 0.3         # weight of a new measurement below a cost's running average
 EMA_UP = 0.15          # and above it: on a shared machine the noise is mostly other work slowing a call down
 DECAY = 0.8            # weight of a sequence's earlier acceptance against a new observation
+LATELY_DECAY = 0.95    # the same for a drafter's acceptance over every sequence (a new sequence's prior)
 IDLE_DECAY = 0.97      # per step without drafting, a draft model's acceptance drifts back to its prior
 MARGIN = 0.03          # drafting must promise this much more than plain decoding (timing noise)
-EXPLORE_EVERY = 128    # every this many plans, the costs are taken at their most hopeful (see Speculation.plan)
+EXPLORE_EVERY = 16     # every this many plans, the costs are taken at their most hopeful (see Speculation.plan)
 MAX_STEP_DRAFTS = 32   # drafted tokens in one step, all sequences together
 
 
 class CostTable:
-    """Seconds an engine call takes by the tokens it feeds: running averages of the calls measured, and for
+    """Seconds an engine call takes by the tokens it feeds: running averages of the calls measured (from each
+    count's second call: the first is a cold one), and for
     a count never measured an estimate from its neighbours (interpolated; beyond the largest, extended by
     the last measured slope, which errs low, so a longer call gets tried and measured rather than assumed
     slow). The average follows a faster call more readily than a slower one: a call slowed by a page fault
@@ -42,12 +44,19 @@ class CostTable:
     def __init__(self) -> None:
         self._avg: dict[int, float] = {}
         self._keys: list[int] = []
+        self._cold: set[int] = set()   # counts called once (not measured yet)
 
     def record(self, tokens: int, seconds: float) -> None:
         if tokens < 1 or not seconds > 0:
             return
         old = self._avg.get(tokens)
         if old is None:
+            # a count's first call is a cold one (a kernel path's first run: its scratch allocated, its code and
+            # buffers first touched; a draft model's weights faulted in), up to 2-3 times a warm one, and a
+            # count judged dear on such a call would not be tried again: it is not counted
+            if tokens not in self._cold:
+                self._cold.add(tokens)
+                return
             self._avg[tokens] = seconds
             self._keys = sorted(self._avg)
         else:
@@ -112,16 +121,17 @@ class Acceptance:
     each decayed by DECAY per observation, on top of a prior worth two observations' tokens. The rate is
     the chance that the next drafted token is accepted given the ones before it were."""
 
-    __slots__ = ("accepted", "rejected", "prior")
+    __slots__ = ("accepted", "rejected", "prior", "decay")
 
-    def __init__(self, prior: float) -> None:
+    def __init__(self, prior: float, decay: float = DECAY) -> None:
         self.prior = prior
+        self.decay = decay
         self.accepted = 2 * prior
         self.rejected = 2 * (1 - prior)
 
     def observe(self, accepted: int, rejected: int) -> None:
-        self.accepted = DECAY * self.accepted + accepted
-        self.rejected = DECAY * self.rejected + rejected
+        self.accepted = self.decay * self.accepted + accepted
+        self.rejected = self.decay * self.rejected + rejected
 
     def idle(self) -> None:
         """A step without drafting: the estimate drifts back towards the prior (so drafting is tried again)."""
