@@ -436,3 +436,23 @@ def test_rope_tables_filled_in_two_pieces_hold_what_one_fill_holds(model, prompt
     assert lazy._rope_filled == 2048
     for base, table in at_once._rope_cs.items():
         assert np.array_equal(lazy._rope_cs[base], table)
+
+
+def test_logit_rows_give_the_first_columns_bit_for_bit(model, engines, prompt):
+    """An engine computing only the vocabulary's first rows (a draft model's) returns exactly those columns of
+    the full logits, in every call; its rows are whole groups of 16; fewer than 16 is refused."""
+    cfg, src = model
+    full = engines(threads=2)
+    part = NativeEngine(cfg, src, n_ctx=N_CTX, threads=2, adaptive_threads=False, logit_rows=1000)
+    assert part.n_logits == 992 and part.n_vocab == cfg.n_vocab
+    a = full.forward(prompt, 0, all_logits=True)
+    b = part.forward(prompt, 0, all_logits=True)
+    assert b.shape == (len(prompt), 992) and np.array_equal(a[:, :992], b)
+    seqs = [(0, prompt[:5], 0), (0, prompt[5:9], 5)]
+    assert np.array_equal(full.forward_batch(seqs[:1])[:, :992], part.forward_batch(seqs[:1]))
+    a = full.forward_batch(seqs[1:], [3])
+    b = part.forward_batch(seqs[1:], [3])
+    assert b.shape == (3, 992) and np.array_equal(a[:, :992], b)
+    assert NativeEngine(cfg, src, n_ctx=N_CTX, threads=1, logit_rows=10**9).n_logits == cfg.n_vocab
+    with pytest.raises(InvalidRequest, match="logit_rows"):
+        NativeEngine(cfg, src, n_ctx=N_CTX, threads=1, logit_rows=8)

@@ -37,6 +37,7 @@ from barellm.errors import FormatError, InvalidRequest
 from barellm.formats.kernels import (
     ACTIVATIONS,
     matrix_act,
+    matrix_bytes,
 )
 from barellm.formats.quant import q8_0_join, q8_0_keys_join
 from barellm.runtime.debug import EngineDebug
@@ -107,7 +108,11 @@ class NativeEngine(EngineWeights, EngineDebug):
 
     def __init__(self, cfg: ModelConfig, source: Any, n_ctx: int | None = None, threads: int | None = None,
                  n_slots: int = 1, chunk: int = 64, pin: bool = False, kv_type: str = "f16",
-                 adaptive_threads: bool = True, activations: str = "q8x2") -> None:
+                 adaptive_threads: bool = True, activations: str = "q8x2", logit_rows: int | None = None) -> None:
+        """logit_rows: compute the logits of the vocabulary's first logit_rows tokens only (a prefix of the output
+        matrix's rows, whole groups of 16; the calls return that many columns). For a draft model: its output
+        matrix is a large share of what a token reads (Qwen2.5-0.5B's: 30%), and byte-pair vocabularies number
+        their tokens roughly by frequency."""
         check_kv_type(kv_type, cfg)
         check_tensors(cfg, source.tensors)
         reason = unsupported_reason(cfg, source)
@@ -118,6 +123,9 @@ class NativeEngine(EngineWeights, EngineDebug):
         self.cfg = cfg
         self.n_ctx = int(n_ctx or cfg.context_length)
         self.n_vocab = cfg.n_vocab
+        if logit_rows is not None and not 16 <= int(logit_rows):
+            raise InvalidRequest(f"logit_rows must be at least 16, got {logit_rows}")
+        self.n_logits = cfg.n_vocab if logit_rows is None or logit_rows >= cfg.n_vocab else int(logit_rows) // 16 * 16
         self.n_slots = int(n_slots)
         self.chunk = int(chunk)
         self.threads = int(threads or default_threads())
@@ -262,6 +270,10 @@ class NativeEngine(EngineWeights, EngineDebug):
                 d.update(out=self._spec(op.out), out_stride=self._stride(op.out))
         elif isinstance(op, MatMul):
             parts = [(*p, matrix_act(p[0], self.activations)) for p in self._matrix(op.matrices)]
+            if op.out == "logits" and self.n_logits < self.n_vocab:   # the first rows: a prefix of the bytes
+                (type_id, layout, _, cols, data, act), = parts
+                parts = [(type_id, layout, self.n_logits, cols,
+                          data[:matrix_bytes(type_id, layout, self.n_logits, cols)], act)]
             bias = self._bias(op.bias) if op.bias else None
             qjobs, qmap, pspecs = [], {}, []
             col = 0
@@ -330,7 +342,7 @@ class NativeEngine(EngineWeights, EngineDebug):
     def _forward(self, tokens, start, all_logits, slot, out, step) -> np.ndarray:
         ids = self._check(tokens, start, slot)
         n = len(ids)
-        shape = (n if all_logits else 1, self.n_vocab)
+        shape = (n if all_logits else 1, self.n_logits)
         if out is None:
             out = np.empty(shape, np.float32)
         elif out.shape != shape or out.dtype != np.float32:
@@ -356,9 +368,9 @@ class NativeEngine(EngineWeights, EngineDebug):
             else:
                 step(T, n_out)
             if all_logits:
-                out[c0:c1] = logits[:T, :self.n_vocab]
+                out[c0:c1] = logits[:T, :self.n_logits]
             elif n_out:
-                out[0] = logits[0, :self.n_vocab]
+                out[0] = logits[0, :self.n_logits]
         return out
 
     def _run_plan(self, *args: int) -> None:
@@ -387,7 +399,7 @@ class NativeEngine(EngineWeights, EngineDebug):
             n_out = sum(tails)
             dest[np.concatenate([np.arange(e - t, e) for e, t in zip(ends.tolist(), tails, strict=True)])] = \
                 np.arange(n_out)
-        out = np.empty((n_out, self.n_vocab), np.float32)
+        out = np.empty((n_out, self.n_logits), np.float32)
         self._run_rows(tok, pos, slot, dest, len(self.ops), self._bufs["logits"], out)
         return out
 

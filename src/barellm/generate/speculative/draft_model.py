@@ -76,7 +76,8 @@ class DraftModel:
         self._agreed: list[tuple[Any, Any, int]] = [(None, None, 0)] * target.slots
         self.costs = CostTable()
         # the bytes a decoded token reads, against the target's: what a draft call costs before it is measured
-        self.weight_ratio = _weight_bytes(source) / max(1, _weight_bytes(target.source))
+        self.weight_ratio = (_weight_bytes(source, getattr(engine, "n_logits", 1) / getattr(engine, "n_vocab", 1))
+                             / max(1, _weight_bytes(target.source)))
         self._lock = threading.Lock()
 
     def lag(self, slot: int, tokens: Sequence[int]) -> int:
@@ -159,10 +160,10 @@ def _confident(row: np.ndarray) -> int | None:
     return top if 1.0 / float(np.exp(z, dtype=np.float32).sum(dtype=np.float64)) >= CONFIDENCE else None
 
 
-def _weight_bytes(source: Any) -> int:
+def _weight_bytes(source: Any, logits: float = 1.0) -> int:
     """Bytes of weights a decoded token reads: the layers, the final norm and the output matrix (the
-    embedding table when it is tied); the embedding lookup reads one row."""
+    embedding table when it is tied; `logits` of its rows); the embedding lookup reads one row."""
     t = source.tensors
     total = sum(int(v.nbytes) for k, v in t.items() if k.startswith("blk.") or k == "output_norm.weight")
     out = t.get("output.weight", t.get("token_embd.weight"))
-    return total + (int(out.nbytes) if out is not None else 0) or 1
+    return total + (int(out.nbytes * logits) if out is not None else 0) or 1
