@@ -126,19 +126,21 @@ AI void q45k_scales16(const uint8_t *sa, const uint8_t *sb, float *sc, float *m)
     }
 }
 
-/* the values of sub-block j, granule jj of unit u's groups (at ua, ub): Q4_K's nibbles, or Q5_K's with the
- * fifth bit from qh */
-AI __m512i q45k_values(const int five, const uint8_t *ua, const uint8_t *ub, const int j, const int jj) {
+/* the values of sub-blocks j and j + 1 (j even), granule jj of a unit's groups (at ua, ub): the low and high
+ * nibbles of the same bytes (Q4_K), with Q5_K's fifth bits from qh (bits j and j + 1 of its granule jj) */
+AI void q45k_values(const int five, const uint8_t *ua, const uint8_t *ub, const int j, const int jj, __m512i *lo,
+                    __m512i *hi) {
     const kq_fields8 F = five ? KQ_Q5_K : KQ_Q4_K;
     const size_t q = F.q + 256 * (size_t)(j / 2) + 32 * (size_t)jj;
     const __m512i v = pair32(ua + q, ub ? ub + q : NULL), m4 = _mm512_set1_epi8(15);
-    __m512i x = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, m4);
-    if (five) { /* bit j of qh granule jj: sub-block j's fifth bits */
+    *lo = _mm512_and_si512(v, m4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    if (five) {
         const __m512i h = pair32(ua + F.qh + 32 * (size_t)jj, ub ? ub + F.qh + 32 * (size_t)jj : NULL);
-        x = _mm512_mask_add_epi8(x, _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << j))), x,
-                                 _mm512_set1_epi8(16));
+        const __m512i sixteen = _mm512_set1_epi8(16);
+        *lo = _mm512_mask_add_epi8(*lo, _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << j))), *lo, sixteen);
+        *hi = _mm512_mask_add_epi8(*hi, _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(2 << j))), *hi, sixteen);
     }
-    return x;
 }
 
 /* Q4_K, or Q5_K (five = 1): a unit's scales (and with vals its values) into the scratch at o */
@@ -148,22 +150,24 @@ AI void unit_q45k(const uint8_t *ua, const uint8_t *ub, uint8_t *o, const int fi
     _mm512_store_ps((float *)(void *)(o + Q4K_D), f16x16(ua + F.d, ub ? ub + F.d : NULL));
     _mm512_store_ps((float *)(void *)(o + Q4K_DMIN), f16x16(ua + F.d + 16, ub ? ub + F.d + 16 : NULL));
     if (vals)
-        for (int j = 0; j < 8; j++)
-            for (int jj = 0; jj < 8; jj++)
-                _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * j + jj)), q45k_values(five, ua, ub, j, jj));
+        for (int j = 0; j < 8; j += 2)
+            for (int jj = 0; jj < 8; jj++) {
+                __m512i lo, hi;
+                q45k_values(five, ua, ub, j, jj, &lo, &hi);
+                _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * j + jj)), lo);
+                _mm512_store_si512((void *)(o + Q4K_VALS + 64 * (8 * (j + 1) + jj)), hi);
+            }
 }
 
-/* Sub-block j (block b of the row) of a unit into pu: its 8 granules' dots, times its scale. w: the values come
- * from the weights at ua, ub (the few-token path), not from the scratch su; a constant, as n and five. */
-AI void block_q45k(const int n, const int five, const int w, const uint8_t *ua, const uint8_t *ub, const uint8_t *su,
-                   const tile_tokens *X, const int b, const int j, __m512 *pu) {
+/* Sub-block j (block b of the row) of a unit into pu: its 8 granules' dots, times its scale; the values from the
+ * scratch su (the prefill path; the few-token path takes two sub-blocks at once: block_pair_q45k). */
+AI void block_q45k(const int n, const uint8_t *su, const tile_tokens *X, const int b, const int j, __m512 *pu) {
     __m512i dot[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < n; t++) dot[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int jj = 0; jj < 8; jj++) {
-        const __m512i v = w ? q45k_values(five, ua, ub, j, jj)
-                             : _mm512_load_si512((const void *)(su + Q4K_VALS + 64 * (8 * j + jj)));
+        const __m512i v = _mm512_load_si512((const void *)(su + Q4K_VALS + 64 * (8 * j + jj)));
 #pragma GCC unroll 8
         for (int t = 0; t < n; t++) dot[t] = _mm512_dpbusd_epi32(dot[t], v, bcast(X->q[t] + (size_t)b * 32 + 4 * jj));
     }
@@ -171,6 +175,35 @@ AI void block_q45k(const int n, const int five, const int w, const uint8_t *ua, 
 #pragma GCC unroll 8
     for (int t = 0; t < n; t++)
         pu[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[t]), sc), _mm512_set1_ps(X->d[t][b]), pu[t]);
+}
+
+/* Sub-blocks j and j + 1 (j even; blocks b, b + 1) of a unit into pu, values from the weights at ua, ub: the two
+ * sub-blocks are the low and high nibbles of the same bytes, so each granule's bytes (and Q5_K's fifth bits) are
+ * loaded once for both; the dots and the float work are block_q45k's, j's before j + 1's (the same bits). The
+ * few-token path's: with values unpacked as they are loaded, the loads and lane inserts are as much of the work
+ * as the multiply-adds (at 2-8 tokens, 1.5B shapes on Zen 5: 10-25% faster than one sub-block at a time). */
+AI void block_pair_q45k(const int n, const int five, const uint8_t *ua, const uint8_t *ub, const uint8_t *su,
+                        const tile_tokens *X, const int b, const int j, __m512 *pu) {
+    __m512i lo[NT], hi[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < n; t++) lo[t] = hi[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int jj = 0; jj < 8; jj++) {
+        __m512i xl, xh;
+        q45k_values(five, ua, ub, j, jj, &xl, &xh);
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) {
+            lo[t] = _mm512_dpbusd_epi32(lo[t], xl, bcast(X->q[t] + (size_t)b * 32 + 4 * jj));
+            hi[t] = _mm512_dpbusd_epi32(hi[t], xh, bcast(X->q[t] + (size_t)(b + 1) * 32 + 4 * jj));
+        }
+    }
+    const __m512 sl = _mm512_load_ps((const float *)(const void *)(su + Q4K_SC + 64 * j));
+    const __m512 sh = _mm512_load_ps((const float *)(const void *)(su + Q4K_SC + 64 * (j + 1)));
+#pragma GCC unroll 8
+    for (int t = 0; t < n; t++) {
+        pu[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(lo[t]), sl), _mm512_set1_ps(X->d[t][b]), pu[t]);
+        pu[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(hi[t]), sh), _mm512_set1_ps(X->d[t][b + 1]), pu[t]);
+    }
 }
 
 /* ---- Q5_0 ---- */
@@ -362,10 +395,15 @@ AI void units_chain(const int n, const int kind, const int w, const tile_args *L
         __m512 pu[NT];
 #pragma GCC unroll 8
         for (int t = 0; t < n; t++) pu[t] = _mm512_setzero_ps();
+        if (!six && w) {
 #pragma GCC unroll 1
-        for (int j = 0; j < 8; j++) {
-            if (six) block_q36k(n, kind == 3 ? 2 : 5, w, ua, ub, su, L, X, 8 * u + j, j, pu);
-            else block_q45k(n, kind == 5, w, ua, ub, su, X, 8 * u + j, j, pu);
+            for (int j = 0; j < 8; j += 2) block_pair_q45k(n, kind == 5, ua, ub, su, X, 8 * u + j, j, pu);
+        } else {
+#pragma GCC unroll 1
+            for (int j = 0; j < 8; j++) {
+                if (six) block_q36k(n, kind == 3 ? 2 : 5, w, ua, ub, su, L, X, 8 * u + j, j, pu);
+                else block_q45k(n, su, X, 8 * u + j, j, pu);
+            }
         }
         const __m512 dw = _mm512_load_ps((const float *)(const void *)(su + (six ? Q6K_D : Q4K_D)));
 #pragma GCC unroll 8
