@@ -118,7 +118,8 @@ def main() -> int:
     # every round measures each way once, one after the other, so that the machine's drift (a shared VM's
     # memory bandwidth moves by tens of percent within minutes) falls on all of them alike; the ratios
     # are taken within a round
-    rows: dict[str, list[float]] = {}
+    rows: dict[str, list[float]] = {}     # tok/s by way, a figure per round
+    ratios: dict[str, list[float]] = {}   # the same over the round's engine tg
     engine_tg(model, 16)
     complete_tps(model, 16, 0)
     if client is not None:
@@ -133,7 +134,7 @@ def main() -> int:
                                                                                     True)
             for name, v in got.items():
                 rows.setdefault(name, []).append(v)
-                rows.setdefault(name + " /", []).append(v / got["engine tg"])
+                ratios.setdefault(name, []).append(v / got["engine tg"])
         if client is not None:
             try:
                 metrics = client.get(f"{url}/metrics", timeout=10).text
@@ -150,8 +151,7 @@ def main() -> int:
           "| tok/s (median) | of engine tg (median of the rounds' ratios) |")
     print("|---|---:|---:|")
     for name, xs in rows.items():
-        if not name.endswith(" /"):
-            print(f"| {name} | {statistics.median(xs):.1f} | {100 * statistics.median(rows[name + ' /']):.0f} % |")
+        print(f"| {name} | {statistics.median(xs):.1f} | {100 * statistics.median(ratios[name]):.0f} % |")
     if lines:
         print("\nserver per-token breakdown (/metrics):")
         print("\n".join(lines))

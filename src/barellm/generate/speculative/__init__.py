@@ -68,10 +68,6 @@ LOOKUP_MAX = 12          # tokens prompt lookup drafts at most in one step
 MODEL_MAX = 8            # tokens a draft model drafts at most in one step
 LOOKUP_PRIORS = {1: 0.2, 2: 0.35, 3: 0.5}   # acceptance before any evidence, by match length (3: three or more)
 MODEL_PRIOR = 0.7        # a draft model of the same family agrees this often, before any evidence
-# A new sequence starts from what its drafter achieved lately over every sequence (which drifts back to the
-# priors above while nothing is drafted): with a fixed prior of 0.7 a 0.5B draft for the 1.5B looked not
-# worth its cost to every new sequence, which then drafted nothing for its first ~40 tokens (until an
-# exploring step tried), though the drafts of the sequences before had been 95% right.
 STEADY_LAG = 2           # tokens a draft slot is behind between two drafts (the rest is a catch-up)
 
 
@@ -117,8 +113,12 @@ class Speculation:
         self.draft_model = owner.draft_model
         self._seqs: dict[int, _Seq] = {}
         self._plans = 0
+        # the drafter's acceptance over every sequence, which a new sequence starts from (drifting back to the
+        # fixed priors while nothing is drafted): from a fixed 0.7, a 0.5B draft for the 1.5B looked not worth
+        # its cost to each new sequence, which drafted nothing for its first ~40 tokens though the sequences
+        # before had accepted 95%
         priors = LOOKUP_PRIORS if self.draft_model is None else {0: MODEL_PRIOR}
-        self._lately = {b: Acceptance(p, LATELY_DECAY) for b, p in priors.items()}   # over every sequence
+        self._lately = {b: Acceptance(p, LATELY_DECAY) for b, p in priors.items()}
 
     # --- the three calls of a token loop -----------------------------------------------------
 
@@ -233,11 +233,9 @@ class Speculation:
         st = self._seqs.get(slot)
         if st is None or st.gen is not gen:
             tokens = gen.prompt + gen.generated
-            if self.draft_model is None:
-                lookup = Lookup(tokens)
-                st = _Seq(gen, lookup.tokens, lookup, self._priors(), len(gen.generated))
-            else:
-                st = _Seq(gen, tokens, None, self._priors(), len(gen.generated))
+            lookup = Lookup(tokens) if self.draft_model is None else None
+            st = _Seq(gen, lookup.tokens if lookup is not None else tokens, lookup, self._priors(),
+                      len(gen.generated))
             self._seqs[slot] = st
             return st
         new = gen.generated[st.seen:]

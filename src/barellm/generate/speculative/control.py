@@ -35,11 +35,11 @@ MAX_STEP_DRAFTS = 32   # drafted tokens in one step, all sequences together
 
 class CostTable:
     """Seconds an engine call takes by the tokens it feeds: running averages of the calls measured (from each
-    count's second call: the first is a cold one), and for
-    a count never measured an estimate from its neighbours (interpolated; beyond the largest, extended by
-    the last measured slope, which errs low, so a longer call gets tried and measured rather than assumed
-    slow). The average follows a faster call more readily than a slower one: a call slowed by a page fault
-    or by other work on the machine says less about the engine than a quick one."""
+    count's second call: the first is a cold one), and for a count never measured an estimate from its
+    neighbours (interpolated; beyond the largest, extended by the last measured slope, which errs low, so a
+    longer call gets tried and measured rather than assumed slow). The average follows a faster call more
+    readily than a slower one: a call slowed by a page fault or by other work on the machine says less about
+    the engine than a quick one."""
 
     def __init__(self) -> None:
         self._avg: dict[int, float] = {}

@@ -76,7 +76,7 @@ class DraftModel:
         self._agreed: list[tuple[Any, Any, int]] = [(None, None, 0)] * target.slots
         self.costs = CostTable()
         # the bytes a decoded token reads, against the target's: what a draft call costs before it is measured
-        self.weight_ratio = (_weight_bytes(source, getattr(engine, "n_logits", 1) / getattr(engine, "n_vocab", 1))
+        self.weight_ratio = (_weight_bytes(source, engine.n_logits / engine.n_vocab)
                              / max(1, _weight_bytes(target.source)))
         self._lock = threading.Lock()
 
