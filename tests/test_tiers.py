@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 from engine_support import load_config, open_source
-from kernel_tiers import ALL, PRESENT, using
+from kernel_tiers import ALL, EMULATED, PRESENT, RUN, using
 
 from barellm import _native as nat
 
-SIMD = [t for t in PRESENT if t != "scalar"]
+SIMD = [t for t in RUN if t != "scalar"]  # the emulated amx kernels too: their bits are every tier's
 
 
 def test_tiers_are_a_prefix_of_the_order():
@@ -33,6 +33,38 @@ def test_cap_resolves_every_entry_at_or_under_it(cap):
     assert all(ALL.index(s) <= ALL.index(got) for s in sources.values()), sources
     if got == "scalar":
         assert set(sources.values()) == {"scalar"}
+
+
+@pytest.mark.skipif(not EMULATED, reason="no tile emulation on this CPU (not x86-64)")
+def test_amx_emulated_lays_the_amx_kernels_over_the_best_tier_to_avx512():
+    """The emulated amx kernels (tests only) fill the amx tier's matmul entries over what this CPU runs up to
+    avx512; set_isa to a tier ends it, and the BARELLM_ISA names never reach it."""
+    best = max((t for t in PRESENT if t != "amx"), key=ALL.index)
+    with using("amx-emulated"):
+        assert nat.cpu_info()["isa"] == "amx-emulated"
+        sources = nat.kernel_sources()
+    for t in ("q4_0", "q4_1", "q5_0", "q8_0", "q3_k", "q4_k", "q5_k", "q6_k"):
+        assert sources[f"matmul {t} interleave8"] == "amx"
+    others = {k: v for k, v in sources.items() if not k.endswith("interleave8")}
+    assert max(others.values(), key=ALL.index) == best
+    assert nat.cpu_info()["isa"] != "amx-emulated"
+    env = dict(os.environ, BARELLM_ISA="amx-emulated")
+    r = subprocess.run([sys.executable, "-m", "barellm.cli", "info"], env=env, capture_output=True, text=True)
+    assert r.returncode == 1 and "is not a kernel tier" in r.stderr
+
+
+def test_amx_min_tokens_is_set_and_checked():
+    before = nat.amx_min_tokens()
+    assert before >= 1
+    assert nat.amx_min_tokens(7) == before and nat.amx_min_tokens() == 7
+    nat.amx_min_tokens(before)
+    env = dict(os.environ, BARELLM_AMX_MIN_TOKENS="0")
+    r = subprocess.run([sys.executable, "-m", "barellm.cli", "info"], env=env, capture_output=True, text=True)
+    assert r.returncode == 1 and "BARELLM_AMX_MIN_TOKENS='0'" in r.stderr and "Traceback" not in r.stderr
+    code = "from barellm import _native as n; print(n.amx_min_tokens())"
+    env["BARELLM_AMX_MIN_TOKENS"] = "48"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "48"
 
 
 def test_unknown_tier_is_refused():

@@ -73,11 +73,15 @@ def check_prefetch_env() -> None:
 
 
 def check_isa_env() -> None:
-    """Refuses a BARELLM_ISA that names no kernel tier (the native core would take it as no cap); set but
-    empty means unset, the best tier the CPU has."""
+    """Refuses a BARELLM_ISA that names no kernel tier (the native core would take it as no cap), and a
+    BARELLM_AMX_MIN_TOKENS that is not a positive count (the core would ignore it); set but empty means unset."""
     want = os.environ.get("BARELLM_ISA")
     if want and want not in TIERS:
         raise InvalidRequest(f"BARELLM_ISA={want!r} is not a kernel tier: expected one of {', '.join(TIERS)}")
+    min_tokens = os.environ.get("BARELLM_AMX_MIN_TOKENS")
+    if min_tokens and not (min_tokens.isdigit() and 0 < int(min_tokens) <= 1 << 20):
+        raise InvalidRequest(f"BARELLM_AMX_MIN_TOKENS={min_tokens!r}: expected the fewest tokens a matmul call "
+                             "runs on the AMX tiles, a whole number from 1")
 
 
 def cpu_info() -> dict[str, object]:

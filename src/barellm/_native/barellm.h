@@ -40,5 +40,9 @@ BL_API enum bl_isa bl_set_isa(enum bl_isa isa); /* caps the tier (tests switch i
                                                    the tier in use: the best offered at or under isa */
 BL_API const char *bl_isa_name(enum bl_isa isa); /* "scalar", "avx2", "avx512", "amx" */
 BL_API int bl_isa_from_name(const char *name);   /* -1: not a tier's name */
+/* Tests only: the best tier up to avx512 with the amx kernels over it, run on the tile emulation (amx/tile.h);
+ * 0 where there is none (not x86-64). bl_set_isa ends it. bl_amx_emulated: whether it is in force. */
+BL_API int bl_set_amx_emulated(void);
+BL_API int bl_amx_emulated(void);
 
 #endif

@@ -17,9 +17,11 @@
 #endif
 
 #include "tier.h"
+#include "amx/amx.h"
 
 static int g_isa = -1;
 static int g_tiers = -1;
+static int g_amx_emulated; /* the amx kernels run on the tile emulation (tests only) */
 
 static const char *const NAMES[BL_ISA_COUNT] = {"scalar", "avx2", "avx512", "amx"};
 
@@ -217,6 +219,8 @@ enum bl_isa bl_isa(void) {
         const char *want = getenv("BARELLM_ISA");
         const int cap = want ? bl_isa_from_name(want) : -1;
         bl_set_isa(cap >= 0 ? (enum bl_isa)cap : (enum bl_isa)(BL_ISA_COUNT - 1));
+        const char *min_tokens = getenv("BARELLM_AMX_MIN_TOKENS");
+        if (min_tokens && atoi(min_tokens) > 0) bl_amx_min_tokens = atoi(min_tokens);
     }
     return (enum bl_isa)g_isa;
 }
@@ -224,6 +228,21 @@ enum bl_isa bl_isa(void) {
 /* the kernels are laid together once per change of tier, not looked up per call */
 enum bl_isa bl_set_isa(enum bl_isa isa) {
     g_isa = (int)best_under((int)isa);
+    g_amx_emulated = 0;
     bl_tiers_resolve(g_isa);
     return (enum bl_isa)g_isa;
 }
+
+int bl_set_amx_emulated(void) {
+#if defined(__x86_64__)
+    if (g_isa < 0) bl_isa();
+    g_isa = (int)best_under(BL_ISA_AVX512);
+    g_amx_emulated = 1;
+    bl_tiers_resolve_amx_emulated(g_isa);
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int bl_amx_emulated(void) { return g_amx_emulated; }

@@ -1,9 +1,14 @@
 /* The Python module barellm._native: collects the method tables of the binding files. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <string.h>
 
 #include "tier.h"
+#include "amx/amx.h"
 #include "py_common.h"
+
+/* The name of the amx kernels on the tile emulation, as set_isa takes it and cpu_info gives it (tests only) */
+#define AMX_EMULATED "amx-emulated"
 
 static PyObject *py_cpu_info(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
     PyObject *tiers = PyList_New(0);
@@ -14,13 +19,15 @@ static PyObject *py_cpu_info(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args
         if (!n || PyList_Append(tiers, n) < 0) { Py_XDECREF(n); Py_DECREF(tiers); return NULL; }
         Py_DECREF(n);
     }
-    return Py_BuildValue("{s:N,s:s,s:s}", "tiers", tiers, "isa", bl_isa_name(bl_isa()), "prefetch",
-                         bl_prefetch_describe());
+    const char *isa = bl_isa_name(bl_isa());
+    return Py_BuildValue("{s:N,s:s,s:s,s:[s]}", "tiers", tiers, "isa", bl_amx_emulated() ? AMX_EMULATED : isa,
+                         "prefetch", bl_prefetch_describe(), "emulated", AMX_EMULATED);
 }
 
 static PyObject *py_set_isa(PyObject *Py_UNUSED(self), PyObject *args) {
     const char *name;
     if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    if (strcmp(name, AMX_EMULATED) == 0 && bl_set_amx_emulated()) return PyUnicode_FromString(AMX_EMULATED);
     const int isa = bl_isa_from_name(name);
     if (isa < 0) {
         PyErr_Format(PyExc_ValueError, "unknown ISA tier %R (expected 'scalar', 'avx2', 'avx512' or 'amx')",
@@ -28,6 +35,17 @@ static PyObject *py_set_isa(PyObject *Py_UNUSED(self), PyObject *args) {
         return NULL;
     }
     return PyUnicode_FromString(bl_isa_name(bl_set_isa((enum bl_isa)isa)));
+}
+
+/* amx_min_tokens(n=0): the fewest tokens a call takes the amx kernels' tiles for (n > 0 sets it); the value
+ * before */
+static PyObject *py_amx_min_tokens(PyObject *Py_UNUSED(self), PyObject *args) {
+    int n = 0;
+    if (!PyArg_ParseTuple(args, "|i", &n)) return NULL;
+    bl_isa(); /* BARELLM_AMX_MIN_TOKENS is read when the tier is first chosen */
+    const int before = bl_amx_min_tokens;
+    if (n > 0) bl_amx_min_tokens = n;
+    return PyLong_FromLong(before);
 }
 
 /* {entry: tier} for every entry of the resolved table: which tier's kernel each op and matmul runs */
@@ -60,9 +78,13 @@ static PyObject *py_kernel_sources(PyObject *Py_UNUSED(self), PyObject *Py_UNUSE
 
 static PyMethodDef core_methods[] = {
     {"cpu_info", py_cpu_info, METH_NOARGS, "{'tiers': the ISA tiers this CPU can run, 'isa': the tier in use, 'prefetch': the decode tiles' prefetch rules}."},
+    {"amx_min_tokens", py_amx_min_tokens, METH_VARARGS,
+     "amx_min_tokens(n=0): the fewest tokens a matmul call runs on the amx kernels' tiles (fewer: the tier "
+     "below's kernel); n > 0 sets it. Returns the value before."},
     {"set_isa", py_set_isa, METH_VARARGS,
      "set_isa('scalar'|'avx2'|'avx512'|'amx'): cap the kernel tier; returns the tier in use (the best the CPU "
-     "offers at or under the cap)."},
+     "offers at or under the cap). 'amx-emulated' (tests only): the amx kernels on the tile emulation over the "
+     "best tier up to avx512."},
     {"kernel_sources", py_kernel_sources, METH_NOARGS, "{entry: tier}: the tier whose kernel each op runs."},
     {NULL, NULL, 0, NULL},
 };

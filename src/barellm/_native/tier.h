@@ -60,16 +60,24 @@ typedef struct bl_kernel_sources {
 } bl_kernel_sources;
 #undef BL_TIER_MEMBER
 
-/* Each tier's own entries (scalar/tier.c, avx2/tier.c, ...). */
-extern const bl_kernel_table bl_tier_scalar, bl_tier_avx2, bl_tier_avx512, bl_tier_amx;
+/* Each tier's own entries (scalar/tier.c, avx2/tier.c, ...); bl_tier_amx_emulated: the amx tier's kernels on
+ * the tile emulation (amx/tile.h), laid by tests only. */
+extern const bl_kernel_table bl_tier_scalar, bl_tier_avx2, bl_tier_avx512, bl_tier_amx, bl_tier_amx_emulated;
 
 /* The resolved table: what every op calls. Written only by bl_tiers_resolve (at start, before any worker
  * runs, and by tests between calls). */
 extern bl_kernel_table bl_kernels;
 extern bl_kernel_sources bl_kernel_source;
 
+/* The table as resolved without the amx layer: where an amx kernel sends the calls its tiles do not pay for
+ * (and a call whose scratch cannot be had), so that the emulated amx kernels fall back to what this CPU runs. */
+extern bl_kernel_table bl_kernels_below_amx;
+
 /* Lays the tiers scalar..isa over each other into bl_kernels. */
 BL_API void bl_tiers_resolve(int isa);
+
+/* Lays the tiers scalar..isa (at most avx512), then the emulated amx table over them (tests only). */
+BL_API void bl_tiers_resolve_amx_emulated(int isa);
 
 /* The scalar table: the kernels a tier falls back to inside a call (out of memory for its scratch). */
 static inline const bl_kernel_table *bl_scalar_kernels(void) { return &bl_tier_scalar; }

@@ -305,6 +305,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     for tier in ("scalar", "avx2", "avx512", "amx"):
         if tier in by_tier:
             print(f"  {tier} kernels: {', '.join(by_tier[tier])}")
+    if "amx" in info["tiers"]:
+        print(f"amx matmuls from {_native.amx_min_tokens()} tokens a call (fewer: avx512's; "
+              "BARELLM_AMX_MIN_TOKENS sets it)")
     print(f"decode prefetch: {info['prefetch']}  (BARELLM_PREFETCH=HINT:BYTES[,HINT:BYTES] sets it: alone, shared)")
     print(f"default threads: {default_threads()}")
     return 0
