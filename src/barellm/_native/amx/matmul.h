@@ -34,10 +34,8 @@
 #error "define AMX_NAME(t) before including amx/matmul.h"
 #endif
 
-enum {
-    PANEL = 32,        /* rows a panel: two B tiles of 16 columns */
-    BLOCK_VALS = 1024, /* bytes of a block's unpacked values in a panel: 2 column tiles x 8 rows x 64 */
-};
+#include "amx/lanes.h"
+#include "amx/unpack.h"
 
 /* The tiles (plain numbers: the instructions encode them): dots of token tile i and column tile j in Cij,
  * token tiles in A0, A1 (with BL_ACT_Q8X2: the hi and lo planes of one), column tiles in B0, B1 */
@@ -69,152 +67,84 @@ static amx_shape shape_of(int type) {
     }
 }
 
-/* A panel's unpacked weights in the scratch (index [b * PANEL + r] for block b and panel row r, [u * PANEL + r]
- * for unit u):
- *   vals  block b's values at b * BLOCK_VALS: column tile c (rows 16c..16c+15) at + 512 c, tile row k at + 64 k,
- *         panel row 16c + n's values 4k..4k+3 at + 4 n
- *   bf    Q4_0, Q4_1, Q5_0, Q8_0: the block's d; Q4_K, Q5_K: m_j as a float
- *   bf2   Q4_1: the block's m
- *   bi    Q4_K, Q5_K: sc_j; Q6_K, Q3_K: the first half's scale
- *   bi2   Q6_K, Q3_K: the second half's scale
- *   ud, um  the K-quants' unit d and dmin */
-typedef struct {
-    uint8_t *vals;
-    float *bf, *bf2, *ud, *um;
-    int32_t *bi, *bi2;
-} amx_panel;
-
-/* Unit u of one row in GGUF form (blk) into the panel: its values and scales. Row r of the panel. */
-static void unpack_unit(int type, const uint8_t *blk, int u, int r, const amx_panel *P) {
-    const int c = r / 16, n = r % 16;
-#define PUT(b, k, v) (P->vals[(size_t)(b) * BLOCK_VALS + 512 * c + 64 * ((k) / 4) + 4 * n + (k) % 4] = (uint8_t)(v))
-    const size_t br = (size_t)u * PANEL + r; /* a one-block unit's scale index */
-    switch (type) {
-    case BL_Q8_0:
-        P->bf[br] = bl_f16_to_f32(bl_rd16(blk));
-        for (int k = 0; k < 32; k++) PUT(u, k, blk[2 + k]);
-        break;
-    case BL_Q4_0:
-    case BL_Q4_1: {
-        const int q41 = type == BL_Q4_1;
-        const uint8_t *qs = blk + (q41 ? 4 : 2);
-        P->bf[br] = bl_f16_to_f32(bl_rd16(blk));
-        if (q41) P->bf2[br] = bl_f16_to_f32(bl_rd16(blk + 2));
-        for (int k = 0; k < 16; k++) PUT(u, k, qs[k] & 15), PUT(u, k + 16, qs[k] >> 4);
-        break;
-    }
-    case BL_Q5_0: {
-        const uint32_t qh = (uint32_t)bl_rd32(blk + 2);
-        P->bf[br] = bl_f16_to_f32(bl_rd16(blk));
-        for (int k = 0; k < 16; k++) {
-            PUT(u, k, (blk[6 + k] & 15) | ((qh >> k) & 1) << 4);
-            PUT(u, k + 16, (blk[6 + k] >> 4) | ((qh >> (k + 16)) & 1) << 4);
-        }
-        break;
-    }
-    case BL_Q4_K:
-    case BL_Q5_K: {
-        const int q5 = type == BL_Q5_K;
-        const uint8_t *qh = blk + 16, *qs = blk + (q5 ? 48 : 16);
-        uint8_t sc[8], m[8];
-        kq_q4k_scales(blk + 4, sc, m);
-        P->ud[br] = bl_f16_to_f32(bl_rd16(blk));
-        P->um[br] = bl_f16_to_f32(bl_rd16(blk + 2));
-        for (int j = 0; j < 8; j++) {
-            const int b = 8 * u + j;
-            const uint8_t *q = qs + 32 * (j / 2);
-            P->bi[(size_t)b * PANEL + r] = sc[j];
-            P->bf[(size_t)b * PANEL + r] = (float)m[j];
-            for (int k = 0; k < 32; k++)
-                PUT(b, k, (j & 1 ? q[k] >> 4 : q[k] & 15) | (q5 ? ((qh[k] >> j) & 1) << 4 : 0));
-        }
-        break;
-    }
-    default: { /* Q6_K, Q3_K */
-        const int six = type == BL_Q6_K;
-        int8_t sc[16];
-        kq_q36k_scales(blk, six, sc);
-        P->ud[br] = bl_f16_to_f32(bl_rd16(blk + (six ? 208 : 108)));
-        for (int kb = 0; kb < 8; kb++) {
-            const int b = 8 * u + kb;
-            P->bi[(size_t)b * PANEL + r] = sc[2 * kb];
-            P->bi2[(size_t)b * PANEL + r] = sc[2 * kb + 1];
-            for (int k = 0; k < 32; k++) PUT(b, k, (int8_t)kq_q36k_value(blk, 32 * kb + k, six));
-        }
-        break;
-    }
-    }
-#undef PUT
-}
-
-/* The panel of rows [p0, p0 + nr) */
-static void unpack_panel(const bl_matrix *w, int p0, int nr, int nu, int nb, const amx_panel *P) {
-    const bl_type_traits *tr = bl_traits(w->type);
-    uint8_t buf[BL_MAX_BLOCK];
-    if (nr < PANEL) { /* the missing rows: zeros, their outputs not stored */
-        memset(P->vals, 0, (size_t)nb * BLOCK_VALS);
-        memset(P->bf, 0, (size_t)nb * PANEL * 4), memset(P->bf2, 0, (size_t)nb * PANEL * 4);
-        memset(P->bi, 0, (size_t)nb * PANEL * 4), memset(P->bi2, 0, (size_t)nb * PANEL * 4);
-        memset(P->ud, 0, (size_t)nu * PANEL * 4), memset(P->um, 0, (size_t)nu * PANEL * 4);
-    }
-    for (int r = 0; r < nr; r++)
-        for (int u = 0; u < nu; u++) unpack_unit(w->type, bl_load_block(tr, w, p0 + r, u, buf), u, r, P);
-}
-
 /* The float accumulators of a token tile (32 tokens x a panel's 32 rows, [t * PANEL + r]) */
 typedef struct {
     float *acc, *accm, *pu, *mu;
 } amx_sums;
 
-/* The float work of block b for the tile's tokens: quant_internal.h's and quant_kq.h's, in their order.
- * C: the stored dot tiles [h][tile][16][16]; x2: C's token tiles hold one token tile's hi and lo planes. */
-static void block_sums(int type, const amx_shape *S, int x2, const int32_t *C, const bl_act_q8 *X, int nt, int b,
-                       int ncol, const amx_panel *P, const amx_sums *A) {
-    for (int t = 0; t < nt; t++) {
-        const int tt = x2 ? 0 : t / 16, m = x2 ? t : t % 16;
-        const float xd = X[t].d[b], xs = X[t].s[b];
-        const int32_t osq = S->offset * X[t].sq[b];
-        for (int c = 0; c < ncol; c++) {
-            const int32_t *c0 = C + ((size_t)(2 * tt + c) * 16 + m) * 16;     /* half 0 (Q8X2: hi) */
-            const int32_t *c1 = C + ((size_t)(4 + 2 * tt + c) * 16 + m) * 16; /* half 1 */
-            const int32_t *clo = C + ((size_t)(2 + c) * 16 + m) * 16;         /* Q8X2: lo */
-            const size_t o = (size_t)t * PANEL + 16 * c, pb = (size_t)b * PANEL + 16 * c;
-            float *acc = A->acc + o, *accm = A->accm + o, *pu = A->pu + o, *mu = A->mu + o;
-            const float *bf = P->bf + pb, *bf2 = P->bf2 + pb;
-            const int32_t *bi = P->bi + pb, *bi2 = P->bi2 + pb;
-            switch (type) {
-            case BL_Q8_0: case BL_Q4_0: case BL_Q4_1: case BL_Q5_0:
-                for (int n = 0; n < 16; n++) {
-                    const int32_t dot = x2 ? 254 * c0[n] + clo[n] : c0[n];
-                    acc[n] = fmaf((float)(dot - osq), bf[n] * xd, acc[n]);
+/* A batch: the blocks whose dot tiles are stored together before their float work, so that each output's sums
+ * stay in registers across them: half a K-quant unit, 8 blocks of the others */
+enum { BATCH = 8, KQ_BATCH = 4 };
+
+/* the float work's families */
+enum { FAM_LEGACY, FAM_Q41, FAM_Q45K, FAM_Q36K };
+
+#define AI LANES_AI
+
+/* The float work of blocks [b0, b0 + nbk) for the tile's tokens: quant_internal.h's and quant_kq.h's, in their
+ * order, each output's sums in registers across the batch. C: the batch's stored dot tiles,
+ * [block][half][tile][16][16]; x2: C's token tiles hold one token tile's hi and lo planes. unit_end: the batch
+ * ends a K-quant unit, whose scales then apply. Q4_K and Q5_K multiply the dot by the scale in float: their
+ * product is below 2^23 (quant_kq.h's bounds), so (float)dot * (float)sc is exact and equals scalar's
+ * (float)(sc * dot); Q6_K's and Q3_K's block integer can pass 2^24 and is formed in int32 first, as scalar. */
+AI void batch_sums(const int fam, const amx_shape *S, const int x2, const int32_t *C, const bl_act_q8 *X, int nt,
+                   int b0, int nbk, int ncol, int unit_end, const amx_panel *P, const amx_sums *A) {
+    const int u = b0 / 8;
+    for (int c = 0; c < ncol; c++) {
+        for (int t = 0; t < nt; t++) {
+            const int tt = x2 ? 0 : t / 16, m = x2 ? t : t % 16;
+            const bl_act_q8 x = X[t];
+            const size_t o = (size_t)t * PANEL + 16 * c;
+            v16f acc = vf_load(A->acc + o), accm = vf_zero(), pu = vf_zero(), mu = vf_zero();
+            if (fam == FAM_Q41 || fam == FAM_Q45K) accm = vf_load(A->accm + o);
+            if (fam == FAM_Q45K || fam == FAM_Q36K) pu = vf_load(A->pu + o);
+            if (fam == FAM_Q45K) mu = vf_load(A->mu + o);
+            for (int jb = 0; jb < nbk; jb++) {
+                const int b = b0 + jb;
+                const int32_t *Cb = C + (size_t)jb * S->halves * 1024;
+                const int32_t *c0 = Cb + ((2 * tt + c) * 16 + m) * 16;    /* half 0 (Q8X2: hi) */
+                const int32_t *c1 = Cb + ((4 + 2 * tt + c) * 16 + m) * 16; /* half 1 */
+                const int32_t *clo = Cb + ((2 + c) * 16 + m) * 16;        /* Q8X2: lo */
+                const size_t pb = (size_t)b * PANEL + 16 * c;
+                const v16f xd = vf_set1(x.d[b]);
+                if (fam == FAM_LEGACY || fam == FAM_Q41) {
+                    v16i dot = vi_load(c0);
+                    if (x2) dot = vi_add(vi_mullo(dot, vi_set1(254)), vi_load(clo));
+                    if (S->offset) dot = vi_sub(dot, vi_set1(S->offset * x.sq[b]));
+                    acc = vf_fma(vi_to_f(dot), vf_mul(vf_load(P->bf + pb), xd), acc);
+                    if (fam == FAM_Q41) accm = vf_fma(vf_load(P->bf2 + pb), vf_set1(x.s[b]), accm);
+                } else if (fam == FAM_Q45K) {
+                    pu = vf_fma(vf_mul(vi_to_f(vi_load(c0)), vf_load(P->bf2 + pb)), xd, pu);
+                    mu = vf_fma(vf_load(P->bf + pb), vf_set1(x.s[b]), mu);
+                } else {
+                    const v16i isum = vi_add(vi_mullo(vi_load(P->bi + pb), vi_load(c0)),
+                                             vi_mullo(vi_load(P->bi2 + pb), vi_load(c1)));
+                    pu = vf_fma(vi_to_f(isum), xd, pu);
                 }
-                if (type == BL_Q4_1)
-                    for (int n = 0; n < 16; n++) accm[n] = fmaf(bf2[n], xs, accm[n]);
-                break;
-            case BL_Q4_K: case BL_Q5_K:
-                for (int n = 0; n < 16; n++) {
-                    pu[n] = fmaf((float)(bi[n] * c0[n]), xd, pu[n]);
-                    mu[n] = fmaf(bf[n], xs, mu[n]);
-                }
-                break;
-            default:
-                for (int n = 0; n < 16; n++) pu[n] = fmaf((float)(bi[n] * c0[n] + bi2[n] * c1[n]), xd, pu[n]);
-                break;
             }
+            if (unit_end) {
+                acc = vf_fma(pu, vf_load(P->ud + (size_t)u * PANEL + 16 * c), acc), pu = vf_zero();
+                if (fam == FAM_Q45K)
+                    accm = vf_fma(mu, vf_load(P->um + (size_t)u * PANEL + 16 * c), accm), mu = vf_zero();
+            }
+            vf_store(A->acc + o, acc);
+            if (fam == FAM_Q41 || fam == FAM_Q45K) vf_store(A->accm + o, accm);
+            if (fam == FAM_Q45K || fam == FAM_Q36K) vf_store(A->pu + o, pu);
+            if (fam == FAM_Q45K) vf_store(A->mu + o, mu);
         }
     }
 }
 
-/* The K-quants' unit end: the unit's scales over its partial sums */
-static void unit_sums(int type, int nt, int u, const amx_panel *P, const amx_sums *A) {
-    const float *ud = P->ud + (size_t)u * PANEL, *um = P->um + (size_t)u * PANEL;
-    const int q45 = type == BL_Q4_K || type == BL_Q5_K;
-    for (int t = 0; t < nt; t++) {
-        float *acc = A->acc + (size_t)t * PANEL, *pu = A->pu + (size_t)t * PANEL;
-        float *accm = A->accm + (size_t)t * PANEL, *mu = A->mu + (size_t)t * PANEL;
-        for (int r = 0; r < PANEL; r++) acc[r] = fmaf(pu[r], ud[r], acc[r]), pu[r] = 0.0f;
-        if (q45)
-            for (int r = 0; r < PANEL; r++) accm[r] = fmaf(mu[r], um[r], accm[r]), mu[r] = 0.0f;
+static void batch_float_work(int type, const amx_shape *S, int x2, const int32_t *C, const bl_act_q8 *X, int nt,
+                             int b0, int nbk, int ncol, int unit_end, const amx_panel *P, const amx_sums *A) {
+    switch (type) {
+    case BL_Q4_1: batch_sums(FAM_Q41, S, x2, C, X, nt, b0, nbk, ncol, 0, P, A); break;
+    case BL_Q4_K: case BL_Q5_K: batch_sums(FAM_Q45K, S, 0, C, X, nt, b0, nbk, ncol, unit_end, P, A); break;
+    case BL_Q6_K: case BL_Q3_K: batch_sums(FAM_Q36K, S, 0, C, X, nt, b0, nbk, ncol, unit_end, P, A); break;
+    default:
+        if (x2) batch_sums(FAM_LEGACY, S, 1, C, X, nt, b0, nbk, ncol, 0, P, A);
+        else batch_sums(FAM_LEGACY, S, 0, C, X, nt, b0, nbk, ncol, 0, P, A);
+        break;
     }
 }
 
@@ -270,7 +200,7 @@ static void AMX_NAME(tiles)(const bl_matrix *w, const void *xq, int T, float *ou
     const size_t xb = bl_act_row_bytes(w, cols);
     /* scratch: values, 4 block-scale and 2 unit-scale arrays, 4 accumulator arrays, the dot tiles */
     const size_t vals_b = (size_t)nb * BLOCK_VALS, bs_b = (size_t)nb * PANEL * 4, us_b = (size_t)nu * PANEL * 4;
-    const size_t sums_b = (size_t)32 * PANEL * 4, dots_b = (size_t)2 * 4 * 256 * 4;
+    const size_t sums_b = (size_t)32 * PANEL * 4, dots_b = (size_t)BATCH * 4 * 256 * 4;
     uint8_t *s = bl_thread_scratch(vals_b + 4 * bs_b + 2 * us_b + 4 * sums_b + dots_b);
     if (!s) {
         bl_kernels_below_amx.matmul[type][w->layout](w, xq, T, out, ldo, r0, r1);
@@ -296,14 +226,15 @@ static void AMX_NAME(tiles)(const bl_matrix *w, const void *xq, int T, float *ou
             memset(sums, 0, 4 * sums_b);
             const uint8_t *a0 = (const uint8_t *)xq + (size_t)t0 * xb;
             const uint8_t *a1 = x2 ? (const uint8_t *)X[0].lo : m1 ? a0 + 16 * xb : NULL;
-            for (int u = 0; u < nu; u++) {
-                for (int j = 0; j < S.unit_blocks; j++) {
-                    const int b = u * S.unit_blocks + j;
-                    block_dots(&S, a0 + (size_t)b * BL_QK, a1 ? a1 + (size_t)b * BL_QK : NULL, xb,
-                               P.vals + (size_t)b * BLOCK_VALS, ncol, C);
-                    block_sums(type, &S, x2, C, X, nt, b, ncol, &P, &A);
+            const int batch = S.unit_blocks > 1 ? KQ_BATCH : BATCH;
+            for (int b0 = 0; b0 < nb; b0 += batch) {
+                const int nbk = nb - b0 < batch ? nb - b0 : batch;
+                for (int jb = 0; jb < nbk; jb++) {
+                    const size_t b = (size_t)(b0 + jb);
+                    block_dots(&S, a0 + b * BL_QK, a1 ? a1 + b * BL_QK : NULL, xb, P.vals + b * BLOCK_VALS, ncol,
+                               C + (size_t)jb * S.halves * 1024);
                 }
-                if (S.unit_blocks > 1) unit_sums(type, nt, u, &P, &A);
+                batch_float_work(type, &S, x2, C, X, nt, b0, nbk, ncol, (b0 + nbk) % 8 == 0, &P, &A);
             }
             for (int t = 0; t < nt; t++) {
                 float *o = out + (size_t)(t0 + t) * ldo + p0;
