@@ -1,7 +1,7 @@
 """Single-thread speed of the matmul kernels on SmolLM2-135M's shapes (or Gemma 3 270M's: --model gemma3).
 
     python bench/kernels.py [--model smollm2|gemma3|qwen15|all] [--quick] [--reps N] [--cpu-time] [--no-scalar]
-                            [--cold-mb MB] [-T 1,64]
+                            [--cold-mb MB] [-T 1,64] [--ghz F]
 
 For each shape and T: GMAC/s (rows * cols * T multiply-adds per second) and GB/s (weight bytes read per
 second) of
@@ -14,6 +14,9 @@ second) of
   TIER rows     the tier's kernel on GGUF-ordered rows,
   scalar        the portable C path,
   numpy f32     NumPy's matmul on the dequantized f32 weights (GB/s counts its 4-byte weights).
+On a CPU with AMX the amx rows run the tile kernels for every T of BARELLM_AMX_MIN_TOKENS (default 16) or more
+(fewer: avx512's, as in the engine); with --ghz F (the core's clock under load) each row also says its share of
+one core's int8 tile peak, 1,024 multiply-adds a cycle.
 Times exclude the activation quantization (done once per input vector and shared by the matmuls that
 read it); its cost per vector is printed separately. Each figure is the median of --reps runs of about
 --budget seconds. --cpu-time counts the thread's CPU time instead of wall time (steadier on a shared
@@ -142,6 +145,8 @@ def main():
     ap.add_argument("--cold-mb", type=int, default=96,
                     help="size of the weight copies the cold runs cycle through (default 96, SmolLM2's weights)")
     ap.add_argument("-T", default=None, help="token counts, comma-separated (default 1,64,128; quick 1,64)")
+    ap.add_argument("--ghz", type=float, default=None,
+                    help="the core's clock in GHz: print each row's share of the AMX int8 tile peak (1024 MAC/cycle)")
     args = ap.parse_args()
     budget = args.budget or (0.02 if args.quick else 0.05)
     ts = [int(t) for t in args.T.split(",")] if args.T else [1, 64] if args.quick else [1, 64, 128]
@@ -150,6 +155,8 @@ def main():
     clock = "thread CPU time" if args.cpu_time else "wall time"
     print(f"cpu: {nat.cpu_info()}; single thread; medians of {args.reps} ({clock})")
     hdr = f"{'shape':>24} {'T':>4} {'path':>13} {'GMAC/s':>8} {'GB/s':>7} {'us/call':>10}"
+    if args.ghz:
+        hdr += f" {'tile peak':>9}"
     print(hdr)
     print("-" * len(hdr))
     shapes = [s for m in SHAPES if args.model in (m, "all") for s in SHAPES[m]]
@@ -189,7 +196,8 @@ def main():
             results.append(("numpy f32", wt.nbytes, measure(fn, args.reps, budget)))
             for name, wb, sec in results:
                 gmac, gbs = rows * cols * T / sec / 1e9, wb / sec / 1e9
-                print(f"{label:>24} {T:>4} {name:>13} {gmac:8.1f} {gbs:7.1f} {sec * 1e6:10.1f}", flush=True)
+                peak = f" {gmac / (1024 * args.ghz):8.1%}" if args.ghz else ""
+                print(f"{label:>24} {T:>4} {name:>13} {gmac:8.1f} {gbs:7.1f} {sec * 1e6:10.1f}{peak}", flush=True)
         xq = rng.standard_normal((64, cols)).astype(np.float32)
         sec = measure(partial(quant_run, type_=type_, cols=cols, x=xq), args.reps, budget)
         print(f"{label:>24} {'':>4} {'quantize x':>13} {'':>8} {'':>7} {sec * 1e6:10.2f}")

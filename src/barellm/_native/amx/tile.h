@@ -51,15 +51,28 @@ void bl_emu_tile_dp(int c, int a, int b, int a_signed, int b_signed);
 
 #else
 
-#include <immintrin.h>
-
-#define BL_TILE_CONFIG(cfg) _tile_loadconfig(cfg)
-#define BL_TILE_RELEASE() _tile_release()
-#define BL_TILE_ZERO(t) _tile_zero(t)
-#define BL_TILE_LOAD(t, base, stride) _tile_loadd(t, base, (long)(stride))
-#define BL_TILE_STORE(t, base, stride) _tile_stored(t, base, (long)(stride))
-#define BL_TILE_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
-#define BL_TILE_DPBSUD(c, a, b) _tile_dpbsud(c, a, b)
+/* The instructions written out rather than through <immintrin.h>'s macros: GCC 12's tell the compiler that
+ * LDTILECFG reads 8 bytes of its configuration and TILELOADD no memory at all, so it may drop the stores
+ * that fill a configuration or move a plain store past the tile load that reads it. Every op that touches
+ * memory here says so ("memory"). Tile numbers go through one more macro level so that names expand to
+ * their numbers before they are pasted into the instruction. */
+#define BL_TILE_STR_(x) #x
+#define BL_TILE_STR(x) BL_TILE_STR_(x)
+#define BL_TILE_CONFIG(cfg) __asm__ volatile("ldtilecfg %0" ::"m"(*(const bl_tile_config *)(cfg)) : "memory")
+#define BL_TILE_RELEASE() __asm__ volatile("tilerelease" ::: "memory")
+#define BL_TILE_ZERO(t) __asm__ volatile("tilezero %%tmm" BL_TILE_STR(t) ::)
+#define BL_TILE_LOAD(t, base, stride)                                                                    \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" BL_TILE_STR(t)::"r"((const void *)(base)),              \
+                     "r"((long)(stride))                                                                 \
+                     : "memory")
+#define BL_TILE_STORE(t, base, stride)                                                                   \
+    __asm__ volatile("tilestored %%tmm" BL_TILE_STR(t) ", (%0,%1,1)" ::"r"((void *)(base)),                \
+                     "r"((long)(stride))                                                                 \
+                     : "memory")
+#define BL_TILE_DP_(op, c, a, b)                                                                         \
+    __asm__ volatile(op " %%tmm" BL_TILE_STR(b) ", %%tmm" BL_TILE_STR(a) ", %%tmm" BL_TILE_STR(c) ::)
+#define BL_TILE_DPBSSD(c, a, b) BL_TILE_DP_("tdpbssd", c, a, b) /* C += A (signed) . B (signed) */
+#define BL_TILE_DPBSUD(c, a, b) BL_TILE_DP_("tdpbsud", c, a, b) /* C += A (signed) . B (unsigned) */
 
 #endif
 
