@@ -72,78 +72,108 @@ typedef struct {
     float *acc, *accm, *pu, *mu;
 } amx_sums;
 
-/* A batch: the blocks whose dot tiles are stored together before their float work, so that each output's sums
- * stay in registers across them: half a K-quant unit, 8 blocks of the others */
-enum { BATCH = 8, KQ_BATCH = 4 };
+/* A batch: the blocks whose dot tiles are stored together (32 KB) before their float work, so that each output's
+ * sums stay in registers across them: 8 blocks (a K-quant unit), 4 for the types of two dots a block */
+enum { BATCH = 8, HALVES_BATCH = 4 };
+/* int32s from one block's (or half's) four stored dot tiles to the next: 4 KB and a line, so that the float work,
+ * which reads one row of each block's tiles, does not find them all in one L1 set */
+enum { HALF_INTS = 4 * 256 + 16 };
+/* tokens whose float work goes together, sharing the loads of the weights' scales: Q6_K and Q3_K (two integer
+ * multiplies a block) gained from 4 (the tile ops made no-ops on Zen 4: 0.80 of avx512's kernel time where one
+ * token at a time took 0.95); Q4_K did best one at a time (0.67-0.70, 0.76-0.79 with 4) */
+#define TOKENS_AT_ONCE(fam) ((fam) == FAM_Q36K ? 4 : 1)
 
 /* the float work's families */
 enum { FAM_LEGACY, FAM_Q41, FAM_Q45K, FAM_Q36K };
 
 #define AI LANES_AI
 
-/* The float work of blocks [b0, b0 + nbk) for the tile's tokens: quant_internal.h's and quant_kq.h's, in their
- * order, each output's sums in registers across the batch. C: the batch's stored dot tiles,
- * [block][half][tile][16][16]; x2: C's token tiles hold one token tile's hi and lo planes. unit_end: the batch
- * ends a K-quant unit, whose scales then apply. Q4_K and Q5_K multiply the dot by the scale in float: their
- * product is below 2^23 (quant_kq.h's bounds), so (float)dot * (float)sc is exact and equals scalar's
- * (float)(sc * dot); Q6_K's and Q3_K's block integer can pass 2^24 and is formed in int32 first, as scalar. */
-AI void batch_sums(const int fam, const amx_shape *S, const int x2, const int32_t *C, const bl_act_q8 *X, int nt,
-                   int b0, int nbk, int ncol, int unit_end, const amx_panel *P, const amx_sums *A) {
-    const int u = b0 / 8;
-    for (int c = 0; c < ncol; c++) {
-        for (int t = 0; t < nt; t++) {
-            const int tt = x2 ? 0 : t / 16, m = x2 ? t : t % 16;
-            const bl_act_q8 x = X[t];
-            const size_t o = (size_t)t * PANEL + 16 * c;
-            v16f acc = vf_load(A->acc + o), accm = vf_zero(), pu = vf_zero(), mu = vf_zero();
-            if (fam == FAM_Q41 || fam == FAM_Q45K) accm = vf_load(A->accm + o);
-            if (fam == FAM_Q45K || fam == FAM_Q36K) pu = vf_load(A->pu + o);
-            if (fam == FAM_Q45K) mu = vf_load(A->mu + o);
-            for (int jb = 0; jb < nbk; jb++) {
-                const int b = b0 + jb;
-                const int32_t *Cb = C + (size_t)jb * S->halves * 1024;
-                const int32_t *c0 = Cb + ((2 * tt + c) * 16 + m) * 16;    /* half 0 (Q8X2: hi) */
-                const int32_t *c1 = Cb + ((4 + 2 * tt + c) * 16 + m) * 16; /* half 1 */
-                const int32_t *clo = Cb + ((2 + c) * 16 + m) * 16;        /* Q8X2: lo */
-                const size_t pb = (size_t)b * PANEL + 16 * c;
-                const v16f xd = vf_set1(x.d[b]);
-                if (fam == FAM_LEGACY || fam == FAM_Q41) {
-                    v16i dot = vi_load(c0);
-                    if (x2) dot = vi_add(vi_mullo(dot, vi_set1(254)), vi_load(clo));
-                    if (S->offset) dot = vi_sub(dot, vi_set1(S->offset * x.sq[b]));
-                    acc = vf_fma(vi_to_f(dot), vf_mul(vf_load(P->bf + pb), xd), acc);
-                    if (fam == FAM_Q41) accm = vf_fma(vf_load(P->bf2 + pb), vf_set1(x.s[b]), accm);
-                } else if (fam == FAM_Q45K) {
-                    pu = vf_fma(vf_mul(vi_to_f(vi_load(c0)), vf_load(P->bf2 + pb)), xd, pu);
-                    mu = vf_fma(vf_load(P->bf + pb), vf_set1(x.s[b]), mu);
-                } else {
-                    const v16i isum = vi_add(vi_mullo(vi_load(P->bi + pb), vi_load(c0)),
-                                             vi_mullo(vi_load(P->bi2 + pb), vi_load(c1)));
-                    pu = vf_fma(vi_to_f(isum), xd, pu);
-                }
+/* batch_sums for NT tokens from t0 and column tile c */
+AI void batch_sums_tokens(const int fam, const int NT, const amx_shape *S, const int x2, const int32_t *C,
+                          const bl_act_q8 *X, int t0, int b0, int nbk, int c, const amx_panel *P, const amx_sums *A) {
+    const int u = b0 / 8, unit_start = b0 % 8 == 0, unit_end = (b0 + nbk) % 8 == 0;
+    v16f acc[NT], accm[NT], pu[NT], mu[NT];
+    int32_t row[NT]; /* the token's row in its C tile pair: (token tile, row) as an offset */
+    for (int i = 0; i < NT; i++) {
+        const int t = t0 + i, tt = x2 ? 0 : t / 16, m = x2 ? t : t % 16;
+        const size_t o = (size_t)t * PANEL + 16 * c;
+        row[i] = ((2 * tt + c) * 16 + m) * 16;
+        acc[i] = vf_load(A->acc + o), accm[i] = pu[i] = mu[i] = vf_zero();
+        if (fam == FAM_Q41 || fam == FAM_Q45K) accm[i] = vf_load(A->accm + o);
+        if (!unit_start && (fam == FAM_Q45K || fam == FAM_Q36K)) pu[i] = vf_load(A->pu + o);
+        if (!unit_start && fam == FAM_Q45K) mu[i] = vf_load(A->mu + o);
+    }
+    for (int jb = 0; jb < nbk; jb++) {
+        const int b = b0 + jb;
+        const int32_t *Cb = C + (size_t)jb * S->halves * HALF_INTS;
+        const size_t pb = (size_t)b * PANEL + 16 * c;
+        if (fam == FAM_LEGACY || fam == FAM_Q41) {
+            const v16f wd = vf_load(P->bf + pb), wm = fam == FAM_Q41 ? vf_load(P->bf2 + pb) : vf_zero();
+            for (int i = 0; i < NT; i++) {
+                const bl_act_q8 *x = &X[t0 + i];
+                v16i dot = vi_load(Cb + row[i]);
+                if (x2) dot = vi_add(vi_mullo(dot, vi_set1(254)), vi_load(Cb + row[i] + 512)); /* + the lo tile */
+                if (S->offset) dot = vi_sub(dot, vi_set1(S->offset * x->sq[b]));
+                acc[i] = vf_fma(vi_to_f(dot), vf_mul(wd, vf_set1(x->d[b])), acc[i]);
+                if (fam == FAM_Q41) accm[i] = vf_fma(wm, vf_set1(x->s[b]), accm[i]);
             }
-            if (unit_end) {
-                acc = vf_fma(pu, vf_load(P->ud + (size_t)u * PANEL + 16 * c), acc), pu = vf_zero();
-                if (fam == FAM_Q45K)
-                    accm = vf_fma(mu, vf_load(P->um + (size_t)u * PANEL + 16 * c), accm), mu = vf_zero();
+        } else if (fam == FAM_Q45K) {
+            const v16f sc = vf_load(P->bf2 + pb), m = vf_load(P->bf + pb);
+            for (int i = 0; i < NT; i++) {
+                const bl_act_q8 *x = &X[t0 + i];
+                pu[i] = vf_fma(vf_mul(vi_to_f(vi_load(Cb + row[i])), sc), vf_set1(x->d[b]), pu[i]);
+                mu[i] = vf_fma(m, vf_set1(x->s[b]), mu[i]);
             }
-            vf_store(A->acc + o, acc);
-            if (fam == FAM_Q41 || fam == FAM_Q45K) vf_store(A->accm + o, accm);
-            if (fam == FAM_Q45K || fam == FAM_Q36K) vf_store(A->pu + o, pu);
-            if (fam == FAM_Q45K) vf_store(A->mu + o, mu);
+        } else {
+            const v16i sa = vi_load(P->bi + pb), sb = vi_load(P->bi2 + pb);
+            for (int i = 0; i < NT; i++) {
+                const v16i isum = vi_add(vi_mullo(sa, vi_load(Cb + row[i])), vi_mullo(sb, vi_load(Cb + HALF_INTS + row[i])));
+                pu[i] = vf_fma(vi_to_f(isum), vf_set1(X[t0 + i].d[b]), pu[i]);
+            }
         }
+    }
+    const v16f ud = unit_end && fam >= FAM_Q45K ? vf_load(P->ud + (size_t)u * PANEL + 16 * c) : vf_zero();
+    const v16f um = unit_end && fam == FAM_Q45K ? vf_load(P->um + (size_t)u * PANEL + 16 * c) : vf_zero();
+    for (int i = 0; i < NT; i++) {
+        const size_t o = (size_t)(t0 + i) * PANEL + 16 * c;
+        if (unit_end && fam >= FAM_Q45K) acc[i] = vf_fma(pu[i], ud, acc[i]);
+        if (unit_end && fam == FAM_Q45K) accm[i] = vf_fma(mu[i], um, accm[i]);
+        vf_store(A->acc + o, acc[i]);
+        if (fam == FAM_Q41 || fam == FAM_Q45K) vf_store(A->accm + o, accm[i]);
+        if (!unit_end && (fam == FAM_Q45K || fam == FAM_Q36K)) vf_store(A->pu + o, pu[i]);
+        if (!unit_end && fam == FAM_Q45K) vf_store(A->mu + o, mu[i]);
+    }
+}
+
+/* The float work of blocks [b0, b0 + nbk) for the tile's nt tokens: quant_internal.h's and quant_kq.h's, in their
+ * order, each output's sums in registers across the batch (several tokens at a time where sharing the loads of
+ * the weights' scales paid). C: the batch's stored dot tiles, [block][half][tile][16][16]; x2: C's token tiles hold one token
+ * tile's hi and lo planes. A batch that starts a K-quant unit starts its sums at zero, one that ends it applies
+ * the unit's scales. Q4_K and Q5_K multiply the dot by the scale in float: their product is below 2^23
+ * (quant_kq.h's bounds), so (float)dot * (float)sc is exact and equals scalar's (float)(sc * dot); Q6_K's and
+ * Q3_K's block integer can pass 2^24 and is formed in int32 first, as scalar's. */
+AI void batch_sums(const int fam, const amx_shape *S, const int x2, const int32_t *C, const bl_act_q8 *X, int nt,
+                   int b0, int nbk, int ncol, const amx_panel *P, const amx_sums *A) {
+    for (int c = 0; c < ncol; c++) {
+        int t = 0;
+        for (; t + TOKENS_AT_ONCE(fam) <= nt; t += TOKENS_AT_ONCE(fam))
+            batch_sums_tokens(fam, TOKENS_AT_ONCE(fam), S, x2, C, X, t, b0, nbk, c, P, A);
+        for (; t < nt; t++) batch_sums_tokens(fam, 1, S, x2, C, X, t, b0, nbk, c, P, A);
     }
 }
 
 static void batch_float_work(int type, const amx_shape *S, int x2, const int32_t *C, const bl_act_q8 *X, int nt,
-                             int b0, int nbk, int ncol, int unit_end, const amx_panel *P, const amx_sums *A) {
+                             int b0, int nbk, int ncol, const amx_panel *P, const amx_sums *A) {
     switch (type) {
-    case BL_Q4_1: batch_sums(FAM_Q41, S, x2, C, X, nt, b0, nbk, ncol, 0, P, A); break;
-    case BL_Q4_K: case BL_Q5_K: batch_sums(FAM_Q45K, S, 0, C, X, nt, b0, nbk, ncol, unit_end, P, A); break;
-    case BL_Q6_K: case BL_Q3_K: batch_sums(FAM_Q36K, S, 0, C, X, nt, b0, nbk, ncol, unit_end, P, A); break;
+    case BL_Q4_1:
+        if (x2) batch_sums(FAM_Q41, S, 1, C, X, nt, b0, nbk, ncol, P, A);
+        else batch_sums(FAM_Q41, S, 0, C, X, nt, b0, nbk, ncol, P, A);
+        break;
+    case BL_Q4_K: case BL_Q5_K: batch_sums(FAM_Q45K, S, 0, C, X, nt, b0, nbk, ncol, P, A); break;
+    case BL_Q6_K: case BL_Q3_K: batch_sums(FAM_Q36K, S, 0, C, X, nt, b0, nbk, ncol, P, A); break;
     default:
-        if (x2) batch_sums(FAM_LEGACY, S, 1, C, X, nt, b0, nbk, ncol, 0, P, A);
-        else batch_sums(FAM_LEGACY, S, 0, C, X, nt, b0, nbk, ncol, 0, P, A);
+        if (x2) batch_sums(FAM_LEGACY, S, 1, C, X, nt, b0, nbk, ncol, P, A);
+        else batch_sums(FAM_LEGACY, S, 0, C, X, nt, b0, nbk, ncol, P, A);
         break;
     }
 }
@@ -166,7 +196,7 @@ static void block_dots(const amx_shape *S, const uint8_t *a0, const uint8_t *a1,
                        int ncol, int32_t *C) {
     for (int h = 0; h < S->halves; h++) {
         const int off = 16 * h;
-        int32_t *Ch = C + (size_t)h * 4 * 256;
+        int32_t *Ch = C + (size_t)h * HALF_INTS;
         BL_TILE_ZERO(T_C00);
         BL_TILE_ZERO(T_C01);
         BL_TILE_ZERO(T_C10);
@@ -200,7 +230,7 @@ static void AMX_NAME(tiles)(const bl_matrix *w, const void *xq, int T, float *ou
     const size_t xb = bl_act_row_bytes(w, cols);
     /* scratch: values, 4 block-scale and 2 unit-scale arrays, 4 accumulator arrays, the dot tiles */
     const size_t vals_b = (size_t)nb * BLOCK_VALS, bs_b = (size_t)nb * PANEL * 4, us_b = (size_t)nu * PANEL * 4;
-    const size_t sums_b = (size_t)32 * PANEL * 4, dots_b = (size_t)BATCH * 4 * 256 * 4;
+    const size_t sums_b = (size_t)32 * PANEL * 4, dots_b = (size_t)BATCH * HALF_INTS * 4;
     uint8_t *s = bl_thread_scratch(vals_b + 4 * bs_b + 2 * us_b + 4 * sums_b + dots_b);
     if (!s) {
         bl_kernels_below_amx.matmul[type][w->layout](w, xq, T, out, ldo, r0, r1);
@@ -226,15 +256,15 @@ static void AMX_NAME(tiles)(const bl_matrix *w, const void *xq, int T, float *ou
             memset(sums, 0, 4 * sums_b);
             const uint8_t *a0 = (const uint8_t *)xq + (size_t)t0 * xb;
             const uint8_t *a1 = x2 ? (const uint8_t *)X[0].lo : m1 ? a0 + 16 * xb : NULL;
-            const int batch = S.unit_blocks > 1 ? KQ_BATCH : BATCH;
+            const int batch = S.halves == 2 ? HALVES_BATCH : BATCH;
             for (int b0 = 0; b0 < nb; b0 += batch) {
                 const int nbk = nb - b0 < batch ? nb - b0 : batch;
                 for (int jb = 0; jb < nbk; jb++) {
                     const size_t b = (size_t)(b0 + jb);
                     block_dots(&S, a0 + b * BL_QK, a1 ? a1 + b * BL_QK : NULL, xb, P.vals + b * BLOCK_VALS, ncol,
-                               C + (size_t)jb * S.halves * 1024);
+                               C + (size_t)jb * S.halves * HALF_INTS);
                 }
-                batch_float_work(type, &S, x2, C, X, nt, b0, nbk, ncol, (b0 + nbk) % 8 == 0, &P, &A);
+                batch_float_work(type, &S, x2, C, X, nt, b0, nbk, ncol, &P, &A);
             }
             for (int t = 0; t < nt; t++) {
                 float *o = out + (size_t)(t0 + t) * ldo + p0;
