@@ -373,3 +373,50 @@ def test_pull_without_pip_says_pip_is_missing(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"pip is not available in this Python ({python})" in r.stdout and "-m ensurepip" in r.stdout
     assert not (tmp_path / "home" / "models" / "smollm2-135m" / "manifest.json").exists()
+
+
+# --- the model argument: a word shaped like a model is never the prompt -------------------------------
+
+
+@pytest.mark.parametrize("argv", [["run", "llama3.2", "hi"], ["run", "llama3.2:1b", "hi"], ["run", "meta/llama", "hi"],
+                                  ["run", "qwen3:latest", "hi"], ["run", "-m", "llama3.2", "hi"]])
+def test_an_unknown_model_shaped_word_is_an_error_listing_the_names(tiny, capsys, monkeypatch, argv):
+    monkeypatch.setattr(hub, "DEFAULT_MODEL", tiny)
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "neither a file nor a known model" in err
+    assert KNOWN in err and "-m MODEL" in err
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("word", ["smollm2:latest", "SmolLM2-135M", "smollm2:135m", "SMOLLM2"])
+def test_run_takes_a_name_in_any_case_with_its_latest_or_size_tag(smollm_gguf, capsys, word):
+    expected = barellm.load("smollm2-135m").generate("hi", max_tokens=3, temperature=0)
+    assert main(["run", word, "hi", "-n", "3", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == "hi" + expected + "\n"
+
+
+def test_run_model_flag_makes_every_word_the_prompt(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(hub, "DEFAULT_MODEL", "/no/such.gguf")
+    model = barellm.load(tiny)
+    assert main(["run", "-m", tiny, "smollm2", "tells", "-n", "3", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == "smollm2 tells" + model.generate("smollm2 tells", max_tokens=3,
+                                                                         temperature=0) + "\n"
+
+
+def test_the_resolver_reads_names_as_the_catalogue_keys_them():
+    from barellm.store import names
+
+    assert hub.registered_name("SmolLM2-135M") == "smollm2-135m"
+    assert hub.registered_name("smollm2:latest") == hub.registered_name("smollm2") == "smollm2-135m"
+    assert hub.registered_name("qwen2.5-coder:0.5b") == "qwen2.5-coder-0.5b"
+    assert hub.registered_name("smollm2:135m") == "smollm2-135m" and hub.registered_name("llama3.2") is None
+    assert names.parse("hf.co/Org/Repo:q4_k_m") == names.Reference("huggingface", "hf.co/Org/Repo:q4_k_m",
+                                                                    "Org/Repo", "q4_k_m")
+    assert names.parse("hf://Org/Repo").kind == "huggingface" and names.parse("Org/Repo:Q8_0").kind == "huggingface"
+    assert names.parse("ollama:qwen2.5-coder:1.5b") == names.Reference("ollama", "ollama:qwen2.5-coder:1.5b",
+                                                                        "qwen2.5-coder", "1.5b")
+    assert names.parse("ollama:llama3.2").tag is None and names.parse("x/y.gguf").kind == "path"
+    assert all(is_model(w) for w in ("llama3.2", "phi3", "qwen3:latest", "a/b", "hf.co/a/b", "ollama:x",
+                                     "SmolLM2-135M", "llama3.2:1b"))
+    assert not any(is_model(w) for w in ("Once", "upon", "COVID-19", "Note:", "hi"))

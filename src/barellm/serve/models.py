@@ -233,10 +233,12 @@ class Models:
         models this server knows when there is none."""
         if name is None:
             return self._default()
-        key = _key(name)
-        c = self._find(key, False) or self._find(key, True)
-        if c is not None:
-            return c
+        from barellm.store.names import normalize
+
+        for key in dict.fromkeys((_key(name), normalize(name))):   # the name as given, then as the CLI reads it
+            c = self._find(key, False) or self._find(key, True)
+            if c is not None:
+                return c
         raise self.not_found(name)
 
     def not_found(self, name: str) -> ApiError:
@@ -246,7 +248,7 @@ class Models:
 
         known = self.known_names()
         hint = ""
-        registered = hub.ALIASES.get(_key(name), _key(name))
+        registered = hub.registered_name(name) or _key(name)
         close = difflib.get_close_matches(_key(name), [n for c in self.catalog() for n in sorted(c.names)], n=1,
                                           cutoff=0.8)
         if registered in hub.REGISTRY:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from barellm.errors import ModelNotFound
-from barellm.store import hub
+from barellm.store import hub, names
+from barellm.store.names import normalize
 
 _HASH_NAME = re.compile(r"[0-9a-f]{64}")
 
@@ -148,7 +149,7 @@ def find_local(word: str) -> LocalModel | None:
     """The user's conversion a name stands for (any of its names, any case, ":latest" allowed), or None."""
     if not word or any(c in word for c in "\0\n"):
         return None
-    key = word.lower().removesuffix(":latest")
+    key = word.strip().lower().removesuffix(":latest")
     models = local_models()
     for m in models:   # the listed name first: it is unique, where a file name may not be
         if m.name.lower() == key:
@@ -232,22 +233,25 @@ def known_names() -> list[str]:
 
 
 def is_known(word: str) -> bool:
-    """Whether a word names a model without being a path: a registered name or alias, or one's own model."""
-    return word in hub.REGISTRY or word in hub.ALIASES or find_local(word) is not None
+    """Whether a word names a model without being a path: a registered name or alias (any case, with a
+    ":latest" or size tag), or one's own model."""
+    return hub.registered_name(word) is not None or find_local(word) is not None
 
 
 def close_names(word: str) -> list[str]:
     """The known names and aliases `word` is most likely a misspelling of, best first (maybe none)."""
     names = [*hub.REGISTRY, *hub.ALIASES, *(m.name for m in local_models())]
-    return difflib.get_close_matches(word, names, n=3, cutoff=0.8)
+    return difflib.get_close_matches(normalize(word), names, n=3, cutoff=0.8)
 
 
 def looks_like_model(word: str) -> bool:
-    """hub.looks_like_model, one's own models' names and their near misses included."""
-    if hub.looks_like_model(word):
+    """Whether a word is meant as a model, whether or not it resolves: a known name, a word shaped like a
+    model reference (names.looks_like_model), or a near miss of a known name."""
+    if not word or word == "-":
+        return False
+    if names.looks_like_model(word) or is_known(word):
         return True
-    return bool(word) and word != "-" and (is_known(word) or (not any(c.isspace() for c in word)
-                                                              and bool(close_names(word))))
+    return not any(c.isspace() for c in word) and bool(close_names(word))
 
 
 def unknown_model(target: str) -> ModelNotFound:
@@ -258,12 +262,25 @@ def unknown_model(target: str) -> ModelNotFound:
     return ModelNotFound(f"{target!r} is neither a file nor a known model{hint} (known: {', '.join(known_names())})")
 
 
+def can_resolve(word: str) -> bool:
+    """Whether a model reference stands for something without anything fetched yet, or can be fetched: an
+    existing file, a known name (a registered one not yet pulled is pulled by loading it), or a Hugging
+    Face or Ollama reference (pulled by loading it)."""
+    return names.exists(word) or is_known(word) or names.parse(word).kind in ("huggingface", "ollama")
+
+
 def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing: bool = True) -> Path:
-    """The file a model name or path stands for (hub.resolve), one's own models by name too."""
+    """The file a model reference stands for (see store/names.py for the shapes): a registered model (pulled
+    first when it is not cached and pull_missing), one's own model by name, or a file."""
     target = os.fspath(name_or_path) if name_or_path is not None else hub.DEFAULT_MODEL
-    if target in hub.REGISTRY or target in hub.ALIASES or hub.exists(target):
-        return hub.resolve(target, pull_missing=pull_missing)
-    local = find_local(target)
-    if local is not None:
-        return local.path
+    if names.exists(target):
+        return Path(target).expanduser()
+    ref = names.parse(target)
+    if ref.kind == "name":
+        registered = hub.registered_name(target)
+        if registered is not None:
+            return hub.resolve(registered, pull_missing=pull_missing)
+        local = find_local(target)
+        if local is not None:
+            return local.path
     raise unknown_model(target)

@@ -100,6 +100,18 @@ ALIASES = {"smollm2": "smollm2-135m", "default": DEFAULT_MODEL, "gemma3": "gemma
 _SIZED_NAME = re.compile(r"[a-z][\w.]*(?:-[\w.]+)*[-:]\d+(?:\.\d+)?[mb](?:-[\w.]+)*", re.IGNORECASE)
 
 
+def registered_name(word: str) -> str | None:
+    """The catalogue's name for a word, if it names a registered model: any case, ":latest" for the
+    name alone, a size tag for "-SIZE" (`SmolLM2:135M`, `smollm2:latest`, `qwen2.5-coder:0.5b`)."""
+    from barellm.store.names import normalize
+
+    for key in (word, normalize(word)):
+        key = ALIASES.get(key, key)
+        if key in REGISTRY:
+            return key
+    return None
+
+
 def close_names(word: str) -> list[str]:
     """The known names and aliases `word` is most likely a misspelling of, best first (maybe none)."""
     return difflib.get_close_matches(word, [*REGISTRY, *ALIASES], n=3, cutoff=0.8)
@@ -162,17 +174,18 @@ def cached_path(name: str) -> Path | None:
     kept = gguf_path(spec.name)
     if kept is not None:
         return kept
-    manifest = _manifest(spec.name)
-    if not manifest:
+    blm = home() / "blm" / f"{spec.sha256}.blm"   # converted.converted_path, without importing NumPy for it
+    if not blm.is_file():
         return None
     from barellm.store import converted
     from barellm.store.convert import CONVERTER_REVISION
 
-    blm = converted.converted_path(spec.sha256)
-    if blm.is_file() and manifest.get("converted") == blm.name and manifest.get("converter_revision") == \
-            CONVERTER_REVISION:
+    manifest = _manifest(spec.name)
+    if manifest.get("converted") == blm.name and manifest.get("converter_revision") == CONVERTER_REVISION:
         return blm
-    return None
+    # the model's file loaded by path (no pull, no manifest) left the same conversion: it is cached just
+    # as well, and `list`, `run` and `serve` must agree on that
+    return blm if converted.is_current(blm, spec.sha256) else None
 
 
 def _manifest(name: str) -> dict[str, Any]:
@@ -185,7 +198,7 @@ def _manifest(name: str) -> dict[str, Any]:
 def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing: bool = True) -> Path:
     """The file a model name or path stands for; a registered model not yet cached is pulled first."""
     target = os.fspath(name_or_path) if name_or_path is not None else DEFAULT_MODEL
-    name = ALIASES.get(target, target)
+    name = registered_name(target) or target
     if name in REGISTRY:
         _remove_leftovers(name)
         path = cached_path(name)
@@ -271,7 +284,7 @@ def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False,
             on_status({"status": text, **more})
 
     status("pulling manifest")
-    name = ALIASES.get(name, name)
+    name = registered_name(name) or name
     if name not in REGISTRY:
         raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(sorted(REGISTRY))})")
     spec = REGISTRY[name]
