@@ -289,16 +289,17 @@ def _list_row(capsys, name: str) -> list[str]:
 def test_list_shows_kind_size_on_disk_and_cache_state(cache_with_tiny, capsys):
     home, model_file = cache_with_tiny
     row = _list_row(capsys, "tiny-chat")
-    assert row[1] == "instruct" and row[2] == f"{model_file.stat().st_size / 1e6:.1f}" and row[4] == "gguf"
+    assert row[1:3] == ["catalogue", "instruct"] and row[3] == f"{model_file.stat().st_size / 1e6:.1f}"
+    assert row[5] == "gguf"
     barellm.load("tiny-chat")   # converts it into the .blm cache
     [blm] = (home / "blm").glob("*.blm")
     row = _list_row(capsys, "tiny-chat")
-    assert row[2] == f"{(model_file.stat().st_size + blm.stat().st_size) / 1e6:.1f}"
-    assert row[4:6] == ["converted,", "gguf"] and " ".join(row[6:]) == "a tiny chat model"
+    assert row[3] == f"{(model_file.stat().st_size + blm.stat().st_size) / 1e6:.1f}"
+    assert row[5:7] == ["converted,", "gguf"] and " ".join(row[7:]) == "a tiny chat model"
     row = _list_row(capsys, "tiny-base")
-    assert row[1:5] == ["base", "-", "no", "a"]
+    assert row[2:6] == ["base", "-", "no", "a"]
     row = _list_row(capsys, "gemma3-270m")
-    assert row[1] == "base"
+    assert row[1:3] == ["catalogue", "base"]
 
 
 def test_rm_frees_the_model_file_and_its_converted_blm(cache_with_tiny, capsys):
@@ -311,7 +312,7 @@ def test_rm_frees_the_model_file_and_its_converted_blm(cache_with_tiny, capsys):
     assert not (home / "models" / "tiny-chat").exists() and hub.cached_path("tiny-chat") is None
     assert not list((home / "blm").glob("*.blm")) and not list((home / "blm" / "index").glob("*.json"))
     assert not [p for p in (home / "models").iterdir()]        # no temporary left behind
-    assert _list_row(capsys, "tiny-chat")[2:4] == ["-", "no"]
+    assert _list_row(capsys, "tiny-chat")[3:5] == ["-", "no"]
     # a second rm has nothing to remove
     assert main(["rm", "tiny-chat"]) == 1
     assert "not cached" in capsys.readouterr().err

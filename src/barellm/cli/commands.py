@@ -181,16 +181,30 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from barellm.store import hub
+    from barellm.store import catalog
 
     for name in args.names:
-        path = hub.pull(name, keep_gguf=args.keep_gguf)
+        path = catalog.pull(name, keep_gguf=args.keep_gguf)
         print(path)
     return 0
 
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from barellm.files import home
+    from barellm.store import catalog
+
+    print(f"cache: {home()}")
+    print(f"{'NAME':<22} {'SOURCE':<11} {'KIND':<9} {'SIZE':>9}  {'CACHED':<18} DESCRIPTION")
+    for m in catalog.listing():
+        kind = {True: "instruct", False: "base", None: "?"}[m.instruct]
+        size = m.size
+        print(f"{m.name:<22} {m.source:<11} {kind:<9} {_mb(size) if size else '-':>9}  {m.state:<18} "
+              f"{m.description}")
+    return 0
 
 
 def _converted(spec, model_file: Path | None) -> Path | None:
@@ -206,26 +220,18 @@ def _converted(spec, model_file: Path | None) -> Path | None:
     return by_hash if by_hash.is_file() else None
 
 
-def cmd_list(args: argparse.Namespace) -> int:
+def _ollama_target(name: str):
+    """The Ollama model `rm NAME` means, as resolving NAME finds it: a catalogue name that is not pulled
+    (nothing of it in the cache) stands for the Ollama store's model of that name."""
     from barellm.files import home
     from barellm.store import hub
+    from barellm.store.sources import ollama
 
-    print(f"cache: {home()}")
-    print(f"{'NAME':<22} {'KIND':<9} {'SIZE':>9}  {'CACHED':<18} DESCRIPTION")
-    for name, spec in sorted(hub.REGISTRY.items()):
-        gguf = hub.gguf_path(name)
-        blm = _converted(spec, gguf)
-        size = sum(p.stat().st_size for p in {gguf, blm} if p is not None)
-        cached = ", ".join([w for w, p in (("converted", blm), ("gguf", gguf)) if p is not None]) or "no"
-        kind = "instruct" if spec.instruct else "base"
-        print(f"{name:<22} {kind:<9} {_mb(size) if size else '-':>9}  {cached:<18} {spec.description}")
-    from barellm.store import catalog
-
-    for m in catalog.local_models():
-        kind = "instruct" if m.instruct else "base"
-        about = f"{m.general_name}, " if m.general_name else ""
-        print(f"{m.name:<22} {kind:<9} {_mb(m.size):>9}  {'converted':<18} {about}your own, converted from {m.source}")
-    return 0
+    registered = hub.registered_name(name)
+    if registered is not None and (hub.cached_path(registered) is not None
+                                   or (home() / "models" / registered).is_dir()):
+        return None
+    return ollama.find(name)
 
 
 def remove_model(name: str) -> list[tuple[Path, int]]:
@@ -239,8 +245,18 @@ def remove_model(name: str) -> list[tuple[Path, int]]:
     from barellm.files import fsync_dir, home, remove_stale_temps, temp_path
     from barellm.store import catalog, hub
     from barellm.store.converted import cache_dir
+    from barellm.store.sources import ollama
 
-    canonical = hub.ALIASES.get(name, name)
+    canonical = hub.registered_name(name) or name
+    stored = _ollama_target(name)
+    if stored is not None:
+        removed = catalog.remove_conversion(stored.model.name.removeprefix("sha256-"))
+        if stored.store.owned:
+            return removed + ollama.remove(stored)
+        if not removed:
+            raise InvalidRequest(f"{stored.name} is the local Ollama's ({stored.store.root}) and barellm wrote "
+                                 f"nothing for it; barellm never removes Ollama's files (`ollama rm {stored.name}`)")
+        return removed
     if canonical not in hub.REGISTRY:
         local = catalog.of_path(name) if hub.exists(name) else catalog.find_local(name)
         if local is not None:
@@ -292,9 +308,13 @@ def _indexes(entry: Path, model_file: Path) -> bool:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     for name in args.names:
+        stored = _ollama_target(name)
         removed = remove_model(name)
         total = sum(size for _, size in removed)
         print(f"removed {name}: " + ", ".join(f"{p} ({_mb(size)})" for p, size in removed) + f"; freed {_mb(total)}")
+        if stored is not None and not stored.store.owned:
+            print(f"note: {stored.name}'s files in the local Ollama's store ({stored.store.root}) stay: barellm "
+                  "removes only what it wrote", file=sys.stderr)
     return 0
 
 

@@ -15,8 +15,10 @@ import difflib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from barellm.errors import ModelNotFound
 from barellm.store import hub, names
@@ -121,10 +123,11 @@ def local_models() -> list[LocalModel]:
     if not directory.is_dir():
         return []
     registered = _registered_hashes()
+    elsewhere = source_hashes()   # conversions of Ollama's and Hugging Face's files go by those models' names
     taken = {n.lower() for n in (*hub.REGISTRY, *hub.ALIASES)}
     found = []
     for path in directory.glob("*.blm"):
-        if not _HASH_NAME.fullmatch(path.stem) or path.stem in registered:
+        if not _HASH_NAME.fullmatch(path.stem) or path.stem in registered or path.stem in elsewhere:
             continue
         head = _header(path)
         if head is None or head[0] != path.stem:
@@ -187,7 +190,13 @@ def of_path(path: str | Path) -> LocalModel | None:
 def remove_local(m: LocalModel) -> list[tuple[Path, int]]:
     """Removes a user's conversion from the cache: the .blm and every index entry that points to it (the
     source file, wherever it is, stays). Returns what was removed, with sizes."""
-    from barellm.store.converted import cache_dir
+    return remove_conversion(m.sha256)
+
+
+def remove_conversion(sha256: str) -> list[tuple[Path, int]]:
+    """Removes the cache's conversion of the source whose SHA-256 is sha256: the .blm and every index entry
+    that points to it (the source stays). Returns what was removed, with sizes."""
+    from barellm.store.converted import cache_dir, converted_path
 
     removed: list[tuple[Path, int]] = []
     for entry in (cache_dir() / "index").glob("*.json"):
@@ -195,14 +204,105 @@ def remove_local(m: LocalModel) -> list[tuple[Path, int]]:
             sha = json.loads(entry.read_text()).get("sha256")
         except (OSError, ValueError, AttributeError):
             continue
-        if sha == m.sha256:
+        if sha == sha256:
             entry.unlink(missing_ok=True)
-    if m.path.is_file():
-        m.path.unlink()
-        removed.append((m.path, m.size))
-    _note_path(m.path).unlink(missing_ok=True)
+    path = converted_path(sha256)
+    if path.is_file():
+        size = path.stat().st_size
+        path.unlink()
+        removed.append((path, size))
+    _note_path(path).unlink(missing_ok=True)
     _headers.clear()
     return removed
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A row of `barellm list`: a model and where it comes from. source: "catalogue" (barellm's own list),
+    "ollama" (a local Ollama's store, or barellm's pull from Ollama's registry), "huggingface" (the Hugging
+    Face cache), "own" (a user's file converted into the cache). paths: its files on disk, the GGUF and
+    the conversion; owned: whether barellm wrote the GGUF (rm may remove it)."""
+
+    name: str
+    source: str
+    instruct: bool | None
+    paths: tuple[Path, ...]
+    state: str            # "converted", "gguf", "converted, gguf", "no"
+    description: str
+    owned: bool
+
+    @property
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self.paths if p.is_file())
+
+
+def _gguf_instruct(path: Path) -> bool | None:
+    from barellm.errors import BarellmError
+    from barellm.formats.gguf import GGUFFile
+
+    try:
+        g = GGUFFile(path)
+    except (BarellmError, OSError, ValueError):
+        return None
+    try:
+        return hub.is_instruct(g.metadata)
+    finally:
+        g.close()
+
+
+def _outside(name: str, source: str, gguf: Path, sha256: str, owned: bool, description: str) -> Listed:
+    from barellm.store.converted import converted_path
+
+    blm = converted_path(sha256)
+    converted = blm.is_file()
+    head = _header(blm) if converted else None
+    instruct = head[3] if head is not None else _gguf_instruct(gguf)
+    return Listed(name, source, instruct, (gguf, blm) if converted else (gguf,),
+                  "converted, gguf" if converted else "gguf", description, owned)
+
+
+def listing() -> list[Listed]:
+    """Every model barellm can run by name, from every source: the catalogue (pulled or not), the Ollama
+    stores, the user's own conversions."""
+    from barellm.store.converted import converted_path
+    from barellm.store.sources import ollama
+
+    out = []
+    for name, spec in sorted(hub.REGISTRY.items()):
+        gguf = hub.gguf_path(name)
+        cached = hub.cached_path(name)
+        blm = cached if cached is not None and cached != gguf else None
+        if blm is None and converted_path(spec.sha256).is_file():
+            blm = converted_path(spec.sha256)   # a conversion by an older converter: on disk all the same
+        state = ", ".join(w for w, p in (("converted", blm), ("gguf", gguf)) if p is not None) or "no"
+        out.append(Listed(name, "catalogue", spec.instruct, tuple(p for p in (blm, gguf) if p is not None), state,
+                          spec.description, True))
+    for m in ollama.local_models():
+        where = "pulled by barellm" if m.store.owned else f"the local Ollama's store, {m.store.root}"
+        out.append(_outside(m.name, "ollama", m.model, m.model.name.removeprefix("sha256-"), m.store.owned,
+                            f"Ollama, {where}"))
+    for m in local_models():
+        about = f"{m.general_name}, " if m.general_name else ""
+        out.append(Listed(m.name, "own", m.instruct, (m.path,), "converted", f"{about}converted from {m.source}",
+                          True))
+    return out
+
+
+def source_hashes() -> dict[str, str]:
+    """The SHA-256 of each model file an outside store holds (an Ollama blob's name is its hash), to the
+    model's name: what their conversions in the cache are named after."""
+    from barellm.store.sources import ollama
+
+    return {m.model.name.removeprefix("sha256-"): m.name for m in ollama.local_models()}
+
+
+def options_of(path: str | Path) -> dict[str, Any]:
+    """The generation defaults a model's source states for it (an Ollama model's params layer: stop
+    strings, temperature, ..., `context` for num_ctx); empty for a model that states none."""
+    from barellm.store.sources import ollama
+
+    m = ollama.of_path(Path(path))
+    return m.options if m is not None else {}
 
 
 def display_name(path: str | Path) -> str:
@@ -212,6 +312,10 @@ def display_name(path: str | Path) -> str:
     registered = _registered_hashes()
     if p.stem in registered:
         return registered[p.stem]
+    if p.name.startswith("sha256-") or _HASH_NAME.fullmatch(p.stem):
+        outside = source_hashes().get(p.name.removeprefix("sha256-") if p.name.startswith("sha256-") else p.stem)
+        if outside is not None:
+            return outside
     for name, spec in hub.REGISTRY.items():
         if p.name == spec.filename and p.parent.name == name:
             return name
@@ -228,14 +332,19 @@ def display_name(path: str | Path) -> str:
 # --- names over everything: the registry's (hub) and the user's own models ---------------------------
 
 def known_names() -> list[str]:
-    """Every model name a command takes: the registered ones, then the user's own models in the cache."""
-    return [*sorted(hub.REGISTRY), *(m.name for m in local_models())]
+    """Every model name a command takes: the registered ones, the user's own models in the cache, then
+    the models of the Ollama stores."""
+    from barellm.store.sources import ollama
+
+    return [*sorted(hub.REGISTRY), *(m.name for m in local_models()), *(m.name for m in ollama.local_models())]
 
 
 def is_known(word: str) -> bool:
     """Whether a word names a model without being a path: a registered name or alias (any case, with a
     ":latest" or size tag), or one's own model."""
-    return hub.registered_name(word) is not None or find_local(word) is not None
+    from barellm.store.sources import ollama
+
+    return hub.registered_name(word) is not None or find_local(word) is not None or ollama.find(word) is not None
 
 
 def close_names(word: str) -> list[str]:
@@ -275,12 +384,47 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
     target = os.fspath(name_or_path) if name_or_path is not None else hub.DEFAULT_MODEL
     if names.exists(target):
         return Path(target).expanduser()
+    from barellm.store.sources import ollama
+
     ref = names.parse(target)
+    if ref.kind == "ollama":
+        stored = ollama.find(target)
+        if stored is not None:
+            return stored.model
+        if not pull_missing:
+            raise ModelNotFound(f"{target} is not pulled; run `barellm pull {target}`")
+        return ollama.pull(ref.name, ref.tag).model
     if ref.kind == "name":
         registered = hub.registered_name(target)
-        if registered is not None:
+        if registered is not None and hub.cached_path(registered) is not None:
             return hub.resolve(registered, pull_missing=pull_missing)
+        stored = ollama.find(target)   # a model the local Ollama has (qwen2.5-coder:1.5b): no download
+        if stored is not None:
+            return stored.model
         local = find_local(target)
         if local is not None:
             return local.path
+        if registered is not None:
+            return hub.resolve(registered, pull_missing=pull_missing)
     raise unknown_model(target)
+
+
+def pull(word: str, *, quiet: bool = False, keep_gguf: bool = False,
+         on_status: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """Fetches a model by reference into the caches, and returns the file barellm loads it from: a
+    registered name from the catalogue (hub.pull), ollama:NAME[:TAG] from Ollama's registry."""
+    from barellm.store.sources import ollama
+
+    ref = names.parse(word)
+    if ref.kind == "ollama":
+        return ollama.pull(ref.name, ref.tag, quiet=quiet, on_status=on_status).model
+    registered = hub.registered_name(word) if ref.kind == "name" else None
+    if registered is not None:
+        return hub.pull(registered, quiet=quiet, keep_gguf=keep_gguf, on_status=on_status)
+    stored = ollama.find(word) if ref.kind == "name" else None
+    if stored is not None:
+        return stored.model
+    close = close_names(word)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    raise ModelNotFound(f"unknown model {word!r}{hint} (known: {', '.join(sorted(hub.REGISTRY))}; or pull "
+                        f"ollama:NAME[:TAG] from Ollama's library, hf.co/ORG/REPO[:QUANT] from Hugging Face)")
