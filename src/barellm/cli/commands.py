@@ -220,6 +220,23 @@ def _converted(spec, model_file: Path | None) -> Path | None:
     return by_hash if by_hash.is_file() else None
 
 
+def _huggingface_target(name: str):
+    """The model of the Hugging Face cache `rm hf.co/ORG/REPO[:QUANT]` means, or None."""
+    from barellm.store import names
+    from barellm.store.sources import huggingface
+
+    ref = names.parse(name)
+    if ref.kind != "huggingface":
+        return None
+    found = huggingface.find(ref.name, ref.tag)
+    if found is None:
+        found = next((m for m in huggingface.cached_models() if m.repo.lower() == ref.name.lower()
+                      and (ref.tag is None or m.quant.lower() == ref.tag.lower())), None)
+    if found is None:
+        raise ModelNotFound(f"{name}: not in the Hugging Face cache; nothing to remove")
+    return found
+
+
 def _ollama_target(name: str):
     """The Ollama model `rm NAME` means, as resolving NAME finds it: a catalogue name that is not pulled
     (nothing of it in the cache) stands for the Ollama store's model of that name."""
@@ -248,6 +265,18 @@ def remove_model(name: str) -> list[tuple[Path, int]]:
     from barellm.store.sources import ollama
 
     canonical = hub.registered_name(name) or name
+    hf = _huggingface_target(name)
+    if hf is not None:
+        from barellm.store.sources import huggingface
+
+        removed = catalog.remove_conversion(huggingface.conversion_sha(hf))
+        if hf.owned:
+            return removed + huggingface.remove(hf)
+        if not removed:
+            raise InvalidRequest(f"{hf.name} is in the Hugging Face cache ({hf.path.parent}), not fetched by "
+                                 "barellm, which wrote nothing for it; barellm never removes what it did not "
+                                 "write (`hf cache delete` does)")
+        return removed
     stored = _ollama_target(name)
     if stored is not None:
         removed = catalog.remove_conversion(stored.model.name.removeprefix("sha256-"))
@@ -308,13 +337,17 @@ def _indexes(entry: Path, model_file: Path) -> bool:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     for name in args.names:
-        stored = _ollama_target(name)
+        hf = _huggingface_target(name)
+        stored = _ollama_target(name) if hf is None else None
         removed = remove_model(name)
         total = sum(size for _, size in removed)
         print(f"removed {name}: " + ", ".join(f"{p} ({_mb(size)})" for p, size in removed) + f"; freed {_mb(total)}")
         if stored is not None and not stored.store.owned:
             print(f"note: {stored.name}'s files in the local Ollama's store ({stored.store.root}) stay: barellm "
                   "removes only what it wrote", file=sys.stderr)
+        if hf is not None and not hf.owned:
+            print(f"note: {hf.name}'s files in the Hugging Face cache stay: barellm did not fetch them, and removes "
+                  "only what it wrote", file=sys.stderr)
     return 0
 
 

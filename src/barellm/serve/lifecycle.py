@@ -195,17 +195,18 @@ _pull_lock: asyncio.Lock | None = None
 
 @_ollama
 async def pull(request: Request) -> Response:
-    """Fetches a model the cache knows by name (hub.REGISTRY), as `barellm pull` does."""
-    from barellm.store import hub
+    """Fetches a model as `barellm pull` does: a catalogue name, hf.co/ORG/REPO[:QUANT] or ollama:NAME[:TAG];
+    streamed, Ollama's progress lines, with completed/total bytes while a file downloads."""
+    from barellm.store import catalog, hub, names
 
     server = request.app.state.server
     body = schemas.parse(PullRequest, await read_body(request, server.max_body))
     name = _name(body)
-    key = name.lower().removesuffix(":latest")
-    key = hub.ALIASES.get(key, key)
-    if key not in hub.REGISTRY:
+    key = hub.registered_name(name) or name
+    if key not in hub.REGISTRY and names.parse(name).kind not in ("huggingface", "ollama"):
         raise ApiError(404, f"model {name!r} is not one this server can pull; it pulls: "
-                            f"{', '.join(sorted(hub.REGISTRY))}", param="model", code="model_not_found")
+                            f"{', '.join(sorted(hub.REGISTRY))}, hf.co/ORG/REPO[:QUANT] and ollama:NAME[:TAG]",
+                       param="model", code="model_not_found")
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
@@ -219,7 +220,7 @@ async def pull(request: Request) -> Response:
         _pull_lock = _pull_lock or asyncio.Lock()
         try:
             async with _pull_lock:
-                await run_in_threadpool(lambda: hub.pull(key, quiet=True, on_status=tell))
+                await run_in_threadpool(lambda: catalog.pull(key, quiet=True, on_status=tell))
             server.models.catalog(refresh=True)
             queue.put_nowait({"status": "success"})
         except (BarellmError, OSError) as e:

@@ -117,6 +117,8 @@ def cache_candidates(extra: Iterable[tuple[str, Path]] = (), aliases: dict[str, 
                 [spec.filename, Path(spec.filename).stem])
     for m in catalog.local_models():
         add(m.name, m.path, m.names)
+    for name, path, more in catalog.outside_models():   # the Ollama stores', the Hugging Face cache's
+        add(name, path, more)
     if aliases:
         by_name = {c.name.lower(): i for i, c in enumerate(out)}
         for alias, target in aliases.items():

@@ -265,7 +265,7 @@ def listing() -> list[Listed]:
     """Every model barellm can run by name, from every source: the catalogue (pulled or not), the Ollama
     stores, the user's own conversions."""
     from barellm.store.converted import converted_path
-    from barellm.store.sources import ollama
+    from barellm.store.sources import huggingface, ollama
 
     out = []
     for name, spec in sorted(hub.REGISTRY.items()):
@@ -281,6 +281,14 @@ def listing() -> list[Listed]:
         where = "pulled by barellm" if m.store.owned else f"the local Ollama's store, {m.store.root}"
         out.append(_outside(m.name, "ollama", m.model, m.model.name.removeprefix("sha256-"), m.store.owned,
                             f"Ollama, {where}"))
+    for h in huggingface.cached_models():
+        where = "fetched by barellm" if h.owned else "the Hugging Face cache"
+        out.append(_outside(h.name, "huggingface", h.path, huggingface.conversion_sha(h), h.owned,
+                            f"Hugging Face, {where}, {h.path.parent}"))
+        if len(h.paths) > 1:   # a split: its other parts are on disk too
+            row = out.pop()
+            out.append(Listed(row.name, row.source, row.instruct, row.paths + h.paths[1:], row.state,
+                              row.description, row.owned))
     for m in local_models():
         about = f"{m.general_name}, " if m.general_name else ""
         out.append(Listed(m.name, "own", m.instruct, (m.path,), "converted", f"{about}converted from {m.source}",
@@ -291,9 +299,25 @@ def listing() -> list[Listed]:
 def source_hashes() -> dict[str, str]:
     """The SHA-256 of each model file an outside store holds (an Ollama blob's name is its hash), to the
     model's name: what their conversions in the cache are named after."""
-    from barellm.store.sources import ollama
+    from barellm.store.sources import huggingface, ollama
 
-    return {m.model.name.removeprefix("sha256-"): m.name for m in ollama.local_models()}
+    out = {m.model.name.removeprefix("sha256-"): m.name for m in ollama.local_models()}
+    out.update({huggingface.conversion_sha(m): m.name for m in huggingface.cached_models()})
+    return out
+
+
+def outside_models() -> list[tuple[str, Path, tuple[str, ...]]]:
+    """(name, the file to load, every name it goes by) of each model in an Ollama store or the Hugging Face
+    cache: what a server serves beside the cache's own."""
+    from barellm.store.sources import huggingface, ollama
+
+    out = []
+    for m in ollama.local_models():
+        more = (m.name.removesuffix(":latest"), f"ollama:{m.name}")
+        out.append((m.name, m.model, (m.name, *more)))
+    for h in huggingface.cached_models():
+        out.append((h.name, h.path, (h.name, f"hf://{h.repo}:{h.quant}", f"{h.repo}:{h.quant}")))
+    return out
 
 
 def options_of(path: str | Path) -> dict[str, Any]:
@@ -312,6 +336,11 @@ def display_name(path: str | Path) -> str:
     registered = _registered_hashes()
     if p.stem in registered:
         return registered[p.stem]
+    from barellm.store.sources import huggingface
+
+    for h in huggingface.recorded():
+        if p in h.paths:
+            return h.name
     if p.name.startswith("sha256-") or _HASH_NAME.fullmatch(p.stem):
         outside = source_hashes().get(p.name.removeprefix("sha256-") if p.name.startswith("sha256-") else p.stem)
         if outside is not None:
@@ -334,9 +363,10 @@ def display_name(path: str | Path) -> str:
 def known_names() -> list[str]:
     """Every model name a command takes: the registered ones, the user's own models in the cache, then
     the models of the Ollama stores."""
-    from barellm.store.sources import ollama
+    from barellm.store.sources import huggingface, ollama
 
-    return [*sorted(hub.REGISTRY), *(m.name for m in local_models()), *(m.name for m in ollama.local_models())]
+    return [*sorted(hub.REGISTRY), *(m.name for m in local_models()), *(m.name for m in ollama.local_models()),
+            *(m.name for m in huggingface.cached_models())]
 
 
 def is_known(word: str) -> bool:
@@ -384,9 +414,19 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
     target = os.fspath(name_or_path) if name_or_path is not None else hub.DEFAULT_MODEL
     if names.exists(target):
         return Path(target).expanduser()
-    from barellm.store.sources import ollama
+    from barellm.store.sources import huggingface, ollama
 
     ref = names.parse(target)
+    if ref.kind == "huggingface":
+        found = huggingface.find(ref.name, ref.tag) or huggingface.adopt(ref.name, ref.tag)
+        if found is not None:
+            return found.path
+        if not pull_missing:
+            raise ModelNotFound(f"{target} is not pulled; run `barellm pull {target}`")
+        return huggingface.pull(ref.name, ref.tag).path
+    if ref.kind == "path" and names.is_repo(target):
+        raise ModelNotFound(f"{target!r} is neither a file nor a known model; for the Hugging Face repository, "
+                            f"name it hf.co/{target}[:QUANT]")
     if ref.kind == "ollama":
         stored = ollama.find(target)
         if stored is not None:
@@ -413,11 +453,13 @@ def pull(word: str, *, quiet: bool = False, keep_gguf: bool = False,
          on_status: Callable[[dict[str, Any]], None] | None = None) -> Path:
     """Fetches a model by reference into the caches, and returns the file barellm loads it from: a
     registered name from the catalogue (hub.pull), ollama:NAME[:TAG] from Ollama's registry."""
-    from barellm.store.sources import ollama
+    from barellm.store.sources import huggingface, ollama
 
     ref = names.parse(word)
     if ref.kind == "ollama":
         return ollama.pull(ref.name, ref.tag, quiet=quiet, on_status=on_status).model
+    if ref.kind == "huggingface":
+        return huggingface.pull(ref.name, ref.tag, quiet=quiet, on_status=on_status).path
     registered = hub.registered_name(word) if ref.kind == "name" else None
     if registered is not None:
         return hub.pull(registered, quiet=quiet, keep_gguf=keep_gguf, on_status=on_status)
