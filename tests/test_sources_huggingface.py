@@ -262,3 +262,32 @@ def test_a_split_gguf_is_fetched_whole_and_runs_as_one_model(hub, tmp_path, monk
     write_gguf(whole, *tiny_parts(monkeypatch, tmp_path))
     expected = barellm.load(whole).generate("the cat", max_tokens=5, temperature=0)
     assert barellm.load("hf.co/org/split-GGUF:Q4_0").generate("the cat", max_tokens=5, temperature=0) == expected
+
+
+def test_the_servers_api_pull_streams_byte_progress_for_a_hugging_face_name(hub, tmp_path, monkeypatch):
+    pytest.importorskip("starlette")
+    from huggingface_hub import constants
+    from starlette.testclient import TestClient
+
+    from barellm.cli import build_parser
+    from barellm.serve import build_app
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 4096)   # several progress steps for a small file
+    size = len(hub.repos["org/tiny-GGUF"]["tiny.Q8_0.gguf"])
+    args = build_parser().parse_args(["serve", "-c", "64", "-t", "1", "--allowed-host", "testserver"])
+    with TestClient(build_app(args)) as c:
+        r = c.post("/api/pull", json={"model": "hf.co/org/tiny-GGUF:Q8_0"})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(ln) for ln in r.text.splitlines()]
+        assert lines[0] == {"status": "pulling manifest"} and lines[-1] == {"status": "success"}
+        progress = [ln for ln in lines if "completed" in ln]
+        assert progress and all(ln["total"] == size and ln["digest"].startswith("sha256:") for ln in progress)
+        assert progress[-1]["completed"] == size
+        assert [ln["completed"] for ln in progress] == sorted(ln["completed"] for ln in progress)
+        tags = [m["name"] for m in c.get("/api/tags").json()["models"]]
+        assert "hf.co/org/tiny-GGUF:Q8_0" in tags
+        r = c.post("/api/generate", json={"model": "hf.co/org/tiny-GGUF:Q8_0", "prompt": "the cat", "stream": False,
+                                          "options": {"num_predict": 2}})
+        assert r.status_code == 200, r.text
+        r = c.post("/api/pull", json={"model": "hf.co/org/tiny-GGUF:Q5_K_S", "stream": False})
+        assert r.status_code == 500 and "it has: Q8_0, Q4_K_M, F16" in r.json()["error"]

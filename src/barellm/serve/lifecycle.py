@@ -66,7 +66,9 @@ class LegacyEmbeddingRequest(_Body):
 
 
 def _tag(name: str) -> str:
-    return f"{name}:latest"
+    """A model's name as Ollama shows it: with its tag, ":latest" where it has none (hf.co/ORG/REPO:Q4_K_M and
+    qwen2.5-coder:1.5b have theirs)."""
+    return name if ":" in name.rpartition("/")[2] else f"{name}:latest"
 
 
 def _keep_alive(body: Any) -> float | None | str:
