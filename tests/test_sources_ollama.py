@@ -135,7 +135,8 @@ def test_pull_from_the_registry_then_list_run_and_rm_by_ollama_name(env, tiny_by
     model = barellm.load("tiny:1b")
     assert model.path == blob and model.n_ctx == 64 and model.defaults["stop"] == [stop]
     assert model.generate("the cat", max_tokens=8) == free[: free.index(stop)]
-    assert main(["run", "tiny:1b", "the cat", "-n", "8", "--temperature", "0"]) == 0
+    # the params' temperature 0 where the command line leaves the temperature at its default: greedy
+    assert main(["run", "tiny:1b", "the cat", "-n", "8"]) == 0
     assert capsys.readouterr().out == "the cat" + free[: free.index(stop)] + "\n"
     assert main(["run", "ollama:tiny:1b", "the cat", "-n", "8"]) == 0
     assert len(registry.requests) == asked

@@ -117,6 +117,19 @@ def _check_model(word: str | None, command: str) -> None:
     raise e
 
 
+def model_defaults_first(kw: dict, model: object) -> dict:
+    """The sampling options with those left at the command's default dropped where the model's source
+    states its own (an Ollama model's params: temperature, top_k, ...): an option typed out still wins."""
+    from barellm.generate.generation import DEFAULT_MAX_TOKENS
+    from barellm.generate.sampling import SamplingParams
+
+    stated = getattr(model, "defaults", {}) or {}
+    d = SamplingParams()
+    defaults = {"max_tokens": DEFAULT_MAX_TOKENS, "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
+                "min_p": d.min_p, "repeat_penalty": d.repeat_penalty}
+    return {k: v for k, v in kw.items() if not (k in stated and k in defaults and v == defaults[k])}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from barellm.cli.arguments import check_draft, check_sampling_args, sampling_kwargs
     from barellm.cli.chat_repl import stream_reply
@@ -139,7 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model = _load(args, model_name, chat_template=args.template)
     t_load = time.perf_counter() - t0
-    kw = sampling_kwargs(args)
+    kw = model_defaults_first(sampling_kwargs(args), model)
     if args.chat:
         if not hub.is_instruct(model.metadata):
             print(f"note: {model.name} is a base model (its file has no chat template); --chat wraps the prompt "
@@ -174,8 +187,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     check_draft(args)
     _check_model(args.model, "chat")
     model = _load(args, args.model, chat_template=args.template)
-    session = ChatSession(model, sampling_kwargs(args), system=args.system, template=args.template,
-                          verbose=args.verbose)
+    session = ChatSession(model, model_defaults_first(sampling_kwargs(args), model), system=args.system,
+                          template=args.template, verbose=args.verbose)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     return session.run(make_reader(), interactive=interactive)
 
