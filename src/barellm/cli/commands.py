@@ -283,9 +283,8 @@ def remove_model(name: str) -> list[tuple[Path, int]]:
         from barellm.store.sources import huggingface
 
         removed = catalog.remove_conversion(huggingface.conversion_sha(hf))
-        if hf.owned:
-            return removed + huggingface.remove(hf)
-        if not removed:
+        removed += huggingface.remove(hf)   # the files barellm downloaded (none for an adopted model), the record
+        if not removed and not hf.owned:
             raise InvalidRequest(f"{hf.name} is in the Hugging Face cache ({hf.path.parent}), not fetched by "
                                  "barellm, which wrote nothing for it; barellm never removes what it did not "
                                  "write (`hf cache delete` does)")

