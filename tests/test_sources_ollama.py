@@ -140,6 +140,20 @@ def test_pull_from_the_registry_then_list_run_and_rm_by_ollama_name(env, tiny_by
     assert capsys.readouterr().out == "the cat" + free[: free.index(stop)] + "\n"
     assert main(["run", "ollama:tiny:1b", "the cat", "-n", "8"]) == 0
     assert len(registry.requests) == asked
+    # the server applies them as Ollama does, where a request leaves them out
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from barellm.cli import build_parser
+    from barellm.serve import build_app
+
+    args = build_parser().parse_args(["serve", "-c", "64", "-t", "1", "--allowed-host", "testserver"])
+    with TestClient(build_app(args)) as c:
+        body = {"model": "tiny:1b", "prompt": "the cat", "raw": True, "stream": False, "options": {"num_predict": 8}}
+        r = c.post("/api/generate", json=body)
+        assert r.status_code == 200 and r.json()["response"] == free[: free.index(stop)], r.text
+        r = c.post("/api/generate", json={**body, "options": {"num_predict": 8, "stop": []}})
+        assert r.json()["response"] == free
     # a second pull downloads nothing
     assert main(["pull", "ollama:tiny:1b"]) == 0 and len(registry.requests) == asked
     # rm: barellm's own pull goes, manifest, blobs and conversion
