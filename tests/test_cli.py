@@ -420,4 +420,4 @@ def test_the_resolver_reads_names_as_the_catalogue_keys_them():
     assert names.parse("ollama:llama3.2").tag is None and names.parse("x/y.gguf").kind == "path"
     assert all(is_model(w) for w in ("llama3.2", "phi3", "qwen3:latest", "a/b", "hf.co/a/b", "ollama:x",
                                      "SmolLM2-135M", "llama3.2:1b"))
-    assert not any(is_model(w) for w in ("Once", "upon", "COVID-19", "Note:", "hi"))
+    assert not any(is_model(w) for w in ("Once", "upon", "COVID-19", "Note:", "hi", "12:30", "mp3"))

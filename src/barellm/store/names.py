@@ -29,13 +29,14 @@ Kind = Literal["huggingface", "ollama", "path", "name"]
 _REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 # a size tag: 135m, 0.5b, 7B, 1.5b-instruct
 _SIZE_TAG = re.compile(r"\d+(?:\.\d+)?[mb](?:-[\w.]+)*", re.IGNORECASE)
-# NAME:TAG as Ollama spells its models (llama3.2:1b, qwen2.5-coder:1.5b-instruct-q4_K_M)
-_NAME_TAG = re.compile(r"[A-Za-z0-9][\w.-]*(?:/[\w.-]+)?:[\w.-]+")
+# NAME:TAG as Ollama spells its models (llama3.2:1b, qwen2.5-coder:1.5b-instruct-q4_K_M); a name starts with a
+# letter, so that a time (12:30) stays a prompt
+_NAME_TAG = re.compile(r"[A-Za-z][\w.-]*(?:/[\w.-]+)?:[\w.-]+")
 # a model name with its size at the end (smollm2-135m, qwen2.5-coder-7b, llama3.2-1b-instruct)
 _SIZED_NAME = re.compile(r"[a-z][\w.]*(?:-[\w.]+)*[-:]\d+(?:\.\d+)?[mb](?:-[\w.]+)*", re.IGNORECASE)
 # a lower-case family name with its version (llama3.2, phi3, qwen2.5-coder, gemma3): how model families are
-# named, and rarely how a prompt starts
-_VERSIONED_NAME = re.compile(r"[a-z]+\d+(?:\.\d+)*(?:-[a-z0-9.]+)*")
+# named, and rarely how a prompt starts (three letters at least: "mp3" starts a prompt)
+_VERSIONED_NAME = re.compile(r"[a-z]{3,}\d+(?:\.\d+)*(?:-[a-z0-9.]+)*")
 
 
 @dataclass(frozen=True)
