@@ -115,7 +115,9 @@ def greedy(path: Path, prompt: str, n: int = 8) -> str:
 def test_pull_from_the_registry_then_list_run_and_rm_by_ollama_name(env, tiny_bytes, capsys):
     tmp_path, registry = env
     (tmp_path / "src.gguf").write_bytes(tiny_bytes)
-    free = greedy(tmp_path / "src.gguf", "the cat")
+    with pytest.MonkeyPatch.context() as m:   # read in place: the pull below finds no conversion of it
+        m.setenv("BARELLM_CONVERT", "0")
+        free = greedy(tmp_path / "src.gguf", "the cat")
     stop = free[3:5]
     params = json.dumps({"stop": [stop], "temperature": 0, "num_ctx": 64}).encode()
     registry.add("tiny", "1b", [(MODEL, tiny_bytes), (TEMPLATE, b"{{ .Prompt }}"), (PARAMS, params)])

@@ -420,7 +420,7 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
     if ref.kind == "huggingface":
         found = huggingface.find(ref.name, ref.tag) or huggingface.adopt(ref.name, ref.tag)
         if found is not None:
-            return found.path
+            return _before_conversion(found.name, found.paths, huggingface.conversion_sha(found))
         if not pull_missing:
             raise ModelNotFound(f"{target} is not pulled; run `barellm pull {target}`")
         return huggingface.pull(ref.name, ref.tag).path
@@ -430,7 +430,7 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
     if ref.kind == "ollama":
         stored = ollama.find(target)
         if stored is not None:
-            return stored.model
+            return _before_conversion(stored.name, (stored.model,), stored.model.name.removeprefix("sha256-"))
         if not pull_missing:
             raise ModelNotFound(f"{target} is not pulled; run `barellm pull {target}`")
         return ollama.pull(ref.name, ref.tag).model
@@ -440,13 +440,29 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
             return hub.resolve(registered, pull_missing=pull_missing)
         stored = ollama.find(target)   # a model the local Ollama has (qwen2.5-coder:1.5b): no download
         if stored is not None:
-            return stored.model
+            return _before_conversion(stored.name, (stored.model,), stored.model.name.removeprefix("sha256-"))
         local = find_local(target)
         if local is not None:
             return local.path
         if registered is not None:
             return hub.resolve(registered, pull_missing=pull_missing)
     raise unknown_model(target)
+
+
+def _before_conversion(name: str, files: tuple[Path, ...], sha256: str) -> Path:
+    """The file to load of a model from an outside store, once the disk is known to hold its conversion:
+    the first load converts it into the cache, a second copy of the model, which is said first."""
+    import sys
+
+    from barellm.store.converted import converted_path
+    from barellm.store.sources.download import check_disk, mb
+
+    if not converted_path(sha256).is_file():
+        size = sum(f.stat().st_size for f in files)
+        check_disk(converted_path(sha256).parent, size, f"{name}'s conversion")
+        print(f"barellm: {name} is converted once into {converted_path(sha256).parent} (about {mb(size)}): the "
+              "model is then on disk twice (`barellm rm` frees the conversion)", file=sys.stderr)
+    return files[0]
 
 
 def pull(word: str, *, quiet: bool = False, keep_gguf: bool = False,

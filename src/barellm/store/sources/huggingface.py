@@ -333,15 +333,19 @@ def pull(repo: str, tag: str | None, *, quiet: bool = False, on_status: StatusRe
     have = {f.name: _cached(repo, revision, f) for f in quant.files}
     missing = [f for f in quant.files if have[f.name] is None]
     fetch_bytes = sum(f.size for f in missing)
-    check_disk(cache_dir(), fetch_bytes + (quant.size if convert else 0), f"hf.co/{repo}:{quant.label}")
+    from barellm.store.converted import converted_path
+
+    sha = _listing_sha([f.name.rsplit("/", 1)[-1] for f in quant.files], [f.sha256 for f in quant.files])
+    conversion = quant.size if convert and not converted_path(sha).is_file() else 0
+    check_disk(cache_dir(), fetch_bytes + conversion, f"hf.co/{repo}:{quant.label}")
     name = f"hf.co/{repo}:{quant.label}"
     if missing:
         say(f"{name}: writes {mb(fetch_bytes)} to the Hugging Face cache ({cache_dir()})"
-            + (f", then about {mb(quant.size)} to {home() / 'blm'} (its conversion)" if convert else ""), quiet)
+            + (f", then about {mb(conversion)} to {home() / 'blm'} (its conversion)" if conversion else ""), quiet)
     else:
-        say(f"{name}: already in the Hugging Face cache ({cache_dir()})"
-            + (f"; its conversion writes about {mb(quant.size)} to {home() / 'blm'}: the model is then on disk "
-               "twice" if convert else ""), quiet)
+        say(f"{name}: already in the Hugging Face cache ({cache_dir()}); nothing to download"
+            + (f"; its conversion writes about {mb(conversion)} to {home() / 'blm'}: the model is then on disk "
+               "twice" if conversion else ""), quiet)
     hub = _hub()
     paths: list[Path] = []
     downloaded: list[bool] = []
@@ -416,11 +420,17 @@ def _convert(m: HfModel, quiet: bool) -> None:
 
 def conversion_sha(m: HfModel) -> str:
     """The SHA-256 the cache names the model's conversion after (a split's: of its parts' hashes listed)."""
-    if len(m.paths) == 1:
-        return m.sha256[0]
+    return _listing_sha([p.name for p in m.paths], list(m.sha256))
+
+
+def _listing_sha(names: list[str], digests: list[str]) -> str:
+    """What convert.sha256_files makes of files of these names and hashes: the one hash, or for several
+    the SHA-256 of their "<sha256>  <name>" lines."""
+    if len(digests) == 1:
+        return digests[0]
     import hashlib
 
-    listing = "".join(f"{d}  {n}\n" for n, d in sorted(zip((p.name for p in m.paths), m.sha256, strict=True)))
+    listing = "".join(f"{d}  {n}\n" for n, d in sorted(zip(names, digests, strict=True)))
     return hashlib.sha256(listing.encode()).hexdigest()
 
 

@@ -244,7 +244,12 @@ def pull(name: str, tag: str | None = None, *, quiet: bool = False, on_status: S
     found = find(shown)
     if found is not None:
         where = "the local Ollama's store" if not found.store.owned else "barellm's store"
-        say(f"{shown}: already in {where} ({found.store.root}); nothing to download", quiet)
+        converted = _conversion_of(found) is not None
+        say(f"{shown}: already in {where} ({found.store.root}); nothing to download"
+            + ("" if converted or not convert else f"; its conversion writes about {mb(found.size)} to "
+               f"{home() / 'blm'}: the model is then on disk twice"), quiet)
+        if convert and not converted:
+            check_disk(home() / "blm", found.size, f"{shown}'s conversion")
         if convert:
             _convert(found, quiet)
         return found
@@ -255,19 +260,23 @@ def pull(name: str, tag: str | None = None, *, quiet: bool = False, on_status: S
     missing = [la for la in layers if not store.blob(la["digest"]).is_file()]
     weights = next(la for la in layers if la.get("mediaType") == MODEL_LAYER)
     download = sum(la["size"] for la in missing)
-    conversion = weights["size"] if convert else 0
+    from barellm.store.converted import converted_path
+
+    converted = converted_path(weights["digest"].removeprefix("sha256:")).is_file()
+    conversion = weights["size"] if convert and not converted else 0
     blobs = store.root / "blobs"
     check_disk(blobs, download + conversion, f"ollama:{shown}")
     say(f"ollama:{shown}: writes {mb(download)} to {blobs}"
         + (f", then about {mb(conversion)} to {home() / 'blm'} (its conversion: the model is on disk twice)"
-           if convert else ""), quiet)
+           if conversion else ""), quiet)
     blobs.mkdir(parents=True, exist_ok=True)
     base_url = f"{registry_base()}/v2/{namespace}/{base}/blobs"
     for la in missing:
         digest = la["digest"]
         kind = str(la.get("mediaType", "")).rpartition(".")[2] or "layer"
         fetch(f"{base_url}/{digest}", store.blob(digest), sha256=digest.removeprefix("sha256:"), size=la["size"],
-              label=f"pulling {kind} {digest[7:19]}", quiet=quiet or la["size"] < (1 << 20), on_status=on_status)
+              label=f"pulling {kind} {digest[7:19]}", quiet=quiet or la.get("mediaType") != MODEL_LAYER,
+              on_status=on_status)   # a bar for the weights; the template's or params' few bytes need none
     status("verifying sha256 digest")
     status("writing manifest")
     path = store.manifest(REGISTRY_HOST, namespace, base, tag)
@@ -280,11 +289,18 @@ def pull(name: str, tag: str | None = None, *, quiet: bool = False, on_status: S
     return pulled
 
 
+def _conversion_of(m: OllamaModel) -> Path | None:
+    from barellm.store import converted
+
+    path = converted.converted_path(m.model.name.removeprefix("sha256-"))
+    return path if path.is_file() else None
+
+
 def _convert(m: OllamaModel, quiet: bool) -> None:
     from barellm.store import converted
 
-    if converted.conversion_of(m.model) is None:
-        converted.open_cached(m.model, progress=not quiet).close()
+    if _conversion_of(m) is None:
+        converted.open_cached(m.model, sha256=m.model.name.removeprefix("sha256-"), progress=not quiet).close()
 
 
 def remove(m: OllamaModel) -> list[tuple[Path, int]]:
