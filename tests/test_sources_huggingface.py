@@ -248,6 +248,8 @@ def test_a_gated_repo_needs_a_token(hub, monkeypatch, capsys):
     assert err.count("\n") == 1 and "gated" in err and "HF_TOKEN" in err
     assert main(["pull", "hf.co/org/no-such-repo"]) == 1
     assert "no such repository" in capsys.readouterr().err
+    assert main(["pull", "hf.co/org/../x"]) == 1
+    assert "not a Hugging Face repository id" in capsys.readouterr().err
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     assert main(["pull", "hf.co/org/gated"]) == 0
 

@@ -34,6 +34,7 @@ DEFAULT_QUANT = "Q4_K_M"
 # a quantization in a GGUF file's name: Q4_K_M, Q8_0, IQ2_XXS, Q4_0_4_4, F16, BF16, F32
 _QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Za-z0-9]+)*|[Bb]?[Ff]16|[Ff]32)(?=[-_.])")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+_REPO_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}")
 
 
 @dataclass(frozen=True)
@@ -317,6 +318,8 @@ def pull(repo: str, tag: str | None, *, quiet: bool = False, on_status: StatusRe
         if on_status is not None:
             on_status({"status": text, **more})
 
+    if not _REPO_ID.fullmatch(repo) or ".." in repo:
+        raise ModelNotFound(f"hf.co/{repo}: not a Hugging Face repository id (hf.co/ORG/REPO[:QUANT])")
     # without a tag, the repository's default is the hub's to say, unless a pull without one asked it before
     known = find(repo, tag) if tag is not None or _default_of(repo) is not None or offline() else None
     if known is not None:
