@@ -293,3 +293,14 @@ def test_the_servers_api_pull_streams_byte_progress_for_a_hugging_face_name(hub,
         assert r.status_code == 200, r.text
         r = c.post("/api/pull", json={"model": "hf.co/org/tiny-GGUF:Q5_K_S", "stream": False})
         assert r.status_code == 500 and "it has: Q8_0, Q4_K_M, F16" in r.json()["error"]
+
+
+def test_offline_mode_runs_what_is_cached_and_says_what_is_not(hub, monkeypatch, capsys):
+    assert main(["pull", "hf.co/org/tiny-GGUF:Q8_0"]) == 0
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    asked = len(hub.requests)
+    assert main(["run", "hf.co/org/tiny-GGUF:Q8_0", "the cat", "-n", "2"]) == 0
+    assert main(["pull", "hf.co/org/tiny-GGUF:q8_0"]) == 0
+    capsys.readouterr()
+    assert main(["pull", "hf.co/org/tiny-GGUF:F16"]) == 1
+    assert "HF_HUB_OFFLINE is set" in capsys.readouterr().err and len(hub.requests) == asked
