@@ -224,7 +224,23 @@ def test_a_local_ollama_store_is_listed_run_by_name_and_left_alone(env, tiny_byt
     err = capsys.readouterr().err
     assert "stay" in err and not list((tmp_path / "home" / "blm").glob("*.blm"))
     assert main(["rm", "qwen2.5-coder:1.5b"]) == 1
-    assert "never removes Ollama's files" in capsys.readouterr().err
+    assert "never removes files it did not write (`ollama rm qwen2.5-coder:1.5b`" in capsys.readouterr().err
+    # the server's /api/delete alike: barellm's conversion goes, Ollama's files stay
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from barellm.cli import build_parser
+    from barellm.serve import build_app
+
+    args = build_parser().parse_args(["serve", "-c", "64", "-t", "1", "--allowed-host", "testserver"])
+    with TestClient(build_app(args)) as c:
+        r = c.post("/api/generate", json={"model": "qwen2.5-coder:1.5b", "prompt": "the cat", "stream": False,
+                                          "options": {"num_predict": 2}})
+        assert r.status_code == 200 and list((tmp_path / "home" / "blm").glob("*.blm")), r.text
+        assert c.request("DELETE", "/api/delete", json={"model": "qwen2.5-coder:1.5b"}).status_code == 200
+        assert not list((tmp_path / "home" / "blm").glob("*.blm"))
+        r = c.request("DELETE", "/api/delete", json={"model": "qwen2.5-coder:1.5b"})
+        assert r.status_code == 400 and "never removes files it did not write" in r.json()["error"]
     assert sorted((p, p.stat().st_mtime_ns) for p in store.rglob("*")) == before
 
 

@@ -243,37 +243,6 @@ def _converted(spec, model_file: Path | None) -> Path | None:
     return by_hash if by_hash.is_file() else None
 
 
-def _huggingface_target(name: str):
-    """The model of the Hugging Face cache `rm hf.co/ORG/REPO[:QUANT]` means, or None."""
-    from barellm.store import names
-    from barellm.store.sources import huggingface
-
-    ref = names.parse(name)
-    if ref.kind != "huggingface":
-        return None
-    found = huggingface.find(ref.name, ref.tag)
-    if found is None:
-        found = next((m for m in huggingface.cached_models() if m.repo.lower() == ref.name.lower()
-                      and (ref.tag is None or m.quant.lower() == ref.tag.lower())), None)
-    if found is None:
-        raise ModelNotFound(f"{name}: not in the Hugging Face cache; nothing to remove")
-    return found
-
-
-def _ollama_target(name: str):
-    """The Ollama model `rm NAME` means, as resolving NAME finds it: a catalogue name that is not pulled
-    (nothing of it in the cache) stands for the Ollama store's model of that name."""
-    from barellm.files import home
-    from barellm.store import hub
-    from barellm.store.sources import ollama
-
-    registered = hub.registered_name(name)
-    if registered is not None and (hub.cached_path(registered) is not None
-                                   or (home() / "models" / registered).is_dir()):
-        return None
-    return ollama.find(name)
-
-
 def remove_model(name: str) -> list[tuple[Path, int]]:
     """Removes a registered model's files from the cache; returns what it removed, with sizes.
 
@@ -285,29 +254,11 @@ def remove_model(name: str) -> list[tuple[Path, int]]:
     from barellm.files import fsync_dir, home, remove_stale_temps, temp_path
     from barellm.store import catalog, hub
     from barellm.store.converted import cache_dir
-    from barellm.store.sources import ollama
 
     canonical = hub.registered_name(name) or name
-    hf = _huggingface_target(name)
-    if hf is not None:
-        from barellm.store.sources import huggingface
-
-        removed = catalog.remove_conversion(huggingface.conversion_sha(hf))
-        removed += huggingface.remove(hf)   # the files barellm downloaded (none for an adopted model), the record
-        if not removed and not hf.owned:
-            raise InvalidRequest(f"{hf.name} is in the Hugging Face cache ({hf.path.parent}), not fetched by "
-                                 "barellm, which wrote nothing for it; barellm never removes what it did not "
-                                 "write (`hf cache delete` does)")
-        return removed
-    stored = _ollama_target(name)
-    if stored is not None:
-        removed = catalog.remove_conversion(stored.model.name.removeprefix("sha256-"))
-        if stored.store.owned:
-            return removed + ollama.remove(stored)
-        if not removed:
-            raise InvalidRequest(f"{stored.name} is the local Ollama's ({stored.store.root}) and barellm wrote "
-                                 f"nothing for it; barellm never removes Ollama's files (`ollama rm {stored.name}`)")
-        return removed
+    outside = catalog.remove_outside(name)   # a model of a local Ollama or the Hugging Face cache
+    if outside is not None:
+        return outside
     if canonical not in hub.REGISTRY:
         local = catalog.of_path(name) if hub.exists(name) else catalog.find_local(name)
         if local is not None:
@@ -358,18 +309,16 @@ def _indexes(entry: Path, model_file: Path) -> bool:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
+    from barellm.store import catalog
+
     for name in args.names:
-        hf = _huggingface_target(name)
-        stored = _ollama_target(name) if hf is None else None
+        target = catalog.outside_target(name)
         removed = remove_model(name)
         total = sum(size for _, size in removed)
         print(f"removed {name}: " + ", ".join(f"{p} ({_mb(size)})" for p, size in removed) + f"; freed {_mb(total)}")
-        if stored is not None and not stored.store.owned:
-            print(f"note: {stored.name}'s files in the local Ollama's store ({stored.store.root}) stay: barellm "
-                  "removes only what it wrote", file=sys.stderr)
-        if hf is not None and not hf.owned:
-            print(f"note: {hf.name}'s files in the Hugging Face cache stay: barellm did not fetch them, and removes "
-                  "only what it wrote", file=sys.stderr)
+        if target is not None and not catalog.barellm_fetched(target):
+            print(f"note: {target.name}'s files in {catalog.where(target)} stay: barellm removes only what it wrote",
+                  file=sys.stderr)
     return 0
 
 

@@ -261,7 +261,8 @@ async def delete(request: Request) -> Response:
         raise ApiError(400, f"model {cand.name!r} was handed to this server in memory; it cannot delete it")
     registered = cand.name in hub.REGISTRY
     local = None if registered else catalog.find_local(cand.name)
-    if not registered and local is None:
+    outside = None if registered or local is not None else catalog.outside_target(cand.name)
+    if not registered and local is None and outside is None:
         raise ApiError(400, f"model {cand.name!r} is served from {cand.path}, outside barellm's cache; "
                             "delete only removes what barellm put in its cache")
     if not await server.models.unload(cand.name):
@@ -271,9 +272,12 @@ async def delete(request: Request) -> Response:
     try:
         if registered:
             await run_in_threadpool(remove_model, cand.name)
-        else:
-            assert local is not None
+        elif local is not None:
             await run_in_threadpool(catalog.remove_local, local)
+        else:   # barellm's conversion, and what barellm fetched; a local Ollama's or the user's files stay
+            await run_in_threadpool(catalog.remove_outside, cand.name)
+    except InvalidRequest as e:
+        raise ApiError(400, str(e)) from None
     except BarellmError as e:
         raise ApiError(500, f"deleting {cand.name} failed: {e}", type="server_error") from None
     server.models.forget(cand)

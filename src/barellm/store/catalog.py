@@ -449,6 +449,69 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
     raise unknown_model(target)
 
 
+def outside_target(word: str) -> Any:
+    """The model of an outside store a reference means for `rm`, as resolving it finds it (an
+    huggingface.HfModel or an ollama.OllamaModel), or None: a catalogue name that is pulled means the
+    catalogue's model."""
+    from barellm.files import home
+    from barellm.store.sources import huggingface, ollama
+
+    ref = names.parse(word)
+    if ref.kind == "huggingface":
+        found = huggingface.find(ref.name, ref.tag) or next(
+            (m for m in huggingface.cached_models() if m.repo.lower() == ref.name.lower()
+             and (ref.tag is None or m.quant.lower() == ref.tag.lower())), None)
+        if found is None:
+            raise ModelNotFound(f"{word}: not in the Hugging Face cache; nothing to remove")
+        return found
+    registered = hub.registered_name(word)
+    if registered is not None and (hub.cached_path(registered) is not None
+                                   or (home() / "models" / registered).is_dir()):
+        return None
+    return ollama.find(word)
+
+
+def barellm_fetched(target: Any) -> bool:
+    """Whether barellm fetched an outside model's files itself (so that `rm` removes them)."""
+    from barellm.store.sources import ollama
+
+    return target.store.owned if isinstance(target, ollama.OllamaModel) else bool(target.owned)
+
+
+def where(target: Any) -> str:
+    from barellm.store.sources import ollama
+
+    if isinstance(target, ollama.OllamaModel):
+        return f"the local Ollama's store ({target.store.root})" if not target.store.owned else str(target.store.root)
+    return f"the Hugging Face cache ({target.path.parent})"
+
+
+def remove_outside(word: str) -> list[tuple[Path, int]] | None:
+    """Removes what barellm wrote for a model of an outside store: its conversion, and the files barellm
+    fetched itself (a pull from Ollama's registry, a Hugging Face download, their records). Never a file of
+    a local Ollama's store or of the Hugging Face cache that barellm did not fetch: with nothing of barellm's
+    to remove, that is an error that says so. Returns what was removed, with sizes; None: the reference
+    means no outside model."""
+    from barellm.errors import InvalidRequest
+    from barellm.store.sources import huggingface, ollama
+
+    target = outside_target(word)
+    if target is None:
+        return None
+    if isinstance(target, ollama.OllamaModel):
+        files = remove_conversion(target.model.name.removeprefix("sha256-"))
+        if target.store.owned:
+            files += ollama.remove(target)
+        hint = f"`ollama rm {target.name}`"
+    else:
+        files = remove_conversion(huggingface.conversion_sha(target)) + huggingface.remove(target)
+        hint = "`hf cache delete`"
+    if not files and not barellm_fetched(target):
+        raise InvalidRequest(f"{target.name} is in {where(target)}, and barellm wrote nothing for it; barellm "
+                             f"never removes files it did not write ({hint} does)")
+    return files
+
+
 def _before_conversion(name: str, files: tuple[Path, ...], sha256: str) -> Path:
     """The file to load of a model from an outside store, once the disk is known to hold its conversion:
     the first load converts it into the cache, a second copy of the model, which is said first."""
