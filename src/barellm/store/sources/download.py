@@ -10,13 +10,10 @@ request for the bytes that are missing).
 from __future__ import annotations
 
 import hashlib
-import http.client
 import os
 import shutil
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -83,6 +80,10 @@ def fetch(url: str, target: Path, *, sha256: str, size: int | None, label: str, 
     that is there already is trusted (it was checked before it took its name)."""
     if target.is_file():
         return target
+    import http.client  # here, not at the top: finding a model by name (every load) needs no HTTP client
+    import urllib.error
+    import urllib.request
+
     part = target.with_name(target.name + ".part")
     have = part.stat().st_size if part.is_file() else 0
     if size is not None and have > size:

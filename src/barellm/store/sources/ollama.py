@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,6 +207,9 @@ def _split(name: str, tag: str | None) -> tuple[str, str, str]:
 
 
 def _get_manifest(namespace: str, name: str, tag: str) -> dict[str, Any]:
+    import urllib.error  # here, not at the top: reading the stores (every load by name) needs no HTTP client
+    import urllib.request
+
     url = f"{registry_base()}/v2/{namespace}/{name}/manifests/{tag}"
     request = urllib.request.Request(url, headers={"Accept": MANIFEST_TYPE})
     try:
