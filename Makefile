@@ -4,7 +4,8 @@
 #   make test-slow   the slow ones (the reference engine over the whole perplexity corpus, ...)
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PROMPT ?= The capital of France is
+# the default model is an instruct model: `run` asks it, so the prompt is a question
+PROMPT ?= What is the capital of France?
 
 .PHONY: setup build run test test-slow test-asan lint bench clean browser
 

@@ -78,6 +78,7 @@ class Reply:
     context_full: bool        # stopped because prompt + reply filled the context
     max_tokens_hit: bool = False   # stopped at max_tokens (with room left in the context)
     timings: Any = None            # the generation's Timings (speculative decoding's counts among them)
+    finish_reason: str | None = None   # "stop" (end token or stop string) or "length", as the generation said
 
     @property
     def draft_note(self) -> str:
@@ -130,7 +131,8 @@ def stream_reply(model: Any, prompt_ids: Sequence[int], options: dict[str, Any],
     context_full = cut and len(prompt_ids) + tokens >= model.n_ctx
     max_tokens_hit = cut and not context_full and max_tokens is not None and tokens >= max_tokens
     return Reply("".join(parts), tokens, len(prompt_ids), seconds, (first or time.perf_counter()) - t0, interrupted,
-                 context_full, max_tokens_hit, getattr(getattr(gen, "completion", None), "timings", None))
+                 context_full, max_tokens_hit, getattr(getattr(gen, "completion", None), "timings", None),
+                 gen.finish_reason)
 
 
 @contextlib.contextmanager
