@@ -152,8 +152,8 @@ async def infill(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     raw = await read_body(request, _state(request).max_body)
     name = _model_field(raw)
-    if name is None:
-        schemas.completion_request(raw, 1 << 31)   # a body that is no request fails before any model loads
+    if name is None:   # a body that is no request fails before any model loads (token ids: once it is known)
+        schemas.parse(schemas.CompletionRequest, raw)
     state = await _model(request, name)
     return await _generate(request, state, schemas.completion_request(raw, state.n_vocab))
 
@@ -208,8 +208,8 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     raw = await read_body(request, _state(request).max_body)
     name = _model_field(raw)
-    if name is None:
-        schemas.detokenize_request(raw, 1 << 31)
+    if name is None:   # as in completions: the shape now, the ids against the model's vocabulary below
+        schemas.parse(schemas.DetokenizeRequest, raw)
     state = await _model(request, name)
     ids = schemas.detokenize_request(raw, state.n_vocab)
     try:
