@@ -196,8 +196,10 @@ class MarkdownStream:
                 bullet = ("• " if self.unicode else "- ") if marker[0] in "-*+" else marker
                 self._emit(lead + _sgr(BULLET, bullet))
                 self.col = self.indent = len(lead) + len(bullet)
-        elif m:   # no colour: the marker as it is, continuation lines under the item's text
-            self.indent = len(m.group(0)) if not m.group(2).startswith("#") else 0
+        elif m and not m.group(2).startswith("#"):   # no colour: the marker as it is, the item's text under it
+            rest = head[m.end():]
+            self._emit(m.group(0))
+            self.col = self.indent = len(m.group(0))
         for c in rest:
             self._feed(c)
 
