@@ -4,7 +4,8 @@
 #   make test-slow   the slow ones (the reference engine over the whole perplexity corpus, ...)
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PROMPT ?= The capital of France is
+# the default model is an instruct model: `run` asks it, so the prompt is a question
+PROMPT ?= What is the capital of France?
 
 .PHONY: setup build run test test-slow test-asan lint bench clean browser
 
@@ -16,12 +17,24 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install -q -e ".[test,server,chat,ray,structured,hub]"
 	touch $@
 
-# rebuilds the C core in place, every object (setuptools would reuse objects whose headers changed), and
-# compiles the package's bytecode: a start then reads barellm's modules compiled, as from an installed wheel,
-# even where PYTHONDONTWRITEBYTECODE=1 keeps Python from writing it (compiling them is +0.2 s a start)
-build: setup
-	$(PY) setup.py -q build_ext --inplace --force
+# The C core is rebuilt in place only when a C source, a header or setup.py changed since the last build
+# (the stamp's time), or when no built core is there: a second `make run` starts at once instead of
+# spending 40 s compiling. A rebuild compiles every object: setuptools would reuse objects whose headers
+# changed. `build` also compiles the package's bytecode (only what changed): a start then reads barellm's
+# modules compiled, as from an installed wheel, even where PYTHONDONTWRITEBYTECODE=1 keeps Python from
+# writing it (compiling them is +0.2 s a start).
+NATIVE_SOURCES := $(shell find src/barellm/_native -name '*.c' -o -name '*.h') setup.py
+NATIVE_STAMP := build/.native-core
+ifeq ($(wildcard src/barellm/_native*.so),)
+.PHONY: $(NATIVE_STAMP)
+endif
+
+build: setup $(NATIVE_STAMP)
 	$(PY) -m compileall -q src/barellm
+
+$(NATIVE_STAMP): $(NATIVE_SOURCES) $(VENV)/.installed
+	$(PY) setup.py -q build_ext --inplace --force
+	@mkdir -p $(dir $@) && touch $@
 
 run: build
 	$(VENV)/bin/barellm run "$(PROMPT)" --max-tokens 64 --temperature 0 --verbose

@@ -7,6 +7,7 @@ import io
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 
@@ -389,3 +390,61 @@ def test_terminal_chat_without_prompt_toolkit_uses_input(smollm_gguf):
     finally:
         child.close()
     assert child.exitstatus == 0
+
+
+def test_terminal_multi_line_message_is_one_history_entry(tiny_path):
+    """In prompt_toolkit's editor a \"\"\" block is one text: Enter inside it opens a line, and the history
+    recalls the whole message at once (not its last line), which Enter sends again as it was."""
+    child = _spawn(tiny_path, "-n", "2")
+    try:
+        child.send('"""\r')
+        child.expect_exact("...")                     # the continuation prompt: the block is still open
+        child.send("first line\r")
+        child.send('second line"""\r')
+        child.expect(PROMPT)
+        _say(child, "/show history")
+        child.expect_exact("user: first line\r\n  second line\r\n")
+        child.expect(PROMPT)
+        child.send("\x1b[A")                          # /show history
+        child.send("\x1b[A")                          # the block, whole
+        child.send("\r")
+        child.expect(PROMPT)
+        _say(child, "/show history")
+        child.expect_exact("history: 2 turns")
+        child.expect_exact("user: first line\r\n  second line\r\n")
+        child.expect_exact("user: first line\r\n  second line\r\n")
+        child.expect(PROMPT)
+        _say(child, "/bye")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.mark.model
+def test_a_reply_on_a_terminal_is_rendered_and_wrapped_and_a_piped_one_is_plain(smollm_gguf):
+    """`run` on a terminal 60 columns wide: Markdown rendered in colour (code highlighted, fences and
+    backticks gone) and the prose wrapped between words; piped, the model's text byte for byte."""
+    question = "Write a Python function that adds two numbers."
+    argv = ["-m", "barellm.cli", "run", question, "-n", "120", "--temperature", "0"]
+    env = dict(os.environ, TERM="xterm")
+    env.pop("NO_COLOR", None)
+    piped = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120, env=env).stdout
+    model = barellm.load(smollm_gguf)
+    ask = model.chat_prompt([{"role": "user", "content": question}])
+    assert piped == "".join(model.stream(ask, max_tokens=120, temperature=0)) + "\n"
+    assert "```python" in piped and "`" in piped.replace("```", "") and "\x1b" not in piped
+    child = pexpect.spawn(sys.executable, argv, env=env, encoding="utf-8", timeout=120, dimensions=(50, 60))
+    child.expect(pexpect.EOF)
+    child.close()
+    shown = child.before.replace("\r\n", "\n").split("note: ")[0]   # stdout, then the -n note on stderr
+    assert "\x1b[35mdef\x1b[0m add_two_numbers" in shown             # a keyword of the code block
+    plain = ANSI.sub("", shown)
+    assert "`" not in plain
+    assert max(len(line) for line in plain.splitlines()) < 60
+    # wrapped between words: the same words in the same order, none cut in two
+    assert re.findall(r"[\w'.,:()+*]+", plain) == re.findall(r"[\w'.,:()+*]+", piped.replace("`", ""))
+    assert any(len(line) > 40 for line in plain.splitlines())  # the prose did reach the edge and wrap

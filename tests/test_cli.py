@@ -24,13 +24,56 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))
+    # a base model (no chat template): `run` continues its prompt, printed first
+    return str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", chat_template=False))
+
+
+@pytest.fixture(scope="module")
+def tiny_instruct(tmp_path_factory):
+    return str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-instruct.gguf"))
 
 
 def test_run_streams_prompt_and_continuation(tiny, capsys):
     assert main(["run", tiny, "the cat", "-n", "8", "--temperature", "0", "--engine", "reference"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("the cat") and len(out) > len("the cat\n")
+
+
+def test_run_answers_through_the_chat_template_of_an_instruct_model(tiny_instruct, capsys):
+    model = barellm.load(tiny_instruct)
+    ask = model.chat_prompt([{"role": "user", "content": "the cat"}])
+    answer = "".join(model.stream(ask, max_tokens=6, temperature=0))
+    assert main(["run", tiny_instruct, "the cat", "-n", "6", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == answer + "\n"      # the answer alone: the question is not echoed
+    continued = "the cat" + model.generate("the cat", max_tokens=6, temperature=0) + "\n"
+    for raw in ("--raw", "--no-chat"):
+        assert main(["run", tiny_instruct, "the cat", "-n", "6", "--temperature", "0", raw]) == 0
+        assert capsys.readouterr().out == continued
+    assert main(["run", tiny_instruct, "the cat", "--chat", "--raw"]) == 1
+    assert "contradict" in capsys.readouterr().err
+
+
+def test_run_chat_on_a_base_model_takes_a_template_and_says_so(tiny, capsys):
+    assert main(["run", tiny, "the cat", "-n", "3", "--temperature", "0", "--chat"]) == 0
+    out, err = capsys.readouterr()
+    assert not out.startswith("the cat") and "is a base model" in err
+
+
+@pytest.mark.model
+def test_run_asks_an_instruct_model_and_says_why_a_reply_is_empty(smollm_gguf):
+    """SmolLM2-Instruct answers a question; continued as plain text, the question meets its end token at once,
+    which a note explains instead of a silent exit."""
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "barellm.cli", "run", "smollm2-135m", "What is the capital of "
+                               "France?", "-n", "32", "--temperature", "0", *extra], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": str(SRC)})
+
+    asked = run()
+    assert asked.returncode == 0 and "Paris" in asked.stdout and asked.stderr == ""
+    raw = run("--raw")
+    assert raw.returncode == 0 and raw.stdout == "What is the capital of France?\n"
+    assert raw.stderr == ("note: the model ended its reply at once: its end token came first (no text generated); "
+                          "without --raw, this instruct model answers the prompt as a chat message\n")
 
 
 def test_run_same_seed_same_output(tiny, capsys):

@@ -155,6 +155,16 @@ def test_tokenize_detokenize(server: Server) -> None:
     assert "".join(p["piece"] for p in r2["tokens"]) == "Hello world"
     d = httpx.post(f"{server.url}/detokenize", json={"tokens": r["tokens"]}, timeout=30).json()
     assert d["content"] == "Hello world"
+    # an id past the vocabulary: the error names the model's, with or without "model" in the request
+    last = server.model.config.n_vocab - 1
+    for bad_id in (last + 1, 1 << 31):
+        for body in ({"tokens": [1, bad_id]}, {"tokens": [1, bad_id], "model": MODEL_ID}):
+            e = httpx.post(f"{server.url}/detokenize", json=body, timeout=30)
+            assert e.status_code == 400, e.text
+            assert e.json()["error"]["message"] == f"tokens[1] = {bad_id} is outside the vocabulary (0..{last})"
+        e = httpx.post(f"{server.url}/v1/completions", json={"prompt": [bad_id], "max_tokens": 1}, timeout=30)
+        assert e.status_code == 400, e.text
+        assert e.json()["error"]["message"] == f"prompt[0] = {bad_id} is outside the vocabulary (0..{last})"
 
 
 @pytest.mark.model

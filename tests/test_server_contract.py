@@ -66,6 +66,24 @@ def test_impossible_constraint_is_a_400_naming_it(client: TestClient, extra: dic
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("pattern, repeats, at", [("a{1000000}", "1,000,000", "{1000000} at character 1"),
+                                                 ("x(ab{1000}){11}", "11,000", "{11} at character 11")])
+def test_an_oversized_regex_is_a_400_before_anything_runs(client: TestClient, pattern: str, repeats: str,
+                                                          at: str) -> None:
+    # compiled, it failed at the first masks: 200 with an empty reply and finish_reason constraint_failed
+    for path, body in (("/v1/completions", {"prompt": "x", "max_tokens": 8}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 8})):
+        err = _error(client.post(path, json={**body, "regex": pattern}))
+        assert err["param"] == "regex" and err["message"] == (
+            f"regex: the repetition {at} asks for {repeats} repeats (nested counts multiplied); at most 10,000 "
+            "are supported")
+    # up to the limit it answers
+    r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 4, "regex": "(a{100}){100}"})
+    text = r.json()["choices"][0]["text"] if r.status_code == 200 else r.text
+    assert text and set(text) == {"a"}, text
+
+
+@pytest.mark.model
 def test_satisfiable_constraints_still_answer(client: TestClient) -> None:
     r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 8, "regex": "[ab]{3}"})
     assert r.status_code == 200, r.text

@@ -269,7 +269,7 @@ def test_own_gguf_by_path_then_by_name(tmp_path) -> None:
     assert len(hashed) == 1 and re.fullmatch(r"[0-9a-f]{64}", hashed[0].stem)
     listed = _cli(home, "list")
     assert re.search(r"^my-model\s+own\s+instruct", listed.stdout, re.M) and hashed[0].stem not in listed.stdout
-    r = _cli(home, "run", "my-model", "the cat", "-n", "3", "--temperature", "0", "-v")
+    r = _cli(home, "run", "my-model", "the cat", "-n", "3", "--temperature", "0", "-v", "--raw")
     assert r.returncode == 0 and r.stdout.startswith("the cat"), r.stderr
     env = {**os.environ, "BARELLM_HOME": str(home), "PYTHONPATH": SRC}
     chat = subprocess.run([sys.executable, "-m", "barellm.cli", "chat", "my-model", "-n", "2"], input="/show\n/bye\n",

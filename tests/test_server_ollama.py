@@ -59,6 +59,14 @@ def url(smollm_gguf: Path) -> Iterator[str]:
 
 
 @pytest.mark.model
+def test_tags_name_the_file_type_as_llama_cpp_does(url: str, qwen05_gguf: Path) -> None:
+    # Qwen2.5-Coder-0.5B Q4_K_M: most of its matrix bytes are Q5_0, and its file says Q4_K_M
+    by_name = {m.model: m.details for m in ollama.Client(host=url).list().models}
+    assert by_name["qwen2.5-coder-0.5b:latest"].quantization_level == "Q4_K_M"
+    assert by_name[f"{MODEL}:latest"].quantization_level == "Q4_1"
+
+
+@pytest.mark.model
 def test_list_version_show(url: str) -> None:
     client = ollama.Client(host=url)
     models = client.list().models   # every model in the cache, the one given at start among them

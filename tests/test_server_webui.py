@@ -119,7 +119,8 @@ def test_chat_streams_into_the_page_and_stop_works(site: tuple[str, Any], browse
     url, app = site
     metrics = app.state.server.metrics
     browser.get(url + "/")
-    _wait("the model name", lambda: browser.find_element(By.ID, "model").text == "smollm2-135m", 30)
+    _wait("the model picker", lambda: browser.find_element(By.ID, "model").get_attribute("value") == "smollm2-135m",
+          30)
     temperature = browser.find_element(By.ID, "temperature")
     browser.execute_script("arguments[0].value = '0'; arguments[0].dispatchEvent(new Event('input'))", temperature)
     browser.find_element(By.ID, "max-tokens").send_keys("40")
@@ -135,8 +136,6 @@ def test_chat_streams_into_the_page_and_stop_works(site: tuple[str, Any], browse
     assert [m["role"] for m in history] == ["user", "assistant"] and history[1]["content"] == text
     # the page sent the settings: greedy with 40 tokens at most, as the server saw it
     assert metrics.generated_tokens <= 40
-    if SCREENSHOT.parent.is_dir() and os.environ.get("BARELLM_UPDATE_SCREENSHOT"):
-        browser.save_screenshot(str(SCREENSHOT))
 
     # a long reply, stopped while it streams: the page says so, and the server frees the slot
     browser.find_element(By.ID, "max-tokens").clear()
@@ -173,10 +172,172 @@ def test_model_text_never_becomes_markup(site: tuple[str, Any], browser: Any) ->
                 langs: [...box.querySelectorAll('pre .lang')].map(e => e.textContent),
                 text: box.textContent};
     """, hostile)
-    assert set(out["tags"]) <= {"p", "strong", "code", "pre", "span"}, out["tags"]
+    assert set(out["tags"]) <= {"p", "strong", "code", "pre", "span", "button"}, out["tags"]
     assert out["strong"] == ["bold"] and out["inline"] == ["a<b>c"]
     assert out["code"] == ["<script>window.pwned=1</script>\n<b>not bold</b>", "unclosed <i>fence"]
     assert out["langs"] == ["html"]
     assert "<img src=x" in out["text"] and "<iframe" in out["text"]
     time.sleep(0.2)
     assert browser.execute_script("return window.pwned === undefined")
+
+
+MARKDOWN = """### Fruit
+
+Some **bold** and *italic* text, a [link](https://example.com/a), a [bad one](javascript:alert(1)) and `code`.
+
+- apples
+  - green ones
+- pears
+
+1. first
+2. second
+
+| fruit | count |
+|:------|------:|
+| apple | 3 |
+| pear | 10 |
+
+> quoted
+
+```python
+def f(x):  # doubles
+    return x * 2 + "s"
+```
+"""
+
+
+def test_markdown_renders_headings_lists_tables_links_and_highlighted_code(site: tuple[str, Any],
+                                                                         browser: Any) -> None:
+    url, _ = site
+    browser.get(url + "/")
+    out = browser.execute_script("""
+        const box = document.createElement('div');
+        box.appendChild(window.barellmChat.render(arguments[0]));
+        const all = (q) => [...box.querySelectorAll(q)];
+        return {h: all('h3, h4, h5, h6').map(e => e.tagName + ' ' + e.textContent),
+                strong: all('p strong').map(e => e.textContent),
+                em: all('p em').map(e => e.textContent),
+                links: all('a').map(e => [e.textContent, e.getAttribute('href'), e.rel]),
+                ul: all(':scope > ul > li').map(e => e.firstChild.textContent),
+                nested: all('ul > li > ul > li').map(e => e.textContent),
+                ol: all('ol > li').map(e => e.textContent),
+                th: all('th').map(e => [e.textContent, e.style.textAlign]),
+                td: all('td').map(e => e.textContent), quote: all('blockquote p').map(e => e.textContent),
+                code: all('pre code').map(e => e.textContent), kw: all('pre code .tok-kw').map(e => e.textContent),
+                str: all('pre code .tok-str').map(e => e.textContent),
+                com: all('pre code .tok-com').map(e => e.textContent), copy: all('pre button.copy').length,
+                text: box.textContent};
+    """, MARKDOWN)
+    assert out["h"] == ["H5 Fruit"]   # a reply's ### under the page's own headings
+    assert out["strong"] == ["bold"] and out["em"] == ["italic"]
+    assert out["links"] == [["link", "https://example.com/a", "noopener noreferrer"]]
+    assert "[bad one](javascript:alert(1))" in out["text"]        # not a link: only http(s) and mailto are
+    assert out["ul"] == ["apples", "pears"] and out["nested"] == ["green ones"] and out["ol"] == ["first", "second"]
+    assert out["th"] == [["fruit", "left"], ["count", "right"]] and out["td"] == ["apple", "3", "pear", "10"]
+    assert out["quote"] == ["quoted"]
+    assert out["code"] == ['def f(x):  # doubles\n    return x * 2 + "s"']   # highlighting keeps the text
+    assert out["kw"] == ["def", "return"] and out["str"] == ['"s"'] and out["com"] == ["# doubles"]
+    assert out["copy"] == 1
+
+
+def _clipboard(browser: Any) -> str:
+    return browser.execute_async_script(
+        "const done = arguments[0]; navigator.clipboard.readText().then(done, (e) => done('error: ' + e));")
+
+
+@pytest.mark.model
+def test_copy_buttons_copy_a_message_and_a_code_block(site: tuple[str, Any], browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    url, _ = site
+    browser.get(url + "/")
+    browser.execute_cdp_cmd("Browser.grantPermissions", {"origin": url, "permissions": [
+        "clipboardReadWrite", "clipboardSanitizedWrite"]})
+    temperature = browser.find_element(By.ID, "temperature")
+    browser.execute_script("arguments[0].value = '0'; arguments[0].dispatchEvent(new Event('input'))", temperature)
+    browser.find_element(By.ID, "max-tokens").send_keys("60")
+    reply = _send(browser, "Write a Python function that adds two numbers.")
+    _wait("the reply to finish", lambda: reply.get_attribute("data-state") == "done")
+    text = reply.get_attribute("data-text")
+    reply.find_element(By.CSS_SELECTOR, ".head button.copy").click()
+    _wait("the whole reply in the clipboard", lambda: _clipboard(browser) == text, 10)
+    assert "```" in text, text   # SmolLM2 answers this with a code block
+    block = reply.find_element(By.CSS_SELECTOR, "pre")
+    block.find_element(By.CSS_SELECTOR, "button.copy").click()
+    code = block.find_element(By.CSS_SELECTOR, "code").text
+    _wait("the code in the clipboard", lambda: _clipboard(browser).strip() == code.strip(), 10)
+    assert "def " in code and "```" not in _clipboard(browser)
+    assert block.find_elements(By.CSS_SELECTOR, "code .tok-kw")   # highlighted
+
+
+def test_the_page_defaults_are_the_servers(site: tuple[str, Any], browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    from barellm.generate.sampling import SamplingParams
+
+    url, _ = site
+    browser.get(url + "/")
+    d = SamplingParams()
+    assert float(browser.find_element(By.ID, "temperature").get_attribute("value")) == d.temperature
+    assert browser.find_element(By.ID, "temperature-value").text == str(d.temperature)
+    assert float(browser.find_element(By.ID, "top-p").get_attribute("value")) == d.top_p
+
+
+def test_settings_stay_reachable_on_a_narrow_screen(site: tuple[str, Any], browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    url, _ = site
+    browser.set_window_size(600, 900)
+    try:
+        browser.get(url + "/")
+        key = browser.find_element(By.ID, "api-key")
+        toggle = browser.find_element(By.ID, "settings-toggle")
+        assert not key.is_displayed() and toggle.is_displayed()
+        toggle.click()
+        _wait("the settings to open", key.is_displayed, 10)
+        key.send_keys("secret-key-123")
+        assert key.get_attribute("value") == "secret-key-123" and toggle.get_attribute("aria-expanded") == "true"
+        toggle.click()
+        _wait("the settings to close", lambda: not key.is_displayed(), 10)
+    finally:
+        browser.set_window_size(1200, 800)
+    browser.get(url + "/")
+    assert browser.find_element(By.ID, "api-key").is_displayed()
+    assert not browser.find_element(By.ID, "settings-toggle").is_displayed()
+
+
+@pytest.fixture(scope="module")
+def two_models(smollm_gguf: Path, gemma_gguf: Path) -> Iterator[str]:
+    """`barellm serve smollm2-135m gemma3-270m` as the command builds it: both loaded, the cache's others
+    on demand."""
+    from barellm.cli import build_parser, parse_args
+    from barellm.serve import build_app
+
+    args = parse_args(build_parser(), ["serve", "smollm2-135m", "gemma3-270m", "--slots", "1", "-c", "1024"])
+    with serving(build_app(args)) as url:
+        yield url
+
+
+@pytest.mark.model
+def test_the_model_picker_chooses_the_model_that_answers(two_models: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    browser.get(two_models + "/")
+    picker = browser.find_element(By.ID, "model")
+    _wait("the models", lambda: picker.get_attribute("data-ready") == "true", 30)
+    values = [o.get_attribute("value") for o in Select(picker).options]
+    assert values[:2] == ["smollm2-135m", "gemma3-270m"] and len(values) == len(set(values))
+    temperature = browser.find_element(By.ID, "temperature")
+    browser.execute_script("arguments[0].value = '0'; arguments[0].dispatchEvent(new Event('input'))", temperature)
+    browser.find_element(By.ID, "max-tokens").send_keys("80")
+    for name in ("gemma3-270m", "smollm2-135m"):
+        browser.find_element(By.ID, "new-chat").click()
+        Select(picker).select_by_value(name)
+        reply = _send(browser, "Write a Python function that adds two numbers.")
+        _wait("the reply to finish", lambda: reply.get_attribute("data-state") != "streaming")   # noqa: B023
+        assert reply.get_attribute("data-state") == "done"
+        assert reply.get_attribute("data-model") == name               # the model the server says answered
+        assert reply.find_element(By.CSS_SELECTOR, ".role").text.lower() == f"assistant · {name}"
+    if SCREENSHOT.parent.is_dir() and os.environ.get("BARELLM_UPDATE_SCREENSHOT"):
+        browser.save_screenshot(str(SCREENSHOT))

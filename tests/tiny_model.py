@@ -32,7 +32,8 @@ def byte_vocab() -> list[str]:
 
 
 def tiny_llama_metadata(n_layers: int = 2, dim: int = 64, ffn: int = 96, heads: int = 4, kv_heads: int = 2,
-                        ctx: int = 256) -> tuple[dict, int]:
+                        ctx: int = 256, chat_template: bool = True) -> tuple[dict, int]:
+    """The tiny model's metadata; without chat_template, a base model (no template in its file)."""
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     merges = ["Ġ t", "h e", "Ġt he", "i n", "a n", "e r", "o n", "Ġ a"]
     tokens = specials + byte_vocab() + [m.replace(" ", "") for m in merges]
@@ -61,6 +62,8 @@ def tiny_llama_metadata(n_layers: int = 2, dim: int = 64, ffn: int = 96, heads: 
         "tokenizer.ggml.add_bos_token": False,
         "tokenizer.chat_template": CHATML,
     }
+    if not chat_template:
+        del md["tokenizer.chat_template"]
     return md, len(tokens)
 
 

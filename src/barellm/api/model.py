@@ -447,7 +447,7 @@ class Model(OpenAIMethods):
 
         fim = self.fim
         if fim is None:
-            raise InvalidRequest(f"{self.path.name} has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
+            raise InvalidRequest(f"{self.name} has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
                                  "<|fim_middle|> or their kin): this model cannot infill")
         n_predict = max_tokens if max_tokens is not None and max_tokens > 0 else min(256, self.n_ctx // 4)
         return infill_ids(self.tokenizer, fim, prefix, suffix, extra=extra, prompt=prompt, n_ctx=self.n_ctx,

@@ -19,6 +19,8 @@ from barellm.errors import BarellmError
 COMMAND_MODULES = [
     "barellm.cli.commands",
     "barellm.cli.inspect",
+    "barellm.cli.show",
+    "barellm.cli.running_server",
     "barellm.cli.perplexity",
     "barellm.cli.kld",
     "barellm.cli.bench",

@@ -78,6 +78,7 @@ class Reply:
     context_full: bool        # stopped because prompt + reply filled the context
     max_tokens_hit: bool = False   # stopped at max_tokens (with room left in the context)
     timings: Any = None            # the generation's Timings (speculative decoding's counts among them)
+    finish_reason: str | None = None   # "stop" (end token or stop string) or "length", as the generation said
 
     @property
     def draft_note(self) -> str:
@@ -96,20 +97,34 @@ class Reply:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+def is_terminal(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):   # a closed or stand-in stream
+        return False
+
+
 def stream_reply(model: Any, prompt_ids: Sequence[int], options: dict[str, Any], out: TextIO,
                  stop: threading.Event | None = None, echo: str = "") -> Reply:
     """Streams the continuation of prompt_ids to out, after `echo` (written once the model has accepted the
     prompt and the options, so that a refusal is not preceded by output). Setting `stop` ends it at the next
-    piece: the generator is closed, which leaves the model ready for the next call."""
+    piece: the generator is closed, which leaves the model ready for the next call. On a terminal the text
+    is rendered as Markdown, wrapped at word boundaries (terminal_markdown.py); anywhere else it is written
+    as the model gave it."""
     max_tokens = options.get("max_tokens", DEFAULT_MAX_TOKENS)
     t0 = time.perf_counter()
     first: float | None = None
     parts: list[str] = []
     interrupted = False
     gen = model.stream(list(prompt_ids), **options)   # checks the prompt and the options
+    sink: Any = out
+    if is_terminal(out):
+        from barellm.cli.terminal_markdown import MarkdownStream
+
+        sink = MarkdownStream(out)
     if echo:
-        out.write(echo)
-        out.flush()
+        sink.write(echo)
+        sink.flush()
     try:
         for piece in gen:
             if stop is not None and stop.is_set():
@@ -117,11 +132,13 @@ def stream_reply(model: Any, prompt_ids: Sequence[int], options: dict[str, Any],
                 break
             if first is None:
                 first = time.perf_counter()
-            out.write(piece)
-            out.flush()
+            sink.write(piece)
+            sink.flush()
             parts.append(piece)
     finally:
         gen.close()
+        if sink is not out:
+            sink.finish()
     interrupted = interrupted or (stop is not None and stop.is_set())
     seconds = time.perf_counter() - t0
     tokens = len(gen.token_ids)
@@ -130,7 +147,8 @@ def stream_reply(model: Any, prompt_ids: Sequence[int], options: dict[str, Any],
     context_full = cut and len(prompt_ids) + tokens >= model.n_ctx
     max_tokens_hit = cut and not context_full and max_tokens is not None and tokens >= max_tokens
     return Reply("".join(parts), tokens, len(prompt_ids), seconds, (first or time.perf_counter()) - t0, interrupted,
-                 context_full, max_tokens_hit, getattr(getattr(gen, "completion", None), "timings", None))
+                 context_full, max_tokens_hit, getattr(getattr(gen, "completion", None), "timings", None),
+                 gen.finish_reason)
 
 
 @contextlib.contextmanager
@@ -177,16 +195,39 @@ class PlainReader:
         return input(prompt if self.interactive else "")
 
 
+def open_block(text: str) -> bool:
+    """Whether text starts a triple-quote block that it does not also end (read_message's rule)."""
+    head = text.lstrip()
+    if not head.startswith('"""'):
+        return False
+    body = head[3:].rstrip()
+    return not (len(body) >= 3 and body.endswith('"""'))
+
+
 class PromptToolkitReader:
-    """prompt_toolkit's line editor: arrow keys, history of the session, Ctrl-C drops the line."""
+    """prompt_toolkit's line editor: arrow keys, history of the session, Ctrl-C drops the line.
+
+    A triple-quote block is edited as one text: Enter inside it starts a new line (shown after "... ")
+    until a line ends with the closing quotes, so the whole message is one entry of the history, recalled
+    and edited as a whole, instead of one entry per line."""
 
     name = "prompt_toolkit"
 
     def __init__(self) -> None:
         from prompt_toolkit import PromptSession
+        from prompt_toolkit.application.current import get_app
+        from prompt_toolkit.filters import Condition
         from prompt_toolkit.history import InMemoryHistory
+        from prompt_toolkit.key_binding import KeyBindings
 
-        self._session: Any = PromptSession(history=InMemoryHistory())
+        keys = KeyBindings()
+
+        @keys.add("enter", filter=Condition(lambda: open_block(get_app().current_buffer.text)))
+        def _(event: Any) -> None:
+            event.current_buffer.insert_text("\n")
+
+        self._session: Any = PromptSession(history=InMemoryHistory(), key_bindings=keys,
+                                           prompt_continuation=CONTINUATION)
 
     def read(self, prompt: str) -> str:
         return self._session.prompt(prompt)
@@ -214,7 +255,8 @@ def read_message(reader: LineReader) -> tuple[str, bool]:
         return line, False
     body = head[3:]
     if len(body.rstrip()) >= 3 and body.rstrip().endswith('"""'):
-        return body.rstrip()[:-3], True
+        # a whole block at once: one line, or the lines prompt_toolkit's editor gathered
+        return body.rstrip()[:-3].strip("\n"), True
     lines = [body] if body.strip() else []
     while True:
         nxt = reader.read(CONTINUATION)

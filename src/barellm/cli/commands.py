@@ -8,8 +8,12 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from barellm.errors import BarellmError, FormatError, InvalidRequest, ModelNotFound
+
+if TYPE_CHECKING:
+    from barellm.cli.chat_repl import Reply
 
 
 def _add_generation_args(p: argparse.ArgumentParser, verbose_help: str, chat_flag: bool = False) -> None:
@@ -19,22 +23,30 @@ def _add_generation_args(p: argparse.ArgumentParser, verbose_help: str, chat_fla
     add_model_args(p)
     add_sampling_args(p)
     if chat_flag:
-        p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of the chat template")
+        p.add_argument("--chat", action="store_true",
+                       help="send the prompt as one user message through the chat template, also on a base model "
+                            "(with --template, or the built-in chatml); the default for instruct models")
+        p.add_argument("--raw", "--no-chat", dest="raw", action="store_true",
+                       help="continue the prompt as plain text (it is printed first), without the chat template; "
+                            "the default for base models")
     add_chat_args(p)
     add_draft_arg(p)
     p.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="stream a continuation of a prompt; with a model and no prompt, chat",
-                       description="Streams the continuation of PROMPT (its words joined by spaces; '-' reads it "
-                                   "from stdin). MODEL is a name `barellm list` shows, a Hugging Face or Ollama "
-                                   "reference (hf.co/ORG/REPO[:QUANT], ollama:NAME[:TAG]) or a path to a model "
-                                   "file, and defaults to smollm2-135m. A first word shaped like a model (a known "
-                                   "name in any case, NAME:TAG, ORG/REPO, a path, NAME-7b, llama3.2) is the model "
-                                   "and must resolve: it never becomes the prompt; -m/--model names the model "
-                                   "explicitly. With a MODEL and no PROMPT, `run` opens the interactive chat, as "
-                                   "`barellm chat MODEL` does. Options may come anywhere.")
+    p = sub.add_parser("run", help="answer a prompt (instruct models) or continue it (base models); with a model "
+                                   "and no prompt, chat",
+                       description="Streams the reply to PROMPT (its words joined by spaces; '-' reads it from "
+                                   "stdin): an instruct model (a chat template in its file) answers it as one user "
+                                   "message, as `ollama run` does; a base model, or --raw, continues it as plain "
+                                   "text, printed first. MODEL is a name `barellm list` shows, a Hugging Face or "
+                                   "Ollama reference (hf.co/ORG/REPO[:QUANT], ollama:NAME[:TAG]) or a path to a "
+                                   "model file, and defaults to smollm2-135m. A first word shaped like a model (a "
+                                   "known name in any case, NAME:TAG, ORG/REPO, a path, NAME-7b, llama3.2) is the "
+                                   "model and must resolve: it never becomes the prompt; -m/--model names the "
+                                   "model explicitly. With a MODEL and no PROMPT, `run` opens the interactive "
+                                   "chat, as `barellm chat MODEL` does. Options may come anywhere.")
     p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]",
                    help="a model first (a known name, a path, or a word shaped like either, which must then "
                         "resolve), then the prompt")
@@ -147,6 +159,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     check_sampling_args(args)   # before the model loads, and before the prompt is echoed
     check_draft(args)
+    if args.chat and args.raw:
+        raise InvalidRequest("--chat and --raw/--no-chat contradict each other: give one")
     words = list(args.words)
     if args.model is not None:
         model_name: str | None = args.model
@@ -163,8 +177,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     model = _load(args, model_name, chat_template=args.template)
     t_load = time.perf_counter() - t0
     kw = model_defaults_first(sampling_kwargs(args), model)
-    if args.chat:
-        if not hub.is_instruct(model.metadata):
+    instruct = hub.is_instruct(model.metadata)
+    # an instruct model is asked, as Ollama and llama-cli do: continued as plain text, a question usually
+    # meets the end-of-text token at once and prints nothing
+    chat = args.chat or (not args.raw and (instruct or args.template is not None))
+    if chat:
+        if not instruct:
             print(f"note: {model.name} is a base model (its file has no chat template); --chat wraps the prompt "
                   "in a built-in template it was not tuned on", file=sys.stderr)
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
@@ -172,21 +190,43 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         ids = model.tokenize(prompt)
     # the prompt is echoed once the generation has accepted it and the options: an error prints alone
-    reply = stream_reply(model, ids, kw, sys.stdout, echo="" if args.chat else prompt)
+    reply = stream_reply(model, ids, kw, sys.stdout, echo="" if chat else prompt)
     sys.stdout.write("\n")
     sys.stdout.flush()
+    empty = not reply.text.strip()
     if reply.context_full:
         asked = f" before the {kw['max_tokens']} asked" if kw.get("max_tokens") is not None else ""
         print(f"note: stopped at the context limit: {model.n_ctx} tokens (prompt {len(ids)} + {reply.tokens} "
               f"generated){asked}; -c/--context raises it (this model: up to {model.config.context_length})",
               file=sys.stderr)
     elif reply.max_tokens_hit:
-        print(f"note: the reply was cut at {reply.tokens} tokens (-n/--max-tokens)", file=sys.stderr)
+        before = " before any text; a larger -n lets it go further" if empty and reply.tokens else ""
+        print(f"note: the reply was cut at {reply.tokens} tokens (-n/--max-tokens){before}", file=sys.stderr)
+    elif empty:
+        print(empty_reply_note(reply, chat=chat, instruct=instruct, stop=bool(args.stop)), file=sys.stderr)
     if args.verbose:
         print(f"[load {t_load:.2f} s, prompt {len(ids)} tokens, first token {reply.first_token_seconds:.3f} s, "
               f"{reply.tokens} tokens in {reply.seconds:.2f} s, {reply.tokens_per_second:.1f} tokens/s"
               f"{reply.draft_note}]", file=sys.stderr)
     return 0
+
+
+def empty_reply_note(reply: Reply, *, chat: bool, instruct: bool, stop: bool) -> str:
+    """Why `run` printed nothing though no limit cut it (the model ended the text before any), and what
+    to try instead."""
+    if reply.tokens == 0:
+        what = "the model ended its reply at once: its end token came first"
+    else:
+        what = f"the model ended its reply after {reply.tokens} tokens of blank text"
+    if stop:
+        what += ", or a --stop string matched"
+    if chat:
+        hint = "--raw continues the prompt as plain text instead; a question or an instruction suits a chat"
+    elif instruct:
+        hint = "without --raw, this instruct model answers the prompt as a chat message"
+    else:
+        hint = "a longer prompt, or another --seed or --temperature, may get it going"
+    return f"note: {what} (no text generated); {hint}"
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ Three objects:
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -169,6 +170,7 @@ class Vocabulary:
         """Output that matches pattern as a whole (Rust regex syntax: no look-around, no backreferences)."""
         if not isinstance(pattern, str):
             raise InvalidRequest(f"{what} must be a string")
+        _check_repetitions(pattern, what)
         return self.grammar("regex", _llguidance().LLMatcher.grammar_from_regex(pattern), what)
 
     def lark(self, source: str, what: str = "grammar", end_on_exit: bool = False) -> Grammar:
@@ -217,6 +219,79 @@ class Vocabulary:
 
 
 _INT_RANGE = (-(1 << 63), (1 << 64) - 1)
+
+# Counted repetitions in a regex, nested ones multiplied: llguidance's lexer unrolls them into states, so
+# a{1000000} compiles but fails at the first or second mask ("too many expressions constructed"), which
+# ended the reply empty with constraint_failed; a{100000} costs seconds of mask time. Past this it is
+# refused with the request, as RE2 refuses counts past 1000.
+MAX_REPETITION = 10_000
+_COUNT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+
+
+def _check_repetitions(pattern: str, what: str) -> None:
+    """Refuses a regex whose counted repetitions ({n}, {n,}, {n,m}), nested ones multiplied, pass
+    MAX_REPETITION. Escapes and character classes are skipped; the rest of the syntax is llguidance's to
+    check."""
+    inside = [1]     # per open group: the largest repetition product within it so far
+    last = 1         # the repetition product of the atom or group just read
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            # \p{Greek}, \x{263a}, \u{...}: braces that belong to the escape
+            if i + 2 < n and pattern[i + 1] in "pPxuU" and pattern[i + 2] == "{":
+                close = pattern.find("}", i + 2)
+                i = n if close < 0 else close + 1
+            else:
+                i += 2
+            last = 1
+        elif c == "[":
+            i = _class_end(pattern, i)
+            last = 1
+        elif c == "(":
+            inside.append(1)
+            i += 1
+        elif c == ")":
+            last = inside.pop() if len(inside) > 1 else 1
+            inside[-1] = max(inside[-1], last)
+            i += 1
+        elif c == "{" and (m := _COUNT.match(pattern, i)):
+            low, high = int(m.group(1)), m.group(2)
+            count = max(low, int(high)) if high else low
+            last *= count
+            if last > MAX_REPETITION:
+                raise InvalidRequest(f"{what}: the repetition {m.group(0)} at character {i} asks for {last:,} "
+                                     f"repeats (nested counts multiplied); at most {MAX_REPETITION:,} are "
+                                     "supported")
+            inside[-1] = max(inside[-1], last)
+            i = m.end()
+        else:
+            last = 1
+            i += 1
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """The index after the character class that opens at pattern[start] ("["), nested classes included."""
+    depth, i, n = 0, start, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            depth += 1
+            i += 1
+            if i < n and pattern[i] == "^":
+                i += 1
+            if i < n and pattern[i] == "]":   # a ] first in a class is a literal
+                i += 1
+            continue
+        if c == "]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return n
 
 
 def _check_numbers(value: Any, where: str) -> None:

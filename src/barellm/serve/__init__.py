@@ -81,6 +81,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a client that reads none of its response for this long is dropped (default 60)")
     c.add_argument("--max-connections", type=int, default=512,
                    help="open connections at most; past them a new one gets 503 and is closed (default 512)")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="after Ctrl-C (or SIGTERM), the seconds the requests in flight get to finish; then each "
+                        "ends with 503 or, streamed, an error event. A second Ctrl-C ends them at once (default 10)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     g = p.add_argument_group("replicas on a Ray cluster (pip install 'barellm[ray]'; see docs/ray.md)")
     g.add_argument("--ray", action="store_true",
@@ -123,6 +126,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise InvalidRequest(f"--{name.replace('_', '-')} must be in 0..86400, got {value}")
     if not 1 <= args.max_connections <= 1 << 20:
         raise InvalidRequest(f"--max-connections must be in 1..{1 << 20}, got {args.max_connections}")
+    if not 0 <= args.shutdown_timeout <= 86400:
+        raise InvalidRequest(f"--shutdown-timeout must be in 0..86400 seconds, got {args.shutdown_timeout}")
     if args.prefill_chunk < 1:
         raise InvalidRequest(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
     if not 0 <= args.stream_interval <= 10:
@@ -314,5 +319,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not is_loopback(args.host) and args.api_key is None:
         print("barellm: warning: listening beyond loopback without --api-key: anyone who can reach this port "
               "can use the model", file=sys.stderr)
-    run(app, host=args.host, port=args.port, log_level=args.log_level, limits=connection_limits(args))
+    run(app, host=args.host, port=args.port, log_level=args.log_level, limits=connection_limits(args),
+        shutdown_timeout=args.shutdown_timeout)
     return 0

@@ -152,8 +152,8 @@ async def infill(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     raw = await read_body(request, _state(request).max_body)
     name = _model_field(raw)
-    if name is None:
-        schemas.completion_request(raw, 1 << 31)   # a body that is no request fails before any model loads
+    if name is None:   # a body that is no request fails before any model loads (token ids: once it is known)
+        schemas.parse(schemas.CompletionRequest, raw)
     state = await _model(request, name)
     return await _generate(request, state, schemas.completion_request(raw, state.n_vocab))
 
@@ -208,8 +208,8 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     raw = await read_body(request, _state(request).max_body)
     name = _model_field(raw)
-    if name is None:
-        schemas.detokenize_request(raw, 1 << 31)
+    if name is None:   # as in completions: the shape now, the ids against the model's vocabulary below
+        schemas.parse(schemas.DetokenizeRequest, raw)
     state = await _model(request, name)
     ids = schemas.detokenize_request(raw, state.n_vocab)
     try:
@@ -464,9 +464,19 @@ def server_config(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log
                           http=protocol_class(limits), timeout_keep_alive=limits.keep_alive or 1 << 30)
 
 
-def run(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info",
-        limits: Any = None) -> None:
-    """Serves app with uvicorn until interrupted."""
-    import uvicorn
+def end_requests(server: Server) -> None:
+    """Stops every loaded model's scheduler: each job still queued or running gets its 503 error event,
+    which its handler relays (the end of a graceful shutdown, serve/shutdown.py)."""
+    for m in list(server.models.loaded.values()):
+        m.state.scheduler.stop()
 
-    uvicorn.Server(server_config(app, host, port, log_level, limits)).run()
+
+def run(app: Starlette, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info",
+        limits: Any = None, shutdown_timeout: float | None = None) -> None:
+    """Serves app with uvicorn until Ctrl-C or SIGTERM, then shuts down gracefully (serve/shutdown.py):
+    the requests in flight get shutdown_timeout seconds to finish."""
+    from barellm.serve.shutdown import DEFAULT_SHUTDOWN_TIMEOUT, GracefulServer
+
+    grace = DEFAULT_SHUTDOWN_TIMEOUT if shutdown_timeout is None else shutdown_timeout
+    server: Server = app.state.server
+    GracefulServer(server_config(app, host, port, log_level, limits), lambda: end_requests(server), grace).run()

@@ -17,6 +17,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from barellm.errors import BarellmError, InvalidRequest
+from barellm.formats.file_types import file_type_name
 from barellm.serve import schemas
 from barellm.serve.errors import ApiError, bad
 from barellm.serve.models import leasing
@@ -133,9 +134,10 @@ def _details_of(md: Any, tensors: Any, arch_default: str) -> dict[str, Any]:
             name = str(getattr(t, "type_name", "?")).upper()
             types[name] = types.get(name, 0) + int(t.nbytes)
     size = f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M"
+    # the file's type as llama.cpp names it (Q4_K_M); the matrices' commonest type where the file does not say
+    level = file_type_name(md) or (max(types, key=lambda k: types[k]) if types else "unknown")
     return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
-            "parameter_size": md.get("general.size_label") or size,
-            "quantization_level": max(types, key=lambda k: types[k]) if types else "unknown"}
+            "parameter_size": md.get("general.size_label") or size, "quantization_level": level}
 
 
 def _digest(cand: Any) -> str:
