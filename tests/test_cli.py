@@ -436,7 +436,7 @@ def test_an_unknown_model_shaped_word_is_an_error_listing_the_names(tiny, capsys
 @pytest.mark.parametrize("word", ["smollm2:latest", "SmolLM2-135M", "smollm2:135m", "SMOLLM2"])
 def test_run_takes_a_name_in_any_case_with_its_latest_or_size_tag(smollm_gguf, capsys, word):
     expected = barellm.load("smollm2-135m").generate("hi", max_tokens=3, temperature=0)
-    assert main(["run", word, "hi", "-n", "3", "--temperature", "0"]) == 0
+    assert main(["run", word, "hi", "-n", "3", "--temperature", "0", "--raw"]) == 0
     assert capsys.readouterr().out == "hi" + expected + "\n"
 
 

@@ -177,7 +177,7 @@ def test_pull_picks_the_quant_checks_it_and_run_downloads_nothing_again(hub, tmp
     assert hub.downloads() == [f"/org/tiny-GGUF/resolve/{COMMIT}/tiny.Q8_0.gguf"]
     # run, load and list by the same name, none of them asking the hub anything
     asked = len(hub.requests)
-    assert main(["run", "hf.co/org/tiny-GGUF:Q8_0", "the cat", "-n", "3", "--temperature", "0"]) == 0
+    assert main(["run", "hf.co/org/tiny-GGUF:Q8_0", "the cat", "-n", "3", "--temperature", "0", "--raw"]) == 0
     assert capsys.readouterr().out.startswith("the cat")
     model = barellm.load("hf://org/tiny-GGUF:Q8_0")
     assert model.path == path and model.name == "hf.co/org/tiny-GGUF:Q8_0"
@@ -206,7 +206,7 @@ def test_a_file_already_in_the_cache_is_used_in_place_and_left_by_rm(hub, tmp_pa
     fetched = len(hub.downloads())
     assert main(["list"]) == 0
     assert any(ln.startswith("hf.co/org/tiny-GGUF:F16 ") for ln in capsys.readouterr().out.splitlines())
-    assert main(["run", "hf.co/org/tiny-GGUF:f16", "the cat", "-n", "2"]) == 0
+    assert main(["run", "hf.co/org/tiny-GGUF:f16", "the cat", "-n", "2", "--raw"]) == 0
     assert len(hub.downloads()) == fetched
     capsys.readouterr()
     assert main(["pull", "hf.co/org/tiny-GGUF:F16"]) == 0
@@ -299,7 +299,7 @@ def test_offline_mode_runs_what_is_cached_and_says_what_is_not(hub, monkeypatch,
     assert main(["pull", "hf.co/org/tiny-GGUF:Q8_0"]) == 0
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     asked = len(hub.requests)
-    assert main(["run", "hf.co/org/tiny-GGUF:Q8_0", "the cat", "-n", "2"]) == 0
+    assert main(["run", "hf.co/org/tiny-GGUF:Q8_0", "the cat", "-n", "2", "--raw"]) == 0
     assert main(["pull", "hf.co/org/tiny-GGUF:q8_0"]) == 0
     capsys.readouterr()
     assert main(["pull", "hf.co/org/tiny-GGUF:F16"]) == 1

@@ -138,9 +138,9 @@ def test_pull_from_the_registry_then_list_run_and_rm_by_ollama_name(env, tiny_by
     assert model.path == blob and model.n_ctx == 64 and model.defaults["stop"] == [stop]
     assert model.generate("the cat", max_tokens=8) == free[: free.index(stop)]
     # the params' temperature 0 where the command line leaves the temperature at its default: greedy
-    assert main(["run", "tiny:1b", "the cat", "-n", "8"]) == 0
+    assert main(["run", "tiny:1b", "the cat", "-n", "8", "--raw"]) == 0
     assert capsys.readouterr().out == "the cat" + free[: free.index(stop)] + "\n"
-    assert main(["run", "ollama:tiny:1b", "the cat", "-n", "8"]) == 0
+    assert main(["run", "ollama:tiny:1b", "the cat", "-n", "8", "--raw"]) == 0
     assert len(registry.requests) == asked
     # the server applies them as Ollama does, where a request leaves them out
     pytest.importorskip("starlette")
@@ -214,7 +214,7 @@ def test_a_local_ollama_store_is_listed_run_by_name_and_left_alone(env, tiny_byt
     assert " ollama " in row and str(store) in row
     # the catalogue has a model of that name too, not pulled here: the local Ollama's copy runs, no download
     assert catalog.resolve("qwen2.5-coder:1.5b") == blob == catalog.resolve("QWEN2.5-CODER:1.5B")
-    assert main(["run", "qwen2.5-coder:1.5b", "the cat", "-n", "3", "--temperature", "0"]) == 0
+    assert main(["run", "qwen2.5-coder:1.5b", "the cat", "-n", "3", "--temperature", "0", "--raw"]) == 0
     assert capsys.readouterr().out.startswith("the cat")
     assert main(["pull", "ollama:qwen2.5-coder:1.5b"]) == 0 and registry.requests == []
     assert "already in the local Ollama's store" in capsys.readouterr().err
