@@ -251,9 +251,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     msg = {404: f"no such endpoint: {request.method} {request.url.path}",
            405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
-    if request.url.path.startswith("/api/"):   # Ollama's routes answer in Ollama's shape
-        _state(request).metrics.error(endpoint_label(request.url.path), "invalid_request_error")
-        return _JSON({"error": msg}, status_code=exc.status_code, headers=dict(exc.headers or {}))
     return error_response(_state(request), request.url.path, ApiError(exc.status_code, msg, code=code),
                           headers=dict(exc.headers or {}))
 

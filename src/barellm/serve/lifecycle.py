@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import ConfigDict, Field
 from starlette.requests import Request
@@ -22,7 +22,7 @@ from barellm.serve import schemas
 from barellm.serve.errors import ApiError, bad
 from barellm.serve.models import leasing
 from barellm.serve.relay import Outbox, RelayResponse, read_body, submit_embeddings
-from barellm.serve.schema_types import Duration, Int, _Body
+from barellm.serve.schema_types import Duration, Int, _Body, _either
 
 # _name(): the model by either of its keys, not empty
 NAMED = ConfigDict(json_schema_extra={"anyOf": [
@@ -52,7 +52,8 @@ class CopyRequest(_Body):
 
 class EmbedRequest(_Body):
     model: str = Field(min_length=1)
-    input: str | list[str] = ""
+    input: _either(str, list[Annotated[str, Field(min_length=1)]], "must be a string or an array of strings") = Field(
+        "", description='a text or texts; none ("", [] or left out) loads the model and answers no embeddings')
     truncate: bool = True
     options: dict[str, Any] | None = None
     keep_alive: float | Duration | None = None
@@ -61,7 +62,7 @@ class EmbedRequest(_Body):
 
 class LegacyEmbeddingRequest(_Body):
     model: str = Field(min_length=1)
-    prompt: str = ""
+    prompt: str = Field("", description="the text; none loads the model and answers an empty embedding")
     options: dict[str, Any] | None = None
     keep_alive: float | Duration | None = None
 
@@ -342,8 +343,12 @@ async def _embed(request: Request, legacy: bool) -> Response:
     body, lease = await _leased(request, LegacyEmbeddingRequest if legacy else EmbedRequest)
     state = lease.state
     texts = [body.prompt] if legacy else ([body.input] if isinstance(body.input, str) else list(body.input))
-    if not texts or any(not t for t in texts):
-        raise bad("input is empty: give a text or a list of texts", "prompt" if legacy else "input")
+    texts = [t for t in texts if t]   # "" alone: nothing to embed (in a list, the model forbids it)
+    if not texts:   # as Ollama does: an empty request loads the model, and answers no embeddings
+        load_ns = int(lease.load_seconds * 1e9)
+        return JSONResponse({"embedding": []} if legacy else {
+            "model": body.model, "embeddings": [], "total_duration": load_ns, "load_duration": load_ns,
+            "prompt_eval_count": 0})
     dim = state.model.config.dim
     if not legacy and body.dimensions is not None and body.dimensions != dim:
         raise bad(f"dimensions: this model's embeddings have {dim} dimensions; it cannot make others", "dimensions")

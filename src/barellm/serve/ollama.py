@@ -29,7 +29,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -52,6 +52,7 @@ from barellm.serve.schema_types import (
     Penalty,
     Prob,
     _Body,
+    _either_of,
     _off,
 )
 
@@ -170,6 +171,10 @@ class OllamaToolCall(_Body):
 
 
 class OllamaMessage(_Body):
+    # what as_dict() requires beyond the fields' types, stated in the document: tool calls on an assistant's
+    # message only
+    model_config = ConfigDict(json_schema_extra=_either_of(schemas._role_is("assistant"), schemas._NO_CALLS))
+
     role: Literal["system", "user", "assistant", "tool"] = Field(description="tool: a tool's result")
     content: str = ""
     images: Annotated[list[Any] | None, _off("images", ([],), "this model reads text only")] = None

@@ -18,6 +18,7 @@ from barellm.generate.scheduler import Event, Job, TokenLogprob
 from barellm.serve.errors import ApiError
 from barellm.serve.metrics import endpoint_label
 from barellm.serve.relay import Outbox, RelayResponse
+from barellm.serve.security import OLLAMA_PREFIX
 
 
 def _dumps(obj: Any) -> str:
@@ -33,8 +34,10 @@ class _JSON(JSONResponse):
 
 def error_response(state: Any, path: str, err: ApiError, headers: dict[str, str] | None = None
                    ) -> Response:
+    """err as the route at path answers it: Ollama's shape ({"error": "message"}) under /api/, else OpenAI's."""
     state.metrics.error(endpoint_label(path), err.type)
-    return _JSON(err.body(), status_code=err.status, headers=headers)
+    body = {"error": err.message} if path.startswith(OLLAMA_PREFIX) else err.body()
+    return _JSON(body, status_code=err.status, headers=headers)
 
 class Formatter(ResponseBuilder):
     """The answer's objects of one request (ResponseBuilder, as Model.create_* builds them), with the server's

@@ -532,7 +532,7 @@ class TokenizeRequest(_Body):
 
 
 class DetokenizeRequest(_Body):
-    tokens: list[Int]
+    tokens: list[TokenId] = Field(description="token ids (within the model's vocabulary)")
     model: str | None = None
 
 

@@ -1,7 +1,8 @@
 """What stands between the network and the handlers: the Host allow-list, header size, the API key, the
 JSON content type, and (opted in) CORS.
 
-Each check answers in OpenAI's error shape before any handler runs:
+Each check answers before any handler runs, in OpenAI's error shape ({"error": {"message", ...}}), or on
+Ollama's routes (/api/*) in Ollama's ({"error": "message"}), as their handlers do:
 - Two Host headers: 400 (RFC 9112 section 3.2: a server must refuse them; the first would win otherwise).
 - Host not allowed: 421. A page on another site can make a browser send requests to a loopback server
   under a name it controls (DNS rebinding); such requests carry that name, not a loopback one.
@@ -56,9 +57,19 @@ def host_name(header: str) -> str:
     return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
 
 
-async def _error(send: Send, status: int, message: str, code: str, type: str = "invalid_request_error",
+OLLAMA_PREFIX = "/api/"   # Ollama's routes: errors are {"error": "message"}
+
+
+def error_body(path: str, message: str, code: str | None, type: str = "invalid_request_error") -> dict[str, Any]:
+    """An error as the route at path answers it: Ollama's shape under /api/, OpenAI's elsewhere."""
+    if path.startswith(OLLAMA_PREFIX):
+        return {"error": message}
+    return {"error": {"message": message, "type": type, "param": None, "code": code}}
+
+
+async def _error(send: Send, path: str, status: int, message: str, code: str, type: str = "invalid_request_error",
                  headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    body = json.dumps({"error": {"message": message, "type": type, "param": None, "code": code}}).encode()
+    body = json.dumps(error_body(path, message, code, type)).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "http.response.body", "body": body})
@@ -81,32 +92,32 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers: list[tuple[bytes, bytes]] = scope["headers"]
+        path: str = scope["path"]
         size = sum(len(k) + len(v) + 4 for k, v in headers)
         if size > self.max_header_bytes:
-            await _error(send, 431, f"the request headers take {size} bytes; at most {self.max_header_bytes} "
+            await _error(send, path, 431, f"the request headers take {size} bytes; at most {self.max_header_bytes} "
                          "are accepted", "headers_too_large")
             return
         get = _getter(headers)
         hosts = sum(1 for k, _ in headers if k == b"host")
         if hosts > 1:
-            await _error(send, 400, f"the request carries {hosts} Host headers; HTTP/1.1 allows exactly one",
+            await _error(send, path, 400, f"the request carries {hosts} Host headers; HTTP/1.1 allows exactly one",
                          "duplicate_host", headers=[(b"connection", b"close")])
             return
         if self.allowed_hosts is not None:
             host = host_name(get(b"host").decode("latin-1"))
             if host not in self.allowed_hosts:
-                await _error(send, 421, f"this server does not answer to the host name {host[:100]!r}; start it "
+                await _error(send, path, 421, f"this server does not answer to the host name {host[:100]!r}; start it "
                              "with --allowed-host NAME to accept it", "invalid_host")
                 return
         method = scope["method"]
         if method == "OPTIONS":   # a CORS preflight carries no credentials; the CORS layer answers it
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
         if self.api_key is not None and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIX):
             given = _bearer(get(b"authorization"))
             if not hmac.compare_digest(given, self.api_key):
-                await _error(send, 401, "a valid API key is needed: send the header 'Authorization: Bearer KEY'"
+                await _error(send, path, 401, "a valid API key is needed: send the header 'Authorization: Bearer KEY'"
                              if not given else "the API key is not valid", "invalid_api_key",
                              headers=[(b"www-authenticate", b'Bearer realm="barellm"')])
                 return
@@ -114,7 +125,7 @@ class Guard:
             mime = get(b"content-type").split(b";")[0].strip().lower()
             if mime != b"application/json":
                 shown = mime.decode("latin-1")[:100] or "none"
-                await _error(send, 415, f"the body must be JSON sent as Content-Type: application/json "
+                await _error(send, path, 415, f"the body must be JSON sent as Content-Type: application/json "
                              f"(got {shown})", "unsupported_media_type")
                 return
         await self.app(scope, receive, send)
