@@ -14,7 +14,8 @@ static void run_qjobs(const bl_op *op, int r0, int r1) {
     }
 }
 
-static void op_embed(const bl_plan *p, const bl_op *op, int tid, int nth) {
+static void op_embed(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    (void)seq;
     int t0, t1;
     bl_split(p->T, 1, tid, nth, &t0, &t1);
     for (int t = t0; t < t1; t++) {
@@ -25,7 +26,8 @@ static void op_embed(const bl_plan *p, const bl_op *op, int tid, int nth) {
     }
 }
 
-static void op_rmsnorm(const bl_plan *p, const bl_op *op, int tid, int nth) {
+static void op_rmsnorm(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    (void)seq;
     int i0, i1;
     bl_split(op->rows_sel ? p->n_out : p->T, 1, tid, nth, &i0, &i1);
     for (int i = i0; i < i1; i++) {
@@ -46,7 +48,8 @@ static int splits_by_blocks(const bl_op *op) {
     return 1;
 }
 
-static void op_silu_mul(const bl_plan *p, const bl_op *op, int tid, int nth) {
+static void op_silu_mul(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    (void)seq;
     void (*act)(const float *, const float *, float *, int) = op->gelu ? bl_gelu_mul : bl_silu_mul;
     if (p->T < nth && splits_by_blocks(op)) {
         /* fewer tokens than threads (decode): by tokens one thread would do it all while the others wait
@@ -188,7 +191,8 @@ static void store_q8_keys(const bl_op *op, char *kc, char *vc, const float *k, c
     }
 }
 
-static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth) {
+static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    (void)seq;
     int t0, t1;
     bl_split(p->T, 1, tid, nth, &t0, &t1);
     const int qd = op->n_heads * op->head_dim, kd = op->n_kv_heads * op->head_dim;
@@ -266,16 +270,14 @@ static void op_attention(const bl_plan *p, const bl_op *op, int tid, int nth, un
     while (steal_next(p, tid, nth, seq, &victim, &c)) attend_items(p, op, c * U, c + 1 < nu ? (c + 1) * U : n);
 }
 
-static void exec_op(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
-    switch (op->kind) {
-    case BL_OP_EMBED: op_embed(p, op, tid, nth); break;
-    case BL_OP_RMSNORM: op_rmsnorm(p, op, tid, nth); break;
-    case BL_OP_MATMUL: op_matmul(p, op, tid, nth, seq); break;
-    case BL_OP_ROPE_KV: op_rope_kv(p, op, tid, nth); break;
-    case BL_OP_ATTENTION: op_attention(p, op, tid, nth, seq); break;
-    case BL_OP_SILU_MUL: op_silu_mul(p, op, tid, nth); break;
-    default: break;
-    }
+/* The dispatch, from the op table (executor.h): OP_RUN[kind] is op_<name>. */
+typedef void (*op_fn)(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq);
+#define OP_ENTRY(KIND, name, id, required, optional) [BL_OP_##KIND] = op_##name,
+static const op_fn OP_RUN[BL_OP_KIND_END] = {BL_OP_KINDS(OP_ENTRY)};
+#undef OP_ENTRY
+
+static inline void exec_op(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    if (op->kind > 0 && op->kind < BL_OP_KIND_END && OP_RUN[op->kind]) OP_RUN[op->kind](p, op, tid, nth, seq);
 }
 
 static void plan_task(void *ctx, int tid, int nth) {

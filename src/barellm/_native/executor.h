@@ -16,15 +16,38 @@
 #include "ops.h"
 #include "threadpool.h"
 
-enum bl_op_kind {
-    BL_OP_EMBED = 1,    /* out[t] = dequant(table row tokens[t]) */
-    BL_OP_RMSNORM = 2,  /* out[i] = rmsnorm(x[row i], w) (then res[i] += out[i] if res); then the qjobs */
-    BL_OP_MATMUL = 3,   /* qjobs (unless prequantized), barrier, parts: out = W xq (+ res) */
-    BL_OP_ROPE_KV = 4,  /* (rmsnorm each q and k head,) rotate q and k of x[t] in place; store k, v
-                           (into a q8_0 cache: H (k - k_shift), see op_rope_kv) */
-    BL_OP_ATTENTION = 5,/* out[t] = attention of the q heads of x[t] over the slot's cache */
-    BL_OP_SILU_MUL = 6, /* out[t] = act(x[t]) * x2[t] (act: silu, or gelu_tanh if gelu); then the qjobs */
-};
+/* The op kinds, one row each: X(KIND, name, id, required keys, optional keys). Everything else about an op
+ * kind follows from its row: the enum (BL_OP_KIND), the executor's dispatch to op_<name> (executor.c), the
+ * name and id Python sees (nat.OP_KINDS) and the keys py_plan.c accepts in its dict, where a required key
+ * that is absent or any key not listed (besides kind, name and rows_sel) is an error naming it. Adding an
+ * op is its row here, its op_<name> in executor.c over the kernels, and its Python side, found by the same name:
+ * plan.py's dataclass of that kind, NativeEngine._spec_<name> (its dict) and EngineDebug._numpy_<name>. */
+#define BL_KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define BL_OP_KINDS(X)                                                                                         \
+    /* out[t] = dequant(table row tokens[t]) (* scale_embed) */                                               \
+    X(EMBED, embed, 1, BL_KEYS("out", "out_stride", "n", "table", "scale_embed"), BL_KEYS(NULL))              \
+    /* out[i] = rmsnorm(x[row i], w) (then res[i] += out[i] if res); then the qjobs */                       \
+    X(RMSNORM, rmsnorm, 2, BL_KEYS("x", "x_stride", "w", "eps", "n", "out", "out_stride"),                    \
+      BL_KEYS("res", "res_stride", "qjobs"))                                                                  \
+    /* qjobs (unless prequantized), barrier, parts: out = W xq (+ bias) (res += out) */                       \
+    X(MATMUL, matmul, 3, BL_KEYS("parts", "qjobs"), BL_KEYS("prequantized"))                                  \
+    /* (rmsnorm each q and k head,) rotate q and k of x[t] in place; store k, v (into a q8_0 cache:          \
+     * H (k - k_shift), see op_rope_kv) */                                                                    \
+    X(ROPE_KV, rope_kv, 4,                                                                                    \
+      BL_KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "out",      \
+              "out_stride", "rope_dim", "eps", "rope_style", "rope_cs"),                                      \
+      BL_KEYS("q_norm", "k_norm", "k_shift"))                                                                 \
+    /* out[t] = attention of the q heads of x[t] over the slot's cache */                                     \
+    X(ATTENTION, attention, 5,                                                                                \
+      BL_KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "window",   \
+              "x", "x_stride", "out", "out_stride", "scale"),                                                 \
+      BL_KEYS(NULL))                                                                                          \
+    /* out[t] = act(x[t]) * x2[t] (act: silu, or gelu_tanh if gelu); then the qjobs */                        \
+    X(SILU_MUL, silu_mul, 6, BL_KEYS("x", "x2", "x_stride", "out", "out_stride", "n", "gelu"), BL_KEYS("qjobs"))
+
+#define BL_OP_ENUM(KIND, name, id, required, optional) BL_OP_##KIND = id,
+enum bl_op_kind { BL_OP_KINDS(BL_OP_ENUM) BL_OP_KIND_END };
+#undef BL_OP_ENUM
 
 #define BL_MAX_PARTS 4
 #define BL_MAX_QJOBS 4

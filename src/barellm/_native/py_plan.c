@@ -112,30 +112,18 @@ static int parse_matrix(PlanObject *self, PyObject *spec, bl_matrix *m) {
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
-/* The keys each op kind takes (engine.py builds the dicts): every required key must be there and no other
- * key may be, so a misspelt or forgotten key is an error naming it, never a silent zero. */
-#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+/* The keys each op kind takes (engine.py builds the dicts), from the op table (executor.h): every required key
+ * must be there and no other key may be, so a misspelt or forgotten key is an error naming it, never a silent
+ * zero. */
 typedef struct {
     const char *name;
     int kind;
     const char *const *required, *const *optional;
 } op_keys;
 
-static const op_keys OP_KEYS[] = {
-    {"embed", BL_OP_EMBED, KEYS("out", "out_stride", "n", "table", "scale_embed"), KEYS(NULL)},
-    {"rmsnorm", BL_OP_RMSNORM, KEYS("x", "x_stride", "w", "eps", "n", "out", "out_stride"),
-     KEYS("res", "res_stride", "qjobs")},
-    {"matmul", BL_OP_MATMUL, KEYS("parts", "qjobs"), KEYS("prequantized")},
-    {"rope_kv", BL_OP_ROPE_KV,
-     KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "out", "out_stride",
-          "rope_dim", "eps", "rope_style", "rope_cs"),
-     KEYS("q_norm", "k_norm", "k_shift")},
-    {"attention", BL_OP_ATTENTION,
-     KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "window", "x",
-          "x_stride", "out", "out_stride", "scale"),
-     KEYS(NULL)},
-    {"silu_mul", BL_OP_SILU_MUL, KEYS("x", "x2", "x_stride", "out", "out_stride", "n", "gelu"), KEYS("qjobs")},
-};
+#define OP_KEYS_ROW(KIND, name, id, required, optional) {#name, BL_OP_##KIND, required, optional},
+static const op_keys OP_KEYS[] = {BL_OP_KINDS(OP_KEYS_ROW)};
+#undef OP_KEYS_ROW
 static const char *const COMMON_KEYS[] = {"kind", "name", "rows_sel", NULL};
 static const char *const QJOB_REQUIRED[] = {"w", "x", "x_stride", "dst", "dst_stride", NULL};
 static const char *const PART_REQUIRED[] = {"w", "xq", "out", "ldo", NULL};

@@ -253,69 +253,85 @@ class NativeEngine(EngineWeights, EngineDebug):
                         self.n_vocab, self.n_ctx, self.n_slots)
 
     def _op_spec(self, op: Op) -> dict[str, Any]:
-        """The executor's dict for one op: exactly the keys its kind takes (py_plan.c refuses others)."""
-        cfg = self.cfg
-        d: dict[str, Any] = {"kind": KIND_IDS[op.kind], "name": op.name, "rows_sel": int(op.rows == "selected")}
-        if isinstance(op, Embed):
-            table = self._table(op.table)
-            d.update(out=self._spec(op.out), out_stride=self._stride(op.out), n=cfg.dim, table=table,
-                     scale_embed=float(np.float32(op.scale)))
-        elif isinstance(op, RMSNorm):
-            d.update(x=self._spec(op.src), x_stride=self._stride(op.src), w=self._norm(op.weight), eps=op.eps,
-                     n=self._widths[op.src])
-            if op.accumulate:  # out += rmsnorm(x): normalize x in place, then add
-                d.update(out=self._spec(op.src), out_stride=self._stride(op.src), res=self._spec(op.out),
-                         res_stride=self._stride(op.out))
-            else:
-                d.update(out=self._spec(op.out), out_stride=self._stride(op.out))
-        elif isinstance(op, MatMul):
-            parts = [(*p, matrix_act(p[0], self.activations)) for p in self._matrix(op.matrices)]
-            if op.out == "logits" and self.n_logits < self.n_vocab:   # the first rows: a prefix of the bytes
-                (type_id, layout, _, cols, data, act), = parts
-                parts = [(type_id, layout, self.n_logits, cols,
-                          data[:matrix_bytes(type_id, layout, self.n_logits, cols)], act)]
-            bias = self._bias(op.bias) if op.bias else None
-            qjobs, qmap, pspecs = [], {}, []
-            col = 0
-            for p in parts:
-                key = (p[0], p[1], p[5])
-                if key not in qmap:
-                    qb = self._qbuf(op.src, p)
-                    qmap[key] = qb
-                    qjobs.append({"w": (p[0], p[1], p[2], p[3], None, p[5]), "x": self._spec(op.src),
-                                  "x_stride": self._stride(op.src), "dst": qb, "dst_stride": qb.shape[1]})
-                target = "proj" if op.accumulate else op.out
-                ps = {"w": p, "xq": qmap[key], "out": self._spec(target, col), "ldo": self._stride(target)}
-                if bias is not None:
-                    ps["bias"] = bias[col:col + p[2]]
-                if op.accumulate:
-                    ps.update(res=self._spec(op.out, col), res_stride=self._stride(op.out))
-                pspecs.append(ps)
-                col += p[2]
-            d.update(parts=pspecs, qjobs=qjobs)
-        elif isinstance(op, (RopeKV, Attention)):
-            off = self.k_cache.itemsize * op.layer * self._layer_elems
-            d.update(n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, n_ctx=self.n_ctx_pad,
-                     kc=(self.k_cache, off), vc=(self.v_cache, off), slot_stride=self._slot_elems,
-                     kv_type=KV_TYPES[self.kv_type])
-            if isinstance(op, RopeKV):
-                if op.q_norm and op.k_norm:
-                    d.update(q_norm=self._norm(op.q_norm), k_norm=self._norm(op.k_norm))
-                if op.k_bias and self.kv_type == "q8_0":
-                    d.update(k_shift=self._norm(op.k_bias))
-                d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim,
-                         eps=op.eps, rope_style=0 if cfg.rope_style == "norm" else 1,
-                         rope_cs=self._rope_cs[cfg.layer_rope_theta(op.layer)])
-            else:
-                d.update(x=self._spec(op.src), x_stride=self._stride(op.src), out=self._spec(op.out),
-                         out_stride=self._stride(op.out), scale=float(np.float32(cfg.scale)), window=op.window)
-        elif isinstance(op, GatedAct):
-            f = cfg.ffn_dim
-            d.update(x=self._spec(op.src), x2=self._spec(op.src, f), x_stride=self._stride(op.src),
-                     out=self._spec(op.out), out_stride=self._stride(op.out), n=f, gelu=int(op.act == "gelu_tanh"))
-        else:
+        """The executor's dict for one op: exactly the keys its kind takes (py_plan.c refuses others), made by
+        the engine's _spec_<kind> (the op table's name, executor.h)."""
+        build = getattr(self, f"_spec_{op.kind}", None)
+        if op.kind not in KIND_IDS or build is None:
             raise InvalidRequest(f"op {op.name}: the native engine has no kind {op.kind!r}")
+        d: dict[str, Any] = {"kind": KIND_IDS[op.kind], "name": op.name, "rows_sel": int(op.rows == "selected")}
+        d.update(build(op))
         return d
+
+    def _spec_embed(self, op: Embed) -> dict[str, Any]:
+        return dict(out=self._spec(op.out), out_stride=self._stride(op.out), n=self.cfg.dim,
+                    table=self._table(op.table), scale_embed=float(np.float32(op.scale)))
+
+    def _spec_rmsnorm(self, op: RMSNorm) -> dict[str, Any]:
+        d: dict[str, Any] = dict(x=self._spec(op.src), x_stride=self._stride(op.src), w=self._norm(op.weight),
+                                 eps=op.eps, n=self._widths[op.src])
+        if op.accumulate:  # out += rmsnorm(x): normalize x in place, then add
+            d.update(out=self._spec(op.src), out_stride=self._stride(op.src), res=self._spec(op.out),
+                     res_stride=self._stride(op.out))
+        else:
+            d.update(out=self._spec(op.out), out_stride=self._stride(op.out))
+        return d
+
+    def _spec_matmul(self, op: MatMul) -> dict[str, Any]:
+        parts = [(*p, matrix_act(p[0], self.activations)) for p in self._matrix(op.matrices)]
+        if op.out == "logits" and self.n_logits < self.n_vocab:   # the first rows: a prefix of the bytes
+            (type_id, layout, _, cols, data, act), = parts
+            parts = [(type_id, layout, self.n_logits, cols,
+                      data[:matrix_bytes(type_id, layout, self.n_logits, cols)], act)]
+        bias = self._bias(op.bias) if op.bias else None
+        qjobs, qmap, pspecs = [], {}, []
+        col = 0
+        for p in parts:
+            key = (p[0], p[1], p[5])
+            if key not in qmap:
+                qb = self._qbuf(op.src, p)
+                qmap[key] = qb
+                qjobs.append({"w": (p[0], p[1], p[2], p[3], None, p[5]), "x": self._spec(op.src),
+                              "x_stride": self._stride(op.src), "dst": qb, "dst_stride": qb.shape[1]})
+            target = "proj" if op.accumulate else op.out
+            ps = {"w": p, "xq": qmap[key], "out": self._spec(target, col), "ldo": self._stride(target)}
+            if bias is not None:
+                ps["bias"] = bias[col:col + p[2]]
+            if op.accumulate:
+                ps.update(res=self._spec(op.out, col), res_stride=self._stride(op.out))
+            pspecs.append(ps)
+            col += p[2]
+        return dict(parts=pspecs, qjobs=qjobs)
+
+    def _spec_cache(self, layer: int) -> dict[str, Any]:
+        """What the ops that read or write a layer's KV cache share."""
+        cfg = self.cfg
+        off = self.k_cache.itemsize * layer * self._layer_elems
+        return dict(n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, n_ctx=self.n_ctx_pad,
+                    kc=(self.k_cache, off), vc=(self.v_cache, off), slot_stride=self._slot_elems,
+                    kv_type=KV_TYPES[self.kv_type])
+
+    def _spec_rope_kv(self, op: RopeKV) -> dict[str, Any]:
+        cfg = self.cfg
+        d = self._spec_cache(op.layer)
+        if op.q_norm and op.k_norm:
+            d.update(q_norm=self._norm(op.q_norm), k_norm=self._norm(op.k_norm))
+        if op.k_bias and self.kv_type == "q8_0":
+            d.update(k_shift=self._norm(op.k_bias))
+        d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim,
+                 eps=op.eps, rope_style=0 if cfg.rope_style == "norm" else 1,
+                 rope_cs=self._rope_cs[cfg.layer_rope_theta(op.layer)])
+        return d
+
+    def _spec_attention(self, op: Attention) -> dict[str, Any]:
+        d = self._spec_cache(op.layer)
+        d.update(x=self._spec(op.src), x_stride=self._stride(op.src), out=self._spec(op.out),
+                 out_stride=self._stride(op.out), scale=float(np.float32(self.cfg.scale)), window=op.window)
+        return d
+
+    def _spec_silu_mul(self, op: GatedAct) -> dict[str, Any]:
+        f = self.cfg.ffn_dim
+        return dict(x=self._spec(op.src), x2=self._spec(op.src, f), x_stride=self._stride(op.src),
+                    out=self._spec(op.out), out_stride=self._stride(op.out), n=f, gelu=int(op.act == "gelu_tanh"))
 
     # --- running ------------------------------------------------------------------------------
 
