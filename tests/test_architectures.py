@@ -59,7 +59,8 @@ def test_rope_factors_matter():
 def test_every_row_names_its_tensors():
     for row in ARCHITECTURES.values():
         names = row.layer_tensors
-        assert "attn_q.weight" in names and "ffn_down.weight" in names
+        assert "attn_q.weight" in names
+        assert ("ffn_down_exps.weight" in names) == row.moe and ("ffn_down.weight" in names) != row.moe
         assert ("attn_q.bias" in names) == row.attn_bias
         assert ("attn_q_norm.weight" in names) == row.qk_norm
 

@@ -1,6 +1,7 @@
 /* The executor (see executor.h). */
 #include "executor.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -268,6 +269,130 @@ static void op_attention(const bl_plan *p, const bl_op *op, int tid, int nth, un
     int c, victim = -1;
     steal_init(p, tid, nth, seq, nu);
     while (steal_next(p, tid, nth, seq, &victim, &c)) attend_items(p, op, c * U, c + 1 < nu ? (c + 1) * U : n);
+}
+
+/* A token's experts and their weights (bl_moe): the n_used largest logits, by selection (ties to the lower id),
+ * and exp(l - max) over the sum of those of the chosen experts (norm_weights) or of all. llama.cpp takes the
+ * softmax, its top n_used and renormalizes; the softmax keeps the logits' order, so choosing on the logits
+ * picks the same experts without rounding, and in plain C (not a tier's kernel) on every ISA alike. */
+static void moe_route(const bl_moe *m, const float *l, int32_t *choice, float *weight) {
+    for (int k = 0; k < m->n_used; k++) {
+        int best = -1;
+        for (int e = 0; e < m->n_experts; e++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= choice[j] == e;
+            if (!taken && (best < 0 || l[e] > l[best])) best = e;
+        }
+        choice[k] = best;
+    }
+    const double top = l[choice[0]];
+    double sum = 0;
+    if (m->norm_weights)
+        for (int k = 0; k < m->n_used; k++) sum += exp((double)l[choice[k]] - top);
+    else
+        for (int e = 0; e < m->n_experts; e++) sum += exp((double)l[e] - top);
+    for (int k = 0; k < m->n_used; k++) weight[k] = (float)(exp((double)l[choice[k]] - top) / sum);
+}
+
+/* The matmuls of every expert that has pairs, split over threads by (expert, chunk of rows): rows_per rows
+ * of each expert, taken from `first` (its rows [0, split)) and `second` (the rest, output columns from split
+ * on; NULL: none), each of the expert's pairs' vectors xq[j] giving out[j]. */
+static void moe_matmuls(const bl_moe *m, const int32_t *start, int tid, int nth, const bl_matrix *first,
+                        const bl_matrix *second, int split, const char *xq, size_t xq_stride, const char *xq2,
+                        size_t xq2_stride, float *out, size_t ldo) {
+    const int rows_per = second ? 2 * split : split, pairs = start[m->n_experts];
+    int active = 0;
+    for (int e = 0; e < m->n_experts; e++) active += start[e + 1] > start[e];
+    int A = bl_matmul_row_align(first);
+    if (second && bl_matmul_row_align(second) > A) A = bl_matmul_row_align(second);
+    /* as op_matmul: 2 chunks per thread when the experts' weights are a stream from memory, else 8 */
+    const int per = pairs <= 4 * m->n_used ? 2 : 8, want = (active * rows_per + per * nth - 1) / (per * nth);
+    int CH = want > A ? (want + A - 1) / A * A : A;
+    if (CH > rows_per) CH = rows_per;
+    const int per_expert = (rows_per + CH - 1) / CH;
+    int i0, i1;
+    bl_split(active * per_expert, 1, tid, nth, &i0, &i1);
+    for (int e = 0, item = 0; e < m->n_experts && item < i1; e++) {
+        const int n = start[e + 1] - start[e];
+        if (!n) continue;
+        for (int c = 0; c < per_expert; c++, item++) {
+            if (item < i0 || item >= i1) continue;
+            const int r0 = c * CH, r1 = r0 + CH < rows_per ? r0 + CH : rows_per, j = start[e];
+            if (r0 < split) {
+                const bl_matrix w = bl_moe_expert(first, split, e);
+                bl_matmul(&w, xq + (size_t)j * xq_stride, n, out + (size_t)j * ldo, ldo, r0, r1 < split ? r1 : split);
+            }
+            if (second && r1 > split) {
+                const bl_matrix w = bl_moe_expert(second, split, e);
+                bl_matmul(&w, xq2 + (size_t)j * xq2_stride, n, out + (size_t)j * ldo + split, ldo,
+                          r0 > split ? r0 - split : 0, r1 - split);
+            }
+        }
+    }
+}
+
+static void op_moe(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    (void)seq;
+    const bl_moe *m = &op->moe;
+    const int T = p->T, K = m->n_used, E = m->n_experts, P = T * K, F = m->ffn;
+    int32_t *start = m->index, *pair_token = m->index + E + 1, *pair_of = pair_token + P;
+    int a, b;
+    /* route each token */
+    bl_split(T, 1, tid, nth, &a, &b);
+    for (int t = a; t < b; t++)
+        moe_route(m, m->logits + (size_t)t * m->logits_stride, m->choice + (size_t)t * K, m->weight + (size_t)t * K);
+    bl_pool_barrier(p->pool, tid);
+    /* group the pairs by expert, each expert's in token order (T * n_used steps: one thread) */
+    if (tid == 0) {
+        memset(start, 0, sizeof(int32_t) * (E + 1));
+        for (int i = 0; i < P; i++) start[m->choice[i] + 1]++;
+        for (int e = 0; e < E; e++) start[e + 1] += start[e];
+        int32_t next[E];
+        memcpy(next, start, sizeof next);
+        for (int i = 0; i < P; i++) {
+            const int j = next[m->choice[i]]++;
+            pair_token[j] = i / K;
+            pair_of[i] = j;
+        }
+    }
+    bl_pool_barrier(p->pool, tid);
+    /* each pair's input, converted for gate and up */
+    bl_split(P, 1, tid, nth, &a, &b);
+    for (int j = a; j < b; j++) {
+        const float *x = op->x + (size_t)pair_token[j] * op->x_stride;
+        bl_quantize_act(&m->gate, x, op->x_stride, 1, (char *)m->xg + (size_t)j * m->xg_stride);
+        if (m->xg_up) bl_quantize_act(&m->up, x, op->x_stride, 1, (char *)m->xg_up + (size_t)j * m->xg_up_stride);
+    }
+    bl_pool_barrier(p->pool, tid);
+    bl_shared_stream = nth > 1;
+    moe_matmuls(m, start, tid, nth, &m->gate, &m->up, F, m->xg, m->xg_stride, m->xg_up ? m->xg_up : m->xg,
+                m->xg_up ? m->xg_up_stride : m->xg_stride, m->gu, m->gu_stride);
+    bl_pool_barrier(p->pool, tid);
+    /* act(gate) * up, over the gate half, converted for down */
+    void (*act)(const float *, const float *, float *, int) = op->gelu ? bl_gelu_mul : bl_silu_mul;
+    bl_split(P, 1, tid, nth, &a, &b);
+    for (int j = a; j < b; j++) {
+        float *g = m->gu + (size_t)j * m->gu_stride;
+        act(g, g + F, g, F);
+        bl_quantize_act(&m->down, g, m->gu_stride, 1, (char *)m->aq + (size_t)j * m->aq_stride);
+    }
+    bl_pool_barrier(p->pool, tid);
+    moe_matmuls(m, start, tid, nth, &m->down, NULL, op->n, m->aq, m->aq_stride, NULL, 0, m->y, m->y_stride);
+    bl_pool_barrier(p->pool, tid);
+    /* each token's weighted sum, its experts in the order they were chosen */
+    bl_split(T, 1, tid, nth, &a, &b);
+    for (int t = a; t < b; t++) {
+        float *out = op->out + (size_t)t * op->out_stride;
+        for (int k = 0; k < K; k++) {
+            const float w = m->weight[(size_t)t * K + k];
+            const float *y = m->y + (size_t)pair_of[(size_t)t * K + k] * m->y_stride;
+            if (k == 0)
+                for (int i = 0; i < op->n; i++) out[i] = w * y[i];
+            else
+                for (int i = 0; i < op->n; i++) out[i] += w * y[i];
+        }
+        if (op->res) bl_add(op->res + (size_t)t * op->res_stride, out, op->n);
+    }
 }
 
 /* The dispatch, from the op table (executor.h): OP_RUN[kind] is op_<name>. */

@@ -43,7 +43,14 @@
               "x", "x_stride", "out", "out_stride", "scale"),                                                 \
       BL_KEYS(NULL))                                                                                          \
     /* out[t] = act(x[t]) * x2[t] (act: silu, or gelu_tanh if gelu); then the qjobs */                        \
-    X(SILU_MUL, silu_mul, 6, BL_KEYS("x", "x2", "x_stride", "out", "out_stride", "n", "gelu"), BL_KEYS("qjobs"))
+    X(SILU_MUL, silu_mul, 6, BL_KEYS("x", "x2", "x_stride", "out", "out_stride", "n", "gelu"), BL_KEYS("qjobs"))   \
+    /* out[t] = sum over the experts x[t] is routed to of weight * down_e (act(gate_e x[t]) * up_e x[t])      \
+     * (then res[t] += out[t] if res): see bl_moe */                                                         \
+    X(MOE, moe, 7,                                                                                            \
+      BL_KEYS("x", "x_stride", "out", "out_stride", "n", "gelu", "logits", "logits_stride", "gate", "up",       \
+              "down", "n_experts", "n_used", "ffn", "norm_weights", "choice", "weight", "index", "xg",         \
+              "xg_stride", "gu", "gu_stride", "aq", "aq_stride", "y", "y_stride"),                            \
+      BL_KEYS("res", "res_stride", "xg_up", "xg_up_stride"))
 
 #define BL_OP_ENUM(KIND, name, id, required, optional) BL_OP_##KIND = id,
 enum bl_op_kind { BL_OP_KINDS(BL_OP_ENUM) BL_OP_KIND_END };
@@ -70,6 +77,44 @@ typedef struct bl_mm_part { /* rows [row0, row0 + w.rows) of a matmul op's row s
     size_t res_stride;
     int row0;
 } bl_mm_part;
+
+/* A mixture-of-experts MLP. Each token goes to the n_used experts with the largest router logits (ties to the
+ * lower id), weighted by the softmax of the logits over all experts, or over the chosen ones with norm_weights.
+ * The op works on (token, expert) pairs grouped by expert, each expert's in token order, so that an expert's
+ * weights are read once per step for all its tokens (one matmul of as many vectors), and in decode only the
+ * chosen experts' are read at all. A pair's values depend on its token and expert alone (the matmul kernels'
+ * invariance), and each token sums its experts' outputs in the order they were chosen: the result is the
+ * same whatever the batch, the chunking or the thread split. Rows of the scratch are pairs, at most
+ * max_T * n_used of them. */
+typedef struct bl_moe {
+    int n_experts, n_used;
+    int ffn;                      /* rows of an expert's gate and up matrices */
+    int norm_weights;
+    bl_matrix gate, up, down;     /* the stacks: expert e is rows [e ffn, (e + 1) ffn) of gate and of up, and
+                                     rows [e n, (e + 1) n) of down (whole row groups: bl_moe_expert) */
+    const float *logits;          /* the router's, [T][n_experts] */
+    size_t logits_stride;
+    int32_t *choice;              /* [T][n_used] the chosen experts */
+    float *weight;                /* [T][n_used] their weights */
+    int32_t *index;               /* [n_experts + 1] where each expert's pairs start, then [pairs] each pair's
+                                     token, then [T][n_used] each choice's pair */
+    void *xg, *xg_up;             /* [pairs] the token's x converted for gate, and for up (NULL: as for gate) */
+    size_t xg_stride, xg_up_stride;
+    float *gu;                    /* [pairs][2 ffn] gate | up products; act(gate) * up goes over the gate half */
+    size_t gu_stride;
+    void *aq;                     /* [pairs] act(gate) * up converted for down */
+    size_t aq_stride;
+    float *y;                     /* [pairs][n] each pair's expert output */
+    size_t y_stride;
+} bl_moe;
+
+/* Expert e's rows of a stack whose experts have `rows` rows each: a view of the same bytes. */
+static inline bl_matrix bl_moe_expert(const bl_matrix *stack, int rows, int e) {
+    bl_matrix m = *stack;
+    m.rows = rows;
+    if (e) m.data = (const char *)stack->data + bl_matrix_bytes(stack->type, stack->layout, e * rows, stack->cols);
+    return m;
+}
 
 typedef struct bl_op {
     int kind;
@@ -103,6 +148,7 @@ typedef struct bl_op {
     int kv_type;           /* enum bl_kv_type: f32, f16 or q8_0 cache (ops.h) */
     int window;            /* attention: keys a query sees, counting its own (0: all before it) */
     float scale;
+    bl_moe moe;
 } bl_op;
 
 /* Work stealing in a matmul's row space: each thread owns a contiguous range of row chunks, takes them

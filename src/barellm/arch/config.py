@@ -46,6 +46,10 @@ class ModelConfig:
     sliding_window: int = 0            # keys a local layer sees, counting the query's own (0: all)
     swa_pattern: int = 0               # every swa_pattern-th layer is global, the others local (0: all global)
     rope_theta_local: float = 0.0      # RoPE base of local layers (0: rope_theta)
+    n_experts: int = 0                 # mixture of experts: experts per layer (0: a dense MLP)
+    n_experts_used: int = 0            # experts each token is routed to
+    expert_ffn_dim: int = 0            # rows of each expert's gate and up matrices
+    expert_weights_norm: bool = False  # the chosen experts' weights renormalized to sum 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -118,7 +122,14 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
     value_dim = _get(md, p + "attention.value_length", int, head_dim)
     if value_dim != head_dim:
         raise FormatError(f"attention.value_length {value_dim} differs from key_length {head_dim}; not supported")
-    ffn_dim = _positive(p + "feed_forward_length", _get(md, p + "feed_forward_length", int), 1 << 18)
+    n_experts = n_used = expert_ffn = 0
+    if row.moe:
+        n_experts = _positive(p + "expert_count", _get(md, p + "expert_count", int), 4096)
+        n_used = _positive(p + "expert_used_count", _get(md, p + "expert_used_count", int), n_experts)
+        expert_ffn = _positive(p + "expert_feed_forward_length",
+                               _get(md, p + "expert_feed_forward_length", int), 1 << 18)
+    ffn_dim = _positive(p + "feed_forward_length",
+                        _get(md, p + "feed_forward_length", int, expert_ffn or None), 1 << 18)
     rope_dim = _get(md, p + "rope.dimension_count", int, head_dim)
     if not 0 < rope_dim <= head_dim or rope_dim % 2:
         raise FormatError(f"rope.dimension_count {rope_dim} does not fit head dimension {head_dim}")
@@ -145,7 +156,9 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
         tied_output=tied_output, attn_bias=row.attn_bias, rope_freqs=rope_freqs,
         embed_scale=math.sqrt(dim) if row.embed_scale_sqrt_dim else 1.0, act=row.act, qk_norm=row.qk_norm,
         post_norms=row.post_norms, sliding_window=window, swa_pattern=row.swa_pattern,
-        rope_theta_local=row.rope_theta_local,
+        rope_theta_local=row.rope_theta_local, n_experts=n_experts, n_experts_used=n_used,
+        expert_ffn_dim=expert_ffn,
+        expert_weights_norm=row.expert_weights_norm,
     )
 
 
@@ -178,6 +191,10 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         "post_attention_norm.weight": (cfg.dim,), "post_ffw_norm.weight": (cfg.dim,),
         "ffn_gate.weight": (cfg.ffn_dim, cfg.dim), "ffn_up.weight": (cfg.ffn_dim, cfg.dim),
         "ffn_down.weight": (cfg.dim, cfg.ffn_dim),
+        "ffn_gate_inp.weight": (cfg.n_experts, cfg.dim),
+        "ffn_gate_exps.weight": (cfg.n_experts, cfg.expert_ffn_dim, cfg.dim),
+        "ffn_up_exps.weight": (cfg.n_experts, cfg.expert_ffn_dim, cfg.dim),
+        "ffn_down_exps.weight": (cfg.n_experts, cfg.dim, cfg.expert_ffn_dim),
     }
     for i in range(cfg.n_layers):
         for name in cfg.spec.layer_tensors:

@@ -113,7 +113,46 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 
+def route(logits: np.ndarray, n_used: int, norm: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The experts each token goes to, from the router's logits [T, n_experts]: their ids [T, n_used] (the
+    largest logits first, ties to the lower id) and weights [T, n_used], the softmax over all experts or, with
+    norm, over the chosen ones. llama.cpp takes the softmax, then the top n_used, then renormalizes; the
+    softmax keeps the logits' order, so the top n_used of the logits are the same experts, chosen exactly."""
+    choice = np.argsort(-logits, axis=1, kind="stable")[:, :n_used]
+    e = np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
+    chosen = np.take_along_axis(e, choice, axis=1)
+    weight = chosen / (chosen.sum(axis=1, keepdims=True) if norm else e.sum(axis=1, keepdims=True))
+    return choice, weight.astype(np.float32)
+
+
+def moe(x: np.ndarray, logits: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, n_used: int,
+        norm: bool, act: str) -> np.ndarray:
+    """A mixture-of-experts MLP of x [T, dim]: each token's chosen experts (route), each a gated MLP whose
+    matrices are one slice of the stacks gate, up [n_experts, ffn, dim] and down [n_experts, dim, ffn], summed
+    with their weights in the order they were chosen."""
+    choice, weight = route(logits, n_used, norm)
+    y = np.zeros((x.shape[0], n_used, down.shape[1]), np.float32)
+    for e in np.unique(choice):
+        t, k = np.nonzero(choice == e)
+        h = ACTIVATIONS[act](x[t] @ gate[e].T) * (x[t] @ up[e].T)
+        y[t, k] = h @ down[e].T
+    out = y[:, 0] * weight[:, :1]
+    for k in range(1, n_used):
+        out = out + y[:, k] * weight[:, k:k + 1]
+    return out
+
+
 # --- the model ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ExpertWeights:
+    """A mixture-of-experts MLP: the router's matrix (transposed, [dim, n_experts]) and the experts' stacks."""
+
+    router: np.ndarray
+    gate: np.ndarray   # [n_experts, ffn, dim]
+    up: np.ndarray     # [n_experts, ffn, dim]
+    down: np.ndarray   # [n_experts, dim, ffn]
 
 
 @dataclass
@@ -124,9 +163,10 @@ class LayerWeights:
     wv: np.ndarray
     wo: np.ndarray
     ffn_norm: np.ndarray
-    w_gate: np.ndarray
-    w_up: np.ndarray
-    w_down: np.ndarray
+    w_gate: np.ndarray | None = None   # the dense MLP (None with experts)
+    w_up: np.ndarray | None = None
+    w_down: np.ndarray | None = None
+    experts: ExpertWeights | None = None
     bq: np.ndarray | None = None
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
@@ -168,6 +208,16 @@ class ReferenceEngine:
         def optional(name: str, present: bool) -> np.ndarray | None:
             return w(name) if present else None
 
+        def transposed(name: str, present: bool) -> np.ndarray | None:
+            return w(name).T.copy() if present else None
+
+        def experts(i: int) -> ExpertWeights | None:
+            if not cfg.n_experts:
+                return None
+            b = f"blk.{i}."
+            return ExpertWeights(router=w(b + "ffn_gate_inp.weight").T.copy(), gate=w(b + "ffn_gate_exps.weight"),
+                                 up=w(b + "ffn_up_exps.weight"), down=w(b + "ffn_down_exps.weight"))
+
         self.token_embd = w("token_embd.weight")
         self.output_norm = w("output_norm.weight")
         self.output = self.token_embd if cfg.tied_output else w("output.weight")
@@ -180,9 +230,10 @@ class ReferenceEngine:
                 wv=w(f"blk.{i}.attn_v.weight").T.copy(),
                 wo=w(f"blk.{i}.attn_output.weight").T.copy(),
                 ffn_norm=w(f"blk.{i}.ffn_norm.weight"),
-                w_gate=w(f"blk.{i}.ffn_gate.weight").T.copy(),
-                w_up=w(f"blk.{i}.ffn_up.weight").T.copy(),
-                w_down=w(f"blk.{i}.ffn_down.weight").T.copy(),
+                w_gate=transposed(f"blk.{i}.ffn_gate.weight", not cfg.n_experts),
+                w_up=transposed(f"blk.{i}.ffn_up.weight", not cfg.n_experts),
+                w_down=transposed(f"blk.{i}.ffn_down.weight", not cfg.n_experts),
+                experts=experts(i),
                 bq=optional(f"blk.{i}.attn_q.bias", cfg.attn_bias),
                 bk=optional(f"blk.{i}.attn_k.bias", cfg.attn_bias),
                 bv=optional(f"blk.{i}.attn_v.bias", cfg.attn_bias),
@@ -297,9 +348,15 @@ class ReferenceEngine:
             if L.post_attn_norm is not None:
                 att = rmsnorm(att, L.post_attn_norm, eps)
             x = x + att
-            # feed-forward block (gated: SwiGLU for llama, GELU for gemma)
+            # feed-forward block (gated: SwiGLU for llama, GELU for gemma; a mixture of such for MoE rows)
             xn = rmsnorm(x, L.ffn_norm, eps)
-            ffn = (self.act(xn @ L.w_gate) * (xn @ L.w_up)) @ L.w_down
+            if L.experts is not None:
+                X = L.experts
+                ffn = moe(xn, xn @ X.router, X.gate, X.up, X.down, cfg.n_experts_used, cfg.expert_weights_norm,
+                          cfg.act)
+            else:
+                assert L.w_gate is not None and L.w_up is not None and L.w_down is not None
+                ffn = (self.act(xn @ L.w_gate) * (xn @ L.w_up)) @ L.w_down
             if L.post_ffn_norm is not None:
                 ffn = rmsnorm(ffn, L.post_ffn_norm, eps)
             x = x + ffn

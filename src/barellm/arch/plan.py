@@ -8,12 +8,14 @@ where the plan is written, not a zero in C. Op names are stable (the debug tools
     blk.{i}.attn_norm  blk.{i}.qkv  blk.{i}.rope  blk.{i}.attn  blk.{i}.attn_out  [blk.{i}.post_attn_norm]
     blk.{i}.ffn_norm   blk.{i}.ffn_gate_up  blk.{i}.ffn_act  blk.{i}.ffn_down  [blk.{i}.post_ffn_norm]
     output_norm  output
-(the bracketed ones in models with post norms, Gemma 3).
+(the bracketed ones in models with post norms, Gemma 3). A mixture-of-experts layer's MLP is instead
+    blk.{i}.ffn_norm   blk.{i}.ffn_router  blk.{i}.ffn_moe  [blk.{i}.post_ffn_norm]
 
 Buffers (rows = tokens of the current chunk, or the selected rows for the output ops):
     x [T, dim] residual stream      xn [T, dim] normed          qkv [T, q_dim + 2 kv_dim]
     att [T, q_dim]                  proj [T, dim] scratch       gu [T, 2 ffn_dim] (gate | up)
     act [T, ffn_dim]                xo [n_out, dim]             logits [n_out, n_vocab]
+    router [T, n_experts] (MoE)
 """
 
 from __future__ import annotations
@@ -163,14 +165,65 @@ class GatedAct(Op):
         return self.src
 
 
-OP_TYPES = (Embed, RMSNorm, MatMul, RopeKV, Attention, GatedAct)
+@dataclass(frozen=True, repr=False)
+class MoE(Op):
+    """A mixture-of-experts MLP: each row of src goes to the n_used experts with the largest router logits
+    (`logits`, a buffer), weighted by their softmax (over the chosen ones with norm); expert e is slice e of
+    the stacks gate, up and down, a gated MLP act(gate_e src) * (up_e src) -> down_e. out = the weighted sum of
+    the experts' outputs; with accumulate, out += that."""
+
+    kind: ClassVar[str] = "moe"
+    src: str
+    logits: str
+    gate: str
+    up: str
+    down: str
+    n_used: int
+    norm: bool
+    act: str = "silu"
+    accumulate: bool = False
+
+    @property
+    def x(self) -> str:
+        return self.src
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return (self.gate, self.up, self.down)
+
+
+OP_TYPES = (Embed, RMSNorm, MatMul, RopeKV, Attention, GatedAct, MoE)
 
 
 def buffer_widths(cfg: ModelConfig) -> dict[str, int]:
-    return {
+    widths = {
         "x": cfg.dim, "xn": cfg.dim, "qkv": cfg.q_dim + 2 * cfg.kv_dim, "att": cfg.q_dim, "proj": cfg.dim,
         "gu": 2 * cfg.ffn_dim, "act": cfg.ffn_dim, "xo": cfg.dim, "logits": cfg.n_vocab,
     }
+    if cfg.n_experts:  # the experts' own buffers are the engine's (their rows are (token, expert) pairs)
+        del widths["gu"], widths["act"]
+        widths["router"] = cfg.n_experts
+    return widths
+
+
+def _mlp(cfg: ModelConfig, b: str) -> list[Op]:
+    """A layer's MLP after its input norm (into xn): x += the gated MLP of xn (or its post norm), or the
+    mixture of experts in an MoE row."""
+    if not cfg.n_experts:
+        return [
+            MatMul(b + "ffn_gate_up", "gu", src="xn", matrices=(b + "ffn_gate.weight", b + "ffn_up.weight")),
+            GatedAct(b + "ffn_act", "act", src="gu", act=cfg.act),
+            *_residual(cfg, b + "ffn_down", "act", b + "ffn_down.weight",
+                       b + "post_ffn_norm", b + "post_ffw_norm.weight"),
+        ]
+    moe = MoE(b + "ffn_moe", "proj" if cfg.post_norms else "x", src="xn", logits="router",
+              gate=b + "ffn_gate_exps.weight", up=b + "ffn_up_exps.weight", down=b + "ffn_down_exps.weight",
+              n_used=cfg.n_experts_used, norm=cfg.expert_weights_norm, act=cfg.act, accumulate=not cfg.post_norms)
+    ops: list[Op] = [MatMul(b + "ffn_router", "router", src="xn", matrices=(b + "ffn_gate_inp.weight",)), moe]
+    if cfg.post_norms:
+        ops.append(RMSNorm(b + "post_ffn_norm", "x", src="proj", weight=b + "post_ffw_norm.weight",
+                           eps=cfg.norm_eps, accumulate=True))
+    return ops
 
 
 def _residual(cfg: ModelConfig, name: str, src: str, matrix: str, norm: str, norm_weight: str) -> list[Op]:
@@ -186,7 +239,7 @@ def _residual(cfg: ModelConfig, name: str, src: str, matrix: str, norm: str, nor
 def llama_plan(cfg: ModelConfig) -> list[Op]:
     """The llama-family forward pass: pre-norm blocks, GQA attention with RoPE, a gated MLP; and what the
     other rows of the registry add to it (Q/K/V biases, per-head QK norms, scaled embeddings, post norms,
-    GELU, sliding windows)."""
+    GELU, sliding windows, mixtures of experts)."""
     eps = cfg.norm_eps
     ops: list[Op] = [Embed("token_embd", "x", table="token_embd.weight", scale=cfg.embed_scale)]
     for i in range(cfg.n_layers):
@@ -204,10 +257,7 @@ def llama_plan(cfg: ModelConfig) -> list[Op]:
             *_residual(cfg, b + "attn_out", "att", b + "attn_output.weight",
                        b + "post_attn_norm", b + "post_attention_norm.weight"),
             RMSNorm(b + "ffn_norm", "xn", src="x", weight=b + "ffn_norm.weight", eps=eps),
-            MatMul(b + "ffn_gate_up", "gu", src="xn", matrices=(b + "ffn_gate.weight", b + "ffn_up.weight")),
-            GatedAct(b + "ffn_act", "act", src="gu", act=cfg.act),
-            *_residual(cfg, b + "ffn_down", "act", b + "ffn_down.weight",
-                       b + "post_ffn_norm", b + "post_ffw_norm.weight"),
+            *_mlp(cfg, b),
         ]
     out_w = "token_embd.weight" if cfg.tied_output else "output.weight"
     ops += [

@@ -55,6 +55,11 @@ class Architecture:
     swa_pattern: int = 0          # every swa_pattern-th layer is global, the others see a sliding window
     rope_theta_local: float = 0.0  # RoPE base of the sliding-window layers (0: the global one)
     norm: str = "rms"             # every norm is an RMSNorm (the only kind the engines have)
+    # Mixture of experts: each layer's MLP is n_experts gated MLPs stacked in 3-D tensors and a router
+    # (ffn_gate_inp) that picks expert_used_count of them per token, weighted by the softmax of its logits
+    moe: bool = False
+    expert_weights_norm: bool = False  # the chosen experts' weights are renormalized to sum 1 (as llama.cpp's
+                                       # graph of the architecture does, whatever a file's key of that name says)
     # Hugging Face checkpoints: config.json model_type (and architectures) this row converts from
     hf_model_types: tuple[str, ...] = ()
     hf_layer_names: dict[str, str] = field(default_factory=dict)
@@ -69,7 +74,11 @@ class Architecture:
             names += ["attn_q_norm.weight", "attn_k_norm.weight"]
         if self.post_norms:
             names += ["post_attention_norm.weight", "post_ffw_norm.weight"]
-        names += ["ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"]
+        names.append("ffn_norm.weight")
+        if self.moe:
+            names += ["ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"]
+        else:
+            names += ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"]
         return tuple(names)
 
 
@@ -93,6 +102,9 @@ ARCHITECTURES: dict[str, Architecture] = {
                      hf_layer_names=_hf(HF_BIAS_NAMES)),
         Architecture("qwen3", rope_style="neox", qk_norm=True, hf_model_types=("qwen3",),
                      hf_layer_names=_hf(HF_QK_NORM_NAMES)),
+        # Qwen3-MoE: qwen3's attention and an MoE MLP on every layer; llama.cpp's qwen3moe graph always
+        # renormalizes the chosen experts' weights (norm_w = true)
+        Architecture("qwen3moe", rope_style="neox", qk_norm=True, moe=True, expert_weights_norm=True),
     )
 }
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from barellm import _native as nat
 from barellm.arch import llama as ref
-from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV
+from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, MoE, Op, RMSNorm, RopeKV
 from barellm.errors import InvalidRequest
 from barellm.formats.quant import q8_0_keys, q8_0_split
 
@@ -202,3 +202,12 @@ class EngineDebug:
     def _numpy_silu_mul(self, op: GatedAct, ctx: DebugContext) -> None:
         gu, f = ctx.buf(op.src), self.cfg.ffn_dim
         ctx.output(op)[:] = ref.ACTIVATIONS[op.act](gu[:, :f]) * gu[:, f:2 * f]
+
+    def _numpy_moe(self, op: MoE, ctx: DebugContext) -> None:
+        y = ref.moe(ctx.buf(op.src), ctx.buf(op.logits), self._dequant(op.gate), self._dequant(op.up),
+                    self._dequant(op.down), op.n_used, op.norm, op.act)
+        if op.accumulate:
+            ctx.buf("proj")[:] = y
+            ctx.output(op)[:] += y
+        else:
+            ctx.output(op)[:] = y

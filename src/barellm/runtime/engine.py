@@ -31,11 +31,23 @@ import numpy as np
 from barellm import _native as nat
 from barellm.arch.config import ModelConfig, check_tensors
 from barellm.arch.llama import rope_frequencies
-from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV, buffer_widths, llama_plan
+from barellm.arch.plan import (
+    Attention,
+    Embed,
+    GatedAct,
+    MatMul,
+    MoE,
+    Op,
+    RMSNorm,
+    RopeKV,
+    buffer_widths,
+    llama_plan,
+)
 from barellm.cpu import check_memory, default_threads
 from barellm.errors import FormatError, InvalidRequest
 from barellm.formats.kernels import (
     ACTIVATIONS,
+    layout_rows,
     matrix_act,
     matrix_bytes,
 )
@@ -163,6 +175,8 @@ class NativeEngine(EngineWeights, EngineDebug):
         rope = bases * cfg.rope_dim * 24  # the float32 table, and the float64 angles, cosines and sines it comes from
         pad = _round_up(self.n_ctx, KV_TILE) - self.n_ctx
         scratch = 4 * self.chunk * sum(_round_up(w, FLOAT_ALIGN) for w in buffer_widths(cfg).values())
+        # the experts' rows, one per (token, expert) pair: gate | up, the output, and their converted inputs
+        scratch += 4 * self.chunk * cfg.n_experts_used * (4 * cfg.expert_ffn_dim + 3 * cfg.dim + 8)
         check_memory("native", self.n_ctx, kv, rope, scratch + pad * (kv + rope), fixed_what="buffers")
 
     def _alloc(self) -> None:
@@ -170,6 +184,7 @@ class NativeEngine(EngineWeights, EngineDebug):
         self._widths = buffer_widths(cfg)
         self._bufs = {name: aligned_zeros((T, _round_up(w, FLOAT_ALIGN))) for name, w in self._widths.items()}
         self._qbufs: dict[tuple[str, int, int, int], np.ndarray] = {}
+        self._moe_bufs: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
         self.n_ctx_pad = _round_up(self.n_ctx, KV_TILE)
         hd, nkv, L = cfg.head_dim, cfg.n_kv_heads, cfg.n_layers
         # K: [slot][layer][kv head][n_ctx / tile][head_dim][tile]; V: [slot][layer][kv head][n_ctx][head_dim];
@@ -332,6 +347,47 @@ class NativeEngine(EngineWeights, EngineDebug):
         f = self.cfg.ffn_dim
         return dict(x=self._spec(op.src), x2=self._spec(op.src, f), x_stride=self._stride(op.src),
                     out=self._spec(op.out), out_stride=self._stride(op.out), n=f, gelu=int(op.act == "gelu_tanh"))
+
+    def _moe_buf(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """Scratch of the moe ops, shared by every layer's (they run one after another)."""
+        key = (name, shape)
+        if key not in self._moe_bufs:
+            self._moe_bufs[key] = aligned_zeros(shape, dtype)
+        return self._moe_bufs[key]
+
+    def _spec_moe(self, op: MoE) -> dict[str, Any]:
+        cfg = self.cfg
+        E, K, F, dim = cfg.n_experts, op.n_used, cfg.expert_ffn_dim, cfg.dim
+        stacks = {}
+        for key, name, rows in (("gate", op.gate, F), ("up", op.up, F), ("down", op.down, dim)):
+            (type_id, layout, n, cols, data), = self._matrix((name,))   # one tensor: one part
+            if rows % layout_rows(layout):
+                raise NativeUnsupported(f"the native engine cannot run this model: {name} has experts of {rows} "
+                                        f"rows, not whole groups of {layout_rows(layout)}")
+            stacks[key] = (type_id, layout, n, cols, data, matrix_act(type_id, self.activations))
+        pairs = self.chunk * K
+
+        def converted(name: str, w: tuple, cols: int) -> np.ndarray:
+            return self._moe_buf(name, (pairs, nat.act_row_bytes(w[0], w[1], cols, w[5])), np.uint8)
+
+        xg, aq = converted("xg", stacks["gate"], dim), converted("aq", stacks["down"], F)
+        gu = self._moe_buf("gu", (pairs, _round_up(2 * F, FLOAT_ALIGN)), np.float32)
+        y = self._moe_buf("y", (pairs, _round_up(dim, FLOAT_ALIGN)), np.float32)
+        target = "proj" if op.accumulate else op.out
+        d: dict[str, Any] = dict(
+            x=self._spec(op.src), x_stride=self._stride(op.src), out=self._spec(target),
+            out_stride=self._stride(target), n=dim, gelu=int(op.act == "gelu_tanh"), logits=self._spec(op.logits),
+            logits_stride=self._stride(op.logits), n_experts=E, n_used=K, ffn=F, norm_weights=int(op.norm),
+            choice=self._moe_buf("choice", (pairs,), np.int32), weight=self._moe_buf("weight", (pairs,), np.float32),
+            index=self._moe_buf("index", (E + 1 + 2 * pairs,), np.int32), xg=xg, xg_stride=xg.shape[1], gu=gu,
+            gu_stride=gu.shape[1], aq=aq, aq_stride=aq.shape[1], y=y, y_stride=y.shape[1], **stacks)
+        g, u = stacks["gate"], stacks["up"]
+        if (g[0], g[1], g[5]) != (u[0], u[1], u[5]):   # up takes other activations: converted on their own
+            xg_up = converted("xg_up", u, dim)
+            d.update(xg_up=xg_up, xg_up_stride=xg_up.shape[1])
+        if op.accumulate:
+            d.update(res=self._spec(op.out), res_stride=self._stride(op.out))
+        return d
 
     # --- running ------------------------------------------------------------------------------
 
