@@ -206,8 +206,10 @@ static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth, unsi
         if (op->k_norm)
             for (int h = 0; h < op->n_kv_heads; h++)
                 bl_rmsnorm(row + qd + h * op->head_dim, op->k_norm, row + qd + h * op->head_dim, op->head_dim, op->eps);
-        bl_rope(row, op->n_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
-        bl_rope(row + qd, op->n_kv_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
+        if (op->rope_dim) { /* 0: a layer without RoPE (SmolLM3's every fourth) */
+            bl_rope(row, op->n_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
+            bl_rope(row + qd, op->n_kv_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
+        }
         const size_t s = (size_t)p->slot[t] * op->slot_stride * kv_unit(op->kv_type);
         if (op->kv_type == BL_KV_Q8_0) store_q8_keys(op, op->kc + s, op->vc + s, row + qd, row + qd + kd, p->pos[t]);
         else bl_kv_store(op->kc + s, op->vc + s, row + qd, row + qd + kd, p->pos[t], op->n_kv_heads, op->head_dim,

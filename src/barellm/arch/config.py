@@ -46,6 +46,10 @@ class ModelConfig:
     sliding_window: int = 0            # keys a local layer sees, counting the query's own (0: all)
     swa_pattern: int = 0               # every swa_pattern-th layer is global, the others local (0: all global)
     rope_theta_local: float = 0.0      # RoPE base of local layers (0: rope_theta)
+    rope_long: bool = False            # LongRoPE: rope_factors_short/_long.weight divide the RoPE frequencies
+    rope_original_context: int = 0     # LongRoPE: contexts past this take the long factors
+    rope_cs_scale: float = 1.0         # multiplies RoPE's cos and sin (LongRoPE's attn_factor)
+    nope_every: int = 0                # every nope_every-th layer has no RoPE (0: all have it)
     n_experts: int = 0                 # mixture of experts: experts per layer (0: a dense MLP)
     n_experts_used: int = 0            # experts each token is routed to
     expert_ffn_dim: int = 0            # rows of each expert's gate and up matrices
@@ -63,6 +67,17 @@ class ModelConfig:
 
     def layer_window(self, layer: int) -> int:
         return self.sliding_window if self.is_local(layer) else 0
+
+    def layer_rope(self, layer: int) -> bool:
+        """Whether a layer rotates its queries and keys."""
+        return not (self.nope_every and (layer + 1) % self.nope_every == 0)
+
+    def rope_factors(self, n_ctx: int) -> str | None:
+        """The tensor whose values divide the RoPE frequencies for an engine of n_ctx positions, if any: LongRoPE's
+        long factors past the original context (as llama.cpp chooses by its context), else its short ones."""
+        if self.rope_long:
+            return "rope_factors_long.weight" if n_ctx > self.rope_original_context else "rope_factors_short.weight"
+        return "rope_freqs.weight" if self.rope_freqs else None
 
     def layer_rope_theta(self, layer: int) -> float:
         return self.rope_theta_local if self.is_local(layer) and self.rope_theta_local else self.rope_theta
@@ -144,6 +159,10 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
         raise FormatError(f"rope scaling {scaling!r} is not supported")
     if rope_freqs and not row.rope_freqs:
         raise FormatError(f"rope_freqs.weight is not part of a {arch} model")
+    original = _get(md, p + "rope.scaling.original_context_length", int, ctx) if row.long_rope else 0
+    cs_scale = _get(md, p + "rope.scaling.attn_factor", float, 1.0) if row.long_rope else 1.0
+    if not 0 < cs_scale < 16:
+        raise FormatError(f"rope.scaling.attn_factor {cs_scale} is out of range")
     window = 0
     if row.swa_pattern:
         window = _get(md, p + "attention.sliding_window", int, 0)
@@ -156,7 +175,8 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
         tied_output=tied_output, attn_bias=row.attn_bias, rope_freqs=rope_freqs,
         embed_scale=math.sqrt(dim) if row.embed_scale_sqrt_dim else 1.0, act=row.act, qk_norm=row.qk_norm,
         post_norms=row.post_norms, sliding_window=window, swa_pattern=row.swa_pattern,
-        rope_theta_local=row.rope_theta_local, n_experts=n_experts, n_experts_used=n_used,
+        rope_theta_local=row.rope_theta_local, rope_long=row.long_rope, rope_original_context=original,
+        rope_cs_scale=cs_scale, nope_every=row.nope_every, n_experts=n_experts, n_experts_used=n_used,
         expert_ffn_dim=expert_ffn,
         expert_weights_norm=row.expert_weights_norm,
     )
@@ -182,6 +202,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["output.weight"] = (cfg.n_vocab, cfg.dim)
     if cfg.rope_freqs:
         shapes["rope_freqs.weight"] = (cfg.rope_dim // 2,)
+    if cfg.rope_long:
+        shapes["rope_factors_short.weight"] = shapes["rope_factors_long.weight"] = (cfg.rope_dim // 2,)
     per_layer = {
         "attn_norm.weight": (cfg.dim,), "ffn_norm.weight": (cfg.dim,),
         "attn_q.weight": (cfg.q_dim, cfg.dim), "attn_k.weight": (cfg.kv_dim, cfg.dim),
@@ -191,11 +213,14 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         "post_attention_norm.weight": (cfg.dim,), "post_ffw_norm.weight": (cfg.dim,),
         "ffn_gate.weight": (cfg.ffn_dim, cfg.dim), "ffn_up.weight": (cfg.ffn_dim, cfg.dim),
         "ffn_down.weight": (cfg.dim, cfg.ffn_dim),
+        "attn_qkv.weight": (cfg.q_dim + 2 * cfg.kv_dim, cfg.dim),
         "ffn_gate_inp.weight": (cfg.n_experts, cfg.dim),
         "ffn_gate_exps.weight": (cfg.n_experts, cfg.expert_ffn_dim, cfg.dim),
         "ffn_up_exps.weight": (cfg.n_experts, cfg.expert_ffn_dim, cfg.dim),
         "ffn_down_exps.weight": (cfg.n_experts, cfg.dim, cfg.expert_ffn_dim),
     }
+    if cfg.spec.fused_gate_up:
+        per_layer["ffn_up.weight"] = (2 * cfg.ffn_dim, cfg.dim)
     for i in range(cfg.n_layers):
         for name in cfg.spec.layer_tensors:
             shapes[f"blk.{i}.{name}"] = per_layer[name]

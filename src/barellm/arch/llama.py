@@ -49,12 +49,16 @@ def rope_frequencies(rope_dim: int, base: float, factors: np.ndarray | None = No
     return inv_freq
 
 
-def rope_tables(rope_dim: int, base: float, n_ctx: int,
-                factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [n_ctx, rope_dim/2] of position * theta_i (rope_frequencies)."""
+def rope_tables(rope_dim: int, base: float, n_ctx: int, factors: np.ndarray | None = None,
+                scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [n_ctx, rope_dim/2] of position * theta_i (rope_frequencies), times scale (LongRoPE's
+    attention factor)."""
     inv_freq = rope_frequencies(rope_dim, base, factors)
     angles = np.outer(np.arange(n_ctx, dtype=np.float64), inv_freq)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos, sin = np.cos(angles), np.sin(angles)
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return cos.astype(np.float32), sin.astype(np.float32)
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndarray:
@@ -211,6 +215,24 @@ class ReferenceEngine:
         def transposed(name: str, present: bool) -> np.ndarray | None:
             return w(name).T.copy() if present else None
 
+        def qkv(i: int) -> tuple[np.ndarray, ...]:
+            """W_q, W_k, W_v transposed: the file's own, or the row ranges of its fused attn_qkv."""
+            b = f"blk.{i}."
+            if not cfg.spec.fused_qkv:
+                return tuple(w(b + n).T.copy() for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight"))
+            m, q, k = w(b + "attn_qkv.weight"), cfg.q_dim, cfg.kv_dim
+            return m[:q].T.copy(), m[q:q + k].T.copy(), m[q + k:].T.copy()
+
+        def gate_up(i: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+            """W_gate, W_up transposed (None with experts): the file's own, or the halves of its fused ffn_up."""
+            b = f"blk.{i}."
+            if cfg.n_experts:
+                return None, None
+            if not cfg.spec.fused_gate_up:
+                return w(b + "ffn_gate.weight").T.copy(), w(b + "ffn_up.weight").T.copy()
+            m = w(b + "ffn_up.weight")
+            return m[:cfg.ffn_dim].T.copy(), m[cfg.ffn_dim:].T.copy()
+
         def experts(i: int) -> ExpertWeights | None:
             if not cfg.n_experts:
                 return None
@@ -225,13 +247,10 @@ class ReferenceEngine:
         self.layers = [
             LayerWeights(
                 attn_norm=w(f"blk.{i}.attn_norm.weight"),
-                wq=w(f"blk.{i}.attn_q.weight").T.copy(),
-                wk=w(f"blk.{i}.attn_k.weight").T.copy(),
-                wv=w(f"blk.{i}.attn_v.weight").T.copy(),
+                wq=qkv(i)[0], wk=qkv(i)[1], wv=qkv(i)[2],
                 wo=w(f"blk.{i}.attn_output.weight").T.copy(),
                 ffn_norm=w(f"blk.{i}.ffn_norm.weight"),
-                w_gate=transposed(f"blk.{i}.ffn_gate.weight", not cfg.n_experts),
-                w_up=transposed(f"blk.{i}.ffn_up.weight", not cfg.n_experts),
+                w_gate=gate_up(i)[0], w_up=gate_up(i)[1],
                 w_down=transposed(f"blk.{i}.ffn_down.weight", not cfg.n_experts),
                 experts=experts(i),
                 bq=optional(f"blk.{i}.attn_q.bias", cfg.attn_bias),
@@ -248,8 +267,9 @@ class ReferenceEngine:
         self.n_slots = n_slots
         self.k_cache = np.zeros((n_slots, cfg.n_layers, self.n_ctx, cfg.n_kv_heads, cfg.head_dim), np.float32)
         self.v_cache = np.zeros_like(self.k_cache)
-        factors = w("rope_freqs.weight") if cfg.rope_freqs else None
-        tables = {base: rope_tables(cfg.rope_dim, base, self.n_ctx, factors)
+        factor_name = cfg.rope_factors(self.n_ctx)
+        factors = None if factor_name is None else w(factor_name)
+        tables = {base: rope_tables(cfg.rope_dim, base, self.n_ctx, factors, cfg.rope_cs_scale)
                   for base in {cfg.layer_rope_theta(i) for i in range(cfg.n_layers)}}
         self.rope = [tables[cfg.layer_rope_theta(i)] for i in range(cfg.n_layers)]
         self.act = ACTIVATIONS[cfg.act]
@@ -340,9 +360,10 @@ class ReferenceEngine:
             v = v.reshape(T, cfg.n_kv_heads, cfg.head_dim)
             if L.q_norm is not None and L.k_norm is not None:
                 q, k = rmsnorm(q, L.q_norm, eps), rmsnorm(k, L.k_norm, eps)
-            cos, sin = (table[start:end] for table in self.rope[i])
-            q = rope(q, cos, sin, cfg.rope_style)
-            k_cache[i, start:end] = self._cached_keys(rope(k, cos, sin, cfg.rope_style), L.bk)
+            if cfg.layer_rope(i):
+                cos, sin = (table[start:end] for table in self.rope[i])
+                q, k = rope(q, cos, sin, cfg.rope_style), rope(k, cos, sin, cfg.rope_style)
+            k_cache[i, start:end] = self._cached_keys(k, L.bk)
             v_cache[i, start:end] = self._cached(v)
             att = attention(q, k_cache[i, :end], v_cache[i, :end], start, cfg.scale, cfg.layer_window(i)) @ L.wo
             if L.post_attn_norm is not None:

@@ -124,6 +124,7 @@ class RopeKV(Op):
     kind: ClassVar[str] = "rope_kv"
     layer: int
     eps: float
+    rope: bool = True            # False: no rotation (a NoPE layer), the cache writes only
     q_norm: str | None = None
     k_norm: str | None = None
     k_bias: str | None = None
@@ -211,7 +212,9 @@ def _mlp(cfg: ModelConfig, b: str) -> list[Op]:
     mixture of experts in an MoE row."""
     if not cfg.n_experts:
         return [
-            MatMul(b + "ffn_gate_up", "gu", src="xn", matrices=(b + "ffn_gate.weight", b + "ffn_up.weight")),
+            MatMul(b + "ffn_gate_up", "gu", src="xn",
+                   matrices=(b + "ffn_up.weight",) if cfg.spec.fused_gate_up else (b + "ffn_gate.weight",
+                                                                                   b + "ffn_up.weight")),
             GatedAct(b + "ffn_act", "act", src="gu", act=cfg.act),
             *_residual(cfg, b + "ffn_down", "act", b + "ffn_down.weight",
                        b + "post_ffn_norm", b + "post_ffw_norm.weight"),
@@ -244,12 +247,13 @@ def llama_plan(cfg: ModelConfig) -> list[Op]:
     ops: list[Op] = [Embed("token_embd", "x", table="token_embd.weight", scale=cfg.embed_scale)]
     for i in range(cfg.n_layers):
         b = f"blk.{i}."
-        qkv = (b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight")
+        qkv = ((b + "attn_qkv.weight",) if cfg.spec.fused_qkv
+               else (b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"))
         bias = (b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias") if cfg.attn_bias else ()
         ops += [
             RMSNorm(b + "attn_norm", "xn", src="x", weight=b + "attn_norm.weight", eps=eps),
             MatMul(b + "qkv", "qkv", src="xn", matrices=qkv, bias=bias),
-            RopeKV(b + "rope", "qkv", layer=i, eps=eps,
+            RopeKV(b + "rope", "qkv", layer=i, eps=eps, rope=cfg.layer_rope(i),
                    q_norm=b + "attn_q_norm.weight" if cfg.qk_norm else None,
                    k_norm=b + "attn_k_norm.weight" if cfg.qk_norm else None,
                    k_bias=b + "attn_k.bias" if cfg.attn_bias else None),

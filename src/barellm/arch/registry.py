@@ -58,6 +58,13 @@ class Architecture:
     # Mixture of experts: each layer's MLP is n_experts gated MLPs stacked in 3-D tensors and a router
     # (ffn_gate_inp) that picks expert_used_count of them per token, weighted by the softmax of its logits
     moe: bool = False
+    fused_qkv: bool = False       # one attn_qkv matrix: the q rows, then k's, then v's (Phi-3)
+    fused_gate_up: bool = False   # one ffn_up matrix of 2 ffn rows: the gate's, then up's (Phi-3)
+    long_rope: bool = False       # LongRoPE: rope_factors_short / rope_factors_long divide the RoPE frequencies
+                                  # (the long ones past original_context_length), rope.scaling.attn_factor
+                                  # multiplies cos and sin (Phi-3)
+    nope_every: int = 0           # every nope_every-th layer has no RoPE at all (SmolLM3: 4, fixed in llama.cpp's
+                                  # code, not in the files)
     expert_weights_norm: bool = False  # the chosen experts' weights are renormalized to sum 1 (as llama.cpp's
                                        # graph of the architecture does, whatever a file's key of that name says)
     # Hugging Face checkpoints: config.json model_type (and architectures) this row converts from
@@ -67,7 +74,9 @@ class Architecture:
     @property
     def layer_tensors(self) -> tuple[str, ...]:
         """The tensor names of one layer (after `blk.{i}.`), llama's and this row's extras."""
-        names = ["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight"]
+        names = ["attn_norm.weight"]
+        names += ["attn_qkv.weight"] if self.fused_qkv else ["attn_q.weight", "attn_k.weight", "attn_v.weight"]
+        names.append("attn_output.weight")
         if self.attn_bias:
             names += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
         if self.qk_norm:
@@ -77,6 +86,8 @@ class Architecture:
         names.append("ffn_norm.weight")
         if self.moe:
             names += ["ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"]
+        elif self.fused_gate_up:
+            names += ["ffn_up.weight", "ffn_down.weight"]
         else:
             names += ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"]
         return tuple(names)
@@ -105,6 +116,10 @@ ARCHITECTURES: dict[str, Architecture] = {
         # Qwen3-MoE: qwen3's attention and an MoE MLP on every layer; llama.cpp's qwen3moe graph always
         # renormalizes the chosen experts' weights (norm_w = true)
         Architecture("qwen3moe", rope_style="neox", qk_norm=True, moe=True, expert_weights_norm=True),
+        # Phi-3 (and Phi-4-mini): fused projections, partial RoPE with LongRoPE factors
+        Architecture("phi3", rope_style="neox", fused_qkv=True, fused_gate_up=True, long_rope=True),
+        # SmolLM3: llama with every fourth layer's RoPE left out (llama.cpp rotates adjacent pairs for it)
+        Architecture("smollm3", rope_style="norm", nope_every=4),
     )
 }
 

@@ -174,8 +174,9 @@ class EngineDebug:
         if op.q_norm and op.k_norm:
             q = ref.rmsnorm(q, self._norm(op.q_norm), op.eps)
             k = ref.rmsnorm(k, self._norm(op.k_norm), op.eps)
-        q = ref.rope(q, cos, sin, cfg.rope_style)
-        k = ref.rope(k, cos, sin, cfg.rope_style)
+        if op.rope:
+            q = ref.rope(q, cos, sin, cfg.rope_style)
+            k = ref.rope(k, cos, sin, cfg.rope_style)
         qkv[:, :qd] = q.reshape(T, qd)
         qkv[:, qd:qd + kd] = k.reshape(T, kd)
         v = qkv[:, qd + kd:qd + 2 * kd].reshape(T, cfg.n_kv_heads, hd)

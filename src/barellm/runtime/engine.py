@@ -209,7 +209,8 @@ class NativeEngine(EngineWeights, EngineDebug):
         self._rope_cs: dict[float, np.ndarray] = {}
         self._rope_inv: dict[float, np.ndarray] = {}
         self._rope_filled = 0
-        factors = np.asarray(self._source.dequantize("rope_freqs.weight"), np.float64) if cfg.rope_freqs else None
+        factor_name = cfg.rope_factors(self.n_ctx)
+        factors = None if factor_name is None else np.asarray(self._source.dequantize(factor_name), np.float64)
         for base in sorted({cfg.layer_rope_theta(i) for i in range(L)}):
             self._rope_inv[base] = rope_frequencies(cfg.rope_dim, base, factors)
             self._rope_cs[base] = aligned_zeros((self.n_ctx_pad, cfg.rope_dim))
@@ -230,7 +231,8 @@ class NativeEngine(EngineWeights, EngineDebug):
         hi = min(self.n_ctx_pad, ROPE_FIRST) if n <= ROPE_FIRST else self.n_ctx_pad
         for base, table in self._rope_cs.items():
             ang = np.outer(np.arange(lo, hi, dtype=np.float64), self._rope_inv[base])
-            table[lo:hi] = np.concatenate([np.cos(ang), np.sin(ang)], axis=1)
+            cs = np.concatenate([np.cos(ang), np.sin(ang)], axis=1)
+            table[lo:hi] = cs * self.cfg.rope_cs_scale if self.cfg.rope_cs_scale != 1.0 else cs
         self._rope_filled = hi
 
     def _view(self, name: str, rows: int) -> np.ndarray:
@@ -332,7 +334,7 @@ class NativeEngine(EngineWeights, EngineDebug):
             d.update(q_norm=self._norm(op.q_norm), k_norm=self._norm(op.k_norm))
         if op.k_bias and self.kv_type == "q8_0":
             d.update(k_shift=self._norm(op.k_bias))
-        d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim,
+        d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim if op.rope else 0,
                  eps=op.eps, rope_style=0 if cfg.rope_style == "norm" else 1,
                  rope_cs=self._rope_cs[cfg.layer_rope_theta(op.layer)])
         return d
