@@ -236,7 +236,10 @@ static void attend_items(const bl_plan *p, const bl_op *op, int u0, int u1) {
         }
         if (nq && (u == u1 || g != cur_g || p->slot[t] != cur_slot || nq == BL_ATT_MAXQ)) {
             const size_t off = (size_t)cur_slot * op->slot_stride * esz + (size_t)cur_g * head;
-            bl_attend(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->kv_type);
+            if (op->softcap) /* the scalar kernel only has the cap, on every tier alike */
+                bl_attend_capped_scalar(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->softcap, op->kv_type);
+            else
+                bl_attend(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->kv_type);
             nq = 0;
         }
         if (u == u1) break;
@@ -271,6 +274,17 @@ static void op_attention(const bl_plan *p, const bl_op *op, int tid, int nth, un
     int c, victim = -1;
     steal_init(p, tid, nth, seq, nu);
     while (steal_next(p, tid, nth, seq, &victim, &c)) attend_items(p, op, c * U, c + 1 < nu ? (c + 1) * U : n);
+}
+
+/* cap * tanh(x / cap) in plain C (libm's tanhf), the same on every tier. */
+static void op_softcap(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    (void)seq;
+    int i0, i1;
+    bl_split(op->rows_sel ? p->n_out : p->T, 1, tid, nth, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        float *row = op->out + (size_t)i * op->out_stride;
+        for (int j = 0; j < op->n; j++) row[j] = op->softcap * tanhf(row[j] / op->softcap);
+    }
 }
 
 /* A token's experts and their weights (bl_moe): the n_used largest logits, by selection (ties to the lower id),

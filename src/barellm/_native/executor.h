@@ -37,11 +37,11 @@
       BL_KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "out",      \
               "out_stride", "rope_dim", "eps", "rope_style", "rope_cs"),                                      \
       BL_KEYS("q_norm", "k_norm", "k_shift"))                                                                 \
-    /* out[t] = attention of the q heads of x[t] over the slot's cache */                                     \
+    /* out[t] = attention of the q heads of x[t] over the slot's cache (scores soft-capped if softcap) */     \
     X(ATTENTION, attention, 5,                                                                                \
       BL_KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "window",   \
               "x", "x_stride", "out", "out_stride", "scale"),                                                 \
-      BL_KEYS(NULL))                                                                                          \
+      BL_KEYS("softcap"))                                                                                     \
     /* out[t] = act(x[t]) * x2[t] (act: silu, or gelu_tanh if gelu); then the qjobs */                        \
     X(SILU_MUL, silu_mul, 6, BL_KEYS("x", "x2", "x_stride", "out", "out_stride", "n", "gelu"), BL_KEYS("qjobs"))   \
     /* out[t] = sum over the experts x[t] is routed to of weight * down_e (act(gate_e x[t]) * up_e x[t])      \
@@ -50,7 +50,9 @@
       BL_KEYS("x", "x_stride", "out", "out_stride", "n", "gelu", "logits", "logits_stride", "gate", "up",       \
               "down", "n_experts", "n_used", "ffn", "norm_weights", "choice", "weight", "index", "xg",         \
               "xg_stride", "gu", "gu_stride", "aq", "aq_stride", "y", "y_stride"),                            \
-      BL_KEYS("res", "res_stride", "xg_up", "xg_up_stride"))
+      BL_KEYS("res", "res_stride", "xg_up", "xg_up_stride"))                                                 \
+    /* out[i] = softcap * tanh(out[i] / softcap) over n values of each row (Gemma 2's logits) */               \
+    X(SOFTCAP, softcap, 8, BL_KEYS("out", "out_stride", "n", "softcap"), BL_KEYS(NULL))
 
 #define BL_OP_ENUM(KIND, name, id, required, optional) BL_OP_##KIND = id,
 enum bl_op_kind { BL_OP_KINDS(BL_OP_ENUM) BL_OP_KIND_END };
@@ -148,6 +150,7 @@ typedef struct bl_op {
     int kv_type;           /* enum bl_kv_type: f32, f16 or q8_0 cache (ops.h) */
     int window;            /* attention: keys a query sees, counting its own (0: all before it) */
     float scale;
+    float softcap;         /* attention, softcap: values x become softcap * tanh(x / softcap) (0: none) */
     bl_moe moe;
 } bl_op;
 

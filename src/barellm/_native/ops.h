@@ -86,6 +86,11 @@ BL_API void bl_kv_store(void *kc, void *vc, const float *k, const float *v, int 
 BL_API void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
                       float scale, int kv_type);
 
+/* bl_attend's scalar kernel with the scaled scores s soft-capped, cap * tanh(s / cap) (Gemma 2; cap 0: none,
+ * bl_attend_scalar's bits). No SIMD tier has the cap yet: the executor calls this on every tier. */
+BL_API void bl_attend_capped_scalar(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
+                                    float scale, float cap, int kv_type);
+
 /* the per-ISA implementations, for tests and dispatch */
 #define BL_OPS_DECLARE(sfx)                                                                            \
     void bl_rmsnorm_##sfx(const float *x, const float *w, float *out, int n, float eps);               \

@@ -262,7 +262,7 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
         d_float(d, "scale", &op->scale) ||
         d_int(d, "kv_type", 0, &op->kv_type) || d_int(d, "window", 0, &op->window) ||
         d_size(d, "res_stride", &op->res_stride) || d_int(d, "gelu", 0, &op->gelu) ||
-        d_float(d, "scale_embed", &op->scale_embed))
+        d_float(d, "scale_embed", &op->scale_embed) || d_float(d, "softcap", &op->softcap))
         return -1;
     if ((op->kind == BL_OP_ROPE_KV || op->kind == BL_OP_ATTENTION) && !bl_kv_row_bytes(op->head_dim, op->kv_type)) {
         PyErr_Format(PyExc_ValueError, "%s: kv_type %d cannot hold head_dim %d (q8_0: a multiple of %d)", spec->name,

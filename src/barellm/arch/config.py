@@ -49,6 +49,8 @@ class ModelConfig:
     rope_long: bool = False            # LongRoPE: rope_factors_short/_long.weight divide the RoPE frequencies
     rope_original_context: int = 0     # LongRoPE: contexts past this take the long factors
     rope_cs_scale: float = 1.0         # multiplies RoPE's cos and sin (LongRoPE's attn_factor)
+    attn_softcap: float = 0.0          # attention scores s become cap * tanh(s / cap) (0: none)
+    final_softcap: float = 0.0         # the logits likewise
     nope_every: int = 0                # every nope_every-th layer has no RoPE (0: all have it)
     n_experts: int = 0                 # mixture of experts: experts per layer (0: a dense MLP)
     n_experts_used: int = 0            # experts each token is routed to
@@ -163,6 +165,10 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
     cs_scale = _get(md, p + "rope.scaling.attn_factor", float, 1.0) if row.long_rope else 1.0
     if not 0 < cs_scale < 16:
         raise FormatError(f"rope.scaling.attn_factor {cs_scale} is out of range")
+    caps = [_get(md, p + key, float, 0.0) if row.softcaps else 0.0
+            for key in ("attn_logit_softcapping", "final_logit_softcapping")]
+    if any(not 0 <= c < 1e6 for c in caps):
+        raise FormatError(f"soft-caps {caps} out of range")
     window = 0
     if row.swa_pattern:
         window = _get(md, p + "attention.sliding_window", int, 0)
@@ -176,7 +182,8 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
         embed_scale=math.sqrt(dim) if row.embed_scale_sqrt_dim else 1.0, act=row.act, qk_norm=row.qk_norm,
         post_norms=row.post_norms, sliding_window=window, swa_pattern=row.swa_pattern,
         rope_theta_local=row.rope_theta_local, rope_long=row.long_rope, rope_original_context=original,
-        rope_cs_scale=cs_scale, nope_every=row.nope_every, n_experts=n_experts, n_experts_used=n_used,
+        rope_cs_scale=cs_scale, nope_every=row.nope_every, attn_softcap=caps[0], final_softcap=caps[1],
+        n_experts=n_experts, n_experts_used=n_used,
         expert_ffn_dim=expert_ffn,
         expert_weights_norm=row.expert_weights_norm,
     )

@@ -80,18 +80,24 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndar
     return out
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float, window: int = 0) -> np.ndarray:
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(x / cap): x bounded to (-cap, cap) smoothly (Gemma 2's scores and logits); x for cap 0."""
+    return x if not cap else np.float32(cap) * np.tanh(x / np.float32(cap))
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float, window: int = 0,
+              cap: float = 0.0) -> np.ndarray:
     """Causal grouped-query attention.
 
     q[T, n_heads, hd] for positions start..start+T-1; k, v [start+T, n_kv_heads, hd] from the cache.
     Query head h reads kv head h // (n_heads / n_kv_heads). With a window, the query at position p
-    sees only the keys at p - window + 1 .. p.
+    sees only the keys at p - window + 1 .. p. With cap, the scaled scores are soft-capped (softcap).
     """
     T, n_heads, hd = q.shape
     group = n_heads // k.shape[1]
     kh = np.repeat(k, group, axis=1).transpose(1, 2, 0)   # [n_heads, hd, S]
     vh = np.repeat(v, group, axis=1).transpose(1, 0, 2)   # [n_heads, S, hd]
-    scores = np.matmul(q.transpose(1, 0, 2), kh) * np.float32(scale)  # [n_heads, T, S]
+    scores = softcap(np.matmul(q.transpose(1, 0, 2), kh) * np.float32(scale), cap)  # [n_heads, T, S]
     key_pos = np.arange(k.shape[0])[None, :]
     query_pos = (start + np.arange(T))[:, None]
     hidden = key_pos > query_pos
@@ -318,7 +324,7 @@ class ReferenceEngine:
         x = self._final(tokens, start, slot)
         if not all_logits:
             x = x[-1:]
-        return x @ self.output.T
+        return softcap(x @ self.output.T, self.cfg.final_softcap)
 
     def hidden_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]], last_only: bool = False) -> np.ndarray:
         """The final normed hidden states of several sequences (slot, tokens, start): every row in order
@@ -365,7 +371,8 @@ class ReferenceEngine:
                 q, k = rope(q, cos, sin, cfg.rope_style), rope(k, cos, sin, cfg.rope_style)
             k_cache[i, start:end] = self._cached_keys(k, L.bk)
             v_cache[i, start:end] = self._cached(v)
-            att = attention(q, k_cache[i, :end], v_cache[i, :end], start, cfg.scale, cfg.layer_window(i)) @ L.wo
+            att = attention(q, k_cache[i, :end], v_cache[i, :end], start, cfg.scale, cfg.layer_window(i),
+                            cfg.attn_softcap) @ L.wo
             if L.post_attn_norm is not None:
                 att = rmsnorm(att, L.post_attn_norm, eps)
             x = x + att

@@ -7,7 +7,7 @@ where the plan is written, not a zero in C. Op names are stable (the debug tools
     token_embd
     blk.{i}.attn_norm  blk.{i}.qkv  blk.{i}.rope  blk.{i}.attn  blk.{i}.attn_out  [blk.{i}.post_attn_norm]
     blk.{i}.ffn_norm   blk.{i}.ffn_gate_up  blk.{i}.ffn_act  blk.{i}.ffn_down  [blk.{i}.post_ffn_norm]
-    output_norm  output
+    output_norm  output  [output_softcap]
 (the bracketed ones in models with post norms, Gemma 3). A mixture-of-experts layer's MLP is instead
     blk.{i}.ffn_norm   blk.{i}.ffn_router  blk.{i}.ffn_moe  [blk.{i}.post_ffn_norm]
 
@@ -147,6 +147,7 @@ class Attention(Op):
     src: str
     layer: int
     window: int = 0
+    softcap: float = 0.0         # scores s become softcap * tanh(s / softcap) (0: as they are)
 
     @property
     def x(self) -> str:
@@ -164,6 +165,22 @@ class GatedAct(Op):
     @property
     def x(self) -> str:
         return self.src
+
+
+@dataclass(frozen=True, repr=False)
+class SoftCap(Op):
+    """In place on the selected rows of out: x = cap * tanh(x / cap) (Gemma 2's bounded logits)."""
+
+    kind: ClassVar[str] = "softcap"
+    cap: float
+
+    @property
+    def x(self) -> str:
+        return self.out
+
+    @property
+    def rows(self) -> str:
+        return "selected"
 
 
 @dataclass(frozen=True, repr=False)
@@ -193,7 +210,7 @@ class MoE(Op):
         return (self.gate, self.up, self.down)
 
 
-OP_TYPES = (Embed, RMSNorm, MatMul, RopeKV, Attention, GatedAct, MoE)
+OP_TYPES = (Embed, RMSNorm, MatMul, RopeKV, Attention, GatedAct, MoE, SoftCap)
 
 
 def buffer_widths(cfg: ModelConfig) -> dict[str, int]:
@@ -257,7 +274,7 @@ def llama_plan(cfg: ModelConfig) -> list[Op]:
                    q_norm=b + "attn_q_norm.weight" if cfg.qk_norm else None,
                    k_norm=b + "attn_k_norm.weight" if cfg.qk_norm else None,
                    k_bias=b + "attn_k.bias" if cfg.attn_bias else None),
-            Attention(b + "attn", "att", src="qkv", layer=i, window=cfg.layer_window(i)),
+            Attention(b + "attn", "att", src="qkv", layer=i, window=cfg.layer_window(i), softcap=cfg.attn_softcap),
             *_residual(cfg, b + "attn_out", "att", b + "attn_output.weight",
                        b + "post_attn_norm", b + "post_attention_norm.weight"),
             RMSNorm(b + "ffn_norm", "xn", src="x", weight=b + "ffn_norm.weight", eps=eps),
@@ -268,4 +285,6 @@ def llama_plan(cfg: ModelConfig) -> list[Op]:
         RMSNorm("output_norm", "xo", src="x", weight="output_norm.weight", eps=eps, selected=True),
         MatMul("output", "logits", src="xo", matrices=(out_w,), selected=True),
     ]
+    if cfg.final_softcap:
+        ops.append(SoftCap("output_softcap", "logits", cap=cfg.final_softcap))
     return ops

@@ -63,6 +63,8 @@ class Architecture:
     long_rope: bool = False       # LongRoPE: rope_factors_short / rope_factors_long divide the RoPE frequencies
                                   # (the long ones past original_context_length), rope.scaling.attn_factor
                                   # multiplies cos and sin (Phi-3)
+    softcaps: bool = False        # the file's attn_logit_softcapping and final_logit_softcapping bound the
+                                  # attention scores and the logits: cap * tanh(x / cap) (Gemma 2)
     nope_every: int = 0           # every nope_every-th layer has no RoPE at all (SmolLM3: 4, fixed in llama.cpp's
                                   # code, not in the files)
     expert_weights_norm: bool = False  # the chosen experts' weights are renormalized to sum 1 (as llama.cpp's
@@ -116,6 +118,10 @@ ARCHITECTURES: dict[str, Architecture] = {
         # Qwen3-MoE: qwen3's attention and an MoE MLP on every layer; llama.cpp's qwen3moe graph always
         # renormalizes the chosen experts' weights (norm_w = true)
         Architecture("qwen3moe", rope_style="neox", qk_norm=True, moe=True, expert_weights_norm=True),
+        # Gemma 2: gemma3's norms, GELU and scaled embeddings without its q/k norms, every other layer local
+        # (one base), soft-capped attention scores and logits
+        Architecture("gemma2", rope_style="neox", post_norms=True, act="gelu_tanh", embed_scale_sqrt_dim=True,
+                     swa_pattern=2, softcaps=True),
         # Phi-3 (and Phi-4-mini): fused projections, partial RoPE with LongRoPE factors
         Architecture("phi3", rope_style="neox", fused_qkv=True, fused_gate_up=True, long_rope=True),
         # SmolLM3: llama with every fourth layer's RoPE left out (llama.cpp rotates adjacent pairs for it)

@@ -17,7 +17,7 @@ import numpy as np
 
 from barellm import _native as nat
 from barellm.arch import llama as ref
-from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, MoE, Op, RMSNorm, RopeKV
+from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, MoE, Op, RMSNorm, RopeKV, SoftCap
 from barellm.errors import InvalidRequest
 from barellm.formats.quant import q8_0_keys, q8_0_split
 
@@ -198,7 +198,7 @@ class EngineDebug:
             s, p = int(ctx.slots[t]), int(ctx.positions[t])
             k, v = self.kv(s, op.layer, p + 1)
             q = qkv[t:t + 1, :cfg.q_dim].reshape(1, cfg.n_heads, cfg.head_dim)
-            out[t] = ref.attention(q, k, v, p, cfg.scale, op.window)[0]
+            out[t] = ref.attention(q, k, v, p, cfg.scale, op.window, op.softcap)[0]
 
     def _numpy_silu_mul(self, op: GatedAct, ctx: DebugContext) -> None:
         gu, f = ctx.buf(op.src), self.cfg.ffn_dim
@@ -212,3 +212,7 @@ class EngineDebug:
             ctx.output(op)[:] += y
         else:
             ctx.output(op)[:] = y
+
+    def _numpy_softcap(self, op: SoftCap, ctx: DebugContext) -> None:
+        out = ctx.output(op)
+        out[:] = ref.softcap(out, op.cap)

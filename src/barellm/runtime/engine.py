@@ -40,6 +40,7 @@ from barellm.arch.plan import (
     Op,
     RMSNorm,
     RopeKV,
+    SoftCap,
     buffer_widths,
     llama_plan,
 )
@@ -343,7 +344,13 @@ class NativeEngine(EngineWeights, EngineDebug):
         d = self._spec_cache(op.layer)
         d.update(x=self._spec(op.src), x_stride=self._stride(op.src), out=self._spec(op.out),
                  out_stride=self._stride(op.out), scale=float(np.float32(self.cfg.scale)), window=op.window)
+        if op.softcap:
+            d.update(softcap=float(np.float32(op.softcap)))
         return d
+
+    def _spec_softcap(self, op: SoftCap) -> dict[str, Any]:
+        return dict(out=self._spec(op.out), out_stride=self._stride(op.out), softcap=float(np.float32(op.cap)),
+                    n=self.n_logits if op.out == "logits" else self._widths[op.out])
 
     def _spec_silu_mul(self, op: GatedAct) -> dict[str, Any]:
         f = self.cfg.ffn_dim
@@ -496,9 +503,10 @@ class NativeEngine(EngineWeights, EngineDebug):
             out = np.empty(shape, np.float32)
         elif out.shape != shape or out.dtype != np.float32:
             raise InvalidRequest(f"out must be float32 {shape}")
-        if self.ops[-1].name != "output" or self.ops[-2].out != "xo":
-            raise InvalidRequest("this plan does not end with the output norm and matmul")
-        self._run_rows(tok, pos, slot, dest, len(self.ops) - 1, self._bufs["xo"], out)  # all but the vocabulary
+        end = next((i for i, op in enumerate(self.ops) if op.name == "output"), 0)
+        if end < 1 or self.ops[end - 1].out != "xo":
+            raise InvalidRequest("this plan does not have the output norm before its output matmul")
+        self._run_rows(tok, pos, slot, dest, end, self._bufs["xo"], out)  # all but the vocabulary (and its cap)
         return out
 
     def _pack(self, seqs: Sequence[tuple[int, Sequence[int], int]], what: str

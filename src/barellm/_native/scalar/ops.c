@@ -107,6 +107,11 @@ static void pv_q8(float *acc, float p, const uint8_t *row, int head_dim) {
 
 void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
                       float scale, int kv_type) {
+    bl_attend_capped_scalar(qs, nq, kc, vc, head_dim, scale, 0.0f, kv_type);
+}
+
+void bl_attend_capped_scalar(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
+                             float scale, float cap, int kv_type) {
     enum { KT = BL_KV_TILE };
     const int f16 = kv_type == BL_KV_F16, q8 = kv_type == BL_KV_Q8_0;
     const size_t rb = bl_kv_row_bytes(head_dim, kv_type);
@@ -133,6 +138,7 @@ void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const voi
             float mt = -INFINITY;
             for (int k = k0; k < k1; k++) {
                 s[k] *= scale;
+                if (cap) s[k] = cap * tanhf(s[k] / cap);
                 mt = s[k] > mt ? s[k] : mt;
             }
             const float mn = mt > m[i] ? mt : m[i];
