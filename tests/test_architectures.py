@@ -66,28 +66,29 @@ def test_every_row_names_its_tensors():
 
 
 def test_unknown_architecture_refused_by_name():
-    with pytest.raises(FormatError, match=r"architecture 'gpt-oss' is not supported \(supported: llama, gemma3, qwen2"):
-        architecture("gpt-oss")
+    with pytest.raises(FormatError, match=r"architecture 'falcon' is not supported \(supported: llama, gemma3, qwen2"):
+        architecture("falcon")
 
 
 def test_unsupported_file_refused_before_conversion(tmp_path):
     """A GGUF whose architecture no row covers is refused before a .blm is written: nothing is left behind."""
     src = GGUFFile(DATA / "qwen3-tiny.gguf")
     md = {k: v for k, v in src.metadata.items() if k != "general.alignment"}
-    md = {k.replace("qwen3.", "gpt-oss."): v for k, v in md.items()}
-    md["general.architecture"] = "gpt-oss"
+    md = {k.replace("qwen3.", "falcon."): v for k, v in md.items()}
+    md["general.architecture"] = "falcon"
     tensors = [(n, src.dequantize(n), 0) for n in src.tensors]
     src.close()
-    bad = tmp_path / "gpt-oss.gguf"
+    bad = tmp_path / "falcon.gguf"
     write_gguf(bad, md, tensors)
     out = tmp_path / "out"
     out.mkdir()
-    with pytest.raises(FormatError, match="architecture 'gpt-oss' is not supported"):
+    with pytest.raises(FormatError, match="architecture 'falcon' is not supported"):
         convert(bad, out / "x.blm")
     assert list(out.iterdir()) == []
 
 
-@pytest.mark.parametrize("name", ["qwen3moe-tiny", "qwen3moe-q8_0-tiny", "phi3-tiny", "smollm3-tiny", "gemma2-tiny"])
+@pytest.mark.parametrize("name", ["qwen3moe-tiny", "qwen3moe-q8_0-tiny", "phi3-tiny", "smollm3-tiny", "gemma2-tiny",
+                                  "gpt-oss-tiny", "gpt-oss-mxfp4-tiny"])
 def test_new_rows_run_by_path(name, capsys, monkeypatch, tmp_path):
     """`barellm run FILE.gguf` on the newer rows: the native engine's greedy continuation is the reference's."""
     from barellm.cli import main

@@ -84,13 +84,15 @@ def test_each_feature_matters(name, off):
     assert without > 1e-2
 
 
+@pytest.mark.parametrize("cap, sink", [(2.0, None), (0.0, 1.5), (3.0, -0.5)])
 @pytest.mark.parametrize("hd, window", [(32, 0), (40, 0), (6, 0), (16, 70)])
-def test_capped_attention_vs_numpy(hd, window):
-    """The soft-capped attention kernel on one f32 kv head, head sizes with and without vector tails, queries
-    at tile edges, with and without a window: softmax(cap tanh(q k / sqrt(hd) / cap)) v in float64."""
+def test_capped_attention_vs_numpy(hd, window, cap, sink):
+    """The scalar kernel's soft-capped scores and sinks on one f32 kv head, head sizes with and without vector
+    tails, queries at tile edges, with and without a window: with s = cap tanh(q k / sqrt(hd) / cap) (q k /
+    sqrt(hd) for cap 0), exp(s) v / (sum exp(s) + exp(sink)) in float64."""
     from barellm import _native as nat
 
-    tile, n_ctx, S, cap = nat.KV_TILE, 192, 150, 2.0
+    tile, n_ctx, S = nat.KV_TILE, 192, 150
     rng = np.random.default_rng(hd)
     K = (rng.standard_normal((S, hd)) * 2).astype(np.float32)
     V = rng.standard_normal((S, hd)).astype(np.float32)
@@ -103,11 +105,13 @@ def test_capped_attention_vs_numpy(hd, window):
     q = (rng.standard_normal((len(pos), hd)) * 3).astype(np.float32)
     out = np.empty_like(q)
     scale = float(np.float32(1 / np.sqrt(hd)))
-    nat.attend(q, pos, kc, vc, out, len(pos), hd, n_ctx, scale, 0, window, cap)
+    nat.attend(q, pos, kc, vc, out, len(pos), hd, n_ctx, scale, 0, window, cap, -np.inf if sink is None else sink)
     for i, p in enumerate(pos):
         lo = max(0, p - window + 1) if window else 0
         s = K[lo:p + 1].astype(np.float64) @ q[i].astype(np.float64) * scale
-        s = cap * np.tanh(s / cap)
+        if cap:
+            s = cap * np.tanh(s / cap)
         e = np.exp(s - s.max())
-        want = (e / e.sum()) @ V[lo:p + 1].astype(np.float64)
+        denom = e.sum() + (0.0 if sink is None else np.exp(sink - s.max()))
+        want = (e / denom) @ V[lo:p + 1].astype(np.float64)
         assert np.abs(out[i] - want).max() < 1e-5 * max(1.0, np.abs(want).max())

@@ -1,8 +1,8 @@
-"""Mixtures of experts (the qwen3moe row): the router, the stacked expert tensors, the moe op.
+"""Mixtures of experts (the qwen3moe and gpt-oss rows): the router, the stacked expert tensors, the moe op.
 
-llama.cpp's logits on tiny qwen3moe files (tests/data/README.md) hold both engines to the model, on every kernel
-tier; random models with the experts in every weight type hold the native op to the NumPy one, and the native
-engine's results to the same bits whatever the threads, the chunking and the batch.
+llama.cpp's logits on tiny qwen3moe and gpt-oss files (tests/data/README.md) hold both engines to the model, on
+every kernel tier; random models with the experts in every weight type hold the native op to the NumPy one, and
+the native engine's results to the same bits whatever the threads, the chunking and the batch.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from tiny_model import tiny_llama_metadata
 # (file, top-1 agreement at least, max |logit - llama.cpp's| at most). The F32 file: the float model (the native
 # engine's f16 KV cache and 15-bit activations cost ~1e-3); the Q8_0 experts: llama.cpp rounds the activations
 # that meet them to 8 bits, the engines do not (4e-2 apart: tests/data/README.md).
-GOLDEN = {"qwen3moe-tiny": (1.0, 1e-2), "qwen3moe-q8_0-tiny": (0.95, 0.5)}
+GOLDEN = {"qwen3moe-tiny": (1.0, 1e-2), "qwen3moe-q8_0-tiny": (0.95, 0.5), "gpt-oss-tiny": (1.0, 1e-2),
+          "gpt-oss-mxfp4-tiny": (0.95, 0.5)}
 
 # expert weight types (ggml ids) and a (dim, expert ffn) of whole blocks for each, with tails past the SIMD
 # widths where the type allows: f32, f16, q4_0, q4_1, q5_0, q5_1 and bf16 (no kernels: float32 rows), q8_0,
@@ -55,7 +56,7 @@ def _agreement(name: str, engine: str, got: np.ndarray, want: np.ndarray) -> Non
 def test_reference_matches_llamacpp(golden):
     name, src, ids, want = golden
     cfg = config_of(src)
-    assert cfg.arch == "qwen3moe" and (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim) == (8, 2, 32)
+    assert cfg.arch in ("qwen3moe", "gpt-oss") and (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim) == (8, 2, 32)
     assert cfg.expert_weights_norm
     _agreement(name, "reference", reference_engine(cfg, src, 256).forward(ids, 0, all_logits=True), want)
 
@@ -160,6 +161,25 @@ def test_moe_op_matches_numpy(tiny_moe, isa):
     assert len(worst) == 4 and max(worst) < (3e-2 if int8 else 2e-3), worst
 
 
+def test_biased_clamped_moe_op_matches_numpy(isa):
+    """gpt-oss's moe op (expert biases, clamped SwiGLU, both clamps reached in its file) against the NumPy one."""
+    src = GGUFFile(DATA / "gpt-oss-tiny.gguf")
+    e = NativeEngine(config_of(src), src, n_ctx=64, threads=2, chunk=8, kv_type="f32")
+    worst = []
+
+    def both(op, ctx):
+        biases = tuple(e._dequant(n) for n in op.biases)
+        want = ref.moe(ctx.buf(op.src), ctx.buf(op.logits), e._dequant(op.gate), e._dequant(op.up),
+                       e._dequant(op.down), op.n_used, op.norm, op.act, biases)
+        i = e.op_index(op.name)[0]
+        e._debug_plan.run(ctx.T, ctx.n_out, i, i + 1)
+        worst.append(float(np.abs(ctx.buf("proj") - want).max() / np.abs(want).max()))
+
+    e.debug_forward(PROMPT, 0, all_logits=True, replace={"*.ffn_moe": both})
+    src.close()
+    assert len(worst) == 4 and max(worst) < 1e-5, worst
+
+
 def test_moe_results_independent_of_threads_chunks_and_batch(tiny_moe):
     """The same bits for a token whatever runs beside it: one thread or two, chunks of 64 or 3 or 1 tokens
     (decode reads only its experts), alone or batched with another sequence."""
@@ -185,3 +205,46 @@ def test_greedy_output_independent_of_tier(tiny_moe):
             e = NativeEngine(cfg, tiny_moe, n_ctx=64, threads=2, chunk=4)
             picks.append(e.forward(PROMPT, 0, all_logits=True).argmax(1))
     assert all(np.array_equal(p, picks[0]) for p in picks)
+
+
+def test_mxfp4_codec_is_ggufs():
+    """The MXFP4 decoder (formats/quant.py) against gguf-py's, on the gpt-oss file's expert blocks."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from barellm.formats import quant
+
+    src = GGUFFile(DATA / "gpt-oss-mxfp4-tiny.gguf")
+    for name in ("blk.0.ffn_gate_exps.weight", "blk.1.ffn_down_exps.weight"):
+        raw = np.asarray(src.raw(name)).view(np.uint8).reshape(-1)
+        want = dequantize(raw.reshape(-1, 17), GGMLQuantizationType.MXFP4).reshape(-1)
+        assert np.array_equal(quant.TYPES[39].to_float(raw).reshape(-1), want)
+    src.close()
+
+
+@pytest.mark.parametrize("off", [
+    {"rope_yarn_factor": 0.0, "rope_cs_scale": 1.0},   # plain RoPE
+    {"act": "silu"},                                   # SwiGLU without the clamps
+    {"sliding_window": 0},                             # every layer global
+])
+def test_gpt_oss_features_matter(off):
+    """Switching a gpt-oss feature off moves the reference's logits far from llama.cpp's."""
+    import dataclasses
+
+    src = GGUFFile(DATA / "gpt-oss-tiny.gguf")
+    gold = np.load(DATA / "gpt-oss-tiny.logits.npz")
+    cfg = dataclasses.replace(config_of(src), **off)
+    got = reference_engine(cfg, src, 256).forward(gold["ids"].tolist(), 0, all_logits=True)
+    src.close()
+    assert np.abs(got - gold["logits"]).max() > 0.1
+
+
+def test_gpt_oss_sinks_matter():
+    src = GGUFFile(DATA / "gpt-oss-tiny.gguf")
+    gold = np.load(DATA / "gpt-oss-tiny.logits.npz")
+    e = reference_engine(config_of(src), src, 256)
+    for layer in e.layers:
+        layer.sinks = None
+    got = e.forward(gold["ids"].tolist(), 0, all_logits=True)
+    src.close()
+    assert np.abs(got - gold["logits"]).max() > 0.1

@@ -236,8 +236,8 @@ static void attend_items(const bl_plan *p, const bl_op *op, int u0, int u1) {
         }
         if (nq && (u == u1 || g != cur_g || p->slot[t] != cur_slot || nq == BL_ATT_MAXQ)) {
             const size_t off = (size_t)cur_slot * op->slot_stride * esz + (size_t)cur_g * head;
-            if (op->softcap) /* the scalar kernel only has the cap, on every tier alike */
-                bl_attend_capped_scalar(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->softcap, op->kv_type);
+            if (op->softcap || op->sinks) /* only the scalar kernel has these: every tier calls it for them */
+                bl_attend_ext_scalar(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->softcap, op->kv_type);
             else
                 bl_attend(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->kv_type);
             nq = 0;
@@ -256,6 +256,7 @@ static void attend_items(const bl_plan *p, const bl_op *op, int u0, int u1) {
         qs[nq].out = op->out + (size_t)t * op->out_stride + (size_t)h * hd;
         qs[nq].pos = p->pos[t];
         qs[nq].lo = op->window && p->pos[t] >= op->window ? p->pos[t] - op->window + 1 : 0;
+        qs[nq].sink = op->sinks ? op->sinks[h] : -INFINITY;
         nq++;
     }
 }
@@ -347,11 +348,23 @@ static void moe_matmuls(const bl_moe *m, const int32_t *start, int tid, int nth,
     }
 }
 
+/* g[0, n) = act(g[0, n), u = g[n, 2n)) in place; gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai, alpha 1.702,
+ * limit 7) in plain C, the others by the tier's kernels */
+static void moe_act(int act, float *g, int n) {
+    if (act == BL_MOE_GELU) bl_gelu_mul(g, g + n, g, n);
+    else if (act == BL_MOE_SILU) bl_silu_mul(g, g + n, g, n);
+    else
+        for (int i = 0; i < n; i++) {
+            const float x = fminf(g[i], 7.0f), u = fminf(fmaxf(g[n + i], -7.0f), 7.0f);
+            g[i] = x / (1.0f + expf(-1.702f * x)) * (u + 1.0f);
+        }
+}
+
 static void op_moe(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
     (void)seq;
     const bl_moe *m = &op->moe;
     const int T = p->T, K = m->n_used, E = m->n_experts, P = T * K, F = m->ffn;
-    int32_t *start = m->index, *pair_token = m->index + E + 1, *pair_of = pair_token + P;
+    int32_t *start = m->index, *pair_token = m->index + E + 1, *pair_of = pair_token + P, *pair_expert = pair_of + P;
     int a, b;
     /* route each token */
     bl_split(T, 1, tid, nth, &a, &b);
@@ -369,6 +382,7 @@ static void op_moe(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned
             const int j = next[m->choice[i]]++;
             pair_token[j] = i / K;
             pair_of[i] = j;
+            pair_expert[j] = m->choice[i];
         }
     }
     bl_pool_barrier(p->pool, tid);
@@ -384,12 +398,14 @@ static void op_moe(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned
     moe_matmuls(m, start, tid, nth, &m->gate, &m->up, F, m->xg, m->xg_stride, m->xg_up ? m->xg_up : m->xg,
                 m->xg_up ? m->xg_up_stride : m->xg_stride, m->gu, m->gu_stride);
     bl_pool_barrier(p->pool, tid);
-    /* act(gate) * up, over the gate half, converted for down */
-    void (*act)(const float *, const float *, float *, int) = op->gelu ? bl_gelu_mul : bl_silu_mul;
+    /* (the biases,) act(gate) * up, over the gate half, converted for down */
     bl_split(P, 1, tid, nth, &a, &b);
     for (int j = a; j < b; j++) {
         float *g = m->gu + (size_t)j * m->gu_stride;
-        act(g, g + F, g, F);
+        const size_t e = (size_t)pair_expert[j];
+        if (m->gate_bias) bl_add(g, m->gate_bias + e * F, F);
+        if (m->up_bias) bl_add(g + F, m->up_bias + e * F, F);
+        moe_act(m->act, g, F);
         bl_quantize_act(&m->down, g, m->gu_stride, 1, (char *)m->aq + (size_t)j * m->aq_stride);
     }
     bl_pool_barrier(p->pool, tid);
@@ -401,7 +417,8 @@ static void op_moe(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned
         float *out = op->out + (size_t)t * op->out_stride;
         for (int k = 0; k < K; k++) {
             const float w = m->weight[(size_t)t * K + k];
-            const float *y = m->y + (size_t)pair_of[(size_t)t * K + k] * m->y_stride;
+            float *y = m->y + (size_t)pair_of[(size_t)t * K + k] * m->y_stride;
+            if (m->down_bias) bl_add(y, m->down_bias + (size_t)m->choice[(size_t)t * K + k] * op->n, op->n);
             if (k == 0)
                 for (int i = 0; i < op->n; i++) out[i] = w * y[i];
             else

@@ -37,20 +37,21 @@
       BL_KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "out",      \
               "out_stride", "rope_dim", "eps", "rope_style", "rope_cs"),                                      \
       BL_KEYS("q_norm", "k_norm", "k_shift"))                                                                 \
-    /* out[t] = attention of the q heads of x[t] over the slot's cache (scores soft-capped if softcap) */     \
+    /* out[t] = attention of the q heads of x[t] over the slot's cache (scores soft-capped if softcap; each   \
+     * head's sink in its denominator if sinks) */                                                            \
     X(ATTENTION, attention, 5,                                                                                \
       BL_KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "window",   \
               "x", "x_stride", "out", "out_stride", "scale"),                                                 \
-      BL_KEYS("softcap"))                                                                                     \
+      BL_KEYS("softcap", "sinks"))                                                                            \
     /* out[t] = act(x[t]) * x2[t] (act: silu, or gelu_tanh if gelu); then the qjobs */                        \
     X(SILU_MUL, silu_mul, 6, BL_KEYS("x", "x2", "x_stride", "out", "out_stride", "n", "gelu"), BL_KEYS("qjobs"))   \
     /* out[t] = sum over the experts x[t] is routed to of weight * down_e (act(gate_e x[t]) * up_e x[t])      \
      * (then res[t] += out[t] if res): see bl_moe */                                                         \
     X(MOE, moe, 7,                                                                                            \
-      BL_KEYS("x", "x_stride", "out", "out_stride", "n", "gelu", "logits", "logits_stride", "gate", "up",       \
+      BL_KEYS("x", "x_stride", "out", "out_stride", "n", "act", "logits", "logits_stride", "gate", "up",        \
               "down", "n_experts", "n_used", "ffn", "norm_weights", "choice", "weight", "index", "xg",         \
               "xg_stride", "gu", "gu_stride", "aq", "aq_stride", "y", "y_stride"),                            \
-      BL_KEYS("res", "res_stride", "xg_up", "xg_up_stride"))                                                 \
+      BL_KEYS("res", "res_stride", "xg_up", "xg_up_stride", "gate_bias", "up_bias", "down_bias"))                                                 \
     /* out[i] = softcap * tanh(out[i] / softcap) over n values of each row (Gemma 2's logits) */               \
     X(SOFTCAP, softcap, 8, BL_KEYS("out", "out_stride", "n", "softcap"), BL_KEYS(NULL))
 
@@ -88,10 +89,14 @@ typedef struct bl_mm_part { /* rows [row0, row0 + w.rows) of a matmul op's row s
  * invariance), and each token sums its experts' outputs in the order they were chosen: the result is the
  * same whatever the batch, the chunking or the thread split. Rows of the scratch are pairs, at most
  * max_T * n_used of them. */
+enum bl_moe_act { BL_MOE_SILU = 0, BL_MOE_GELU = 1, BL_MOE_SWIGLU_OAI = 2 };
+
 typedef struct bl_moe {
     int n_experts, n_used;
     int ffn;                      /* rows of an expert's gate and up matrices */
     int norm_weights;
+    int act;                      /* enum bl_moe_act: silu(g) u, gelu_tanh(g) u, or gpt-oss's clamped SwiGLU */
+    const float *gate_bias, *up_bias, *down_bias; /* [n_experts][rows] added to each product (NULL: none) */
     bl_matrix gate, up, down;     /* the stacks: expert e is rows [e ffn, (e + 1) ffn) of gate and of up, and
                                      rows [e n, (e + 1) n) of down (whole row groups: bl_moe_expert) */
     const float *logits;          /* the router's, [T][n_experts] */
@@ -99,7 +104,7 @@ typedef struct bl_moe {
     int32_t *choice;              /* [T][n_used] the chosen experts */
     float *weight;                /* [T][n_used] their weights */
     int32_t *index;               /* [n_experts + 1] where each expert's pairs start, then [pairs] each pair's
-                                     token, then [T][n_used] each choice's pair */
+                                     token, then [T][n_used] each choice's pair, then [pairs] each pair's expert */
     void *xg, *xg_up;             /* [pairs] the token's x converted for gate, and for up (NULL: as for gate) */
     size_t xg_stride, xg_up_stride;
     float *gu;                    /* [pairs][2 ffn] gate | up products; act(gate) * up goes over the gate half */
@@ -151,6 +156,7 @@ typedef struct bl_op {
     int window;            /* attention: keys a query sees, counting its own (0: all before it) */
     float scale;
     float softcap;         /* attention, softcap: values x become softcap * tanh(x / softcap) (0: none) */
+    const float *sinks;    /* attention: each q head's sink logit [n_heads] (NULL: none) */
     bl_moe moe;
 } bl_op;
 

@@ -184,13 +184,15 @@ static int parse_moe(PlanObject *self, PyObject *d, bl_op *op) {
     bl_moe *m = &op->moe;
     int norm;
     if (d_int(d, "n_experts", 0, &m->n_experts) || d_int(d, "n_used", 0, &m->n_used) || d_int(d, "ffn", 0, &m->ffn) ||
+        d_int(d, "act", 0, &m->act) ||
         d_int(d, "norm_weights", 0, &norm) || d_size(d, "logits_stride", &m->logits_stride) ||
         d_size(d, "xg_stride", &m->xg_stride) || d_size(d, "xg_up_stride", &m->xg_up_stride) ||
         d_size(d, "gu_stride", &m->gu_stride) || d_size(d, "aq_stride", &m->aq_stride) ||
         d_size(d, "y_stride", &m->y_stride))
         return -1;
     m->norm_weights = norm != 0;
-    if (m->n_experts < 1 || m->n_used < 1 || m->n_used > m->n_experts || m->ffn < 1 || op->n < 1) {
+    if (m->n_experts < 1 || m->n_used < 1 || m->n_used > m->n_experts || m->ffn < 1 || op->n < 1 || m->act < 0 ||
+        m->act > BL_MOE_SWIGLU_OAI) {
         PyErr_Format(PyExc_ValueError, "moe: %d of %d experts of %d rows, width %d", m->n_used, m->n_experts, m->ffn,
                      op->n);
         return -1;
@@ -221,13 +223,17 @@ static int parse_moe(PlanObject *self, PyObject *d, bl_op *op) {
     if (!(m->logits = sized_buf(self, d, "logits", 0, 4 * ((self->max_T - 1) * m->logits_stride + m->n_experts), 1)) ||
         !(m->choice = sized_buf(self, d, "choice", 1, 4 * pairs, 1)) ||
         !(m->weight = sized_buf(self, d, "weight", 1, 4 * pairs, 1)) ||
-        !(m->index = sized_buf(self, d, "index", 1, 4 * (m->n_experts + 1 + 2 * pairs), 1)) ||
+        !(m->index = sized_buf(self, d, "index", 1, 4 * (m->n_experts + 1 + 3 * pairs), 1)) ||
         !(m->xg = sized_buf(self, d, "xg", 1, pairs * m->xg_stride, 1)) ||
         !(m->gu = sized_buf(self, d, "gu", 1, 4 * pairs * m->gu_stride, 1)) ||
         !(m->aq = sized_buf(self, d, "aq", 1, pairs * m->aq_stride, 1)) ||
         !(m->y = sized_buf(self, d, "y", 1, 4 * pairs * m->y_stride, 1)))
         return -1;
     m->xg_up = sized_buf(self, d, "xg_up", 1, pairs * m->xg_up_stride, 0);
+    const size_t F = (size_t)m->n_experts * m->ffn, D = (size_t)m->n_experts * op->n;
+    if (!PyErr_Occurred()) m->gate_bias = sized_buf(self, d, "gate_bias", 0, 4 * F, 0);
+    if (!PyErr_Occurred()) m->up_bias = sized_buf(self, d, "up_bias", 0, 4 * F, 0);
+    if (!PyErr_Occurred()) m->down_bias = sized_buf(self, d, "down_bias", 0, 4 * D, 0);
     if (PyErr_Occurred()) return -1;
     if (m->xg_up ? m->xg_up_stride < xg_up
                  : m->up.type != m->gate.type || m->up.layout != m->gate.layout || m->up.act != m->gate.act) {
@@ -288,6 +294,9 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
         }
     }
     if (FIELD_BUF(d, op, kc, 1) || FIELD_BUF(d, op, vc, 1)) return -1;
+    if (op->kind == BL_OP_ATTENTION &&
+        !(op->sinks = sized_buf(self, d, "sinks", 0, sizeof(float) * op->n_heads, 0)) && PyErr_Occurred())
+        return -1;
     PyObject *t = PyDict_GetItemString(d, "table");
     if (t && parse_matrix(self, t, &op->table)) return -1;
     if (op->kind == BL_OP_MOE && parse_moe(self, d, op)) return -1;

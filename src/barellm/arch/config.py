@@ -48,6 +48,7 @@ class ModelConfig:
     rope_theta_local: float = 0.0      # RoPE base of local layers (0: rope_theta)
     rope_long: bool = False            # LongRoPE: rope_factors_short/_long.weight divide the RoPE frequencies
     rope_original_context: int = 0     # LongRoPE: contexts past this take the long factors
+    rope_yarn_factor: float = 0.0      # YaRN: the context extension factor (0: no YaRN)
     rope_cs_scale: float = 1.0         # multiplies RoPE's cos and sin (LongRoPE's attn_factor)
     attn_softcap: float = 0.0          # attention scores s become cap * tanh(s / cap) (0: none)
     final_softcap: float = 0.0         # the logits likewise
@@ -156,13 +157,20 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
         raise FormatError(f"norm epsilon {eps} or rope base {theta} out of range")
     ctx = _positive(p + "context_length", _get(md, p + "context_length", int, 2048), 1 << 24)
     scaling = _get(md, p + "rope.scaling.type", str, "none")
-    if scaling not in ("none", "linear") or (scaling == "linear" and _get(md, p + "rope.scaling.factor", float,
-                                                                            1.0) != 1.0):
+    yarn = 0.0
+    if scaling == "yarn" and row.yarn:
+        yarn = _get(md, p + "rope.scaling.factor", float)
+        if not 1 <= yarn <= 1024:
+            raise FormatError(f"rope.scaling.factor {yarn} is out of range (1..1024)")
+    elif scaling not in ("none", "linear") or (scaling == "linear" and _get(md, p + "rope.scaling.factor", float,
+                                                                              1.0) != 1.0):
         raise FormatError(f"rope scaling {scaling!r} is not supported")
     if rope_freqs and not row.rope_freqs:
         raise FormatError(f"rope_freqs.weight is not part of a {arch} model")
-    original = _get(md, p + "rope.scaling.original_context_length", int, ctx) if row.long_rope else 0
+    original = _get(md, p + "rope.scaling.original_context_length", int, ctx) if row.long_rope or yarn else 0
     cs_scale = _get(md, p + "rope.scaling.attn_factor", float, 1.0) if row.long_rope else 1.0
+    if yarn:  # YaRN's magnitude correction, as llama.cpp applies it to cos and sin
+        cs_scale = 1.0 + 0.1 * math.log(yarn)
     if not 0 < cs_scale < 16:
         raise FormatError(f"rope.scaling.attn_factor {cs_scale} is out of range")
     caps = [_get(md, p + key, float, 0.0) if row.softcaps else 0.0
@@ -182,7 +190,8 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
         embed_scale=math.sqrt(dim) if row.embed_scale_sqrt_dim else 1.0, act=row.act, qk_norm=row.qk_norm,
         post_norms=row.post_norms, sliding_window=window, swa_pattern=row.swa_pattern,
         rope_theta_local=row.rope_theta_local, rope_long=row.long_rope, rope_original_context=original,
-        rope_cs_scale=cs_scale, nope_every=row.nope_every, attn_softcap=caps[0], final_softcap=caps[1],
+        rope_cs_scale=cs_scale, rope_yarn_factor=yarn, nope_every=row.nope_every, attn_softcap=caps[0],
+        final_softcap=caps[1],
         n_experts=n_experts, n_experts_used=n_used,
         expert_ffn_dim=expert_ffn,
         expert_weights_norm=row.expert_weights_norm,
@@ -221,6 +230,9 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         "ffn_gate.weight": (cfg.ffn_dim, cfg.dim), "ffn_up.weight": (cfg.ffn_dim, cfg.dim),
         "ffn_down.weight": (cfg.dim, cfg.ffn_dim),
         "attn_qkv.weight": (cfg.q_dim + 2 * cfg.kv_dim, cfg.dim),
+        "attn_output.bias": (cfg.dim,), "attn_sinks.weight": (cfg.n_heads,),
+        "ffn_gate_inp.bias": (cfg.n_experts,), "ffn_gate_exps.bias": (cfg.n_experts, cfg.expert_ffn_dim),
+        "ffn_up_exps.bias": (cfg.n_experts, cfg.expert_ffn_dim), "ffn_down_exps.bias": (cfg.n_experts, cfg.dim),
         "ffn_gate_inp.weight": (cfg.n_experts, cfg.dim),
         "ffn_gate_exps.weight": (cfg.n_experts, cfg.expert_ffn_dim, cfg.dim),
         "ffn_up_exps.weight": (cfg.n_experts, cfg.expert_ffn_dim, cfg.dim),

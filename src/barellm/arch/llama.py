@@ -12,6 +12,7 @@ see a sliding window of keys with their own RoPE base.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -40,20 +41,32 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(ms + np.float32(eps))) * w
 
 
-def rope_frequencies(rope_dim: int, base: float, factors: np.ndarray | None = None) -> np.ndarray:
+def rope_frequencies(rope_dim: int, base: float, factors: np.ndarray | None = None, yarn: float = 0.0,
+                     original_context: int = 0) -> np.ndarray:
     """theta_i = base^(-2i/rope_dim) / factor_i (float64 [rope_dim/2]); the factors are a file's
-    rope_freqs.weight (Llama 3.1's scaling: low frequencies slowed down for long contexts)."""
+    rope_freqs.weight (Llama 3.1's scaling: low frequencies slowed down for long contexts). With a YaRN factor
+    (and the context the model was trained for), ggml's YaRN: each frequency slowed by the factor, blended back
+    towards the original by a ramp over the dims between the corrections for 32 and 1 rotations (beta fast
+    and slow) in the original context: the fast dims keep their frequency, the slow ones are interpolated."""
     inv_freq = 1.0 / (base ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim))
     if factors is not None:
         inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
+    if yarn:
+        def corr_dim(rotations: float) -> float:
+            return rope_dim * math.log(original_context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = max(0.0, math.floor(corr_dim(32.0))), min(rope_dim - 1.0, math.ceil(corr_dim(1.0)))
+        y = (np.arange(rope_dim // 2, dtype=np.float64) - low) / max(0.001, high - low)
+        mix = 1.0 - np.clip(y, 0.0, 1.0)
+        inv_freq = inv_freq / yarn * (1.0 - mix) + inv_freq * mix
     return inv_freq
 
 
 def rope_tables(rope_dim: int, base: float, n_ctx: int, factors: np.ndarray | None = None,
-                scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                scale: float = 1.0, yarn: float = 0.0, original_context: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [n_ctx, rope_dim/2] of position * theta_i (rope_frequencies), times scale (LongRoPE's
     attention factor)."""
-    inv_freq = rope_frequencies(rope_dim, base, factors)
+    inv_freq = rope_frequencies(rope_dim, base, factors, yarn, original_context)
     angles = np.outer(np.arange(n_ctx, dtype=np.float64), inv_freq)
     cos, sin = np.cos(angles), np.sin(angles)
     if scale != 1.0:
@@ -86,12 +99,13 @@ def softcap(x: np.ndarray, cap: float) -> np.ndarray:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float, window: int = 0,
-              cap: float = 0.0) -> np.ndarray:
+              cap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """Causal grouped-query attention.
 
     q[T, n_heads, hd] for positions start..start+T-1; k, v [start+T, n_kv_heads, hd] from the cache.
     Query head h reads kv head h // (n_heads / n_kv_heads). With a window, the query at position p
-    sees only the keys at p - window + 1 .. p. With cap, the scaled scores are soft-capped (softcap).
+    sees only the keys at p - window + 1 .. p. With cap, the scaled scores are soft-capped (softcap). With
+    sinks [n_heads], each head's softmax has one more term, exp(sink), in its denominator only.
     """
     T, n_heads, hd = q.shape
     group = n_heads // k.shape[1]
@@ -104,9 +118,14 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: fl
     if window:
         hidden |= query_pos - key_pos >= window
     scores[:, hidden] = -np.inf
-    scores -= scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=-1, keepdims=True)
+    top = scores.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        top = np.maximum(top, sinks[:, None, None])
+    p = np.exp(scores - top)
+    denom = p.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        denom = denom + np.exp(sinks[:, None, None] - top)
+    p /= denom
     return np.matmul(p, vh).transpose(1, 0, 2).reshape(T, n_heads * hd)
 
 
@@ -121,6 +140,17 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0   # gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai)
+
+
+def gated(act: str, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """A gated MLP's act(gate) * up; "swiglu_oai": gpt-oss's, the gate clamped above and up on both sides,
+    min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)."""
+    if act == "swiglu_oai":
+        g = np.minimum(gate, np.float32(SWIGLU_LIMIT))
+        u = np.clip(up, np.float32(-SWIGLU_LIMIT), np.float32(SWIGLU_LIMIT))
+        return g / (np.float32(1.0) + np.exp(np.float32(-SWIGLU_ALPHA) * g)) * (u + np.float32(1.0))
+    return ACTIVATIONS[act](gate) * up
 
 
 def route(logits: np.ndarray, n_used: int, norm: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -136,16 +166,21 @@ def route(logits: np.ndarray, n_used: int, norm: bool) -> tuple[np.ndarray, np.n
 
 
 def moe(x: np.ndarray, logits: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, n_used: int,
-        norm: bool, act: str) -> np.ndarray:
+        norm: bool, act: str, biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """A mixture-of-experts MLP of x [T, dim]: each token's chosen experts (route), each a gated MLP whose
-    matrices are one slice of the stacks gate, up [n_experts, ffn, dim] and down [n_experts, dim, ffn], summed
-    with their weights in the order they were chosen."""
+    matrices are one slice of the stacks gate, up [n_experts, ffn, dim] and down [n_experts, dim, ffn] (plus
+    that slice of the biases [n_experts, ffn], [n_experts, ffn], [n_experts, dim], if any), summed with their
+    weights in the order they were chosen."""
     choice, weight = route(logits, n_used, norm)
     y = np.zeros((x.shape[0], n_used, down.shape[1]), np.float32)
     for e in np.unique(choice):
         t, k = np.nonzero(choice == e)
-        h = ACTIVATIONS[act](x[t] @ gate[e].T) * (x[t] @ up[e].T)
-        y[t, k] = h @ down[e].T
+        g, u = x[t] @ gate[e].T, x[t] @ up[e].T
+        if biases is not None:
+            g, u = g + biases[0][e], u + biases[1][e]
+        y[t, k] = gated(act, g, u) @ down[e].T
+        if biases is not None:
+            y[t, k] += biases[2][e]
     out = y[:, 0] * weight[:, :1]
     for k in range(1, n_used):
         out = out + y[:, k] * weight[:, k:k + 1]
@@ -160,6 +195,8 @@ class ExpertWeights:
     """A mixture-of-experts MLP: the router's matrix (transposed, [dim, n_experts]) and the experts' stacks."""
 
     router: np.ndarray
+    router_bias: np.ndarray | None
+    biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None   # gate's, up's and down's [n_experts, rows]
     gate: np.ndarray   # [n_experts, ffn, dim]
     up: np.ndarray     # [n_experts, ffn, dim]
     down: np.ndarray   # [n_experts, dim, ffn]
@@ -177,6 +214,8 @@ class LayerWeights:
     w_up: np.ndarray | None = None
     w_down: np.ndarray | None = None
     experts: ExpertWeights | None = None
+    bo: np.ndarray | None = None        # the attention output projection's bias
+    sinks: np.ndarray | None = None     # [n_heads]
     bq: np.ndarray | None = None
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
@@ -243,7 +282,11 @@ class ReferenceEngine:
             if not cfg.n_experts:
                 return None
             b = f"blk.{i}."
-            return ExpertWeights(router=w(b + "ffn_gate_inp.weight").T.copy(), gate=w(b + "ffn_gate_exps.weight"),
+            biased = cfg.spec.expert_biases
+            biases = tuple(w(b + f"ffn_{n}_exps.bias") for n in ("gate", "up", "down")) if biased else None
+            return ExpertWeights(router=w(b + "ffn_gate_inp.weight").T.copy(),
+                                 router_bias=optional(b + "ffn_gate_inp.bias", biased), biases=biases,  # type: ignore[arg-type]
+                                 gate=w(b + "ffn_gate_exps.weight"),
                                  up=w(b + "ffn_up_exps.weight"), down=w(b + "ffn_down_exps.weight"))
 
         self.token_embd = w("token_embd.weight")
@@ -255,7 +298,9 @@ class ReferenceEngine:
                 attn_norm=w(f"blk.{i}.attn_norm.weight"),
                 wq=qkv(i)[0], wk=qkv(i)[1], wv=qkv(i)[2],
                 wo=w(f"blk.{i}.attn_output.weight").T.copy(),
-                ffn_norm=w(f"blk.{i}.ffn_norm.weight"),
+                ffn_norm=w(f"blk.{i}.{cfg.spec.ffn_norm}"),
+                bo=optional(f"blk.{i}.attn_output.bias", cfg.spec.attn_out_bias),
+                sinks=optional(f"blk.{i}.attn_sinks.weight", cfg.spec.sinks),
                 w_gate=gate_up(i)[0], w_up=gate_up(i)[1],
                 w_down=transposed(f"blk.{i}.ffn_down.weight", not cfg.n_experts),
                 experts=experts(i),
@@ -275,10 +320,10 @@ class ReferenceEngine:
         self.v_cache = np.zeros_like(self.k_cache)
         factor_name = cfg.rope_factors(self.n_ctx)
         factors = None if factor_name is None else w(factor_name)
-        tables = {base: rope_tables(cfg.rope_dim, base, self.n_ctx, factors, cfg.rope_cs_scale)
+        tables = {base: rope_tables(cfg.rope_dim, base, self.n_ctx, factors, cfg.rope_cs_scale, cfg.rope_yarn_factor,
+                                    cfg.rope_original_context)
                   for base in {cfg.layer_rope_theta(i) for i in range(cfg.n_layers)}}
         self.rope = [tables[cfg.layer_rope_theta(i)] for i in range(cfg.n_layers)]
-        self.act = ACTIVATIONS[cfg.act]
 
     def _cached(self, x: np.ndarray) -> np.ndarray:
         """Values as the cache holds them (see kv_type)."""
@@ -372,7 +417,9 @@ class ReferenceEngine:
             k_cache[i, start:end] = self._cached_keys(k, L.bk)
             v_cache[i, start:end] = self._cached(v)
             att = attention(q, k_cache[i, :end], v_cache[i, :end], start, cfg.scale, cfg.layer_window(i),
-                            cfg.attn_softcap) @ L.wo
+                            cfg.attn_softcap, L.sinks) @ L.wo
+            if L.bo is not None:
+                att = att + L.bo
             if L.post_attn_norm is not None:
                 att = rmsnorm(att, L.post_attn_norm, eps)
             x = x + att
@@ -380,11 +427,12 @@ class ReferenceEngine:
             xn = rmsnorm(x, L.ffn_norm, eps)
             if L.experts is not None:
                 X = L.experts
-                ffn = moe(xn, xn @ X.router, X.gate, X.up, X.down, cfg.n_experts_used, cfg.expert_weights_norm,
-                          cfg.act)
+                logits = xn @ X.router if X.router_bias is None else xn @ X.router + X.router_bias
+                ffn = moe(xn, logits, X.gate, X.up, X.down, cfg.n_experts_used, cfg.expert_weights_norm, cfg.act,
+                          X.biases)
             else:
                 assert L.w_gate is not None and L.w_up is not None and L.w_down is not None
-                ffn = (self.act(xn @ L.w_gate) * (xn @ L.w_up)) @ L.w_down
+                ffn = gated(cfg.act, xn @ L.w_gate, xn @ L.w_up) @ L.w_down
             if L.post_ffn_norm is not None:
                 ffn = rmsnorm(ffn, L.post_ffn_norm, eps)
             x = x + ffn

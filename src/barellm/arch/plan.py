@@ -148,6 +148,11 @@ class Attention(Op):
     layer: int
     window: int = 0
     softcap: float = 0.0         # scores s become softcap * tanh(s / softcap) (0: as they are)
+    sinks: str | None = None     # a tensor of one logit per head, in its softmax's denominator only
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return (self.sinks,) if self.sinks else ()
 
     @property
     def x(self) -> str:
@@ -198,8 +203,9 @@ class MoE(Op):
     down: str
     n_used: int
     norm: bool
-    act: str = "silu"
+    act: str = "silu"            # "silu", "gelu_tanh" or "swiglu_oai" (llama.gated)
     accumulate: bool = False
+    biases: tuple[str, ...] = ()  # gate's, up's and down's, stacked as their matrices ([n_experts, rows])
 
     @property
     def x(self) -> str:
@@ -207,7 +213,7 @@ class MoE(Op):
 
     @property
     def weights(self) -> tuple[str, ...]:
-        return (self.gate, self.up, self.down)
+        return (self.gate, self.up, self.down) + self.biases
 
 
 OP_TYPES = (Embed, RMSNorm, MatMul, RopeKV, Attention, GatedAct, MoE, SoftCap)
@@ -238,20 +244,24 @@ def _mlp(cfg: ModelConfig, b: str) -> list[Op]:
         ]
     moe = MoE(b + "ffn_moe", "proj" if cfg.post_norms else "x", src="xn", logits="router",
               gate=b + "ffn_gate_exps.weight", up=b + "ffn_up_exps.weight", down=b + "ffn_down_exps.weight",
-              n_used=cfg.n_experts_used, norm=cfg.expert_weights_norm, act=cfg.act, accumulate=not cfg.post_norms)
-    ops: list[Op] = [MatMul(b + "ffn_router", "router", src="xn", matrices=(b + "ffn_gate_inp.weight",)), moe]
+              n_used=cfg.n_experts_used, norm=cfg.expert_weights_norm, act=cfg.act, accumulate=not cfg.post_norms,
+              biases=tuple(b + f"ffn_{n}_exps.bias" for n in ("gate", "up", "down")) if cfg.spec.expert_biases else ())
+    router_bias = (b + "ffn_gate_inp.bias",) if cfg.spec.expert_biases else ()
+    ops: list[Op] = [MatMul(b + "ffn_router", "router", src="xn", matrices=(b + "ffn_gate_inp.weight",),
+                            bias=router_bias), moe]
     if cfg.post_norms:
         ops.append(RMSNorm(b + "post_ffn_norm", "x", src="proj", weight=b + "post_ffw_norm.weight",
                            eps=cfg.norm_eps, accumulate=True))
     return ops
 
 
-def _residual(cfg: ModelConfig, name: str, src: str, matrix: str, norm: str, norm_weight: str) -> list[Op]:
-    """x += W src; with post norms x += rmsnorm(W src), which needs the whole projected row first."""
+def _residual(cfg: ModelConfig, name: str, src: str, matrix: str, norm: str, norm_weight: str,
+              bias: tuple[str, ...] = ()) -> list[Op]:
+    """x += W src (+ bias); with post norms x += rmsnorm(W src), which needs the whole projected row first."""
     if not cfg.post_norms:
-        return [MatMul(name, "x", src=src, matrices=(matrix,), accumulate=True)]
+        return [MatMul(name, "x", src=src, matrices=(matrix,), bias=bias, accumulate=True)]
     return [
-        MatMul(name, "proj", src=src, matrices=(matrix,)),
+        MatMul(name, "proj", src=src, matrices=(matrix,), bias=bias),
         RMSNorm(norm, "x", src="proj", weight=norm_weight, eps=cfg.norm_eps, accumulate=True),
     ]
 
@@ -274,10 +284,12 @@ def llama_plan(cfg: ModelConfig) -> list[Op]:
                    q_norm=b + "attn_q_norm.weight" if cfg.qk_norm else None,
                    k_norm=b + "attn_k_norm.weight" if cfg.qk_norm else None,
                    k_bias=b + "attn_k.bias" if cfg.attn_bias else None),
-            Attention(b + "attn", "att", src="qkv", layer=i, window=cfg.layer_window(i), softcap=cfg.attn_softcap),
+            Attention(b + "attn", "att", src="qkv", layer=i, window=cfg.layer_window(i), softcap=cfg.attn_softcap,
+                      sinks=b + "attn_sinks.weight" if cfg.spec.sinks else None),
             *_residual(cfg, b + "attn_out", "att", b + "attn_output.weight",
-                       b + "post_attn_norm", b + "post_attention_norm.weight"),
-            RMSNorm(b + "ffn_norm", "xn", src="x", weight=b + "ffn_norm.weight", eps=eps),
+                       b + "post_attn_norm", b + "post_attention_norm.weight",
+                       (b + "attn_output.bias",) if cfg.spec.attn_out_bias else ()),
+            RMSNorm(b + "ffn_norm", "xn", src="x", weight=b + cfg.spec.ffn_norm, eps=eps),
             *_mlp(cfg, b),
         ]
     out_w = "token_embd.weight" if cfg.tied_output else "output.weight"

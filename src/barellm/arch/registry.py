@@ -65,6 +65,11 @@ class Architecture:
                                   # multiplies cos and sin (Phi-3)
     softcaps: bool = False        # the file's attn_logit_softcapping and final_logit_softcapping bound the
                                   # attention scores and the logits: cap * tanh(x / cap) (Gemma 2)
+    attn_out_bias: bool = False   # the attention's output projection adds a bias (gpt-oss)
+    sinks: bool = False           # attn_sinks: one logit per head, in the attention softmax's denominator only
+    yarn: bool = False            # may use YaRN RoPE scaling (rope.scaling.type yarn)
+    expert_biases: bool = False   # the router and every expert matrix add a bias (gpt-oss)
+    ffn_norm: str = "ffn_norm.weight"  # the MLP's input norm (gpt-oss names it post_attention_norm)
     nope_every: int = 0           # every nope_every-th layer has no RoPE at all (SmolLM3: 4, fixed in llama.cpp's
                                   # code, not in the files)
     expert_weights_norm: bool = False  # the chosen experts' weights are renormalized to sum 1 (as llama.cpp's
@@ -85,7 +90,13 @@ class Architecture:
             names += ["attn_q_norm.weight", "attn_k_norm.weight"]
         if self.post_norms:
             names += ["post_attention_norm.weight", "post_ffw_norm.weight"]
-        names.append("ffn_norm.weight")
+        if self.attn_out_bias:
+            names.append("attn_output.bias")
+        if self.sinks:
+            names.append("attn_sinks.weight")
+        names.append(self.ffn_norm)
+        if self.expert_biases:
+            names += ["ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"]
         if self.moe:
             names += ["ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"]
         elif self.fused_gate_up:
@@ -122,6 +133,11 @@ ARCHITECTURES: dict[str, Architecture] = {
         # (one base), soft-capped attention scores and logits
         Architecture("gemma2", rope_style="neox", post_norms=True, act="gelu_tanh", embed_scale_sqrt_dim=True,
                      swa_pattern=2, softcaps=True),
+        # gpt-oss: biased projections, attention sinks, every other layer local, YaRN, a mixture of experts with
+        # biases whose router picks by raw logit and weighs the chosen by their softmax, clamped SwiGLU
+        Architecture("gpt-oss", rope_style="neox", attn_bias=True, attn_out_bias=True, sinks=True, swa_pattern=2,
+                     yarn=True, moe=True, expert_weights_norm=True, expert_biases=True, act="swiglu_oai",
+                     ffn_norm="post_attention_norm.weight"),
         # Phi-3 (and Phi-4-mini): fused projections, partial RoPE with LongRoPE factors
         Architecture("phi3", rope_style="neox", fused_qkv=True, fused_gate_up=True, long_rope=True),
         # SmolLM3: llama with every fourth layer's RoPE left out (llama.cpp rotates adjacent pairs for it)

@@ -198,15 +198,17 @@ class EngineDebug:
             s, p = int(ctx.slots[t]), int(ctx.positions[t])
             k, v = self.kv(s, op.layer, p + 1)
             q = qkv[t:t + 1, :cfg.q_dim].reshape(1, cfg.n_heads, cfg.head_dim)
-            out[t] = ref.attention(q, k, v, p, cfg.scale, op.window, op.softcap)[0]
+            sinks = self._norm(op.sinks) if op.sinks else None
+            out[t] = ref.attention(q, k, v, p, cfg.scale, op.window, op.softcap, sinks)[0]
 
     def _numpy_silu_mul(self, op: GatedAct, ctx: DebugContext) -> None:
         gu, f = ctx.buf(op.src), self.cfg.ffn_dim
         ctx.output(op)[:] = ref.ACTIVATIONS[op.act](gu[:, :f]) * gu[:, f:2 * f]
 
     def _numpy_moe(self, op: MoE, ctx: DebugContext) -> None:
+        biases = tuple(self._dequant(n) for n in op.biases) if op.biases else None
         y = ref.moe(ctx.buf(op.src), ctx.buf(op.logits), self._dequant(op.gate), self._dequant(op.up),
-                    self._dequant(op.down), op.n_used, op.norm, op.act)
+                    self._dequant(op.down), op.n_used, op.norm, op.act, biases)  # type: ignore[arg-type]
         if op.accumulate:
             ctx.buf("proj")[:] = y
             ctx.output(op)[:] += y

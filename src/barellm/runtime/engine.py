@@ -61,6 +61,7 @@ KV_TILE = nat.KV_TILE
 KV_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q8_0": nat.KV_Q8_0}  # the cache element types (ops.h, bl_kv_type)
 KV_QK = 32  # values per block of a q8_0 cache
 FLOAT_ALIGN = 16  # buffer rows start on cache lines: strides are multiples of 16 floats
+MOE_ACTS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}  # the moe op's activations (executor.h, bl_moe_act)
 ROPE_FIRST = 512  # positions of the RoPE tables filled by the first forward call (see _rope_upto)
 
 
@@ -111,7 +112,7 @@ def kv_bytes_per_token(cfg: ModelConfig, kv_type: str) -> int:
 
 def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
     """Why the native engine cannot run a model, or None if it can (Model falls back on the reference)."""
-    if cfg.act not in ("silu", "gelu_tanh"):
+    if cfg.act not in ("silu", "gelu_tanh") and not (cfg.n_experts and cfg.act in MOE_ACTS):
         return f"activation {cfg.act!r} has no native kernel"
     return None
 
@@ -213,7 +214,8 @@ class NativeEngine(EngineWeights, EngineDebug):
         factor_name = cfg.rope_factors(self.n_ctx)
         factors = None if factor_name is None else np.asarray(self._source.dequantize(factor_name), np.float64)
         for base in sorted({cfg.layer_rope_theta(i) for i in range(L)}):
-            self._rope_inv[base] = rope_frequencies(cfg.rope_dim, base, factors)
+            self._rope_inv[base] = rope_frequencies(cfg.rope_dim, base, factors, cfg.rope_yarn_factor,
+                                                    cfg.rope_original_context)
             self._rope_cs[base] = aligned_zeros((self.n_ctx_pad, cfg.rope_dim))
         # per-call inputs the plan reads
         self._tok = aligned_zeros(T, np.int32)
@@ -346,6 +348,8 @@ class NativeEngine(EngineWeights, EngineDebug):
                  out_stride=self._stride(op.out), scale=float(np.float32(self.cfg.scale)), window=op.window)
         if op.softcap:
             d.update(softcap=float(np.float32(op.softcap)))
+        if op.sinks:
+            d.update(sinks=self._norm(op.sinks))
         return d
 
     def _spec_softcap(self, op: SoftCap) -> dict[str, Any]:
@@ -385,15 +389,17 @@ class NativeEngine(EngineWeights, EngineDebug):
         target = "proj" if op.accumulate else op.out
         d: dict[str, Any] = dict(
             x=self._spec(op.src), x_stride=self._stride(op.src), out=self._spec(target),
-            out_stride=self._stride(target), n=dim, gelu=int(op.act == "gelu_tanh"), logits=self._spec(op.logits),
+            out_stride=self._stride(target), n=dim, act=MOE_ACTS[op.act], logits=self._spec(op.logits),
             logits_stride=self._stride(op.logits), n_experts=E, n_used=K, ffn=F, norm_weights=int(op.norm),
             choice=self._moe_buf("choice", (pairs,), np.int32), weight=self._moe_buf("weight", (pairs,), np.float32),
-            index=self._moe_buf("index", (E + 1 + 2 * pairs,), np.int32), xg=xg, xg_stride=xg.shape[1], gu=gu,
+            index=self._moe_buf("index", (E + 1 + 3 * pairs,), np.int32), xg=xg, xg_stride=xg.shape[1], gu=gu,
             gu_stride=gu.shape[1], aq=aq, aq_stride=aq.shape[1], y=y, y_stride=y.shape[1], **stacks)
         g, u = stacks["gate"], stacks["up"]
         if (g[0], g[1], g[5]) != (u[0], u[1], u[5]):   # up takes other activations: converted on their own
             xg_up = converted("xg_up", u, dim)
             d.update(xg_up=xg_up, xg_up_stride=xg_up.shape[1])
+        if op.biases:
+            d.update(zip(("gate_bias", "up_bias", "down_bias"), (self._bias((n,)) for n in op.biases), strict=True))
         if op.accumulate:
             d.update(res=self._spec(op.out), res_stride=self._stride(op.out))
         return d
