@@ -101,3 +101,16 @@ def test_new_rows_run_by_path(name, capsys, monkeypatch, tmp_path):
         outs.append(capsys.readouterr().out)
     assert outs[0].startswith("hello") and len(outs[0]) > len("hello\n")
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("name", ["qwen3moe-q8_0-tiny", "phi3-tiny", "smollm3-tiny", "gemma2-tiny", "gpt-oss-tiny"])
+def test_new_rows_op_by_op(name):
+    """The per-op debugger on the newer rows: the plan run one op at a time natively gives forward()'s bits, and
+    by the ops' NumPy implementations the same logits but for float rounding."""
+    src = GGUFFile(DATA / f"{name}.gguf")
+    e = NativeEngine(config_of(src), src, n_ctx=64, threads=2, kv_type="f32")
+    ids = list(range(20, 40))
+    want = e.forward(ids, 0, all_logits=True)
+    assert np.array_equal(e.debug_forward(ids, 0, all_logits=True), want)
+    assert np.abs(e.debug_forward(ids, 0, all_logits=True, backend="numpy") - want).max() < 1e-3
+    src.close()
