@@ -59,28 +59,58 @@ def test_rope_factors_matter():
 def test_every_row_names_its_tensors():
     for row in ARCHITECTURES.values():
         names = row.layer_tensors
-        assert "attn_q.weight" in names and "ffn_down.weight" in names
+        assert ("attn_qkv.weight" in names) == row.fused_qkv and ("attn_q.weight" in names) != row.fused_qkv
+        assert ("ffn_down_exps.weight" in names) == row.moe and ("ffn_down.weight" in names) != row.moe
         assert ("attn_q.bias" in names) == row.attn_bias
         assert ("attn_q_norm.weight" in names) == row.qk_norm
 
 
 def test_unknown_architecture_refused_by_name():
-    with pytest.raises(FormatError, match=r"architecture 'phi3' is not supported \(supported: llama, gemma3, qwen2"):
-        architecture("phi3")
+    with pytest.raises(FormatError, match=r"architecture 'falcon' is not supported \(supported: llama, gemma3, qwen2"):
+        architecture("falcon")
 
 
 def test_unsupported_file_refused_before_conversion(tmp_path):
     """A GGUF whose architecture no row covers is refused before a .blm is written: nothing is left behind."""
     src = GGUFFile(DATA / "qwen3-tiny.gguf")
     md = {k: v for k, v in src.metadata.items() if k != "general.alignment"}
-    md = {k.replace("qwen3.", "phi3."): v for k, v in md.items()}
-    md["general.architecture"] = "phi3"
+    md = {k.replace("qwen3.", "falcon."): v for k, v in md.items()}
+    md["general.architecture"] = "falcon"
     tensors = [(n, src.dequantize(n), 0) for n in src.tensors]
     src.close()
-    bad = tmp_path / "phi3.gguf"
+    bad = tmp_path / "falcon.gguf"
     write_gguf(bad, md, tensors)
     out = tmp_path / "out"
     out.mkdir()
-    with pytest.raises(FormatError, match="architecture 'phi3' is not supported"):
+    with pytest.raises(FormatError, match="architecture 'falcon' is not supported"):
         convert(bad, out / "x.blm")
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["qwen3moe-tiny", "qwen3moe-q8_0-tiny", "phi3-tiny", "smollm3-tiny", "gemma2-tiny",
+                                  "gpt-oss-tiny", "gpt-oss-mxfp4-tiny"])
+def test_new_rows_run_by_path(name, capsys, monkeypatch, tmp_path):
+    """`barellm run FILE.gguf` on the newer rows: the native engine's greedy continuation is the reference's."""
+    from barellm.cli import main
+
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path))
+    outs = []
+    for engine in ("native", "reference"):
+        argv = ["run", str(DATA / f"{name}.gguf"), "hello", "-n", "6", "--temperature", "0", "-t", "2"]
+        assert main([*argv, "--engine", engine]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0].startswith("hello") and len(outs[0]) > len("hello\n")
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("name", ["qwen3moe-q8_0-tiny", "phi3-tiny", "smollm3-tiny", "gemma2-tiny", "gpt-oss-tiny"])
+def test_new_rows_op_by_op(name):
+    """The per-op debugger on the newer rows: the plan run one op at a time natively gives forward()'s bits, and
+    by the ops' NumPy implementations the same logits but for float rounding."""
+    src = GGUFFile(DATA / f"{name}.gguf")
+    e = NativeEngine(config_of(src), src, n_ctx=64, threads=2, kv_type="f32")
+    ids = list(range(20, 40))
+    want = e.forward(ids, 0, all_logits=True)
+    assert np.array_equal(e.debug_forward(ids, 0, all_logits=True), want)
+    assert np.abs(e.debug_forward(ids, 0, all_logits=True, backend="numpy") - want).max() < 1e-3
+    src.close()

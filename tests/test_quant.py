@@ -226,6 +226,7 @@ def test_dequantize_matches_reference_on_random_blocks(t: quant.QuantType):
         "q4_k": quant._BLOCK_Q4_K,
         "q5_k": quant._BLOCK_Q5_K,
         "q6_k": quant._BLOCK_Q6_K,
+        "mxfp4": quant._BLOCK_MXFP4,
     }[t.name]
     blocks = raw.reshape(-1).view(layout)
     assert layout.itemsize == t.block_bytes

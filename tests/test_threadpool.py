@@ -230,5 +230,18 @@ def test_plan_refuses_unknown_and_missing_keys():
 
 
 def test_op_kinds_come_from_the_executor():
-    assert set(KIND_IDS) == {"embed", "rmsnorm", "matmul", "rope_kv", "attention", "silu_mul"}
+    assert {"embed", "rmsnorm", "matmul", "rope_kv", "attention", "silu_mul"} <= set(KIND_IDS)
     assert KIND_IDS == nat.OP_KINDS
+
+
+def test_every_op_kind_has_each_representation():
+    """An op kind is a row of the executor's table (executor.h); the plan's dataclass, the engine's dict builder
+    and the debugger's NumPy implementation are found by its name: none may be missing on either side."""
+    from barellm.arch.plan import OP_TYPES
+    from barellm.runtime.engine import NativeEngine
+
+    kinds = {t.kind for t in OP_TYPES}
+    assert kinds == set(nat.OP_KINDS)
+    for kind in kinds:
+        assert callable(getattr(NativeEngine, f"_spec_{kind}", None)), kind
+        assert callable(getattr(NativeEngine, f"_numpy_{kind}", None)), kind

@@ -1,6 +1,7 @@
 /* The executor (see executor.h). */
 #include "executor.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -14,7 +15,8 @@ static void run_qjobs(const bl_op *op, int r0, int r1) {
     }
 }
 
-static void op_embed(const bl_plan *p, const bl_op *op, int tid, int nth) {
+static void op_embed(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    (void)seq;
     int t0, t1;
     bl_split(p->T, 1, tid, nth, &t0, &t1);
     for (int t = t0; t < t1; t++) {
@@ -25,7 +27,8 @@ static void op_embed(const bl_plan *p, const bl_op *op, int tid, int nth) {
     }
 }
 
-static void op_rmsnorm(const bl_plan *p, const bl_op *op, int tid, int nth) {
+static void op_rmsnorm(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    (void)seq;
     int i0, i1;
     bl_split(op->rows_sel ? p->n_out : p->T, 1, tid, nth, &i0, &i1);
     for (int i = i0; i < i1; i++) {
@@ -46,7 +49,8 @@ static int splits_by_blocks(const bl_op *op) {
     return 1;
 }
 
-static void op_silu_mul(const bl_plan *p, const bl_op *op, int tid, int nth) {
+static void op_silu_mul(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    (void)seq;
     void (*act)(const float *, const float *, float *, int) = op->gelu ? bl_gelu_mul : bl_silu_mul;
     if (p->T < nth && splits_by_blocks(op)) {
         /* fewer tokens than threads (decode): by tokens one thread would do it all while the others wait
@@ -188,7 +192,8 @@ static void store_q8_keys(const bl_op *op, char *kc, char *vc, const float *k, c
     }
 }
 
-static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth) {
+static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    (void)seq;
     int t0, t1;
     bl_split(p->T, 1, tid, nth, &t0, &t1);
     const int qd = op->n_heads * op->head_dim, kd = op->n_kv_heads * op->head_dim;
@@ -201,8 +206,10 @@ static void op_rope_kv(const bl_plan *p, const bl_op *op, int tid, int nth) {
         if (op->k_norm)
             for (int h = 0; h < op->n_kv_heads; h++)
                 bl_rmsnorm(row + qd + h * op->head_dim, op->k_norm, row + qd + h * op->head_dim, op->head_dim, op->eps);
-        bl_rope(row, op->n_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
-        bl_rope(row + qd, op->n_kv_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
+        if (op->rope_dim) { /* 0: a layer without RoPE (SmolLM3's every fourth) */
+            bl_rope(row, op->n_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
+            bl_rope(row + qd, op->n_kv_heads, op->head_dim, op->rope_dim, cs, op->rope_style);
+        }
         const size_t s = (size_t)p->slot[t] * op->slot_stride * kv_unit(op->kv_type);
         if (op->kv_type == BL_KV_Q8_0) store_q8_keys(op, op->kc + s, op->vc + s, row + qd, row + qd + kd, p->pos[t]);
         else bl_kv_store(op->kc + s, op->vc + s, row + qd, row + qd + kd, p->pos[t], op->n_kv_heads, op->head_dim,
@@ -229,7 +236,10 @@ static void attend_items(const bl_plan *p, const bl_op *op, int u0, int u1) {
         }
         if (nq && (u == u1 || g != cur_g || p->slot[t] != cur_slot || nq == BL_ATT_MAXQ)) {
             const size_t off = (size_t)cur_slot * op->slot_stride * esz + (size_t)cur_g * head;
-            bl_attend(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->kv_type);
+            if (op->softcap || op->sinks) /* only the scalar kernel has these: every tier calls it for them */
+                bl_attend_ext_scalar(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->softcap, op->kv_type);
+            else
+                bl_attend(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->kv_type);
             nq = 0;
         }
         if (u == u1) break;
@@ -246,6 +256,7 @@ static void attend_items(const bl_plan *p, const bl_op *op, int u0, int u1) {
         qs[nq].out = op->out + (size_t)t * op->out_stride + (size_t)h * hd;
         qs[nq].pos = p->pos[t];
         qs[nq].lo = op->window && p->pos[t] >= op->window ? p->pos[t] - op->window + 1 : 0;
+        qs[nq].sink = op->sinks ? op->sinks[h] : -INFINITY;
         nq++;
     }
 }
@@ -266,16 +277,165 @@ static void op_attention(const bl_plan *p, const bl_op *op, int tid, int nth, un
     while (steal_next(p, tid, nth, seq, &victim, &c)) attend_items(p, op, c * U, c + 1 < nu ? (c + 1) * U : n);
 }
 
-static void exec_op(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
-    switch (op->kind) {
-    case BL_OP_EMBED: op_embed(p, op, tid, nth); break;
-    case BL_OP_RMSNORM: op_rmsnorm(p, op, tid, nth); break;
-    case BL_OP_MATMUL: op_matmul(p, op, tid, nth, seq); break;
-    case BL_OP_ROPE_KV: op_rope_kv(p, op, tid, nth); break;
-    case BL_OP_ATTENTION: op_attention(p, op, tid, nth, seq); break;
-    case BL_OP_SILU_MUL: op_silu_mul(p, op, tid, nth); break;
-    default: break;
+/* cap * tanh(x / cap) in plain C (libm's tanhf), the same on every tier. */
+static void op_softcap(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    (void)seq;
+    int i0, i1;
+    bl_split(op->rows_sel ? p->n_out : p->T, 1, tid, nth, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        float *row = op->out + (size_t)i * op->out_stride;
+        for (int j = 0; j < op->n; j++) row[j] = op->softcap * tanhf(row[j] / op->softcap);
     }
+}
+
+/* A token's experts and their weights (bl_moe): the n_used largest logits, by selection (ties to the lower id),
+ * and exp(l - max) over the sum of those of the chosen experts (norm_weights) or of all. llama.cpp takes the
+ * softmax, its top n_used and renormalizes; the softmax keeps the logits' order, so choosing on the logits
+ * picks the same experts without rounding, and in plain C (not a tier's kernel) on every ISA alike. */
+static void moe_route(const bl_moe *m, const float *l, int32_t *choice, float *weight) {
+    for (int k = 0; k < m->n_used; k++) {
+        int best = -1;
+        for (int e = 0; e < m->n_experts; e++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= choice[j] == e;
+            if (!taken && (best < 0 || l[e] > l[best])) best = e;
+        }
+        choice[k] = best;
+    }
+    const double top = l[choice[0]];
+    double sum = 0;
+    if (m->norm_weights)
+        for (int k = 0; k < m->n_used; k++) sum += exp((double)l[choice[k]] - top);
+    else
+        for (int e = 0; e < m->n_experts; e++) sum += exp((double)l[e] - top);
+    for (int k = 0; k < m->n_used; k++) weight[k] = (float)(exp((double)l[choice[k]] - top) / sum);
+}
+
+/* The matmuls of every expert that has pairs, split over threads by (expert, chunk of rows): rows_per rows
+ * of each expert, taken from `first` (its rows [0, split)) and `second` (the rest, output columns from split
+ * on; NULL: none), each of the expert's pairs' vectors xq[j] giving out[j]. */
+static void moe_matmuls(const bl_moe *m, const int32_t *start, int tid, int nth, const bl_matrix *first,
+                        const bl_matrix *second, int split, const char *xq, size_t xq_stride, const char *xq2,
+                        size_t xq2_stride, float *out, size_t ldo) {
+    const int rows_per = second ? 2 * split : split, pairs = start[m->n_experts];
+    int active = 0;
+    for (int e = 0; e < m->n_experts; e++) active += start[e + 1] > start[e];
+    int A = bl_matmul_row_align(first);
+    if (second && bl_matmul_row_align(second) > A) A = bl_matmul_row_align(second);
+    /* as op_matmul: 2 chunks per thread when the experts' weights are a stream from memory, else 8 */
+    const int per = pairs <= 4 * m->n_used ? 2 : 8, want = (active * rows_per + per * nth - 1) / (per * nth);
+    int CH = want > A ? (want + A - 1) / A * A : A;
+    if (CH > rows_per) CH = rows_per;
+    const int per_expert = (rows_per + CH - 1) / CH;
+    int i0, i1;
+    bl_split(active * per_expert, 1, tid, nth, &i0, &i1);
+    for (int e = 0, item = 0; e < m->n_experts && item < i1; e++) {
+        const int n = start[e + 1] - start[e];
+        if (!n) continue;
+        for (int c = 0; c < per_expert; c++, item++) {
+            if (item < i0 || item >= i1) continue;
+            const int r0 = c * CH, r1 = r0 + CH < rows_per ? r0 + CH : rows_per, j = start[e];
+            if (r0 < split) {
+                const bl_matrix w = bl_moe_expert(first, split, e);
+                bl_matmul(&w, xq + (size_t)j * xq_stride, n, out + (size_t)j * ldo, ldo, r0, r1 < split ? r1 : split);
+            }
+            if (second && r1 > split) {
+                const bl_matrix w = bl_moe_expert(second, split, e);
+                bl_matmul(&w, xq2 + (size_t)j * xq2_stride, n, out + (size_t)j * ldo + split, ldo,
+                          r0 > split ? r0 - split : 0, r1 - split);
+            }
+        }
+    }
+}
+
+/* g[0, n) = act(g[0, n), u = g[n, 2n)) in place; gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai, alpha 1.702,
+ * limit 7) in plain C, the others by the tier's kernels */
+static void moe_act(int act, float *g, int n) {
+    if (act == BL_MOE_GELU) bl_gelu_mul(g, g + n, g, n);
+    else if (act == BL_MOE_SILU) bl_silu_mul(g, g + n, g, n);
+    else
+        for (int i = 0; i < n; i++) {
+            const float x = fminf(g[i], 7.0f), u = fminf(fmaxf(g[n + i], -7.0f), 7.0f);
+            g[i] = x / (1.0f + expf(-1.702f * x)) * (u + 1.0f);
+        }
+}
+
+static void op_moe(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    (void)seq;
+    const bl_moe *m = &op->moe;
+    const int T = p->T, K = m->n_used, E = m->n_experts, P = T * K, F = m->ffn;
+    int32_t *start = m->index, *pair_token = m->index + E + 1, *pair_of = pair_token + P, *pair_expert = pair_of + P;
+    int a, b;
+    /* route each token */
+    bl_split(T, 1, tid, nth, &a, &b);
+    for (int t = a; t < b; t++)
+        moe_route(m, m->logits + (size_t)t * m->logits_stride, m->choice + (size_t)t * K, m->weight + (size_t)t * K);
+    bl_pool_barrier(p->pool, tid);
+    /* group the pairs by expert, each expert's in token order (T * n_used steps: one thread) */
+    if (tid == 0) {
+        memset(start, 0, sizeof(int32_t) * (E + 1));
+        for (int i = 0; i < P; i++) start[m->choice[i] + 1]++;
+        for (int e = 0; e < E; e++) start[e + 1] += start[e];
+        int32_t next[E];
+        memcpy(next, start, sizeof next);
+        for (int i = 0; i < P; i++) {
+            const int j = next[m->choice[i]]++;
+            pair_token[j] = i / K;
+            pair_of[i] = j;
+            pair_expert[j] = m->choice[i];
+        }
+    }
+    bl_pool_barrier(p->pool, tid);
+    /* each pair's input, converted for gate and up */
+    bl_split(P, 1, tid, nth, &a, &b);
+    for (int j = a; j < b; j++) {
+        const float *x = op->x + (size_t)pair_token[j] * op->x_stride;
+        bl_quantize_act(&m->gate, x, op->x_stride, 1, (char *)m->xg + (size_t)j * m->xg_stride);
+        if (m->xg_up) bl_quantize_act(&m->up, x, op->x_stride, 1, (char *)m->xg_up + (size_t)j * m->xg_up_stride);
+    }
+    bl_pool_barrier(p->pool, tid);
+    bl_shared_stream = nth > 1;
+    moe_matmuls(m, start, tid, nth, &m->gate, &m->up, F, m->xg, m->xg_stride, m->xg_up ? m->xg_up : m->xg,
+                m->xg_up ? m->xg_up_stride : m->xg_stride, m->gu, m->gu_stride);
+    bl_pool_barrier(p->pool, tid);
+    /* (the biases,) act(gate) * up, over the gate half, converted for down */
+    bl_split(P, 1, tid, nth, &a, &b);
+    for (int j = a; j < b; j++) {
+        float *g = m->gu + (size_t)j * m->gu_stride;
+        const size_t e = (size_t)pair_expert[j];
+        if (m->gate_bias) bl_add(g, m->gate_bias + e * F, F);
+        if (m->up_bias) bl_add(g + F, m->up_bias + e * F, F);
+        moe_act(m->act, g, F);
+        bl_quantize_act(&m->down, g, m->gu_stride, 1, (char *)m->aq + (size_t)j * m->aq_stride);
+    }
+    bl_pool_barrier(p->pool, tid);
+    moe_matmuls(m, start, tid, nth, &m->down, NULL, op->n, m->aq, m->aq_stride, NULL, 0, m->y, m->y_stride);
+    bl_pool_barrier(p->pool, tid);
+    /* each token's weighted sum, its experts in the order they were chosen */
+    bl_split(T, 1, tid, nth, &a, &b);
+    for (int t = a; t < b; t++) {
+        float *out = op->out + (size_t)t * op->out_stride;
+        for (int k = 0; k < K; k++) {
+            const float w = m->weight[(size_t)t * K + k];
+            float *y = m->y + (size_t)pair_of[(size_t)t * K + k] * m->y_stride;
+            if (m->down_bias) bl_add(y, m->down_bias + (size_t)m->choice[(size_t)t * K + k] * op->n, op->n);
+            if (k == 0)
+                for (int i = 0; i < op->n; i++) out[i] = w * y[i];
+            else
+                for (int i = 0; i < op->n; i++) out[i] += w * y[i];
+        }
+        if (op->res) bl_add(op->res + (size_t)t * op->res_stride, out, op->n);
+    }
+}
+
+/* The dispatch, from the op table (executor.h): OP_RUN[kind] is op_<name>. */
+typedef void (*op_fn)(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq);
+#define OP_ENTRY(KIND, name, id, required, optional) [BL_OP_##KIND] = op_##name,
+static const op_fn OP_RUN[BL_OP_KIND_END] = {BL_OP_KINDS(OP_ENTRY)};
+#undef OP_ENTRY
+
+static inline void exec_op(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
+    if (op->kind > 0 && op->kind < BL_OP_KIND_END && OP_RUN[op->kind]) OP_RUN[op->kind](p, op, tid, nth, seq);
 }
 
 static void plan_task(void *ctx, int tid, int nth) {

@@ -52,6 +52,7 @@ typedef struct bl_attn_query {
     float *out;     /* head_dim values */
     int pos;        /* attends keys lo..pos */
     int lo;
+    float sink;     /* bl_attend_ext_scalar only: a logit in the softmax's denominator alone (-INFINITY: none) */
 } bl_attn_query;
 
 /* out = x / sqrt(mean(x^2) + eps) * w over n values. */
@@ -85,6 +86,12 @@ BL_API void bl_kv_store(void *kc, void *vc, const float *k, const float *v, int 
  * kc = K + head * n_ctx * bl_kv_row_bytes, vc = V + as many bytes; nq <= BL_ATT_MAXQ. */
 BL_API void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
                       float scale, int kv_type);
+
+/* bl_attend's scalar kernel with what only it has: the scaled scores s soft-capped, cap * tanh(s / cap) (Gemma 2;
+ * cap 0: none), and each query's sink, exp(sink) added to its softmax's denominator (gpt-oss). With neither, it
+ * gives bl_attend_scalar's bits. No SIMD tier has them yet: the executor calls this on every tier for them. */
+BL_API void bl_attend_ext_scalar(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
+                                    float scale, float cap, int kv_type);
 
 /* the per-ISA implementations, for tests and dispatch */
 #define BL_OPS_DECLARE(sfx)                                                                            \

@@ -2,6 +2,8 @@
  * buffers as any buffer exporter or (buffer, byte offset), checks their sizes, and runs the kernel on them. */
 #include "py_common.h"
 
+#include <math.h>
+
 #include <limits.h>
 
 #include "ops.h"
@@ -147,12 +149,13 @@ static PyObject *py_kv_store(PyObject *Py_UNUSED(self), PyObject *args) {
 }
 
 /* attend(q [nq, hd], pos int32 [nq], kc, vc (one head: n_ctx positions each), out [nq, hd], nq, hd, n_ctx, scale,
- *        kv_type=0, window=0) */
+ *        kv_type=0, window=0, softcap=0, sink=-inf) */
 static PyObject *py_attend(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *qo, *po, *kco, *vco, *oo;
     int nq, hd, n_ctx, kvt = 0, window = 0;
-    float scale;
-    if (!PyArg_ParseTuple(args, "OOOOOiiif|ii", &qo, &po, &kco, &vco, &oo, &nq, &hd, &n_ctx, &scale, &kvt, &window))
+    float scale, cap = 0, sink = -INFINITY;
+    if (!PyArg_ParseTuple(args, "OOOOOiiif|iiff", &qo, &po, &kco, &vco, &oo, &nq, &hd, &n_ctx, &scale, &kvt, &window,
+                          &cap, &sink))
         return NULL;
     if (nq < 1 || nq > BL_ATT_MAXQ || n_ctx % BL_KV_TILE || window < 0) {
         PyErr_Format(PyExc_ValueError, "attend: 1 <= nq <= %d, n_ctx a multiple of %d", BL_ATT_MAXQ, BL_KV_TILE);
@@ -179,8 +182,10 @@ static PyObject *py_attend(PyObject *Py_UNUSED(self), PyObject *args) {
             qs[i].out = out + (size_t)i * hd;
             qs[i].pos = pos[i];
             qs[i].lo = window && pos[i] >= window ? pos[i] - window + 1 : 0;
+            qs[i].sink = sink;
         }
-        bl_attend(qs, nq, kc, vc, hd, scale, kvt);
+        if (cap || sink > -INFINITY) bl_attend_ext_scalar(qs, nq, kc, vc, hd, scale, cap, kvt);
+        else bl_attend(qs, nq, kc, vc, hd, scale, kvt);
     }
     bl_views_release(&vs);
     if (!ok) return NULL;
@@ -211,7 +216,8 @@ PyMethodDef bl_op_methods[] = {
     BL_METHOD(add, "add(x, y, n): x += y"),
     BL_METHOD(hadamard, "hadamard(x, len, n): x = H x over each block of n, in place"),
     BL_METHOD(kv_store, "kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_type=0)"),
-    BL_METHOD(attend, "attend(q, pos, kc, vc, out, nq, head_dim, n_ctx, scale, kv_type=0, window=0): one kv head"),
+    BL_METHOD(attend, "attend(q, pos, kc, vc, out, nq, head_dim, n_ctx, scale, kv_type=0, window=0, softcap=0, sink=-inf): one kv "
+              "head"),
     BL_METHOD(float_to_half, "float_to_half(x_f32, out_u16, n): round to nearest even"),
     {NULL, NULL, 0, NULL},
 };

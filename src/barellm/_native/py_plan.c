@@ -112,30 +112,18 @@ static int parse_matrix(PlanObject *self, PyObject *spec, bl_matrix *m) {
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
-/* The keys each op kind takes (engine.py builds the dicts): every required key must be there and no other
- * key may be, so a misspelt or forgotten key is an error naming it, never a silent zero. */
-#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+/* The keys each op kind takes (engine.py builds the dicts), from the op table (executor.h): every required key
+ * must be there and no other key may be, so a misspelt or forgotten key is an error naming it, never a silent
+ * zero. */
 typedef struct {
     const char *name;
     int kind;
     const char *const *required, *const *optional;
 } op_keys;
 
-static const op_keys OP_KEYS[] = {
-    {"embed", BL_OP_EMBED, KEYS("out", "out_stride", "n", "table", "scale_embed"), KEYS(NULL)},
-    {"rmsnorm", BL_OP_RMSNORM, KEYS("x", "x_stride", "w", "eps", "n", "out", "out_stride"),
-     KEYS("res", "res_stride", "qjobs")},
-    {"matmul", BL_OP_MATMUL, KEYS("parts", "qjobs"), KEYS("prequantized")},
-    {"rope_kv", BL_OP_ROPE_KV,
-     KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "out", "out_stride",
-          "rope_dim", "eps", "rope_style", "rope_cs"),
-     KEYS("q_norm", "k_norm", "k_shift")},
-    {"attention", BL_OP_ATTENTION,
-     KEYS("n_heads", "n_kv_heads", "head_dim", "n_ctx", "kc", "vc", "slot_stride", "kv_type", "window", "x",
-          "x_stride", "out", "out_stride", "scale"),
-     KEYS(NULL)},
-    {"silu_mul", BL_OP_SILU_MUL, KEYS("x", "x2", "x_stride", "out", "out_stride", "n", "gelu"), KEYS("qjobs")},
-};
+#define OP_KEYS_ROW(KIND, name, id, required, optional) {#name, BL_OP_##KIND, required, optional},
+static const op_keys OP_KEYS[] = {BL_OP_KINDS(OP_KEYS_ROW)};
+#undef OP_KEYS_ROW
 static const char *const COMMON_KEYS[] = {"kind", "name", "rows_sel", NULL};
 static const char *const QJOB_REQUIRED[] = {"w", "x", "x_stride", "dst", "dst_stride", NULL};
 static const char *const PART_REQUIRED[] = {"w", "xq", "out", "ldo", NULL};
@@ -175,6 +163,86 @@ static int check_keys(PyObject *d, const char *what, const char *const *required
     return 0;
 }
 
+/* A buffer under key of at least `need` bytes (NULL and no error when absent and not required). */
+static void *sized_buf(PlanObject *self, PyObject *d, const char *key, int writable, size_t need, int required) {
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (!v || v == Py_None) {
+        if (required) PyErr_Format(PyExc_ValueError, "missing buffer '%s'", key);
+        return NULL;
+    }
+    Py_ssize_t avail = 0;
+    void *ptr = plan_buf(self, v, writable, &avail);
+    if (ptr && (size_t)avail < need) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd bytes, needs %zu", key, avail, need);
+        return NULL;
+    }
+    return ptr;
+}
+
+/* The moe op's bl_moe (executor.h): the stacks, whole row groups per expert, and scratch for max_T tokens. */
+static int parse_moe(PlanObject *self, PyObject *d, bl_op *op) {
+    bl_moe *m = &op->moe;
+    int norm;
+    if (d_int(d, "n_experts", 0, &m->n_experts) || d_int(d, "n_used", 0, &m->n_used) || d_int(d, "ffn", 0, &m->ffn) ||
+        d_int(d, "act", 0, &m->act) ||
+        d_int(d, "norm_weights", 0, &norm) || d_size(d, "logits_stride", &m->logits_stride) ||
+        d_size(d, "xg_stride", &m->xg_stride) || d_size(d, "xg_up_stride", &m->xg_up_stride) ||
+        d_size(d, "gu_stride", &m->gu_stride) || d_size(d, "aq_stride", &m->aq_stride) ||
+        d_size(d, "y_stride", &m->y_stride))
+        return -1;
+    m->norm_weights = norm != 0;
+    if (m->n_experts < 1 || m->n_used < 1 || m->n_used > m->n_experts || m->ffn < 1 || op->n < 1 || m->act < 0 ||
+        m->act > BL_MOE_SWIGLU_OAI) {
+        PyErr_Format(PyExc_ValueError, "moe: %d of %d experts of %d rows, width %d", m->n_used, m->n_experts, m->ffn,
+                     op->n);
+        return -1;
+    }
+    if (parse_matrix(self, PyDict_GetItemString(d, "gate"), &m->gate) ||
+        parse_matrix(self, PyDict_GetItemString(d, "up"), &m->up) ||
+        parse_matrix(self, PyDict_GetItemString(d, "down"), &m->down))
+        return -1;
+    const bl_matrix *stacks[3] = {&m->gate, &m->up, &m->down};
+    for (int i = 0; i < 3; i++) {
+        const int rows = i < 2 ? m->ffn : op->n, cols = i < 2 ? op->n : m->ffn;
+        if (!stacks[i]->data || stacks[i]->rows != m->n_experts * rows || stacks[i]->cols != cols ||
+            rows % bl_matmul_row_align(stacks[i])) {
+            PyErr_Format(PyExc_ValueError, "moe: stack %d is [%d, %d], needs %d experts of [%d, %d] in whole row "
+                         "groups of %d", i, stacks[i]->rows, stacks[i]->cols, m->n_experts, rows, cols,
+                         bl_matmul_row_align(stacks[i]));
+            return -1;
+        }
+    }
+    const size_t pairs = (size_t)self->max_T * m->n_used;
+    const size_t xg = bl_act_row_bytes(&m->gate, op->n), xg_up = bl_act_row_bytes(&m->up, op->n);
+    const size_t aq = bl_act_row_bytes(&m->down, m->ffn);
+    if (m->xg_stride < xg || m->gu_stride < 2 * (size_t)m->ffn || m->aq_stride < aq || m->y_stride < (size_t)op->n ||
+        m->logits_stride < (size_t)m->n_experts) {
+        PyErr_SetString(PyExc_ValueError, "moe: a scratch stride is too small for its rows");
+        return -1;
+    }
+    if (!(m->logits = sized_buf(self, d, "logits", 0, 4 * ((self->max_T - 1) * m->logits_stride + m->n_experts), 1)) ||
+        !(m->choice = sized_buf(self, d, "choice", 1, 4 * pairs, 1)) ||
+        !(m->weight = sized_buf(self, d, "weight", 1, 4 * pairs, 1)) ||
+        !(m->index = sized_buf(self, d, "index", 1, 4 * (m->n_experts + 1 + 3 * pairs), 1)) ||
+        !(m->xg = sized_buf(self, d, "xg", 1, pairs * m->xg_stride, 1)) ||
+        !(m->gu = sized_buf(self, d, "gu", 1, 4 * pairs * m->gu_stride, 1)) ||
+        !(m->aq = sized_buf(self, d, "aq", 1, pairs * m->aq_stride, 1)) ||
+        !(m->y = sized_buf(self, d, "y", 1, 4 * pairs * m->y_stride, 1)))
+        return -1;
+    m->xg_up = sized_buf(self, d, "xg_up", 1, pairs * m->xg_up_stride, 0);
+    const size_t F = (size_t)m->n_experts * m->ffn, D = (size_t)m->n_experts * op->n;
+    if (!PyErr_Occurred()) m->gate_bias = sized_buf(self, d, "gate_bias", 0, 4 * F, 0);
+    if (!PyErr_Occurred()) m->up_bias = sized_buf(self, d, "up_bias", 0, 4 * F, 0);
+    if (!PyErr_Occurred()) m->down_bias = sized_buf(self, d, "down_bias", 0, 4 * D, 0);
+    if (PyErr_Occurred()) return -1;
+    if (m->xg_up ? m->xg_up_stride < xg_up
+                 : m->up.type != m->gate.type || m->up.layout != m->gate.layout || m->up.act != m->gate.act) {
+        PyErr_SetString(PyExc_ValueError, "moe: up takes other activations than gate: it needs its own xg_up");
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
     if (!PyDict_Check(d)) {
         PyErr_SetString(PyExc_TypeError, "each op must be a dict");
@@ -200,7 +268,7 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
         d_float(d, "scale", &op->scale) ||
         d_int(d, "kv_type", 0, &op->kv_type) || d_int(d, "window", 0, &op->window) ||
         d_size(d, "res_stride", &op->res_stride) || d_int(d, "gelu", 0, &op->gelu) ||
-        d_float(d, "scale_embed", &op->scale_embed))
+        d_float(d, "scale_embed", &op->scale_embed) || d_float(d, "softcap", &op->softcap))
         return -1;
     if ((op->kind == BL_OP_ROPE_KV || op->kind == BL_OP_ATTENTION) && !bl_kv_row_bytes(op->head_dim, op->kv_type)) {
         PyErr_Format(PyExc_ValueError, "%s: kv_type %d cannot hold head_dim %d (q8_0: a multiple of %d)", spec->name,
@@ -226,8 +294,12 @@ static int parse_op(PlanObject *self, PyObject *d, bl_op *op) {
         }
     }
     if (FIELD_BUF(d, op, kc, 1) || FIELD_BUF(d, op, vc, 1)) return -1;
+    if (op->kind == BL_OP_ATTENTION &&
+        !(op->sinks = sized_buf(self, d, "sinks", 0, sizeof(float) * op->n_heads, 0)) && PyErr_Occurred())
+        return -1;
     PyObject *t = PyDict_GetItemString(d, "table");
     if (t && parse_matrix(self, t, &op->table)) return -1;
+    if (op->kind == BL_OP_MOE && parse_moe(self, d, op)) return -1;
 
     PyObject *qj;
     if (d_list(d, "qjobs", BL_MAX_QJOBS, &qj, &op->n_qjobs)) return -1;

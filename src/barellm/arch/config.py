@@ -46,6 +46,17 @@ class ModelConfig:
     sliding_window: int = 0            # keys a local layer sees, counting the query's own (0: all)
     swa_pattern: int = 0               # every swa_pattern-th layer is global, the others local (0: all global)
     rope_theta_local: float = 0.0      # RoPE base of local layers (0: rope_theta)
+    rope_long: bool = False            # LongRoPE: rope_factors_short/_long.weight divide the RoPE frequencies
+    rope_original_context: int = 0     # LongRoPE: contexts past this take the long factors
+    rope_yarn_factor: float = 0.0      # YaRN: the context extension factor (0: no YaRN)
+    rope_cs_scale: float = 1.0         # multiplies RoPE's cos and sin (LongRoPE's attn_factor)
+    attn_softcap: float = 0.0          # attention scores s become cap * tanh(s / cap) (0: none)
+    final_softcap: float = 0.0         # the logits likewise
+    nope_every: int = 0                # every nope_every-th layer has no RoPE (0: all have it)
+    n_experts: int = 0                 # mixture of experts: experts per layer (0: a dense MLP)
+    n_experts_used: int = 0            # experts each token is routed to
+    expert_ffn_dim: int = 0            # rows of each expert's gate and up matrices
+    expert_weights_norm: bool = False  # the chosen experts' weights renormalized to sum 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -59,6 +70,17 @@ class ModelConfig:
 
     def layer_window(self, layer: int) -> int:
         return self.sliding_window if self.is_local(layer) else 0
+
+    def layer_rope(self, layer: int) -> bool:
+        """Whether a layer rotates its queries and keys."""
+        return not (self.nope_every and (layer + 1) % self.nope_every == 0)
+
+    def rope_factors(self, n_ctx: int) -> str | None:
+        """The tensor whose values divide the RoPE frequencies for an engine of n_ctx positions, if any: LongRoPE's
+        long factors past the original context (as llama.cpp chooses by its context), else its short ones."""
+        if self.rope_long:
+            return "rope_factors_long.weight" if n_ctx > self.rope_original_context else "rope_factors_short.weight"
+        return "rope_freqs.weight" if self.rope_freqs else None
 
     def layer_rope_theta(self, layer: int) -> float:
         return self.rope_theta_local if self.is_local(layer) and self.rope_theta_local else self.rope_theta
@@ -118,7 +140,14 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
     value_dim = _get(md, p + "attention.value_length", int, head_dim)
     if value_dim != head_dim:
         raise FormatError(f"attention.value_length {value_dim} differs from key_length {head_dim}; not supported")
-    ffn_dim = _positive(p + "feed_forward_length", _get(md, p + "feed_forward_length", int), 1 << 18)
+    n_experts = n_used = expert_ffn = 0
+    if row.moe:
+        n_experts = _positive(p + "expert_count", _get(md, p + "expert_count", int), 4096)
+        n_used = _positive(p + "expert_used_count", _get(md, p + "expert_used_count", int), n_experts)
+        expert_ffn = _positive(p + "expert_feed_forward_length",
+                               _get(md, p + "expert_feed_forward_length", int), 1 << 18)
+    ffn_dim = _positive(p + "feed_forward_length",
+                        _get(md, p + "feed_forward_length", int, expert_ffn or None), 1 << 18)
     rope_dim = _get(md, p + "rope.dimension_count", int, head_dim)
     if not 0 < rope_dim <= head_dim or rope_dim % 2:
         raise FormatError(f"rope.dimension_count {rope_dim} does not fit head dimension {head_dim}")
@@ -128,11 +157,26 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
         raise FormatError(f"norm epsilon {eps} or rope base {theta} out of range")
     ctx = _positive(p + "context_length", _get(md, p + "context_length", int, 2048), 1 << 24)
     scaling = _get(md, p + "rope.scaling.type", str, "none")
-    if scaling not in ("none", "linear") or (scaling == "linear" and _get(md, p + "rope.scaling.factor", float,
-                                                                            1.0) != 1.0):
+    yarn = 0.0
+    if scaling == "yarn" and row.yarn:
+        yarn = _get(md, p + "rope.scaling.factor", float)
+        if not 1 <= yarn <= 1024:
+            raise FormatError(f"rope.scaling.factor {yarn} is out of range (1..1024)")
+    elif scaling not in ("none", "linear") or (scaling == "linear" and _get(md, p + "rope.scaling.factor", float,
+                                                                              1.0) != 1.0):
         raise FormatError(f"rope scaling {scaling!r} is not supported")
     if rope_freqs and not row.rope_freqs:
         raise FormatError(f"rope_freqs.weight is not part of a {arch} model")
+    original = _get(md, p + "rope.scaling.original_context_length", int, ctx) if row.long_rope or yarn else 0
+    cs_scale = _get(md, p + "rope.scaling.attn_factor", float, 1.0) if row.long_rope else 1.0
+    if yarn:  # YaRN's magnitude correction, as llama.cpp applies it to cos and sin
+        cs_scale = 1.0 + 0.1 * math.log(yarn)
+    if not 0 < cs_scale < 16:
+        raise FormatError(f"rope.scaling.attn_factor {cs_scale} is out of range")
+    caps = [_get(md, p + key, float, 0.0) if row.softcaps else 0.0
+            for key in ("attn_logit_softcapping", "final_logit_softcapping")]
+    if any(not 0 <= c < 1e6 for c in caps):
+        raise FormatError(f"soft-caps {caps} out of range")
     window = 0
     if row.swa_pattern:
         window = _get(md, p + "attention.sliding_window", int, 0)
@@ -145,7 +189,12 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
         tied_output=tied_output, attn_bias=row.attn_bias, rope_freqs=rope_freqs,
         embed_scale=math.sqrt(dim) if row.embed_scale_sqrt_dim else 1.0, act=row.act, qk_norm=row.qk_norm,
         post_norms=row.post_norms, sliding_window=window, swa_pattern=row.swa_pattern,
-        rope_theta_local=row.rope_theta_local,
+        rope_theta_local=row.rope_theta_local, rope_long=row.long_rope, rope_original_context=original,
+        rope_cs_scale=cs_scale, rope_yarn_factor=yarn, nope_every=row.nope_every, attn_softcap=caps[0],
+        final_softcap=caps[1],
+        n_experts=n_experts, n_experts_used=n_used,
+        expert_ffn_dim=expert_ffn,
+        expert_weights_norm=row.expert_weights_norm,
     )
 
 
@@ -169,6 +218,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["output.weight"] = (cfg.n_vocab, cfg.dim)
     if cfg.rope_freqs:
         shapes["rope_freqs.weight"] = (cfg.rope_dim // 2,)
+    if cfg.rope_long:
+        shapes["rope_factors_short.weight"] = shapes["rope_factors_long.weight"] = (cfg.rope_dim // 2,)
     per_layer = {
         "attn_norm.weight": (cfg.dim,), "ffn_norm.weight": (cfg.dim,),
         "attn_q.weight": (cfg.q_dim, cfg.dim), "attn_k.weight": (cfg.kv_dim, cfg.dim),
@@ -178,7 +229,17 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         "post_attention_norm.weight": (cfg.dim,), "post_ffw_norm.weight": (cfg.dim,),
         "ffn_gate.weight": (cfg.ffn_dim, cfg.dim), "ffn_up.weight": (cfg.ffn_dim, cfg.dim),
         "ffn_down.weight": (cfg.dim, cfg.ffn_dim),
+        "attn_qkv.weight": (cfg.q_dim + 2 * cfg.kv_dim, cfg.dim),
+        "attn_output.bias": (cfg.dim,), "attn_sinks.weight": (cfg.n_heads,),
+        "ffn_gate_inp.bias": (cfg.n_experts,), "ffn_gate_exps.bias": (cfg.n_experts, cfg.expert_ffn_dim),
+        "ffn_up_exps.bias": (cfg.n_experts, cfg.expert_ffn_dim), "ffn_down_exps.bias": (cfg.n_experts, cfg.dim),
+        "ffn_gate_inp.weight": (cfg.n_experts, cfg.dim),
+        "ffn_gate_exps.weight": (cfg.n_experts, cfg.expert_ffn_dim, cfg.dim),
+        "ffn_up_exps.weight": (cfg.n_experts, cfg.expert_ffn_dim, cfg.dim),
+        "ffn_down_exps.weight": (cfg.n_experts, cfg.dim, cfg.expert_ffn_dim),
     }
+    if cfg.spec.fused_gate_up:
+        per_layer["ffn_up.weight"] = (2 * cfg.ffn_dim, cfg.dim)
     for i in range(cfg.n_layers):
         for name in cfg.spec.layer_tensors:
             shapes[f"blk.{i}.{name}"] = per_layer[name]

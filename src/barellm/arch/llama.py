@@ -12,6 +12,7 @@ see a sliding window of keys with their own RoPE base.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -40,21 +41,37 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(ms + np.float32(eps))) * w
 
 
-def rope_frequencies(rope_dim: int, base: float, factors: np.ndarray | None = None) -> np.ndarray:
+def rope_frequencies(rope_dim: int, base: float, factors: np.ndarray | None = None, yarn: float = 0.0,
+                     original_context: int = 0) -> np.ndarray:
     """theta_i = base^(-2i/rope_dim) / factor_i (float64 [rope_dim/2]); the factors are a file's
-    rope_freqs.weight (Llama 3.1's scaling: low frequencies slowed down for long contexts)."""
+    rope_freqs.weight (Llama 3.1's scaling: low frequencies slowed down for long contexts). With a YaRN factor
+    (and the context the model was trained for), ggml's YaRN: each frequency slowed by the factor, blended back
+    towards the original by a ramp over the dims between the corrections for 32 and 1 rotations (beta fast
+    and slow) in the original context: the fast dims keep their frequency, the slow ones are interpolated."""
     inv_freq = 1.0 / (base ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim))
     if factors is not None:
         inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
+    if yarn:
+        def corr_dim(rotations: float) -> float:
+            return rope_dim * math.log(original_context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = max(0.0, math.floor(corr_dim(32.0))), min(rope_dim - 1.0, math.ceil(corr_dim(1.0)))
+        y = (np.arange(rope_dim // 2, dtype=np.float64) - low) / max(0.001, high - low)
+        mix = 1.0 - np.clip(y, 0.0, 1.0)
+        inv_freq = inv_freq / yarn * (1.0 - mix) + inv_freq * mix
     return inv_freq
 
 
-def rope_tables(rope_dim: int, base: float, n_ctx: int,
-                factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [n_ctx, rope_dim/2] of position * theta_i (rope_frequencies)."""
-    inv_freq = rope_frequencies(rope_dim, base, factors)
+def rope_tables(rope_dim: int, base: float, n_ctx: int, factors: np.ndarray | None = None,
+                scale: float = 1.0, yarn: float = 0.0, original_context: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [n_ctx, rope_dim/2] of position * theta_i (rope_frequencies), times scale (LongRoPE's
+    attention factor)."""
+    inv_freq = rope_frequencies(rope_dim, base, factors, yarn, original_context)
     angles = np.outer(np.arange(n_ctx, dtype=np.float64), inv_freq)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos, sin = np.cos(angles), np.sin(angles)
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return cos.astype(np.float32), sin.astype(np.float32)
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndarray:
@@ -76,27 +93,39 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndar
     return out
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float, window: int = 0) -> np.ndarray:
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(x / cap): x bounded to (-cap, cap) smoothly (Gemma 2's scores and logits); x for cap 0."""
+    return x if not cap else np.float32(cap) * np.tanh(x / np.float32(cap))
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float, window: int = 0,
+              cap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """Causal grouped-query attention.
 
     q[T, n_heads, hd] for positions start..start+T-1; k, v [start+T, n_kv_heads, hd] from the cache.
     Query head h reads kv head h // (n_heads / n_kv_heads). With a window, the query at position p
-    sees only the keys at p - window + 1 .. p.
+    sees only the keys at p - window + 1 .. p. With cap, the scaled scores are soft-capped (softcap). With
+    sinks [n_heads], each head's softmax has one more term, exp(sink), in its denominator only.
     """
     T, n_heads, hd = q.shape
     group = n_heads // k.shape[1]
     kh = np.repeat(k, group, axis=1).transpose(1, 2, 0)   # [n_heads, hd, S]
     vh = np.repeat(v, group, axis=1).transpose(1, 0, 2)   # [n_heads, S, hd]
-    scores = np.matmul(q.transpose(1, 0, 2), kh) * np.float32(scale)  # [n_heads, T, S]
+    scores = softcap(np.matmul(q.transpose(1, 0, 2), kh) * np.float32(scale), cap)  # [n_heads, T, S]
     key_pos = np.arange(k.shape[0])[None, :]
     query_pos = (start + np.arange(T))[:, None]
     hidden = key_pos > query_pos
     if window:
         hidden |= query_pos - key_pos >= window
     scores[:, hidden] = -np.inf
-    scores -= scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=-1, keepdims=True)
+    top = scores.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        top = np.maximum(top, sinks[:, None, None])
+    p = np.exp(scores - top)
+    denom = p.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        denom = denom + np.exp(sinks[:, None, None] - top)
+    p /= denom
     return np.matmul(p, vh).transpose(1, 0, 2).reshape(T, n_heads * hd)
 
 
@@ -111,9 +140,66 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0   # gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai)
+
+
+def gated(act: str, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """A gated MLP's act(gate) * up; "swiglu_oai": gpt-oss's, the gate clamped above and up on both sides,
+    min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)."""
+    if act == "swiglu_oai":
+        g = np.minimum(gate, np.float32(SWIGLU_LIMIT))
+        u = np.clip(up, np.float32(-SWIGLU_LIMIT), np.float32(SWIGLU_LIMIT))
+        return g / (np.float32(1.0) + np.exp(np.float32(-SWIGLU_ALPHA) * g)) * (u + np.float32(1.0))
+    return ACTIVATIONS[act](gate) * up
+
+
+def route(logits: np.ndarray, n_used: int, norm: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The experts each token goes to, from the router's logits [T, n_experts]: their ids [T, n_used] (the
+    largest logits first, ties to the lower id) and weights [T, n_used], the softmax over all experts or, with
+    norm, over the chosen ones. llama.cpp takes the softmax, then the top n_used, then renormalizes; the
+    softmax keeps the logits' order, so the top n_used of the logits are the same experts, chosen exactly."""
+    choice = np.argsort(-logits, axis=1, kind="stable")[:, :n_used]
+    e = np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
+    chosen = np.take_along_axis(e, choice, axis=1)
+    weight = chosen / (chosen.sum(axis=1, keepdims=True) if norm else e.sum(axis=1, keepdims=True))
+    return choice, weight.astype(np.float32)
+
+
+def moe(x: np.ndarray, logits: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, n_used: int,
+        norm: bool, act: str, biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """A mixture-of-experts MLP of x [T, dim]: each token's chosen experts (route), each a gated MLP whose
+    matrices are one slice of the stacks gate, up [n_experts, ffn, dim] and down [n_experts, dim, ffn] (plus
+    that slice of the biases [n_experts, ffn], [n_experts, ffn], [n_experts, dim], if any), summed with their
+    weights in the order they were chosen."""
+    choice, weight = route(logits, n_used, norm)
+    y = np.zeros((x.shape[0], n_used, down.shape[1]), np.float32)
+    for e in np.unique(choice):
+        t, k = np.nonzero(choice == e)
+        g, u = x[t] @ gate[e].T, x[t] @ up[e].T
+        if biases is not None:
+            g, u = g + biases[0][e], u + biases[1][e]
+        y[t, k] = gated(act, g, u) @ down[e].T
+        if biases is not None:
+            y[t, k] += biases[2][e]
+    out = y[:, 0] * weight[:, :1]
+    for k in range(1, n_used):
+        out = out + y[:, k] * weight[:, k:k + 1]
+    return out
 
 
 # --- the model ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ExpertWeights:
+    """A mixture-of-experts MLP: the router's matrix (transposed, [dim, n_experts]) and the experts' stacks."""
+
+    router: np.ndarray
+    router_bias: np.ndarray | None
+    biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None   # gate's, up's and down's [n_experts, rows]
+    gate: np.ndarray   # [n_experts, ffn, dim]
+    up: np.ndarray     # [n_experts, ffn, dim]
+    down: np.ndarray   # [n_experts, dim, ffn]
 
 
 @dataclass
@@ -124,9 +210,12 @@ class LayerWeights:
     wv: np.ndarray
     wo: np.ndarray
     ffn_norm: np.ndarray
-    w_gate: np.ndarray
-    w_up: np.ndarray
-    w_down: np.ndarray
+    w_gate: np.ndarray | None = None   # the dense MLP (None with experts)
+    w_up: np.ndarray | None = None
+    w_down: np.ndarray | None = None
+    experts: ExpertWeights | None = None
+    bo: np.ndarray | None = None        # the attention output projection's bias
+    sinks: np.ndarray | None = None     # [n_heads]
     bq: np.ndarray | None = None
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
@@ -168,6 +257,38 @@ class ReferenceEngine:
         def optional(name: str, present: bool) -> np.ndarray | None:
             return w(name) if present else None
 
+        def transposed(name: str, present: bool) -> np.ndarray | None:
+            return w(name).T.copy() if present else None
+
+        def qkv(i: int) -> tuple[np.ndarray, ...]:
+            """W_q, W_k, W_v transposed: the file's own, or the row ranges of its fused attn_qkv."""
+            b = f"blk.{i}."
+            if not cfg.spec.fused_qkv:
+                return tuple(w(b + n).T.copy() for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight"))
+            m, q, k = w(b + "attn_qkv.weight"), cfg.q_dim, cfg.kv_dim
+            return m[:q].T.copy(), m[q:q + k].T.copy(), m[q + k:].T.copy()
+
+        def gate_up(i: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+            """W_gate, W_up transposed (None with experts): the file's own, or the halves of its fused ffn_up."""
+            b = f"blk.{i}."
+            if cfg.n_experts:
+                return None, None
+            if not cfg.spec.fused_gate_up:
+                return w(b + "ffn_gate.weight").T.copy(), w(b + "ffn_up.weight").T.copy()
+            m = w(b + "ffn_up.weight")
+            return m[:cfg.ffn_dim].T.copy(), m[cfg.ffn_dim:].T.copy()
+
+        def experts(i: int) -> ExpertWeights | None:
+            if not cfg.n_experts:
+                return None
+            b = f"blk.{i}."
+            biased = cfg.spec.expert_biases
+            biases = tuple(w(b + f"ffn_{n}_exps.bias") for n in ("gate", "up", "down")) if biased else None
+            return ExpertWeights(router=w(b + "ffn_gate_inp.weight").T.copy(),
+                                 router_bias=optional(b + "ffn_gate_inp.bias", biased), biases=biases,  # type: ignore[arg-type]
+                                 gate=w(b + "ffn_gate_exps.weight"),
+                                 up=w(b + "ffn_up_exps.weight"), down=w(b + "ffn_down_exps.weight"))
+
         self.token_embd = w("token_embd.weight")
         self.output_norm = w("output_norm.weight")
         self.output = self.token_embd if cfg.tied_output else w("output.weight")
@@ -175,14 +296,14 @@ class ReferenceEngine:
         self.layers = [
             LayerWeights(
                 attn_norm=w(f"blk.{i}.attn_norm.weight"),
-                wq=w(f"blk.{i}.attn_q.weight").T.copy(),
-                wk=w(f"blk.{i}.attn_k.weight").T.copy(),
-                wv=w(f"blk.{i}.attn_v.weight").T.copy(),
+                wq=qkv(i)[0], wk=qkv(i)[1], wv=qkv(i)[2],
                 wo=w(f"blk.{i}.attn_output.weight").T.copy(),
-                ffn_norm=w(f"blk.{i}.ffn_norm.weight"),
-                w_gate=w(f"blk.{i}.ffn_gate.weight").T.copy(),
-                w_up=w(f"blk.{i}.ffn_up.weight").T.copy(),
-                w_down=w(f"blk.{i}.ffn_down.weight").T.copy(),
+                ffn_norm=w(f"blk.{i}.{cfg.spec.ffn_norm}"),
+                bo=optional(f"blk.{i}.attn_output.bias", cfg.spec.attn_out_bias),
+                sinks=optional(f"blk.{i}.attn_sinks.weight", cfg.spec.sinks),
+                w_gate=gate_up(i)[0], w_up=gate_up(i)[1],
+                w_down=transposed(f"blk.{i}.ffn_down.weight", not cfg.n_experts),
+                experts=experts(i),
                 bq=optional(f"blk.{i}.attn_q.bias", cfg.attn_bias),
                 bk=optional(f"blk.{i}.attn_k.bias", cfg.attn_bias),
                 bv=optional(f"blk.{i}.attn_v.bias", cfg.attn_bias),
@@ -197,11 +318,12 @@ class ReferenceEngine:
         self.n_slots = n_slots
         self.k_cache = np.zeros((n_slots, cfg.n_layers, self.n_ctx, cfg.n_kv_heads, cfg.head_dim), np.float32)
         self.v_cache = np.zeros_like(self.k_cache)
-        factors = w("rope_freqs.weight") if cfg.rope_freqs else None
-        tables = {base: rope_tables(cfg.rope_dim, base, self.n_ctx, factors)
+        factor_name = cfg.rope_factors(self.n_ctx)
+        factors = None if factor_name is None else w(factor_name)
+        tables = {base: rope_tables(cfg.rope_dim, base, self.n_ctx, factors, cfg.rope_cs_scale, cfg.rope_yarn_factor,
+                                    cfg.rope_original_context)
                   for base in {cfg.layer_rope_theta(i) for i in range(cfg.n_layers)}}
         self.rope = [tables[cfg.layer_rope_theta(i)] for i in range(cfg.n_layers)]
-        self.act = ACTIVATIONS[cfg.act]
 
     def _cached(self, x: np.ndarray) -> np.ndarray:
         """Values as the cache holds them (see kv_type)."""
@@ -247,7 +369,7 @@ class ReferenceEngine:
         x = self._final(tokens, start, slot)
         if not all_logits:
             x = x[-1:]
-        return x @ self.output.T
+        return softcap(x @ self.output.T, self.cfg.final_softcap)
 
     def hidden_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]], last_only: bool = False) -> np.ndarray:
         """The final normed hidden states of several sequences (slot, tokens, start): every row in order
@@ -289,17 +411,28 @@ class ReferenceEngine:
             v = v.reshape(T, cfg.n_kv_heads, cfg.head_dim)
             if L.q_norm is not None and L.k_norm is not None:
                 q, k = rmsnorm(q, L.q_norm, eps), rmsnorm(k, L.k_norm, eps)
-            cos, sin = (table[start:end] for table in self.rope[i])
-            q = rope(q, cos, sin, cfg.rope_style)
-            k_cache[i, start:end] = self._cached_keys(rope(k, cos, sin, cfg.rope_style), L.bk)
+            if cfg.layer_rope(i):
+                cos, sin = (table[start:end] for table in self.rope[i])
+                q, k = rope(q, cos, sin, cfg.rope_style), rope(k, cos, sin, cfg.rope_style)
+            k_cache[i, start:end] = self._cached_keys(k, L.bk)
             v_cache[i, start:end] = self._cached(v)
-            att = attention(q, k_cache[i, :end], v_cache[i, :end], start, cfg.scale, cfg.layer_window(i)) @ L.wo
+            att = attention(q, k_cache[i, :end], v_cache[i, :end], start, cfg.scale, cfg.layer_window(i),
+                            cfg.attn_softcap, L.sinks) @ L.wo
+            if L.bo is not None:
+                att = att + L.bo
             if L.post_attn_norm is not None:
                 att = rmsnorm(att, L.post_attn_norm, eps)
             x = x + att
-            # feed-forward block (gated: SwiGLU for llama, GELU for gemma)
+            # feed-forward block (gated: SwiGLU for llama, GELU for gemma; a mixture of such for MoE rows)
             xn = rmsnorm(x, L.ffn_norm, eps)
-            ffn = (self.act(xn @ L.w_gate) * (xn @ L.w_up)) @ L.w_down
+            if L.experts is not None:
+                X = L.experts
+                logits = xn @ X.router if X.router_bias is None else xn @ X.router + X.router_bias
+                ffn = moe(xn, logits, X.gate, X.up, X.down, cfg.n_experts_used, cfg.expert_weights_norm, cfg.act,
+                          X.biases)
+            else:
+                assert L.w_gate is not None and L.w_up is not None and L.w_down is not None
+                ffn = gated(cfg.act, xn @ L.w_gate, xn @ L.w_up) @ L.w_down
             if L.post_ffn_norm is not None:
                 ffn = rmsnorm(ffn, L.post_ffn_norm, eps)
             x = x + ffn

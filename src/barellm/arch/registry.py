@@ -55,6 +55,25 @@ class Architecture:
     swa_pattern: int = 0          # every swa_pattern-th layer is global, the others see a sliding window
     rope_theta_local: float = 0.0  # RoPE base of the sliding-window layers (0: the global one)
     norm: str = "rms"             # every norm is an RMSNorm (the only kind the engines have)
+    # Mixture of experts: each layer's MLP is n_experts gated MLPs stacked in 3-D tensors and a router
+    # (ffn_gate_inp) that picks expert_used_count of them per token, weighted by the softmax of its logits
+    moe: bool = False
+    fused_qkv: bool = False       # one attn_qkv matrix: the q rows, then k's, then v's (Phi-3)
+    fused_gate_up: bool = False   # one ffn_up matrix of 2 ffn rows: the gate's, then up's (Phi-3)
+    long_rope: bool = False       # LongRoPE: rope_factors_short / rope_factors_long divide the RoPE frequencies
+                                  # (the long ones past original_context_length), rope.scaling.attn_factor
+                                  # multiplies cos and sin (Phi-3)
+    softcaps: bool = False        # the file's attn_logit_softcapping and final_logit_softcapping bound the
+                                  # attention scores and the logits: cap * tanh(x / cap) (Gemma 2)
+    attn_out_bias: bool = False   # the attention's output projection adds a bias (gpt-oss)
+    sinks: bool = False           # attn_sinks: one logit per head, in the attention softmax's denominator only
+    yarn: bool = False            # may use YaRN RoPE scaling (rope.scaling.type yarn)
+    expert_biases: bool = False   # the router and every expert matrix add a bias (gpt-oss)
+    ffn_norm: str = "ffn_norm.weight"  # the MLP's input norm (gpt-oss names it post_attention_norm)
+    nope_every: int = 0           # every nope_every-th layer has no RoPE at all (SmolLM3: 4, fixed in llama.cpp's
+                                  # code, not in the files)
+    expert_weights_norm: bool = False  # the chosen experts' weights are renormalized to sum 1 (as llama.cpp's
+                                       # graph of the architecture does, whatever a file's key of that name says)
     # Hugging Face checkpoints: config.json model_type (and architectures) this row converts from
     hf_model_types: tuple[str, ...] = ()
     hf_layer_names: dict[str, str] = field(default_factory=dict)
@@ -62,14 +81,28 @@ class Architecture:
     @property
     def layer_tensors(self) -> tuple[str, ...]:
         """The tensor names of one layer (after `blk.{i}.`), llama's and this row's extras."""
-        names = ["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight"]
+        names = ["attn_norm.weight"]
+        names += ["attn_qkv.weight"] if self.fused_qkv else ["attn_q.weight", "attn_k.weight", "attn_v.weight"]
+        names.append("attn_output.weight")
         if self.attn_bias:
             names += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
         if self.qk_norm:
             names += ["attn_q_norm.weight", "attn_k_norm.weight"]
         if self.post_norms:
             names += ["post_attention_norm.weight", "post_ffw_norm.weight"]
-        names += ["ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"]
+        if self.attn_out_bias:
+            names.append("attn_output.bias")
+        if self.sinks:
+            names.append("attn_sinks.weight")
+        names.append(self.ffn_norm)
+        if self.expert_biases:
+            names += ["ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"]
+        if self.moe:
+            names += ["ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"]
+        elif self.fused_gate_up:
+            names += ["ffn_up.weight", "ffn_down.weight"]
+        else:
+            names += ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"]
         return tuple(names)
 
 
@@ -93,6 +126,22 @@ ARCHITECTURES: dict[str, Architecture] = {
                      hf_layer_names=_hf(HF_BIAS_NAMES)),
         Architecture("qwen3", rope_style="neox", qk_norm=True, hf_model_types=("qwen3",),
                      hf_layer_names=_hf(HF_QK_NORM_NAMES)),
+        # Qwen3-MoE: qwen3's attention and an MoE MLP on every layer; llama.cpp's qwen3moe graph always
+        # renormalizes the chosen experts' weights (norm_w = true)
+        Architecture("qwen3moe", rope_style="neox", qk_norm=True, moe=True, expert_weights_norm=True),
+        # Gemma 2: gemma3's norms, GELU and scaled embeddings without its q/k norms, every other layer local
+        # (one base), soft-capped attention scores and logits
+        Architecture("gemma2", rope_style="neox", post_norms=True, act="gelu_tanh", embed_scale_sqrt_dim=True,
+                     swa_pattern=2, softcaps=True),
+        # gpt-oss: biased projections, attention sinks, every other layer local, YaRN, a mixture of experts with
+        # biases whose router picks by raw logit and weighs the chosen by their softmax, clamped SwiGLU
+        Architecture("gpt-oss", rope_style="neox", attn_bias=True, attn_out_bias=True, sinks=True, swa_pattern=2,
+                     yarn=True, moe=True, expert_weights_norm=True, expert_biases=True, act="swiglu_oai",
+                     ffn_norm="post_attention_norm.weight"),
+        # Phi-3 (and Phi-4-mini): fused projections, partial RoPE with LongRoPE factors
+        Architecture("phi3", rope_style="neox", fused_qkv=True, fused_gate_up=True, long_rope=True),
+        # SmolLM3: llama with every fourth layer's RoPE left out (llama.cpp rotates adjacent pairs for it)
+        Architecture("smollm3", rope_style="norm", nope_every=4),
     )
 }
 

@@ -88,6 +88,10 @@ QK_K = 256  # elements per super-block of the K-quants
 
 _BLOCK_Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (QK,))])
 _BLOCK_Q4_0 = np.dtype([("d", "<f2"), ("qs", "u1", (QK // 2,))])
+# MXFP4 (OCP microscaling, as gpt-oss files store their experts): an E8M0 exponent, then 32 FP4 (E2M1) codes.
+_BLOCK_MXFP4 = np.dtype([("e", "u1"), ("qs", "u1", (QK // 2,))])
+# The E2M1 values doubled (ggml's kvalues_mxfp4): the block's scale is then 2^(e - 128), half of 2^(e - 127).
+_MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
 _BLOCK_Q4_1 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (QK // 2,))])
 # qh is a little-endian uint32 in ggml; as bytes it unpacks straight into per-element bits.
 _BLOCK_Q5_0 = np.dtype([("d", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (QK // 2,))])
@@ -160,6 +164,14 @@ def _dec_q4_0(b: np.ndarray, out: np.ndarray) -> None:
     _split_nibbles(b["qs"], o)
     o -= 8
     o *= _f16(b["d"])[:, None, None]
+
+
+def _dec_mxfp4(b: np.ndarray, out: np.ndarray) -> None:
+    o = out.reshape(-1, 2, QK // 2)
+    _split_nibbles(b["qs"], o)
+    o[:] = _MXFP4_VALUES[o.astype(np.int64)]
+    with np.errstate(over="ignore"):  # the largest exponents overflow float32 to inf, as ggml's decoder does
+        o *= np.ldexp(np.float32(1), b["e"].astype(np.int32) - 128).astype(np.float32)[:, None, None]
 
 
 def _dec_q4_1(b: np.ndarray, out: np.ndarray) -> None:
@@ -782,7 +794,7 @@ _ROWS: list[QuantType] = [
     QuantType(36, "iq4_nl_4_4", 0, 0),  # removed
     QuantType(37, "iq4_nl_4_8", 0, 0),  # removed
     QuantType(38, "iq4_nl_8_8", 0, 0),  # removed
-    QuantType(39, "mxfp4", QK, 17),
+    QuantType(39, "mxfp4", QK, 17, _dequantizer(_BLOCK_MXFP4, QK, _dec_mxfp4)),
     QuantType(40, "nvfp4", 64, 36),
     QuantType(41, "q1_0", 128, 18),
 ]

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from barellm import _native as nat
-from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV
+from barellm.arch import llama as ref
+from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, MoE, Op, RMSNorm, RopeKV, SoftCap
 from barellm.errors import InvalidRequest
 from barellm.formats.quant import q8_0_keys, q8_0_split
 
@@ -125,71 +126,95 @@ class EngineDebug:
         return cycles
 
     def _numpy_op(self, op: Op, ctx: DebugContext) -> None:
-        from barellm.arch import llama as ref
+        """Runs an op by its kind's NumPy implementation, _numpy_<kind> (the op table's name, executor.h)."""
+        run = getattr(self, f"_numpy_{op.kind}", None)
+        if run is None:
+            raise InvalidRequest(f"op {op.name}: no NumPy implementation of kind {op.kind!r}")
+        run(op, ctx)
 
+    def _numpy_embed(self, op: Embed, ctx: DebugContext) -> None:
+        x = self._table_rows(op.table, ctx.tokens)
+        ctx.output(op)[:] = x * np.float32(op.scale) if op.scale != 1.0 else x
+
+    def _numpy_rmsnorm(self, op: RMSNorm, ctx: DebugContext) -> None:
+        x = ctx.buf(op.src)
+        if op.selected:
+            x = x[ctx.selected]
+        y = ref.rmsnorm(x, self._norm(op.weight), op.eps)
+        if op.accumulate:
+            x[:] = y
+            ctx.output(op)[:] += y
+        else:
+            ctx.output(op)[:] = y
+
+    def _numpy_matmul(self, op: MatMul, ctx: DebugContext) -> None:
+        key = "|".join(op.matrices)
+        if key not in self._dequantized:
+            self._dequantized[key] = np.concatenate([self._dequant(n) for n in op.matrices])
+        w = self._dequantized[key]
+        x = ctx.buf(op.src, ctx.rows(op))
+        y = (x @ w.T).astype(np.float32)
+        if op.bias:
+            y += self._bias(op.bias)
+        if op.accumulate:
+            ctx.buf("proj")[:] = y
+            ctx.output(op)[:] += y
+        else:
+            ctx.output(op)[:] = y
+
+    def _numpy_rope_kv(self, op: RopeKV, ctx: DebugContext) -> None:
         cfg, T = self.cfg, ctx.T
-        if isinstance(op, Embed):
-            x = self._table_rows(op.table, ctx.tokens)
-            ctx.output(op)[:] = x * np.float32(op.scale) if op.scale != 1.0 else x
-        elif isinstance(op, RMSNorm):
-            x = ctx.buf(op.src)
-            if op.selected:
-                x = x[ctx.selected]
-            y = ref.rmsnorm(x, self._norm(op.weight), op.eps)
-            if op.accumulate:
-                x[:] = y
-                ctx.output(op)[:] += y
-            else:
-                ctx.output(op)[:] = y
-        elif isinstance(op, MatMul):
-            key = "|".join(op.matrices)
-            if key not in self._dequantized:
-                self._dequantized[key] = np.concatenate([self._dequant(n) for n in op.matrices])
-            w = self._dequantized[key]
-            x = ctx.buf(op.src, ctx.rows(op))
-            y = (x @ w.T).astype(np.float32)
-            if op.bias:
-                y += self._bias(op.bias)
-            if op.accumulate:
-                ctx.buf("proj")[:] = y
-                ctx.output(op)[:] += y
-            else:
-                ctx.output(op)[:] = y
-        elif isinstance(op, RopeKV):
-            qkv = ctx.buf(op.out)
-            hd, qd, kd = cfg.head_dim, cfg.q_dim, cfg.kv_dim
-            half = cfg.rope_dim // 2
-            cs = self._rope_cs[cfg.layer_rope_theta(op.layer)][ctx.positions]
-            cos, sin = cs[:, :half], cs[:, half:]
-            q = qkv[:, :qd].reshape(T, cfg.n_heads, hd)
-            k = qkv[:, qd:qd + kd].reshape(T, cfg.n_kv_heads, hd)
-            if op.q_norm and op.k_norm:
-                q = ref.rmsnorm(q, self._norm(op.q_norm), op.eps)
-                k = ref.rmsnorm(k, self._norm(op.k_norm), op.eps)
+        qkv = ctx.buf(op.out)
+        hd, qd, kd = cfg.head_dim, cfg.q_dim, cfg.kv_dim
+        half = cfg.rope_dim // 2
+        cs = self._rope_cs[cfg.layer_rope_theta(op.layer)][ctx.positions]
+        cos, sin = cs[:, :half], cs[:, half:]
+        q = qkv[:, :qd].reshape(T, cfg.n_heads, hd)
+        k = qkv[:, qd:qd + kd].reshape(T, cfg.n_kv_heads, hd)
+        if op.q_norm and op.k_norm:
+            q = ref.rmsnorm(q, self._norm(op.q_norm), op.eps)
+            k = ref.rmsnorm(k, self._norm(op.k_norm), op.eps)
+        if op.rope:
             q = ref.rope(q, cos, sin, cfg.rope_style)
             k = ref.rope(k, cos, sin, cfg.rope_style)
-            qkv[:, :qd] = q.reshape(T, qd)
-            qkv[:, qd:qd + kd] = k.reshape(T, kd)
-            v = qkv[:, qd + kd:qd + 2 * kd].reshape(T, cfg.n_kv_heads, hd)
-            for t in range(T):
-                s, p = int(ctx.slots[t]), int(ctx.positions[t])
-                if self.kv_type == "q8_0":
-                    (kq, kd), (vq, vd) = self._q8_views(s, op.layer)
-                    kq[:, p // KV_TILE, :, p % KV_TILE], kd[:, p // KV_TILE, :, p % KV_TILE] = q8_0_keys(
-                        k[t], self._k_shift(op.layer))
-                    vq[:, p], vd[:, p] = q8_0_split(v[t])
-                    continue
-                self.k_cache[s, op.layer, :, p // KV_TILE, :, p % KV_TILE] = k[t]
-                self.v_cache[s, op.layer, :, p] = v[t]
-        elif isinstance(op, Attention):
-            qkv, out = ctx.buf(op.src), ctx.output(op)
-            for t in range(T):
-                s, p = int(ctx.slots[t]), int(ctx.positions[t])
-                k, v = self.kv(s, op.layer, p + 1)
-                q = qkv[t:t + 1, :cfg.q_dim].reshape(1, cfg.n_heads, cfg.head_dim)
-                out[t] = ref.attention(q, k, v, p, cfg.scale, op.window)[0]
-        elif isinstance(op, GatedAct):
-            gu, f = ctx.buf(op.src), cfg.ffn_dim
-            ctx.output(op)[:] = ref.ACTIVATIONS[op.act](gu[:, :f]) * gu[:, f:2 * f]
+        qkv[:, :qd] = q.reshape(T, qd)
+        qkv[:, qd:qd + kd] = k.reshape(T, kd)
+        v = qkv[:, qd + kd:qd + 2 * kd].reshape(T, cfg.n_kv_heads, hd)
+        for t in range(T):
+            s, p = int(ctx.slots[t]), int(ctx.positions[t])
+            if self.kv_type == "q8_0":
+                (kq, kd_), (vq, vd) = self._q8_views(s, op.layer)
+                kq[:, p // KV_TILE, :, p % KV_TILE], kd_[:, p // KV_TILE, :, p % KV_TILE] = q8_0_keys(
+                    k[t], self._k_shift(op.layer))
+                vq[:, p], vd[:, p] = q8_0_split(v[t])
+                continue
+            self.k_cache[s, op.layer, :, p // KV_TILE, :, p % KV_TILE] = k[t]
+            self.v_cache[s, op.layer, :, p] = v[t]
+
+    def _numpy_attention(self, op: Attention, ctx: DebugContext) -> None:
+        cfg = self.cfg
+        qkv, out = ctx.buf(op.src), ctx.output(op)
+        for t in range(ctx.T):
+            s, p = int(ctx.slots[t]), int(ctx.positions[t])
+            k, v = self.kv(s, op.layer, p + 1)
+            q = qkv[t:t + 1, :cfg.q_dim].reshape(1, cfg.n_heads, cfg.head_dim)
+            sinks = self._norm(op.sinks) if op.sinks else None
+            out[t] = ref.attention(q, k, v, p, cfg.scale, op.window, op.softcap, sinks)[0]
+
+    def _numpy_silu_mul(self, op: GatedAct, ctx: DebugContext) -> None:
+        gu, f = ctx.buf(op.src), self.cfg.ffn_dim
+        ctx.output(op)[:] = ref.ACTIVATIONS[op.act](gu[:, :f]) * gu[:, f:2 * f]
+
+    def _numpy_moe(self, op: MoE, ctx: DebugContext) -> None:
+        biases = tuple(self._dequant(n) for n in op.biases) if op.biases else None
+        y = ref.moe(ctx.buf(op.src), ctx.buf(op.logits), self._dequant(op.gate), self._dequant(op.up),
+                    self._dequant(op.down), op.n_used, op.norm, op.act, biases)  # type: ignore[arg-type]
+        if op.accumulate:
+            ctx.buf("proj")[:] = y
+            ctx.output(op)[:] += y
         else:
-            raise InvalidRequest(f"op {op.name}: no NumPy implementation of kind {op.kind!r}")
+            ctx.output(op)[:] = y
+
+    def _numpy_softcap(self, op: SoftCap, ctx: DebugContext) -> None:
+        out = ctx.output(op)
+        out[:] = ref.softcap(out, op.cap)

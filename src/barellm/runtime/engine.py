@@ -31,11 +31,24 @@ import numpy as np
 from barellm import _native as nat
 from barellm.arch.config import ModelConfig, check_tensors
 from barellm.arch.llama import rope_frequencies
-from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, Op, RMSNorm, RopeKV, buffer_widths, llama_plan
+from barellm.arch.plan import (
+    Attention,
+    Embed,
+    GatedAct,
+    MatMul,
+    MoE,
+    Op,
+    RMSNorm,
+    RopeKV,
+    SoftCap,
+    buffer_widths,
+    llama_plan,
+)
 from barellm.cpu import check_memory, default_threads
 from barellm.errors import FormatError, InvalidRequest
 from barellm.formats.kernels import (
     ACTIVATIONS,
+    layout_rows,
     matrix_act,
     matrix_bytes,
 )
@@ -48,6 +61,7 @@ KV_TILE = nat.KV_TILE
 KV_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q8_0": nat.KV_Q8_0}  # the cache element types (ops.h, bl_kv_type)
 KV_QK = 32  # values per block of a q8_0 cache
 FLOAT_ALIGN = 16  # buffer rows start on cache lines: strides are multiples of 16 floats
+MOE_ACTS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}  # the moe op's activations (executor.h, bl_moe_act)
 ROPE_FIRST = 512  # positions of the RoPE tables filled by the first forward call (see _rope_upto)
 
 
@@ -98,7 +112,7 @@ def kv_bytes_per_token(cfg: ModelConfig, kv_type: str) -> int:
 
 def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
     """Why the native engine cannot run a model, or None if it can (Model falls back on the reference)."""
-    if cfg.act not in ("silu", "gelu_tanh"):
+    if cfg.act not in ("silu", "gelu_tanh") and not (cfg.n_experts and cfg.act in MOE_ACTS):
         return f"activation {cfg.act!r} has no native kernel"
     return None
 
@@ -163,6 +177,8 @@ class NativeEngine(EngineWeights, EngineDebug):
         rope = bases * cfg.rope_dim * 24  # the float32 table, and the float64 angles, cosines and sines it comes from
         pad = _round_up(self.n_ctx, KV_TILE) - self.n_ctx
         scratch = 4 * self.chunk * sum(_round_up(w, FLOAT_ALIGN) for w in buffer_widths(cfg).values())
+        # the experts' rows, one per (token, expert) pair: gate | up, the output, and their converted inputs
+        scratch += 4 * self.chunk * cfg.n_experts_used * (4 * cfg.expert_ffn_dim + 3 * cfg.dim + 8)
         check_memory("native", self.n_ctx, kv, rope, scratch + pad * (kv + rope), fixed_what="buffers")
 
     def _alloc(self) -> None:
@@ -170,6 +186,7 @@ class NativeEngine(EngineWeights, EngineDebug):
         self._widths = buffer_widths(cfg)
         self._bufs = {name: aligned_zeros((T, _round_up(w, FLOAT_ALIGN))) for name, w in self._widths.items()}
         self._qbufs: dict[tuple[str, int, int, int], np.ndarray] = {}
+        self._moe_bufs: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
         self.n_ctx_pad = _round_up(self.n_ctx, KV_TILE)
         hd, nkv, L = cfg.head_dim, cfg.n_kv_heads, cfg.n_layers
         # K: [slot][layer][kv head][n_ctx / tile][head_dim][tile]; V: [slot][layer][kv head][n_ctx][head_dim];
@@ -194,9 +211,11 @@ class NativeEngine(EngineWeights, EngineDebug):
         self._rope_cs: dict[float, np.ndarray] = {}
         self._rope_inv: dict[float, np.ndarray] = {}
         self._rope_filled = 0
-        factors = np.asarray(self._source.dequantize("rope_freqs.weight"), np.float64) if cfg.rope_freqs else None
+        factor_name = cfg.rope_factors(self.n_ctx)
+        factors = None if factor_name is None else np.asarray(self._source.dequantize(factor_name), np.float64)
         for base in sorted({cfg.layer_rope_theta(i) for i in range(L)}):
-            self._rope_inv[base] = rope_frequencies(cfg.rope_dim, base, factors)
+            self._rope_inv[base] = rope_frequencies(cfg.rope_dim, base, factors, cfg.rope_yarn_factor,
+                                                    cfg.rope_original_context)
             self._rope_cs[base] = aligned_zeros((self.n_ctx_pad, cfg.rope_dim))
         # per-call inputs the plan reads
         self._tok = aligned_zeros(T, np.int32)
@@ -215,7 +234,8 @@ class NativeEngine(EngineWeights, EngineDebug):
         hi = min(self.n_ctx_pad, ROPE_FIRST) if n <= ROPE_FIRST else self.n_ctx_pad
         for base, table in self._rope_cs.items():
             ang = np.outer(np.arange(lo, hi, dtype=np.float64), self._rope_inv[base])
-            table[lo:hi] = np.concatenate([np.cos(ang), np.sin(ang)], axis=1)
+            cs = np.concatenate([np.cos(ang), np.sin(ang)], axis=1)
+            table[lo:hi] = cs * self.cfg.rope_cs_scale if self.cfg.rope_cs_scale != 1.0 else cs
         self._rope_filled = hi
 
     def _view(self, name: str, rows: int) -> np.ndarray:
@@ -253,68 +273,135 @@ class NativeEngine(EngineWeights, EngineDebug):
                         self.n_vocab, self.n_ctx, self.n_slots)
 
     def _op_spec(self, op: Op) -> dict[str, Any]:
-        """The executor's dict for one op: exactly the keys its kind takes (py_plan.c refuses others)."""
-        cfg = self.cfg
-        d: dict[str, Any] = {"kind": KIND_IDS[op.kind], "name": op.name, "rows_sel": int(op.rows == "selected")}
-        if isinstance(op, Embed):
-            table = self._table(op.table)
-            d.update(out=self._spec(op.out), out_stride=self._stride(op.out), n=cfg.dim, table=table,
-                     scale_embed=float(np.float32(op.scale)))
-        elif isinstance(op, RMSNorm):
-            d.update(x=self._spec(op.src), x_stride=self._stride(op.src), w=self._norm(op.weight), eps=op.eps,
-                     n=self._widths[op.src])
-            if op.accumulate:  # out += rmsnorm(x): normalize x in place, then add
-                d.update(out=self._spec(op.src), out_stride=self._stride(op.src), res=self._spec(op.out),
-                         res_stride=self._stride(op.out))
-            else:
-                d.update(out=self._spec(op.out), out_stride=self._stride(op.out))
-        elif isinstance(op, MatMul):
-            parts = [(*p, matrix_act(p[0], self.activations)) for p in self._matrix(op.matrices)]
-            if op.out == "logits" and self.n_logits < self.n_vocab:   # the first rows: a prefix of the bytes
-                (type_id, layout, _, cols, data, act), = parts
-                parts = [(type_id, layout, self.n_logits, cols,
-                          data[:matrix_bytes(type_id, layout, self.n_logits, cols)], act)]
-            bias = self._bias(op.bias) if op.bias else None
-            qjobs, qmap, pspecs = [], {}, []
-            col = 0
-            for p in parts:
-                key = (p[0], p[1], p[5])
-                if key not in qmap:
-                    qb = self._qbuf(op.src, p)
-                    qmap[key] = qb
-                    qjobs.append({"w": (p[0], p[1], p[2], p[3], None, p[5]), "x": self._spec(op.src),
-                                  "x_stride": self._stride(op.src), "dst": qb, "dst_stride": qb.shape[1]})
-                target = "proj" if op.accumulate else op.out
-                ps = {"w": p, "xq": qmap[key], "out": self._spec(target, col), "ldo": self._stride(target)}
-                if bias is not None:
-                    ps["bias"] = bias[col:col + p[2]]
-                if op.accumulate:
-                    ps.update(res=self._spec(op.out, col), res_stride=self._stride(op.out))
-                pspecs.append(ps)
-                col += p[2]
-            d.update(parts=pspecs, qjobs=qjobs)
-        elif isinstance(op, (RopeKV, Attention)):
-            off = self.k_cache.itemsize * op.layer * self._layer_elems
-            d.update(n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, n_ctx=self.n_ctx_pad,
-                     kc=(self.k_cache, off), vc=(self.v_cache, off), slot_stride=self._slot_elems,
-                     kv_type=KV_TYPES[self.kv_type])
-            if isinstance(op, RopeKV):
-                if op.q_norm and op.k_norm:
-                    d.update(q_norm=self._norm(op.q_norm), k_norm=self._norm(op.k_norm))
-                if op.k_bias and self.kv_type == "q8_0":
-                    d.update(k_shift=self._norm(op.k_bias))
-                d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim,
-                         eps=op.eps, rope_style=0 if cfg.rope_style == "norm" else 1,
-                         rope_cs=self._rope_cs[cfg.layer_rope_theta(op.layer)])
-            else:
-                d.update(x=self._spec(op.src), x_stride=self._stride(op.src), out=self._spec(op.out),
-                         out_stride=self._stride(op.out), scale=float(np.float32(cfg.scale)), window=op.window)
-        elif isinstance(op, GatedAct):
-            f = cfg.ffn_dim
-            d.update(x=self._spec(op.src), x2=self._spec(op.src, f), x_stride=self._stride(op.src),
-                     out=self._spec(op.out), out_stride=self._stride(op.out), n=f, gelu=int(op.act == "gelu_tanh"))
-        else:
+        """The executor's dict for one op: exactly the keys its kind takes (py_plan.c refuses others), made by
+        the engine's _spec_<kind> (the op table's name, executor.h)."""
+        build = getattr(self, f"_spec_{op.kind}", None)
+        if op.kind not in KIND_IDS or build is None:
             raise InvalidRequest(f"op {op.name}: the native engine has no kind {op.kind!r}")
+        d: dict[str, Any] = {"kind": KIND_IDS[op.kind], "name": op.name, "rows_sel": int(op.rows == "selected")}
+        d.update(build(op))
+        return d
+
+    def _spec_embed(self, op: Embed) -> dict[str, Any]:
+        return dict(out=self._spec(op.out), out_stride=self._stride(op.out), n=self.cfg.dim,
+                    table=self._table(op.table), scale_embed=float(np.float32(op.scale)))
+
+    def _spec_rmsnorm(self, op: RMSNorm) -> dict[str, Any]:
+        d: dict[str, Any] = dict(x=self._spec(op.src), x_stride=self._stride(op.src), w=self._norm(op.weight),
+                                 eps=op.eps, n=self._widths[op.src])
+        if op.accumulate:  # out += rmsnorm(x): normalize x in place, then add
+            d.update(out=self._spec(op.src), out_stride=self._stride(op.src), res=self._spec(op.out),
+                     res_stride=self._stride(op.out))
+        else:
+            d.update(out=self._spec(op.out), out_stride=self._stride(op.out))
+        return d
+
+    def _spec_matmul(self, op: MatMul) -> dict[str, Any]:
+        parts = [(*p, matrix_act(p[0], self.activations)) for p in self._matrix(op.matrices)]
+        if op.out == "logits" and self.n_logits < self.n_vocab:   # the first rows: a prefix of the bytes
+            (type_id, layout, _, cols, data, act), = parts
+            parts = [(type_id, layout, self.n_logits, cols,
+                      data[:matrix_bytes(type_id, layout, self.n_logits, cols)], act)]
+        bias = self._bias(op.bias) if op.bias else None
+        qjobs, qmap, pspecs = [], {}, []
+        col = 0
+        for p in parts:
+            key = (p[0], p[1], p[5])
+            if key not in qmap:
+                qb = self._qbuf(op.src, p)
+                qmap[key] = qb
+                qjobs.append({"w": (p[0], p[1], p[2], p[3], None, p[5]), "x": self._spec(op.src),
+                              "x_stride": self._stride(op.src), "dst": qb, "dst_stride": qb.shape[1]})
+            target = "proj" if op.accumulate else op.out
+            ps = {"w": p, "xq": qmap[key], "out": self._spec(target, col), "ldo": self._stride(target)}
+            if bias is not None:
+                ps["bias"] = bias[col:col + p[2]]
+            if op.accumulate:
+                ps.update(res=self._spec(op.out, col), res_stride=self._stride(op.out))
+            pspecs.append(ps)
+            col += p[2]
+        return dict(parts=pspecs, qjobs=qjobs)
+
+    def _spec_cache(self, layer: int) -> dict[str, Any]:
+        """What the ops that read or write a layer's KV cache share."""
+        cfg = self.cfg
+        off = self.k_cache.itemsize * layer * self._layer_elems
+        return dict(n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, n_ctx=self.n_ctx_pad,
+                    kc=(self.k_cache, off), vc=(self.v_cache, off), slot_stride=self._slot_elems,
+                    kv_type=KV_TYPES[self.kv_type])
+
+    def _spec_rope_kv(self, op: RopeKV) -> dict[str, Any]:
+        cfg = self.cfg
+        d = self._spec_cache(op.layer)
+        if op.q_norm and op.k_norm:
+            d.update(q_norm=self._norm(op.q_norm), k_norm=self._norm(op.k_norm))
+        if op.k_bias and self.kv_type == "q8_0":
+            d.update(k_shift=self._norm(op.k_bias))
+        d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim if op.rope else 0,
+                 eps=op.eps, rope_style=0 if cfg.rope_style == "norm" else 1,
+                 rope_cs=self._rope_cs[cfg.layer_rope_theta(op.layer)])
+        return d
+
+    def _spec_attention(self, op: Attention) -> dict[str, Any]:
+        d = self._spec_cache(op.layer)
+        d.update(x=self._spec(op.src), x_stride=self._stride(op.src), out=self._spec(op.out),
+                 out_stride=self._stride(op.out), scale=float(np.float32(self.cfg.scale)), window=op.window)
+        if op.softcap:
+            d.update(softcap=float(np.float32(op.softcap)))
+        if op.sinks:
+            d.update(sinks=self._norm(op.sinks))
+        return d
+
+    def _spec_softcap(self, op: SoftCap) -> dict[str, Any]:
+        return dict(out=self._spec(op.out), out_stride=self._stride(op.out), softcap=float(np.float32(op.cap)),
+                    n=self.n_logits if op.out == "logits" else self._widths[op.out])
+
+    def _spec_silu_mul(self, op: GatedAct) -> dict[str, Any]:
+        f = self.cfg.ffn_dim
+        return dict(x=self._spec(op.src), x2=self._spec(op.src, f), x_stride=self._stride(op.src),
+                    out=self._spec(op.out), out_stride=self._stride(op.out), n=f, gelu=int(op.act == "gelu_tanh"))
+
+    def _moe_buf(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """Scratch of the moe ops, shared by every layer's (they run one after another)."""
+        key = (name, shape)
+        if key not in self._moe_bufs:
+            self._moe_bufs[key] = aligned_zeros(shape, dtype)
+        return self._moe_bufs[key]
+
+    def _spec_moe(self, op: MoE) -> dict[str, Any]:
+        cfg = self.cfg
+        E, K, F, dim = cfg.n_experts, op.n_used, cfg.expert_ffn_dim, cfg.dim
+        stacks = {}
+        for key, name, rows in (("gate", op.gate, F), ("up", op.up, F), ("down", op.down, dim)):
+            (type_id, layout, n, cols, data), = self._matrix((name,))   # one tensor: one part
+            if rows % layout_rows(layout):
+                raise NativeUnsupported(f"the native engine cannot run this model: {name} has experts of {rows} "
+                                        f"rows, not whole groups of {layout_rows(layout)}")
+            stacks[key] = (type_id, layout, n, cols, data, matrix_act(type_id, self.activations))
+        pairs = self.chunk * K
+
+        def converted(name: str, w: tuple, cols: int) -> np.ndarray:
+            return self._moe_buf(name, (pairs, nat.act_row_bytes(w[0], w[1], cols, w[5])), np.uint8)
+
+        xg, aq = converted("xg", stacks["gate"], dim), converted("aq", stacks["down"], F)
+        gu = self._moe_buf("gu", (pairs, _round_up(2 * F, FLOAT_ALIGN)), np.float32)
+        y = self._moe_buf("y", (pairs, _round_up(dim, FLOAT_ALIGN)), np.float32)
+        target = "proj" if op.accumulate else op.out
+        d: dict[str, Any] = dict(
+            x=self._spec(op.src), x_stride=self._stride(op.src), out=self._spec(target),
+            out_stride=self._stride(target), n=dim, act=MOE_ACTS[op.act], logits=self._spec(op.logits),
+            logits_stride=self._stride(op.logits), n_experts=E, n_used=K, ffn=F, norm_weights=int(op.norm),
+            choice=self._moe_buf("choice", (pairs,), np.int32), weight=self._moe_buf("weight", (pairs,), np.float32),
+            index=self._moe_buf("index", (E + 1 + 3 * pairs,), np.int32), xg=xg, xg_stride=xg.shape[1], gu=gu,
+            gu_stride=gu.shape[1], aq=aq, aq_stride=aq.shape[1], y=y, y_stride=y.shape[1], **stacks)
+        g, u = stacks["gate"], stacks["up"]
+        if (g[0], g[1], g[5]) != (u[0], u[1], u[5]):   # up takes other activations: converted on their own
+            xg_up = converted("xg_up", u, dim)
+            d.update(xg_up=xg_up, xg_up_stride=xg_up.shape[1])
+        if op.biases:
+            d.update(zip(("gate_bias", "up_bias", "down_bias"), (self._bias((n,)) for n in op.biases), strict=True))
+        if op.accumulate:
+            d.update(res=self._spec(op.out), res_stride=self._stride(op.out))
         return d
 
     # --- running ------------------------------------------------------------------------------
@@ -422,9 +509,10 @@ class NativeEngine(EngineWeights, EngineDebug):
             out = np.empty(shape, np.float32)
         elif out.shape != shape or out.dtype != np.float32:
             raise InvalidRequest(f"out must be float32 {shape}")
-        if self.ops[-1].name != "output" or self.ops[-2].out != "xo":
-            raise InvalidRequest("this plan does not end with the output norm and matmul")
-        self._run_rows(tok, pos, slot, dest, len(self.ops) - 1, self._bufs["xo"], out)  # all but the vocabulary
+        end = next((i for i, op in enumerate(self.ops) if op.name == "output"), 0)
+        if end < 1 or self.ops[end - 1].out != "xo":
+            raise InvalidRequest("this plan does not have the output norm before its output matmul")
+        self._run_rows(tok, pos, slot, dest, end, self._bufs["xo"], out)  # all but the vocabulary (and its cap)
         return out
 
     def _pack(self, seqs: Sequence[tuple[int, Sequence[int], int]], what: str

@@ -92,7 +92,7 @@ class EngineWeights:
             return data if data.ctypes.data % 32 == 0 and data.size == nbytes else None
         if any(int(getattr(i, "layout", LAYOUT_ROWS)) != layout for i in infos):
             return None
-        if any(int(i.shape[0]) % kernels.layout_rows(layout) for i in infos[:-1]):  # parts end on whole groups
+        if any(self._shape2(n)[0] % kernels.layout_rows(layout) for n in group[:-1]):  # parts end on whole groups
             return None
         span = self._source.span(group) if hasattr(self._source, "span") else None
         if span is not None and span.size == nbytes:
@@ -143,10 +143,11 @@ class EngineWeights:
 
     def _matrix(self, names: tuple[str, ...]) -> list[tuple[int, int, int, int, np.ndarray]]:
         """The matmul parts for the row-concatenation of `names`: one fused matrix when their types agree,
-        else one part per tensor. Each part is (type, layout, rows, cols, data)."""
+        else one part per tensor. Each part is (type, layout, rows, cols, data). A 3-D tensor (a stack of experts'
+        matrices) is the matrix of its rows, one expert after another."""
         if names in self._matrices:
             return self._matrices[names]
-        cols = int(self._source.tensors[names[0]].shape[1])
+        cols = self._shape2(names[0])[1]
         groups: list[tuple[str, ...]] = []  # runs of consecutive tensors of one type are fused
         for n in names:
             if groups and self._source.tensors[groups[-1][0]].type == self._source.tensors[n].type:
@@ -156,7 +157,7 @@ class EngineWeights:
         parts = []
         for group in groups:
             type_id = int(self._source.tensors[group[0]].type)
-            rows = sum(int(self._source.tensors[n].shape[0]) for n in group)
+            rows = sum(self._shape2(n)[0] for n in group)
             if matmul_supported(type_id, rows, cols):
                 layout = matrix_layout(type_id, rows, cols)
                 stored = self._stored_as(group, type_id, layout, rows, cols)
