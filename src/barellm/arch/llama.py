@@ -34,13 +34,17 @@ class WeightSource(Protocol):
 # --- the steps of the forward pass -------------------------------------------------------------
 
 
+F64_COLUMNS = 4096  # matmul_f64's block: 4096 columns of a 1,024-row matrix widen to 32 MiB
+
+
 def matmul_f64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b of float32 arrays summed in float64 and rounded once to float32: the same result on every CPU.
 
     A float32 BLAS sums in the order of the kernel it picks for the CPU (OpenBLAS: per core type), so its
     results differ between machines by float32 rounding. Here each product of two float32 values is exact
-    in float64 and the sum's rounding errors (~1e-16 of its magnitude) fall far below float32's half ulp
-    (~3e-8): the order changes the float32 result only for a value within ~1e-16 of a rounding boundary.
+    in float64, and the sum's rounding errors (at most n * 1.1e-16 of the sum of |terms| for n terms, ~1e-13
+    for a model's widths) fall far below float32's half ulp (3e-8): the order changes the float32 result only
+    for a value that close to a rounding boundary, about one in a million, and then by one ulp.
     b is widened a block of columns at a time, so a wide matrix (the output's, over the vocabulary) needs no
     float64 copy of the whole."""
     a64 = a.astype(np.float64)
@@ -48,10 +52,6 @@ def matmul_f64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     for j in range(0, b.shape[-1], F64_COLUMNS):
         out[..., j:j + F64_COLUMNS] = np.matmul(a64, b[..., j:j + F64_COLUMNS].astype(np.float64))
     return out
-
-
-F64_COLUMNS = 4096  # matmul_f64's block: 4096 columns of a 1,024-row matrix widen to 32 MiB
-
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
