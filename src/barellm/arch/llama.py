@@ -13,7 +13,7 @@ see a sliding window of keys with their own RoPE base.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +33,26 @@ class WeightSource(Protocol):
 
 
 # --- the steps of the forward pass -------------------------------------------------------------
+
+
+F64_COLUMNS = 4096  # matmul_f64's block: 4096 columns of a 1,024-row matrix widen to 32 MiB
+
+
+def matmul_f64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b of float32 arrays summed in float64 and rounded once to float32: the same result on every CPU.
+
+    A float32 BLAS sums in the order of the kernel it picks for the CPU (OpenBLAS: per core type), so its
+    results differ between machines by float32 rounding. Here each product of two float32 values is exact
+    in float64, and the sum's rounding errors (at most n * 1.1e-16 of the sum of |terms| for n terms, ~1e-13
+    for a model's widths) fall far below float32's half ulp (3e-8): the order changes the float32 result only
+    for a value that close to a rounding boundary, about one in a million, and then by one ulp.
+    b is widened a block of columns at a time, so a wide matrix (the output's, over the vocabulary) needs no
+    float64 copy of the whole."""
+    a64 = a.astype(np.float64)
+    out = np.empty((*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1]), np.float32)
+    for j in range(0, b.shape[-1], F64_COLUMNS):
+        out[..., j:j + F64_COLUMNS] = np.matmul(a64, b[..., j:j + F64_COLUMNS].astype(np.float64))
+    return out
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -99,19 +119,21 @@ def softcap(x: np.ndarray, cap: float) -> np.ndarray:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float, window: int = 0,
-              cap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+              cap: float = 0.0, sinks: np.ndarray | None = None,
+              matmul: Callable[[np.ndarray, np.ndarray], np.ndarray] = np.matmul) -> np.ndarray:
     """Causal grouped-query attention.
 
     q[T, n_heads, hd] for positions start..start+T-1; k, v [start+T, n_kv_heads, hd] from the cache.
     Query head h reads kv head h // (n_heads / n_kv_heads). With a window, the query at position p
     sees only the keys at p - window + 1 .. p. With cap, the scaled scores are soft-capped (softcap). With
-    sinks [n_heads], each head's softmax has one more term, exp(sink), in its denominator only.
+    sinks [n_heads], each head's softmax has one more term, exp(sink), in its denominator only. matmul
+    computes the scores and their mix of values (matmul_f64: the same bits on every CPU).
     """
     T, n_heads, hd = q.shape
     group = n_heads // k.shape[1]
     kh = np.repeat(k, group, axis=1).transpose(1, 2, 0)   # [n_heads, hd, S]
     vh = np.repeat(v, group, axis=1).transpose(1, 0, 2)   # [n_heads, S, hd]
-    scores = softcap(np.matmul(q.transpose(1, 0, 2), kh) * np.float32(scale), cap)  # [n_heads, T, S]
+    scores = softcap(matmul(q.transpose(1, 0, 2), kh) * np.float32(scale), cap)  # [n_heads, T, S]
     key_pos = np.arange(k.shape[0])[None, :]
     query_pos = (start + np.arange(T))[:, None]
     hidden = key_pos > query_pos
@@ -126,7 +148,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: fl
     if sinks is not None:
         denom = denom + np.exp(sinks[:, None, None] - top)
     p /= denom
-    return np.matmul(p, vh).transpose(1, 0, 2).reshape(T, n_heads * hd)
+    return matmul(p, vh).transpose(1, 0, 2).reshape(T, n_heads * hd)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -230,13 +252,23 @@ class ReferenceEngine:
 
     kv_type: what the cache holds: "f32" (the default: exact), or the values a native cache of "f16" or
     "q8_0" would hold (K and V rounded to halves, or through ggml's q8_0 blocks: V as it is, K minus its bias
-    and turned by a Walsh-Hadamard transform first, quant.q8_0_keys), kept as float32."""
+    and turned by a Walsh-Hadamard transform first, quant.q8_0_keys), kept as float32.
+
+    accumulate: how every matmul sums: "float32" (the default: NumPy's BLAS, whose order and so whose
+    rounding depend on the kernel it picks for the CPU), or "float64", rounded once to float32 (matmul_f64:
+    the same logits on every CPU, for comparisons that a float32 difference could tip, such as a rounding
+    to the q8_0 cache's int8 grid; slower, and each matrix is widened to float64 while it is used)."""
 
     def __init__(self, cfg: ModelConfig, source: WeightSource, n_ctx: int | None = None, n_slots: int = 1,
-                 kv_type: str = "f32") -> None:
+                 kv_type: str = "f32", accumulate: str = "float32") -> None:
         check_tensors(cfg, source.tensors)
         if kv_type not in ("f32", "f16", "q8_0"):
             raise InvalidRequest(f"kv_type must be one of f32, f16, q8_0, got {kv_type!r}")
+        if accumulate not in ("float32", "float64"):
+            raise InvalidRequest(f"accumulate must be float32 or float64, got {accumulate!r}")
+        self.accumulate = accumulate
+        self.matmul: Callable[[np.ndarray, np.ndarray], np.ndarray] = (
+            matmul_f64 if accumulate == "float64" else np.matmul)
         if kv_type == "q8_0" and cfg.head_dim % 32:
             raise InvalidRequest(f"kv_type q8_0 needs a head_dim that is a multiple of 32; this model's is "
                                  f"{cfg.head_dim}")
@@ -369,7 +401,7 @@ class ReferenceEngine:
         x = self._final(tokens, start, slot)
         if not all_logits:
             x = x[-1:]
-        return softcap(x @ self.output.T, self.cfg.final_softcap)
+        return softcap(self.matmul(x, self.output.T), self.cfg.final_softcap)
 
     def hidden_batch(self, seqs: Sequence[tuple[int, Sequence[int], int]], last_only: bool = False) -> np.ndarray:
         """The final normed hidden states of several sequences (slot, tokens, start): every row in order
@@ -397,13 +429,14 @@ class ReferenceEngine:
         end = start + T
         eps = cfg.norm_eps
 
+        mm = self.matmul
         x = self.token_embd[ids]                                       # [T, dim]
         if cfg.embed_scale != 1.0:
             x = x * np.float32(cfg.embed_scale)
         for i, L in enumerate(self.layers):
             # attention block
             xn = rmsnorm(x, L.attn_norm, eps)
-            q, k, v = xn @ L.wq, xn @ L.wk, xn @ L.wv
+            q, k, v = mm(xn, L.wq), mm(xn, L.wk), mm(xn, L.wv)
             if L.bq is not None and L.bk is not None and L.bv is not None:
                 q, k, v = q + L.bq, k + L.bk, v + L.bv
             q = q.reshape(T, cfg.n_heads, cfg.head_dim)
@@ -416,8 +449,8 @@ class ReferenceEngine:
                 q, k = rope(q, cos, sin, cfg.rope_style), rope(k, cos, sin, cfg.rope_style)
             k_cache[i, start:end] = self._cached_keys(k, L.bk)
             v_cache[i, start:end] = self._cached(v)
-            att = attention(q, k_cache[i, :end], v_cache[i, :end], start, cfg.scale, cfg.layer_window(i),
-                            cfg.attn_softcap, L.sinks) @ L.wo
+            att = mm(attention(q, k_cache[i, :end], v_cache[i, :end], start, cfg.scale, cfg.layer_window(i),
+                               cfg.attn_softcap, L.sinks, mm), L.wo)
             if L.bo is not None:
                 att = att + L.bo
             if L.post_attn_norm is not None:
@@ -432,7 +465,7 @@ class ReferenceEngine:
                           X.biases)
             else:
                 assert L.w_gate is not None and L.w_up is not None and L.w_down is not None
-                ffn = gated(cfg.act, xn @ L.w_gate, xn @ L.w_up) @ L.w_down
+                ffn = mm(gated(cfg.act, mm(xn, L.w_gate), mm(xn, L.w_up)), L.w_down)
             if L.post_ffn_norm is not None:
                 ffn = rmsnorm(ffn, L.post_ffn_norm, eps)
             x = x + ffn

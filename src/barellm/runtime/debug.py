@@ -27,8 +27,9 @@ KV_TILE = nat.KV_TILE
 class DebugContext:
     """What a replacement op or an observer sees: the engine's buffers for the current chunk."""
 
-    def __init__(self, engine: Any, T: int, n_out: int) -> None:   # a NativeEngine
+    def __init__(self, engine: Any, T: int, n_out: int, accumulate: str = "float32") -> None:   # a NativeEngine
         self.engine = engine
+        self.accumulate = accumulate   # how the NumPy implementations' matmuls sum (debug_forward)
         self.T = T
         self.n_out = n_out
         self.tokens = engine._tok[:T]
@@ -69,16 +70,22 @@ class EngineDebug:
 
     def debug_forward(self, tokens: Sequence[int], start: int, all_logits: bool = False, slot: int = 0, *,
                       backend: str = "native", replace: dict[int | str, Hook] | None = None,
-                      observe: Callable[[Op, np.ndarray, DebugContext], None] | None = None) -> np.ndarray:
+                      observe: Callable[[Op, np.ndarray, DebugContext], None] | None = None,
+                      accumulate: str = "float32") -> np.ndarray:
         """forward(), one op at a time.
 
         backend: "native" runs each op's C kernel, "numpy" runs NumPy implementations of the ops.
         replace: {op index | name | glob: fn(op, ctx)}: fn computes that op instead (writes ctx.output(op)
             and whatever else the op writes, e.g. the KV cache for rope_kv).
         observe: fn(op, output_view, ctx) after every op (output_view is live: copy to keep it).
+        accumulate: how the NumPy implementations' matmuls (projections, attention) sum: "float32" (NumPy's
+            BLAS, rounding as the kernel it picks for the CPU does) or "float64", rounded once (arch.llama's
+            matmul_f64: the same on every CPU, as ReferenceEngine(accumulate="float64") computes).
         """
         if backend not in ("native", "numpy"):
             raise InvalidRequest("backend must be 'native' or 'numpy'")
+        if accumulate not in ("float32", "float64"):
+            raise InvalidRequest(f"accumulate must be float32 or float64, got {accumulate!r}")
         hooks: dict[int, Hook] = {}
         for key, fn in (replace or {}).items():
             idx = self.op_index(key)
@@ -90,7 +97,7 @@ class EngineDebug:
             self._debug_plan = self._compile(fuse=False)
 
         def step(T: int, n_out: int) -> None:
-            ctx = DebugContext(self, T, n_out)
+            ctx = DebugContext(self, T, n_out, accumulate)
             for i, op in enumerate(self.ops):
                 if i in hooks:
                     hooks[i](op, ctx)
@@ -132,6 +139,11 @@ class EngineDebug:
             raise InvalidRequest(f"op {op.name}: no NumPy implementation of kind {op.kind!r}")
         run(op, ctx)
 
+    @staticmethod
+    def _matmul(ctx: DebugContext) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """The NumPy implementations' matmul: NumPy's float32 BLAS, or float64 sums rounded once"""
+        return ref.matmul_f64 if ctx.accumulate == "float64" else np.matmul
+
     def _numpy_embed(self, op: Embed, ctx: DebugContext) -> None:
         x = self._table_rows(op.table, ctx.tokens)
         ctx.output(op)[:] = x * np.float32(op.scale) if op.scale != 1.0 else x
@@ -153,7 +165,7 @@ class EngineDebug:
             self._dequantized[key] = np.concatenate([self._dequant(n) for n in op.matrices])
         w = self._dequantized[key]
         x = ctx.buf(op.src, ctx.rows(op))
-        y = (x @ w.T).astype(np.float32)
+        y = self._matmul(ctx)(x, w.T).astype(np.float32, copy=False)
         if op.bias:
             y += self._bias(op.bias)
         if op.accumulate:
@@ -199,7 +211,7 @@ class EngineDebug:
             k, v = self.kv(s, op.layer, p + 1)
             q = qkv[t:t + 1, :cfg.q_dim].reshape(1, cfg.n_heads, cfg.head_dim)
             sinks = self._norm(op.sinks) if op.sinks else None
-            out[t] = ref.attention(q, k, v, p, cfg.scale, op.window, op.softcap, sinks)[0]
+            out[t] = ref.attention(q, k, v, p, cfg.scale, op.window, op.softcap, sinks, self._matmul(ctx))[0]
 
     def _numpy_silu_mul(self, op: GatedAct, ctx: DebugContext) -> None:
         gu, f = ctx.buf(op.src), self.cfg.ffn_dim
