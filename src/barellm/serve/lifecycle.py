@@ -66,7 +66,9 @@ class LegacyEmbeddingRequest(_Body):
 
 
 def _tag(name: str) -> str:
-    return f"{name}:latest"
+    """A model's name as Ollama shows it: with its tag, ":latest" where it has none (hf.co/ORG/REPO:Q4_K_M and
+    qwen2.5-coder:1.5b have theirs)."""
+    return name if ":" in name.rpartition("/")[2] else f"{name}:latest"
 
 
 def _keep_alive(body: Any) -> float | None | str:
@@ -195,17 +197,18 @@ _pull_lock: asyncio.Lock | None = None
 
 @_ollama
 async def pull(request: Request) -> Response:
-    """Fetches a model the cache knows by name (hub.REGISTRY), as `barellm pull` does."""
-    from barellm.store import hub
+    """Fetches a model as `barellm pull` does: a catalogue name, hf.co/ORG/REPO[:QUANT] or ollama:NAME[:TAG];
+    streamed, Ollama's progress lines, with completed/total bytes while a file downloads."""
+    from barellm.store import catalog, hub, names
 
     server = request.app.state.server
     body = schemas.parse(PullRequest, await read_body(request, server.max_body))
     name = _name(body)
-    key = name.lower().removesuffix(":latest")
-    key = hub.ALIASES.get(key, key)
-    if key not in hub.REGISTRY:
+    key = hub.registered_name(name) or name
+    if key not in hub.REGISTRY and names.parse(name).kind not in ("huggingface", "ollama"):
         raise ApiError(404, f"model {name!r} is not one this server can pull; it pulls: "
-                            f"{', '.join(sorted(hub.REGISTRY))}", param="model", code="model_not_found")
+                            f"{', '.join(sorted(hub.REGISTRY))}, hf.co/ORG/REPO[:QUANT] and ollama:NAME[:TAG]",
+                       param="model", code="model_not_found")
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
@@ -219,7 +222,7 @@ async def pull(request: Request) -> Response:
         _pull_lock = _pull_lock or asyncio.Lock()
         try:
             async with _pull_lock:
-                await run_in_threadpool(lambda: hub.pull(key, quiet=True, on_status=tell))
+                await run_in_threadpool(lambda: catalog.pull(key, quiet=True, on_status=tell))
             server.models.catalog(refresh=True)
             queue.put_nowait({"status": "success"})
         except (BarellmError, OSError) as e:
@@ -258,7 +261,8 @@ async def delete(request: Request) -> Response:
         raise ApiError(400, f"model {cand.name!r} was handed to this server in memory; it cannot delete it")
     registered = cand.name in hub.REGISTRY
     local = None if registered else catalog.find_local(cand.name)
-    if not registered and local is None:
+    outside = None if registered or local is not None else catalog.outside_target(cand.name)
+    if not registered and local is None and outside is None:
         raise ApiError(400, f"model {cand.name!r} is served from {cand.path}, outside barellm's cache; "
                             "delete only removes what barellm put in its cache")
     if not await server.models.unload(cand.name):
@@ -268,9 +272,12 @@ async def delete(request: Request) -> Response:
     try:
         if registered:
             await run_in_threadpool(remove_model, cand.name)
-        else:
-            assert local is not None
+        elif local is not None:
             await run_in_threadpool(catalog.remove_local, local)
+        else:   # barellm's conversion, and what barellm fetched; a local Ollama's or the user's files stay
+            await run_in_threadpool(catalog.remove_outside, cand.name)
+    except InvalidRequest as e:
+        raise ApiError(400, str(e)) from None
     except BarellmError as e:
         raise ApiError(500, f"deleting {cand.name} failed: {e}", type="server_error") from None
     server.models.forget(cand)

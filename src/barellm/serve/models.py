@@ -117,6 +117,8 @@ def cache_candidates(extra: Iterable[tuple[str, Path]] = (), aliases: dict[str, 
                 [spec.filename, Path(spec.filename).stem])
     for m in catalog.local_models():
         add(m.name, m.path, m.names)
+    for name, path, more in catalog.outside_models():   # the Ollama stores', the Hugging Face cache's
+        add(name, path, more)
     if aliases:
         by_name = {c.name.lower(): i for i, c in enumerate(out)}
         for alias, target in aliases.items():
@@ -233,10 +235,12 @@ class Models:
         models this server knows when there is none."""
         if name is None:
             return self._default()
-        key = _key(name)
-        c = self._find(key, False) or self._find(key, True)
-        if c is not None:
-            return c
+        from barellm.store.names import normalize
+
+        for key in dict.fromkeys((_key(name), normalize(name))):   # the name as given, then as the CLI reads it
+            c = self._find(key, False) or self._find(key, True)
+            if c is not None:
+                return c
         raise self.not_found(name)
 
     def not_found(self, name: str) -> ApiError:
@@ -246,7 +250,7 @@ class Models:
 
         known = self.known_names()
         hint = ""
-        registered = hub.ALIASES.get(_key(name), _key(name))
+        registered = hub.registered_name(name) or _key(name)
         close = difflib.get_close_matches(_key(name), [n for c in self.catalog() for n in sorted(c.names)], n=1,
                                           cutoff=0.8)
         if registered in hub.REGISTRY:

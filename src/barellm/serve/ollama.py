@@ -100,6 +100,27 @@ class OllamaOptions(_Body):
     tfs_z: Annotated[float | None, _off("tfs_z", (1.0,), "send 1.0")] = None
 
 
+# barellm's generation options and the Ollama options they are (Model.defaults holds the former)
+_OPTION_NAMES = {"max_tokens": "num_predict", "stop": "stop", "temperature": "temperature", "top_k": "top_k",
+                 "top_p": "top_p", "min_p": "min_p", "repeat_penalty": "repeat_penalty",
+                 "repeat_last_n": "repeat_last_n", "seed": "seed", "presence_penalty": "presence_penalty",
+                 "frequency_penalty": "frequency_penalty"}
+
+
+def with_model_params(o: OllamaOptions, state: Any) -> OllamaOptions:
+    """A request's options with the model's own defaults (an Ollama model's params layer: stop strings,
+    temperature, ...) where the request leaves them out, as Ollama applies a Modelfile's PARAMETERs."""
+    stated = getattr(getattr(state, "model", None), "defaults", None) or {}
+    fill = {theirs: stated[ours] for ours, theirs in _OPTION_NAMES.items()
+            if ours in stated and getattr(o, theirs, None) is None}
+    if not fill:
+        return o
+    try:
+        return OllamaOptions.model_validate({**fill, **o.model_dump(exclude_none=True)})
+    except ValueError:   # a params layer with values no request could send: the request's own options alone
+        return o
+
+
 class _OllamaGenerate(_Body):
     model: str = Field(min_length=1)
     stream: bool = True
@@ -114,7 +135,7 @@ class _OllamaGenerate(_Body):
     top_logprobs: Annotated[Int | None, _off("top_logprobs", (), "not on the Ollama routes; /v1 has them")] = None
 
     def generation(self, state: Any, kind: str) -> GenerationRequest:
-        o = self.options or OllamaOptions()
+        o = with_model_params(self.options or OllamaOptions(), state)
         if o.num_ctx is not None and o.num_ctx > state.n_ctx:
             raise bad(f"num_ctx {o.num_ctx} is more than this server's context of {state.n_ctx} tokens "
                       "(set when it starts: barellm serve -c N)", "options.num_ctx")

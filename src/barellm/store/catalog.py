@@ -15,11 +15,14 @@ import difflib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from barellm.errors import ModelNotFound
-from barellm.store import hub
+from barellm.store import hub, names
+from barellm.store.names import normalize
 
 _HASH_NAME = re.compile(r"[0-9a-f]{64}")
 
@@ -120,10 +123,11 @@ def local_models() -> list[LocalModel]:
     if not directory.is_dir():
         return []
     registered = _registered_hashes()
+    elsewhere = source_hashes()   # conversions of Ollama's and Hugging Face's files go by those models' names
     taken = {n.lower() for n in (*hub.REGISTRY, *hub.ALIASES)}
     found = []
     for path in directory.glob("*.blm"):
-        if not _HASH_NAME.fullmatch(path.stem) or path.stem in registered:
+        if not _HASH_NAME.fullmatch(path.stem) or path.stem in registered or path.stem in elsewhere:
             continue
         head = _header(path)
         if head is None or head[0] != path.stem:
@@ -148,7 +152,7 @@ def find_local(word: str) -> LocalModel | None:
     """The user's conversion a name stands for (any of its names, any case, ":latest" allowed), or None."""
     if not word or any(c in word for c in "\0\n"):
         return None
-    key = word.lower().removesuffix(":latest")
+    key = word.strip().lower().removesuffix(":latest")
     models = local_models()
     for m in models:   # the listed name first: it is unique, where a file name may not be
         if m.name.lower() == key:
@@ -186,7 +190,13 @@ def of_path(path: str | Path) -> LocalModel | None:
 def remove_local(m: LocalModel) -> list[tuple[Path, int]]:
     """Removes a user's conversion from the cache: the .blm and every index entry that points to it (the
     source file, wherever it is, stays). Returns what was removed, with sizes."""
-    from barellm.store.converted import cache_dir
+    return remove_conversion(m.sha256)
+
+
+def remove_conversion(sha256: str) -> list[tuple[Path, int]]:
+    """Removes the cache's conversion of the source whose SHA-256 is sha256: the .blm and every index entry
+    that points to it (the source stays). Returns what was removed, with sizes."""
+    from barellm.store.converted import cache_dir, converted_path
 
     removed: list[tuple[Path, int]] = []
     for entry in (cache_dir() / "index").glob("*.json"):
@@ -194,14 +204,129 @@ def remove_local(m: LocalModel) -> list[tuple[Path, int]]:
             sha = json.loads(entry.read_text()).get("sha256")
         except (OSError, ValueError, AttributeError):
             continue
-        if sha == m.sha256:
+        if sha == sha256:
             entry.unlink(missing_ok=True)
-    if m.path.is_file():
-        m.path.unlink()
-        removed.append((m.path, m.size))
-    _note_path(m.path).unlink(missing_ok=True)
+    path = converted_path(sha256)
+    if path.is_file():
+        size = path.stat().st_size
+        path.unlink()
+        removed.append((path, size))
+    _note_path(path).unlink(missing_ok=True)
     _headers.clear()
     return removed
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A row of `barellm list`: a model and where it comes from. source: "catalogue" (barellm's own list),
+    "ollama" (a local Ollama's store, or barellm's pull from Ollama's registry), "huggingface" (the Hugging
+    Face cache), "own" (a user's file converted into the cache). paths: its files on disk, the GGUF and
+    the conversion; owned: whether barellm wrote the GGUF (rm may remove it)."""
+
+    name: str
+    source: str
+    instruct: bool | None
+    paths: tuple[Path, ...]
+    state: str            # "converted", "gguf", "converted, gguf", "no"
+    description: str
+    owned: bool
+
+    @property
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self.paths if p.is_file())
+
+
+def _gguf_instruct(path: Path) -> bool | None:
+    from barellm.errors import BarellmError
+    from barellm.formats.gguf import GGUFFile
+
+    try:
+        g = GGUFFile(path)
+    except (BarellmError, OSError, ValueError):
+        return None
+    try:
+        return hub.is_instruct(g.metadata)
+    finally:
+        g.close()
+
+
+def _outside(name: str, source: str, gguf: Path, sha256: str, owned: bool, description: str) -> Listed:
+    from barellm.store.converted import converted_path
+
+    blm = converted_path(sha256)
+    converted = blm.is_file()
+    head = _header(blm) if converted else None
+    instruct = head[3] if head is not None else _gguf_instruct(gguf)
+    return Listed(name, source, instruct, (gguf, blm) if converted else (gguf,),
+                  "converted, gguf" if converted else "gguf", description, owned)
+
+
+def listing() -> list[Listed]:
+    """Every model barellm can run by name, from every source: the catalogue (pulled or not), the Ollama
+    stores, the Hugging Face cache, the user's own conversions."""
+    from barellm.store.converted import converted_path
+    from barellm.store.sources import huggingface, ollama
+
+    out = []
+    for name, spec in sorted(hub.REGISTRY.items()):
+        gguf = hub.gguf_path(name)
+        cached = hub.cached_path(name)
+        blm = cached if cached is not None and cached != gguf else None
+        if blm is None and converted_path(spec.sha256).is_file():
+            blm = converted_path(spec.sha256)   # a conversion by an older converter: on disk all the same
+        state = ", ".join(w for w, p in (("converted", blm), ("gguf", gguf)) if p is not None) or "no"
+        out.append(Listed(name, "catalogue", spec.instruct, tuple(p for p in (blm, gguf) if p is not None), state,
+                          spec.description, True))
+    for m in ollama.local_models():
+        where = "pulled by barellm" if m.store.owned else f"the local Ollama's store, {m.store.root}"
+        out.append(_outside(m.name, "ollama", m.model, m.model.name.removeprefix("sha256-"), m.store.owned,
+                            f"Ollama, {where}"))
+    for h in huggingface.cached_models():
+        where = "fetched by barellm" if h.owned else "the Hugging Face cache"
+        out.append(_outside(h.name, "huggingface", h.path, huggingface.conversion_sha(h), h.owned,
+                            f"Hugging Face, {where}, {h.path.parent}"))
+        if len(h.paths) > 1:   # a split: its other parts are on disk too
+            row = out.pop()
+            out.append(Listed(row.name, row.source, row.instruct, row.paths + h.paths[1:], row.state,
+                              row.description, row.owned))
+    for m in local_models():
+        about = f"{m.general_name}, " if m.general_name else ""
+        out.append(Listed(m.name, "own", m.instruct, (m.path,), "converted", f"{about}converted from {m.source}",
+                          True))
+    return out
+
+
+def source_hashes() -> dict[str, str]:
+    """The SHA-256 of each model file an outside store holds (an Ollama blob's name is its hash), to the
+    model's name: what their conversions in the cache are named after."""
+    from barellm.store.sources import huggingface, ollama
+
+    out = {m.model.name.removeprefix("sha256-"): m.name for m in ollama.local_models()}
+    out.update({huggingface.conversion_sha(m): m.name for m in huggingface.cached_models()})
+    return out
+
+
+def outside_models() -> list[tuple[str, Path, tuple[str, ...]]]:
+    """(name, the file to load, every name it goes by) of each model in an Ollama store or the Hugging Face
+    cache: what a server serves beside the cache's own."""
+    from barellm.store.sources import huggingface, ollama
+
+    out = []
+    for m in ollama.local_models():
+        more = (m.name.removesuffix(":latest"), f"ollama:{m.name}")
+        out.append((m.name, m.model, (m.name, *more)))
+    for h in huggingface.cached_models():
+        out.append((h.name, h.path, (h.name, f"hf://{h.repo}:{h.quant}", f"{h.repo}:{h.quant}")))
+    return out
+
+
+def options_of(path: str | Path) -> dict[str, Any]:
+    """The generation defaults a model's source states for it (an Ollama model's params layer: stop
+    strings, temperature, ..., `context` for num_ctx); empty for a model that states none."""
+    from barellm.store.sources import ollama
+
+    m = ollama.of_path(Path(path))
+    return m.options if m is not None else {}
 
 
 def display_name(path: str | Path) -> str:
@@ -211,6 +336,15 @@ def display_name(path: str | Path) -> str:
     registered = _registered_hashes()
     if p.stem in registered:
         return registered[p.stem]
+    from barellm.store.sources import huggingface
+
+    for h in huggingface.recorded():
+        if p in h.paths:
+            return h.name
+    if p.name.startswith("sha256-") or _HASH_NAME.fullmatch(p.stem):
+        outside = source_hashes().get(p.name.removeprefix("sha256-") if p.name.startswith("sha256-") else p.stem)
+        if outside is not None:
+            return outside
     for name, spec in hub.REGISTRY.items():
         if p.name == spec.filename and p.parent.name == name:
             return name
@@ -227,27 +361,36 @@ def display_name(path: str | Path) -> str:
 # --- names over everything: the registry's (hub) and the user's own models ---------------------------
 
 def known_names() -> list[str]:
-    """Every model name a command takes: the registered ones, then the user's own models in the cache."""
-    return [*sorted(hub.REGISTRY), *(m.name for m in local_models())]
+    """Every model name a command takes: the registered ones, the user's own models in the cache, then
+    the models of the Ollama stores."""
+    from barellm.store.sources import huggingface, ollama
+
+    return [*sorted(hub.REGISTRY), *(m.name for m in local_models()), *(m.name for m in ollama.local_models()),
+            *(m.name for m in huggingface.cached_models())]
 
 
 def is_known(word: str) -> bool:
-    """Whether a word names a model without being a path: a registered name or alias, or one's own model."""
-    return word in hub.REGISTRY or word in hub.ALIASES or find_local(word) is not None
+    """Whether a word names a model without being a path: a registered name or alias (any case, with a
+    ":latest" or size tag), or one's own model."""
+    from barellm.store.sources import ollama
+
+    return hub.registered_name(word) is not None or find_local(word) is not None or ollama.find(word) is not None
 
 
 def close_names(word: str) -> list[str]:
     """The known names and aliases `word` is most likely a misspelling of, best first (maybe none)."""
     names = [*hub.REGISTRY, *hub.ALIASES, *(m.name for m in local_models())]
-    return difflib.get_close_matches(word, names, n=3, cutoff=0.8)
+    return difflib.get_close_matches(normalize(word), names, n=3, cutoff=0.8)
 
 
 def looks_like_model(word: str) -> bool:
-    """hub.looks_like_model, one's own models' names and their near misses included."""
-    if hub.looks_like_model(word):
+    """Whether a word is meant as a model, whether or not it resolves: a known name, a word shaped like a
+    model reference (names.looks_like_model), or a near miss of a known name."""
+    if not word or word == "-":
+        return False
+    if names.looks_like_model(word) or is_known(word):
         return True
-    return bool(word) and word != "-" and (is_known(word) or (not any(c.isspace() for c in word)
-                                                              and bool(close_names(word))))
+    return not any(c.isspace() for c in word) and bool(close_names(word))
 
 
 def unknown_model(target: str) -> ModelNotFound:
@@ -258,12 +401,151 @@ def unknown_model(target: str) -> ModelNotFound:
     return ModelNotFound(f"{target!r} is neither a file nor a known model{hint} (known: {', '.join(known_names())})")
 
 
+def can_resolve(word: str) -> bool:
+    """Whether a model reference stands for something without anything fetched yet, or can be fetched: an
+    existing file, a known name (a registered one not yet pulled is pulled by loading it), or a Hugging
+    Face or Ollama reference (pulled by loading it)."""
+    return names.exists(word) or is_known(word) or names.parse(word).kind in ("huggingface", "ollama")
+
+
 def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing: bool = True) -> Path:
-    """The file a model name or path stands for (hub.resolve), one's own models by name too."""
+    """The file a model reference stands for (see store/names.py for the shapes): a registered model (pulled
+    first when it is not cached and pull_missing), one's own model by name, or a file."""
     target = os.fspath(name_or_path) if name_or_path is not None else hub.DEFAULT_MODEL
-    if target in hub.REGISTRY or target in hub.ALIASES or hub.exists(target):
-        return hub.resolve(target, pull_missing=pull_missing)
-    local = find_local(target)
-    if local is not None:
-        return local.path
+    if names.exists(target):
+        return Path(target).expanduser()
+    from barellm.store.sources import huggingface, ollama
+
+    ref = names.parse(target)
+    if ref.kind == "huggingface":
+        found = huggingface.find(ref.name, ref.tag) or huggingface.adopt(ref.name, ref.tag)
+        if found is not None:
+            return _before_conversion(found.name, found.paths, huggingface.conversion_sha(found))
+        if not pull_missing:
+            raise ModelNotFound(f"{target} is not pulled; run `barellm pull {target}`")
+        return huggingface.pull(ref.name, ref.tag).path
+    if ref.kind == "path" and names.is_repo(target):
+        raise ModelNotFound(f"{target!r} is neither a file nor a known model; for the Hugging Face repository, "
+                            f"name it hf.co/{target}[:QUANT]")
+    if ref.kind == "ollama":
+        stored = ollama.find(target)
+        if stored is not None:
+            return _before_conversion(stored.name, (stored.model,), stored.model.name.removeprefix("sha256-"))
+        if not pull_missing:
+            raise ModelNotFound(f"{target} is not pulled; run `barellm pull {target}`")
+        return ollama.pull(ref.name, ref.tag).model
+    if ref.kind == "name":
+        registered = hub.registered_name(target)
+        if registered is not None and hub.cached_path(registered) is not None:
+            return hub.resolve(registered, pull_missing=pull_missing)
+        stored = ollama.find(target)   # a model the local Ollama has (qwen2.5-coder:1.5b): no download
+        if stored is not None:
+            return _before_conversion(stored.name, (stored.model,), stored.model.name.removeprefix("sha256-"))
+        local = find_local(target)
+        if local is not None:
+            return local.path
+        if registered is not None:
+            return hub.resolve(registered, pull_missing=pull_missing)
     raise unknown_model(target)
+
+
+def outside_target(word: str) -> Any:
+    """The model of an outside store a reference means for `rm`, as resolving it finds it (an
+    huggingface.HfModel or an ollama.OllamaModel), or None: a catalogue name that is pulled means the
+    catalogue's model."""
+    from barellm.files import home
+    from barellm.store.sources import huggingface, ollama
+
+    ref = names.parse(word)
+    if ref.kind == "huggingface":
+        found = huggingface.find(ref.name, ref.tag) or next(
+            (m for m in huggingface.cached_models() if m.repo.lower() == ref.name.lower()
+             and (ref.tag is None or m.quant.lower() == ref.tag.lower())), None)
+        if found is None:
+            raise ModelNotFound(f"{word}: not in the Hugging Face cache; nothing to remove")
+        return found
+    registered = hub.registered_name(word)
+    if registered is not None and (hub.cached_path(registered) is not None
+                                   or (home() / "models" / registered).is_dir()):
+        return None
+    return ollama.find(word)
+
+
+def barellm_fetched(target: Any) -> bool:
+    """Whether barellm fetched an outside model's files itself (so that `rm` removes them)."""
+    from barellm.store.sources import ollama
+
+    return target.store.owned if isinstance(target, ollama.OllamaModel) else bool(target.owned)
+
+
+def where(target: Any) -> str:
+    from barellm.store.sources import ollama
+
+    if isinstance(target, ollama.OllamaModel):
+        return f"the local Ollama's store ({target.store.root})" if not target.store.owned else str(target.store.root)
+    return f"the Hugging Face cache ({target.path.parent})"
+
+
+def remove_outside(word: str) -> list[tuple[Path, int]] | None:
+    """Removes what barellm wrote for a model of an outside store: its conversion, and the files barellm
+    fetched itself (a pull from Ollama's registry, a Hugging Face download, their records). Never a file of
+    a local Ollama's store or of the Hugging Face cache that barellm did not fetch: with nothing of barellm's
+    to remove, that is an error that says so. Returns what was removed, with sizes; None: the reference
+    means no outside model."""
+    from barellm.errors import InvalidRequest
+    from barellm.store.sources import huggingface, ollama
+
+    target = outside_target(word)
+    if target is None:
+        return None
+    if isinstance(target, ollama.OllamaModel):
+        files = remove_conversion(target.model.name.removeprefix("sha256-"))
+        if target.store.owned:
+            files += ollama.remove(target)
+        hint = f"`ollama rm {target.name}`"
+    else:
+        files = remove_conversion(huggingface.conversion_sha(target)) + huggingface.remove(target)
+        hint = "`hf cache delete`"
+    if not files and not barellm_fetched(target):
+        raise InvalidRequest(f"{target.name} is in {where(target)}, and barellm wrote nothing for it; barellm "
+                             f"never removes files it did not write ({hint} does)")
+    return files
+
+
+def _before_conversion(name: str, files: tuple[Path, ...], sha256: str) -> Path:
+    """The file to load of a model from an outside store, once the disk is known to hold its conversion:
+    the first load converts it into the cache, a second copy of the model, which is said first."""
+    import sys
+
+    from barellm.store.converted import converted_path
+    from barellm.store.sources.download import check_disk, mb
+
+    if not converted_path(sha256).is_file():
+        size = sum(f.stat().st_size for f in files)
+        check_disk(converted_path(sha256).parent, size, f"{name}'s conversion")
+        print(f"barellm: {name} is converted once into {converted_path(sha256).parent} (about {mb(size)}): the "
+              "model is then on disk twice (`barellm rm` frees the conversion)", file=sys.stderr)
+    return files[0]
+
+
+def pull(word: str, *, quiet: bool = False, keep_gguf: bool = False,
+         on_status: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """Fetches a model by reference into the caches, and returns the file barellm loads it from: a
+    registered name from the catalogue (hub.pull), ollama:NAME[:TAG] from Ollama's registry."""
+    from barellm.store.sources import huggingface, ollama
+
+    ref = names.parse(word)
+    if ref.kind == "ollama":
+        return ollama.pull(ref.name, ref.tag, quiet=quiet, on_status=on_status).model
+    if ref.kind == "huggingface":
+        return huggingface.pull(ref.name, ref.tag, quiet=quiet, on_status=on_status).path
+    registered = hub.registered_name(word) if ref.kind == "name" else None
+    if registered is not None:
+        return hub.pull(registered, quiet=quiet, keep_gguf=keep_gguf, on_status=on_status)
+    stored = ollama.find(word) if ref.kind == "name" else None
+    if stored is not None:
+        return stored.model
+    close = close_names(word)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    raise ModelNotFound(f"unknown model {word!r}{hint} (known: {', '.join(sorted(hub.REGISTRY))}; or pull "
+                        f"ollama:NAME[:TAG] from Ollama's library, hf.co/ORG/REPO[:QUANT] from Hugging Face)")

