@@ -20,10 +20,10 @@ import pytest
 import barellm
 from barellm.errors import InvalidRequest
 from barellm.generate import speculative
-from barellm.generate.generation import Timings
 from barellm.generate.sampling import SamplingParams
 from barellm.generate.speculative import Lookup, check_vocabulary
 from barellm.generate.speculative.control import Acceptance, CostTable, choose
+from barellm.generate.timings import Timings
 
 from tiny_model import write_tiny_llama
 

@@ -35,9 +35,9 @@ from barellm.api.openai import OpenAIMethods
 from barellm.arch.config import ModelConfig, config_of
 from barellm.cpu import default_threads
 from barellm.errors import BarellmError, FormatError, InvalidRequest, SlotsBusy
-from barellm.generate.generation import Timings
 from barellm.generate.request import Event, Options, Request, check, from_options, takes_options
 from barellm.generate.scheduler import UNBOUNDED, EmbedJob, Scheduler
+from barellm.generate.timings import Timings
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -1,6 +1,6 @@
 """Embedding and scoring jobs of the scheduler: a job's inputs fed through one slot, a prefill chunk at a time
 beside the generations (so a long batch of texts does not stall them), each input's final hidden states
-pooled into its embedding (generation.pooled), or, for a scoring job, the logits at every position kept.
+pooled into its embedding (pooled), or, for a scoring job, the logits at every position kept.
 
 `EmbeddingSteps` is this part of the Scheduler (generate/scheduler.py).
 """
@@ -14,8 +14,18 @@ from typing import Any
 
 import numpy as np
 
-from barellm.generate.generation import SlotTable, pooled
 from barellm.generate.request import Event
+from barellm.generate.slots import SlotTable
+
+
+def pooled(rows: np.ndarray, pooling: str, normalize: bool = True) -> np.ndarray:
+    """One input's embedding from its final hidden states rows [n, dim] (all of them for "mean", its last
+    for "last"): the mean (accumulated in float64) or the last row, L2-normalised unless told not to.
+    The scheduler makes every embedding here, so the same rows give the same bits."""
+    v = rows.mean(axis=0, dtype=np.float64) if pooling == "mean" else rows[-1].astype(np.float64)
+    if normalize:
+        v = v / max(float(np.sqrt(np.dot(v, v))), 1e-12)
+    return v.astype(np.float32)
 
 
 @dataclass(eq=False)

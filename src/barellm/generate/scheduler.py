@@ -44,9 +44,11 @@ import numpy as np
 
 from barellm.cpu import spare_core
 from barellm.generate.embedding import EmbeddingSteps, EmbedJob, _Embedding
-from barellm.generate.generation import Delta, Generation, SlotTable, Timings, TokenLogprob, common_prefix
+from barellm.generate.generation import Delta, Generation, TokenLogprob
 from barellm.generate.request import Event, Request
+from barellm.generate.slots import SlotTable, common_prefix
 from barellm.generate.stats import SchedulerStats
+from barellm.generate.timings import Timings
 
 __all__ = ["DEFAULT_PREFILL_CHUNK", "UNBOUNDED", "EmbedJob", "Event", "Job", "QueueFull", "Request", "Scheduler",
            "TokenLogprob", "common_prefix"]

@@ -234,8 +234,8 @@ SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 40}
 
 def bench_complete(model: Any, prompt: Sequence[int], n: int, reps: int, seed: int = 1) -> tuple[list[float], Any]:
     """tokens/s per repetition of model.complete making n tokens with sampling (decode only), and where the
-    time went over all repetitions (a generation.Timings)."""
-    from barellm.generate.generation import Timings
+    time went over all repetitions (a timings.Timings)."""
+    from barellm.generate.timings import Timings
 
     kw: dict[str, Any] = dict(SAMPLING, max_tokens=n, logit_bias={i: -100.0 for i in model.tokenizer.eog_ids})
     model.reset()

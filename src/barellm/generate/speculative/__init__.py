@@ -28,7 +28,7 @@ none does.
 
 The KV cache: the drafted tokens are written at the positions after the fed one; attention reads only the
 positions before a query's, so the entries of rejected drafts are never read before the next call
-overwrites them. What a slot holds (generation.SlotTable, the draft model's record) is cut back to the
+overwrites them. What a slot holds (slots.SlotTable, the draft model's record) is cut back to the
 accepted tokens.
 
 When to draft, and how far, is decided per step and per sequence from the measured cost of the engine's
@@ -49,7 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from barellm.generate.generation import Delta, Generation, common_prefix
+from barellm.generate.generation import Delta, Generation
+from barellm.generate.slots import common_prefix
 from barellm.generate.speculative.control import (
     EXPLORE_EVERY,
     LATELY_DECAY,
