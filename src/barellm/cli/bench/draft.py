@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from barellm.cli.bench import Stats, measure_bandwidth, parse_int_list, summarize, weight_bytes_per_token
+from barellm.cli.bench.measure import Stats, measure_bandwidth, parse_int_list, summarize, weight_bytes_per_token
 from barellm.errors import InvalidRequest
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
