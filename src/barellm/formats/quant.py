@@ -66,20 +66,16 @@ MaxError = Callable[[np.ndarray], np.ndarray]
 
 @dataclass(frozen=True)
 class QuantType:
-    """One row of the table.
+    """One row of the table: a ggml type, its block layout and its codecs (None where barellm has none)."""
 
-    `to_float` maps uint8 `[n_blocks * block_bytes]` to float32 `[n_blocks * block_size]`; `from_float`
-    maps float32 `[n_blocks * block_size]` to uint8 `[n_blocks * block_bytes]`. `max_error` maps float32
-    blocks `[n_blocks, block_size]` to the largest |x - to_float(from_float(x))| allowed in each block.
-    """
-
-    id: int
-    name: str
-    block_size: int
-    block_bytes: int
-    to_float: ToFloat | None = None
-    from_float: FromFloat | None = None
-    max_error: MaxError | None = None
+    id: int                                # ggml's type id (GGUF's)
+    name: str                              # "q4_1"
+    block_size: int                        # elements per block (0: a layout ggml has removed)
+    block_bytes: int                       # bytes per block
+    to_float: ToFloat | None = None        # uint8 [n_blocks * block_bytes] -> float32 [n_blocks * block_size]
+    from_float: FromFloat | None = None    # float32 [n_blocks * block_size] -> uint8 [n_blocks * block_bytes]
+    max_error: MaxError | None = None      # float32 blocks [n_blocks, block_size] -> the largest
+                                           # |x - to_float(from_float(x))| allowed in each block
 
     @property
     def supported(self) -> bool:
