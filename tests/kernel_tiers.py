@@ -12,7 +12,7 @@ import pytest
 
 from barellm import _native as nat
 
-ALL = ("scalar", "avx2", "avx512", "amx")
+ALL = nat.tier_names()
 PRESENT = tuple(nat.cpu_info()["tiers"])
 ABSENT = tuple(t for t in ALL if t not in PRESENT)
 EMULATED = tuple(nat.cpu_info()["emulated"])

@@ -256,7 +256,7 @@ def test_kv_q8_0_against_the_reference(model, engines, prompt):
     distributions: closer to the q8_0 reference than the q8_0 rounding moves it from the float one. The NumPy
     debug backend likewise. Against the float reference the distributions stay close (beside f16's)."""
     from barellm.arch.llama import ReferenceEngine
-    from barellm.formats.quant import hadamard, kv_rotation
+    from barellm.formats.kv_q8 import hadamard, kv_rotation
 
     def turned(keys):  # where a q8_0 cache rounds SmolLM2's keys (its K projection has no bias to subtract)
         return hadamard(keys, kv_rotation(keys.shape[-1]))

@@ -9,8 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from barellm.generate.generation import Generation, SlotTable, Timings, common_prefix
+from barellm.generate.generation import Generation
 from barellm.generate.sampling import SamplingParams, allowed_mask
+from barellm.generate.slots import SlotTable, common_prefix
+from barellm.generate.timings import Timings
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?\n"
 V = len(ALPHABET) + 3   # 0: end of generation; 1..32: one character each; 33, 34: the two halves of "é"

@@ -13,7 +13,7 @@ Tolerances, per op (x, w ~ N(0, 1) unless said):
 - attention: online softmax over tiles vs the exact float64 softmax: rtol/atol 2e-5 (scores ~ 8, so
   exp amplifies score rounding by ~ 8 ulp; sums over up to 300 keys).
   And: a query gives identical bits whether attended alone or in a block with others.
-- q8_0 KV cache: the stored bytes equal ggml's q8_0 of each key and value block (quant.q8_0_split, the
+- q8_0 KV cache: the stored bytes equal ggml's q8_0 of each key and value block (kv_q8.q8_0_split, the
   NumPy reference) exactly; attention over it is held to the same tolerance against the float64 attention
   over the dequantized keys and values (the kernels compute with those exact values), and every SIMD tier
   gives avx2's bits.
@@ -30,7 +30,7 @@ from kernel_tiers import PRESENT, using
 
 from barellm import _native as nat
 from barellm.formats import kernels
-from barellm.formats.quant import hadamard, kv_rotation, q8_0_join, q8_0_split
+from barellm.formats.kv_q8 import hadamard, kv_rotation, q8_0_join, q8_0_split
 
 TILE = nat.KV_TILE
 
@@ -282,7 +282,7 @@ def test_kv_store_q8_0_bytes(isa, hd):
 @pytest.mark.parametrize("n,blocks", [(1, 3), (2, 1), (32, 3), (64, 2), (128, 1), (256, 2), (1024, 1)])
 def test_hadamard(isa, n, blocks):
     """The Walsh-Hadamard transform a q8_0 cache turns keys and queries by: the NumPy codec's bits
-    (quant.hadamard, the same butterflies in float32), each block of n on its own, orthonormal (dot products
+    (kv_q8.hadamard, the same butterflies in float32), each block of n on its own, orthonormal (dot products
     kept, its own inverse) to float32 rounding, and an outlier spread over its whole block."""
     rng = np.random.default_rng(n)
     x = (rng.standard_normal((blocks, n)) * 4).astype(np.float32)
@@ -460,13 +460,13 @@ def test_q8_0_cache_in_the_executor(tmp_path, biases):
     """What the executor adds to a q8_0 cache (executor.c: each key minus the K bias, turned by bl_hadamard,
     stored head by head; each query turned in a scratch of its own), on a tiny model of head_dim 32, prompts
     of several chunks (blocks of several queries) and decode: the cache holds the NumPy codec's bits of the
-    keys and values the rope op gave (quant.q8_0_keys), the attention op gives the float64 attention over the
+    keys and values the rope op gave (kv_q8.q8_0_keys), the attention op gives the float64 attention over the
     keys turned and shifted back, and every SIMD tier present gives the same logits, bit for bit. Under
     AddressSanitizer this runs the executor's scratch buffers too."""
     from engine_support import load_config, open_source
 
     from barellm.arch.llama import attention
-    from barellm.formats.quant import q8_0_keys, q8_0_keys_join, q8_0_round_trip
+    from barellm.formats.kv_q8 import q8_0_keys, q8_0_keys_join, q8_0_round_trip
     from barellm.runtime.engine import NativeEngine
 
     from tiny_model import write_tiny_llama

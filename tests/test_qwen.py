@@ -111,12 +111,12 @@ def test_chat_template_from_the_file(qwen05_gguf):
 def test_kv_q8_0_keys_minus_their_bias_turned(qwen):
     """Qwen2's keys carry their projection's bias, a few values of up to ~270 in some layers beside an
     informative part of a few units: an 8-bit cache stores each key minus that bias and turned by a
-    Walsh-Hadamard transform (quant.q8_0_keys), and the attention turns the queries alike. On the real model,
+    Walsh-Hadamard transform (kv_q8.q8_0_keys), and the attention turns the queries alike. On the real model,
     every layer's cache holds, bit for bit, the NumPy codec of the keys and values the rope op gave, and the
     attention op's output is the float64 attention over the keys turned and shifted back (the shift adds one
     constant to each query's scores, which the softmax cancels)."""
     from barellm.arch.llama import attention
-    from barellm.formats.quant import q8_0_keys, q8_0_keys_join, q8_0_round_trip
+    from barellm.formats.kv_q8 import q8_0_keys, q8_0_keys_join, q8_0_round_trip
 
     _, src, gold = qwen
     cfg = config_of(src)

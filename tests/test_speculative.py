@@ -19,11 +19,10 @@ import pytest
 
 import barellm
 from barellm.errors import InvalidRequest
-from barellm.generate import speculative
-from barellm.generate.generation import Timings
 from barellm.generate.sampling import SamplingParams
-from barellm.generate.speculative import Lookup, check_vocabulary
+from barellm.generate.speculative import Lookup, check_vocabulary, speculation
 from barellm.generate.speculative.control import Acceptance, CostTable, choose
+from barellm.generate.timings import Timings
 
 from tiny_model import write_tiny_llama
 
@@ -55,7 +54,7 @@ def _force(monkeypatch: pytest.MonkeyPatch, prompt_len: int, ref: list[int], how
     """Every step drafts as far as it may (up to `most` tokens), and prompt lookup proposes the plain run's
     next tokens (`how` = "right"), those tokens each off by one ("wrong"), or the right ones with every third
     wrong ("mixed")."""
-    monkeypatch.setattr(speculative, "choose", lambda cost, base, rates, caps, draft_cost=None:
+    monkeypatch.setattr(speculation, "choose", lambda cost, base, rates, caps, draft_cost=None:
                         [min(c, most) for c in caps])
 
     def propose(self: Lookup, k: int) -> tuple[list[int], int]:
@@ -270,7 +269,7 @@ def test_sampled_output_follows_the_target_distribution(tiny_path: Path, monkeyp
     d1 = int(np.argmax(p2))
     p3 = _softmax(m.logits(prompt + [first, d1])[-1], bias)
     d2 = int(np.argsort(p3)[-2])      # the second most likely: rejected often, so both branches are exercised
-    monkeypatch.setattr(speculative, "choose", lambda cost, base, rates, caps, draft_cost=None:
+    monkeypatch.setattr(speculation, "choose", lambda cost, base, rates, caps, draft_cost=None:
                         list(caps))
     monkeypatch.setattr(Lookup, "propose", lambda self, k: ([d1, d2][:k], 4))
     words = (m.config.n_vocab + 31) // 32
@@ -422,11 +421,11 @@ def test_new_sequences_start_from_the_drafters_recent_acceptance(tiny_path: Path
     prior would keep a good draft model off for each new sequence's first tokens)."""
     same = tmp_path / "same.gguf"
     shutil.copyfile(tiny_path, same)
-    monkeypatch.setattr(speculative, "choose", lambda cost, base, rates, caps, draft_cost=None:
+    monkeypatch.setattr(speculation, "choose", lambda cost, base, rates, caps, draft_cost=None:
                         [min(c, 4) for c in caps])
     spec = _model(tiny_path, draft=str(same))
     session = spec.scheduler._spec
-    assert session._priors()[0].rate == pytest.approx(speculative.MODEL_PRIOR)
+    assert session._priors()[0].rate == pytest.approx(speculation.MODEL_PRIOR)
     c = spec.complete("the cat", max_tokens=32, temperature=0)
     assert c.timings.drafted and c.timings.accepted == c.timings.drafted
     assert session._priors()[0].rate > 0.9
@@ -603,7 +602,7 @@ def test_paused_and_closed_streams_keep_their_guarantees_with_drafting(tiny_path
     """With drafting on at every step: a stream whose reader is away is not advanced while another call runs,
     and both give plain decoding's tokens; a stream closed mid-way leaves each slot's record what its cache
     holds (accepted tokens only), and the next call still gives the plain tokens."""
-    monkeypatch.setattr(speculative, "choose", lambda cost, base, rates, caps, draft_cost=None: list(caps))
+    monkeypatch.setattr(speculation, "choose", lambda cost, base, rates, caps, draft_cost=None: list(caps))
     plain = _model(tiny_path, slots=2, context=256)
     spec = _model(tiny_path, slots=2, context=256, draft="lookup")
     a_ids, b_ids = spec.tokenize("the the the the the the"), spec.tokenize("x y x y x y x y")
@@ -670,7 +669,7 @@ def test_qwen15_with_lookup_and_the_05b_draft_equals_plain(qwen15_gguf: Path, qw
     for forced in (False, True):
         with monkeypatch.context() as mp:
             if forced:
-                mp.setattr(speculative, "choose", lambda cost, base, rates, caps, draft_cost=None:
+                mp.setattr(speculation, "choose", lambda cost, base, rates, caps, draft_cost=None:
                            [min(c, 6) for c in caps])
             for name, ids, n in tasks:
                 a = plain.complete(ids, max_tokens=min(n, 160), temperature=0)

@@ -49,7 +49,14 @@ def default_threads() -> int:
     return physical_cores()
 
 
-TIERS = ("scalar", "avx2", "avx512", "amx")
+def tier_names() -> tuple[str, ...] | None:
+    """Every kernel tier, lowest first, as the native core names them (its list is the only one); None
+    where the core is not built, and then no tier is in use to name."""
+    try:
+        from barellm import _native
+    except ImportError:
+        return None
+    return tuple(_native.tier_names())
 
 
 _PREFETCH_RULE = re.compile(r"none|(l1|l2|nta):(\d+)")
@@ -76,8 +83,9 @@ def check_isa_env() -> None:
     """Refuses a BARELLM_ISA that names no kernel tier (the native core would take it as no cap), and a
     BARELLM_AMX_MIN_TOKENS that is not a positive count (the core would ignore it); set but empty means unset."""
     want = os.environ.get("BARELLM_ISA")
-    if want and want not in TIERS:
-        raise InvalidRequest(f"BARELLM_ISA={want!r} is not a kernel tier: expected one of {', '.join(TIERS)}")
+    tiers = tier_names() if want else None
+    if want and tiers is not None and want not in tiers:
+        raise InvalidRequest(f"BARELLM_ISA={want!r} is not a kernel tier: expected one of {', '.join(tiers)}")
     min_tokens = os.environ.get("BARELLM_AMX_MIN_TOKENS")
     if min_tokens and not (min_tokens.isdigit() and 0 < int(min_tokens) <= 1 << 20):
         raise InvalidRequest(f"BARELLM_AMX_MIN_TOKENS={min_tokens!r}: expected the fewest tokens a matmul call "

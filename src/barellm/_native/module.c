@@ -24,14 +24,31 @@ static PyObject *py_cpu_info(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args
                          "prefetch", bl_prefetch_describe(), "emulated", AMX_EMULATED);
 }
 
+/* tier_names(): every kernel tier the core knows, lowest first (cpu.c's list, the one every other names) */
+static PyObject *py_tier_names(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
+    PyObject *names = PyTuple_New(BL_ISA_COUNT);
+    if (!names) return NULL;
+    for (int i = 0; i < BL_ISA_COUNT; i++) {
+        PyObject *n = PyUnicode_FromString(bl_isa_name((enum bl_isa)i));
+        if (!n) { Py_DECREF(names); return NULL; }
+        PyTuple_SET_ITEM(names, i, n);
+    }
+    return names;
+}
+
 static PyObject *py_set_isa(PyObject *Py_UNUSED(self), PyObject *args) {
     const char *name;
     if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
     if (strcmp(name, AMX_EMULATED) == 0 && bl_set_amx_emulated()) return PyUnicode_FromString(AMX_EMULATED);
     const int isa = bl_isa_from_name(name);
     if (isa < 0) {
-        PyErr_Format(PyExc_ValueError, "unknown ISA tier %R (expected 'scalar', 'avx2', 'avx512' or 'amx')",
-                     PyTuple_GET_ITEM(args, 0));
+        char expected[64] = "";
+        for (int i = 0; i < BL_ISA_COUNT; i++) {
+            strncat(expected, i ? ", " : "", sizeof expected - strlen(expected) - 1);
+            strncat(expected, bl_isa_name((enum bl_isa)i), sizeof expected - strlen(expected) - 1);
+        }
+        PyErr_Format(PyExc_ValueError, "unknown ISA tier %R (expected one of %s)", PyTuple_GET_ITEM(args, 0),
+                     expected);
         return NULL;
     }
     return PyUnicode_FromString(bl_isa_name(bl_set_isa((enum bl_isa)isa)));
@@ -81,10 +98,11 @@ static PyMethodDef core_methods[] = {
     {"amx_min_tokens", py_amx_min_tokens, METH_VARARGS,
      "amx_min_tokens(n=0): the fewest tokens a matmul call runs on the amx kernels' tiles (fewer: the tier "
      "below's kernel); n > 0 sets it. Returns the value before."},
+    {"tier_names", py_tier_names, METH_NOARGS, "tier_names(): every kernel tier, lowest first."},
     {"set_isa", py_set_isa, METH_VARARGS,
-     "set_isa('scalar'|'avx2'|'avx512'|'amx'): cap the kernel tier; returns the tier in use (the best the CPU "
+     "set_isa(tier): cap the kernel tier (one of tier_names()); returns the tier in use (the best the CPU "
      "offers at or under the cap). 'amx-emulated' (tests only): the amx kernels on the tile emulation over the "
-     "best tier up to avx512."},
+     "best tier below amx."},
     {"kernel_sources", py_kernel_sources, METH_NOARGS, "{entry: tier}: the tier whose kernel each op runs."},
     {NULL, NULL, 0, NULL},
 };

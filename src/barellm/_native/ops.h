@@ -72,7 +72,7 @@ BL_API void bl_add(float *x, const float *y, int n);
 
 /* x = H x over each block of n values of x[0..len), H the orthonormal Walsh-Hadamard matrix of order n
  * (a power of two dividing len): its own inverse, so (H q) . (H k) = q . k. The butterflies in a fixed
- * order (quant.hadamard gives the same bits), then one product by 1 / sqrt(n). */
+ * order (kv_q8.hadamard gives the same bits), then one product by 1 / sqrt(n). */
 BL_API void bl_hadamard(float *x, int len, int n);
 /* The order of the transform a q8_0 cache turns keys by: the largest power of two dividing head_dim (at
  * least BL_KV_QK where the cache can hold head_dim), so an outlier's energy spreads over whole q8_0 blocks

@@ -160,30 +160,26 @@ uint8_t *bl_thread_scratch(size_t bytes);
  * of its row (the row's own layout, so threads can share one row). Matmuls: as
  * bl_matmul, for the type in the name and the layout(s) the table gives them. */
 #define BL_MM_ARGS const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1
+/* the quantized types' matmuls of one set of kernels (a tier's, or the amx tier's builds: amx/amx.h) */
+#define BL_QUANT_MM_DECLARE(sfx)                                                                         \
+    void bl_mm_q4_0_##sfx(BL_MM_ARGS);                                                                   \
+    void bl_mm_q4_1_##sfx(BL_MM_ARGS);                                                                   \
+    void bl_mm_q8_0_##sfx(BL_MM_ARGS);                                                                   \
+    void bl_mm_q5_0_##sfx(BL_MM_ARGS);                                                                   \
+    void bl_mm_q3_k_##sfx(BL_MM_ARGS);                                                                   \
+    void bl_mm_q4_k_##sfx(BL_MM_ARGS);                                                                   \
+    void bl_mm_q5_k_##sfx(BL_MM_ARGS);                                                                   \
+    void bl_mm_q6_k_##sfx(BL_MM_ARGS);
 #define BL_KERNELS_DECLARE(isa)                                                                          \
     void bl_act_q8_##isa(const float *x, int cols, uint8_t *row, int b0, int b1);                        \
     void bl_act_q8x2_##isa(const float *x, int cols, uint8_t *row, int b0, int b1);                      \
     void bl_mm_f32_##isa(BL_MM_ARGS);                                                                    \
     void bl_mm_f16_##isa(BL_MM_ARGS);                                                                    \
-    void bl_mm_q4_0_##isa(BL_MM_ARGS);                                                                   \
-    void bl_mm_q4_1_##isa(BL_MM_ARGS);                                                                   \
-    void bl_mm_q8_0_##isa(BL_MM_ARGS);                                                                   \
-    void bl_mm_q5_0_##isa(BL_MM_ARGS);                                                                   \
-    void bl_mm_q3_k_##isa(BL_MM_ARGS);                                                                   \
-    void bl_mm_q4_k_##isa(BL_MM_ARGS);                                                                   \
-    void bl_mm_q5_k_##isa(BL_MM_ARGS);                                                                   \
-    void bl_mm_q6_k_##isa(BL_MM_ARGS);
+    BL_QUANT_MM_DECLARE(isa)
 BL_KERNELS_DECLARE(scalar)
 BL_KERNELS_DECLARE(avx2)
-/* avx512: the entries it fills (avx512/tier.c) */
-void bl_mm_q4_0_avx512(BL_MM_ARGS);
-void bl_mm_q4_1_avx512(BL_MM_ARGS);
-void bl_mm_q8_0_avx512(BL_MM_ARGS);
-void bl_mm_q5_0_avx512(BL_MM_ARGS);
-void bl_mm_q4_k_avx512(BL_MM_ARGS);
-void bl_mm_q6_k_avx512(BL_MM_ARGS);
-void bl_mm_q5_k_avx512(BL_MM_ARGS);
-void bl_mm_q3_k_avx512(BL_MM_ARGS);
+/* avx512: the quantized types' (avx512/tier.c) */
+BL_QUANT_MM_DECLARE(avx512)
 /* AVX2 Q4_0, Q4_1, Q8_0 read GGUF rows with kernels of their own */
 void bl_mm_q4_0_rows_avx2(BL_MM_ARGS);
 void bl_mm_q4_1_rows_avx2(BL_MM_ARGS);

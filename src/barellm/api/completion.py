@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from barellm.generate.generation import Timings
 from barellm.generate.sampling import TokenLogprob
+from barellm.generate.timings import Timings
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Completion:
     decode_seconds: float = 0.0
     logprobs: list[TokenLogprob] | None = None   # with logprobs / top_logprobs: one per token of the text
     choices: list[Choice] = field(default_factory=list)
-    timings: Timings | None = None     # seconds per phase of the token loop (generation.PHASES)
+    timings: Timings | None = None     # seconds per phase of the token loop (timings.PHASES)
 
 class Stream(Iterator[str]):
     """What stream() and chat_stream() return: an iterator of text pieces. The token ids generated so far

@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from barellm.api.completion import Choice, Completion, Stream
-from barellm.api.openai import OpenAIMethods
+from barellm.api.openai import OpenAIFacade, model_method
 from barellm.arch.config import ModelConfig, config_of
 from barellm.cpu import default_threads
 from barellm.errors import BarellmError, FormatError, InvalidRequest, SlotsBusy
-from barellm.generate.generation import Timings
 from barellm.generate.request import Event, Options, Request, check, from_options, takes_options
 from barellm.generate.scheduler import UNBOUNDED, EmbedJob, Scheduler
+from barellm.generate.timings import Timings
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -57,7 +57,7 @@ def _nowhere(ev: Event) -> None:
     pass
 
 
-class Model(OpenAIMethods):
+class Model:
     """A loaded model: tokenize, score (logits), generate, stream, chat.
 
     Safe to share between threads (see the module docstring): each generation holds its own KV cache slot;
@@ -66,7 +66,7 @@ class Model(OpenAIMethods):
 
     The generation methods take Options' keywords (generate/request.py: max_tokens, temperature, top_k, ...),
     listed with their types and defaults in each method's signature; the OpenAI-shaped ones (create_completion,
-    create_chat_completion) are OpenAIMethods' (api/openai.py).
+    create_chat_completion) are its OpenAIFacade's (`model.openai`, api/openai.py), offered as its own.
     """
 
     def __init__(self, path: Path, *, threads: int | None = None, context: int | None = None,
@@ -330,6 +330,36 @@ class Model(OpenAIMethods):
 
         return vocabulary(self, self.tokenizer, self.config.n_vocab)
 
+    @property
+    def tool_format(self) -> Any:
+        """How this model meets tools (text/toolcalls.py): its template's own rendering or the built-in form."""
+        from barellm.text.toolcalls import tool_format
+
+        fmt = getattr(self, "_tool_format", None)
+        if fmt is None:
+            fmt = self._tool_format = tool_format(self.template.source, self.tokenizer)
+        return fmt
+
+    def tool_grammar(self, tools: Sequence[dict[str, Any]], mode: str, name: str | None = None,
+                     parallel: bool = True) -> Any:
+        """The constraint of tool_choice "required" (mode "required") or a named function (mode "function"):
+        output that is tool calls only, with arguments valid for the function's schema, ending with the
+        turn's calls (the model, not the mask, decides whether another call follows one)."""
+        from barellm.text.toolcalls import call_grammar, validate_tools
+
+        src = call_grammar(validate_tools(tools), self.tool_format, name if mode == "function" else None,
+                           parallel and mode == "required")
+        return self.structured().lark(src, "tool_choice", end_on_exit=True)
+
+    @property
+    def openai(self) -> OpenAIFacade:
+        """The model's OpenAI-shaped methods (api/openai.py); create_completion and create_chat_completion are
+        also its own."""
+        return OpenAIFacade(self)
+
+    create_completion = model_method(OpenAIFacade.create_completion)
+    create_chat_completion = model_method(OpenAIFacade.create_chat_completion)
+
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenize(prompt)
@@ -489,7 +519,7 @@ class Model(OpenAIMethods):
                     tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of the rendered chat template (special tokens parsed, no extra BOS). tools: OpenAI's
         tool objects, rendered by the template when it knows tools, else in the built-in form
-        (text/tools.py); assistant messages with tool_calls and tool messages render either way."""
+        (text/toolcalls.py); assistant messages with tool_calls and tool messages render either way."""
         from barellm.text.toolcalls import prepare_messages, validate_tools
 
         msgs: list[Any] = list(messages)

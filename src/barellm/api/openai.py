@@ -19,11 +19,12 @@ No dependency beyond barellm's own: a Python API user needs no server extra.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from barellm.api.completion import Completion
 from barellm.errors import InvalidRequest
@@ -32,9 +33,9 @@ from barellm.generate.request import Request, SamplingOptions, from_options, tak
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["Constraint", "GenerationRequest", "ResponseBuilder", "constraint_of", "prepare", "new_id", "usage",
-           "chat_completion", "text_completion", "chat_chunk", "text_chunk", "usage_chunk", "tool_call_deltas",
-           "embeddings", "chat_logprobs", "completion_logprobs"]
+__all__ = ["Constraint", "GenerationRequest", "OpenAIFacade", "ResponseBuilder", "constraint_of", "model_method",
+           "prepare", "new_id", "usage", "chat_completion", "text_completion", "chat_chunk", "text_chunk",
+           "usage_chunk", "tool_call_deltas", "embeddings", "chat_logprobs", "completion_logprobs"]
 
 
 # --- the request ---------------------------------------------------------------------------------------
@@ -304,30 +305,25 @@ class ResponseBuilder:
 
 # --- the Python API's OpenAI methods -------------------------------------------------------------------
 
-class OpenAIMethods:
-    """Model's methods that take and give OpenAI's shapes, as llama-cpp-python's of these names do: their
-    requests become the GenerationRequest a server body becomes, prepared and answered by the same code."""
+F = TypeVar("F", bound=Callable[..., Any])
 
-    @property
-    def tool_format(self) -> Any:
-        """How this model meets tools (text/tools.py): its template's own rendering or the built-in form."""
-        from barellm.text.toolcalls import tool_format
 
-        fmt = getattr(self, "_tool_format", None)
-        if fmt is None:
-            fmt = self._tool_format = tool_format(self.template.source, self.tokenizer)
-        return fmt
+def model_method(fn: F) -> F:
+    """An OpenAIFacade method offered as a Model's own (Model.create_completion, ...): the same signature and
+    docstring, run by the model's facade."""
+    @functools.wraps(fn)
+    def method(model: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return fn(model.openai, *args, **kwargs)
+    return cast(F, method)
 
-    def tool_grammar(self, tools: Sequence[dict[str, Any]], mode: str, name: str | None = None,
-                     parallel: bool = True) -> Any:
-        """The constraint of tool_choice "required" (mode "required") or a named function (mode "function"):
-        output that is tool calls only, with arguments valid for the function's schema, ending with the
-        turn's calls (the model, not the mask, decides whether another call follows one)."""
-        from barellm.text.toolcalls import call_grammar, validate_tools
 
-        src = call_grammar(validate_tools(tools), self.tool_format, name if mode == "function" else None,
-                           parallel and mode == "required")
-        return self.structured().lark(src, "tool_choice", end_on_exit=True)
+class OpenAIFacade:
+    """A model's methods that take and give OpenAI's shapes, as llama-cpp-python's of these names do: their
+    requests become the GenerationRequest a server body becomes, prepared and answered by the same code. The
+    Model offers them as its own (model_method); model.openai is its facade."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
 
     @takes_options(leave_out=("top_logprobs", "timings"))
     def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16, stream: bool = False,
@@ -344,14 +340,14 @@ class OpenAIMethods:
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
                                      or not 0 <= logprobs <= 20):
             raise InvalidRequest(f"logprobs must be an integer in 0..20, got {logprobs!r}")
-        req = self._openai_request("completion", options, max_tokens, stream, logprobs, response_format)
+        req = self._request("completion", options, max_tokens, stream, logprobs, response_format)
         if isinstance(prompt, str):
             req.prompt_text, req.suffix = prompt, suffix or None
         elif suffix:
             raise InvalidRequest("suffix needs a string prompt (the text before the hole)")
         else:
-            req.prompt = self._prompt_ids(prompt)
-        return self._openai(req)
+            req.prompt = self.model._prompt_ids(prompt)
+        return self._answer(req)
 
     @takes_options(leave_out=("timings",))
     def create_chat_completion(self, messages: Sequence[dict[str, Any]], *, max_tokens: int | None = None,
@@ -375,14 +371,14 @@ class OpenAIMethods:
             raise InvalidRequest(f"logprobs must be True or False here, got {logprobs!r}")
         if top_logprobs is not None and not logprobs:
             raise InvalidRequest("top_logprobs needs logprobs=True")
-        req = self._openai_request("chat", options, max_tokens, stream, (top_logprobs or 0) if logprobs else None,
-                                   response_format)
+        req = self._request("chat", options, max_tokens, stream, (top_logprobs or 0) if logprobs else None,
+                            response_format)
         req.messages = list(messages)
         req.tools = validate_tools(tools) if tools else None
         req.tool_choice, req.parallel_tool_calls = tool_choice, parallel_tool_calls
-        return self._openai(req)
+        return self._answer(req)
 
-    def _openai_request(self, kind: str, options: Any, max_tokens: int | None, stream: bool,
+    def _request(self, kind: str, options: Any, max_tokens: int | None, stream: bool,
                         top_logprobs: int | None, response_format: Any) -> GenerationRequest:
         """The GenerationRequest of create_*'s arguments, as the server makes one of a body: the output
         constraint kept as asked (response_format, json_schema, grammar or regex: one of them), compiled with
@@ -399,24 +395,25 @@ class OpenAIMethods:
         req.kind, req.constraint, req.stream, req.clamp_max_tokens = kind, constraint, stream, True
         return req
 
-    def _openai(self, req: GenerationRequest) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        self._check_served()
-        prepare(self, req)
+    def _answer(self, req: GenerationRequest) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        m = self.model
+        m._check_served()
+        prepare(m, req)
         if req.max_tokens is None:   # OpenAI's None: the rest of the context
-            req.max_tokens = max(self.n_ctx - len(req.prompt), 0)
-        self._submit(req.prompt, req)   # a bad request fails here, not at a stream's first next()
+            req.max_tokens = max(m.n_ctx - len(req.prompt), 0)
+        m._submit(req.prompt, req)   # a bad request fails here, not at a stream's first next()
         prompt_chars = len(req.prompt_text) if req.prompt_text is not None else 0
-        out = ResponseBuilder(req, self.name, self.tokenizer.token_bytes, prompt_chars=prompt_chars)
+        out = ResponseBuilder(req, m.name, m.tokenizer.token_bytes, prompt_chars=prompt_chars)
         if req.stream:
-            return self._openai_chunks(req, out)
-        c = self._complete(req)
+            return self._chunks(req, out)
+        c = m._complete(req)
         usage = out.usage(c.prompt_tokens, c.cached_tokens, sum(len(ch.token_ids) for ch in c.choices))
         return out.whole([(ch.text, ch.logprobs or [], ch.finish_reason) for ch in c.choices], usage)
 
-    def _openai_chunks(self, req: GenerationRequest, out: Any) -> Iterator[dict[str, Any]]:
+    def _chunks(self, req: GenerationRequest, out: Any) -> Iterator[dict[str, Any]]:
         c = Completion()
         yield from out.opening(req.n)
-        for ev in self._run(req, c, pause=True):
+        for ev in self.model._run(req, c, pause=True):
             if ev.text or ev.tokens:
                 yield from out.text(ev.index, ev.text, ev.tokens)
         for ch in c.choices:

@@ -373,11 +373,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     info = _native.cpu_info()
     print(f"barellm {__version__}")
     print(f"kernel tiers this CPU runs: {', '.join(info['tiers'])}")
-    print(f"tier in use: {info['isa']}  (BARELLM_ISA=scalar|avx2|avx512|amx caps it)")
+    tiers = _native.tier_names()
+    print(f"tier in use: {info['isa']}  (BARELLM_ISA={'|'.join(tiers)} caps it)")
     by_tier: dict[str, list[str]] = {}
     for entry, tier in _native.kernel_sources().items():
         by_tier.setdefault(tier, []).append(entry)
-    for tier in ("scalar", "avx2", "avx512", "amx"):
+    for tier in tiers:
         if tier in by_tier:
             print(f"  {tier} kernels: {', '.join(by_tier[tier])}")
     if "amx" in info["tiers"]:

@@ -1,4 +1,5 @@
-"""barellm's own model file (.blm): the writer, the memory-mapped reader, and verify. docs/format.md is the spec.
+"""barellm's own model file (.blm): the memory-mapped reader and verify (the writer: blm_writer.py). docs/format.md
+is the spec.
 
 The reader trusts nothing it has not checked. The header's CRC-32 is compared before anything past the
 64-byte preamble is parsed, which stops accidental corruption; but a file can also be hostile (or written
@@ -33,6 +34,7 @@ import numpy as np
 from barellm.errors import FormatError
 from barellm.formats import kernels, mapped, quant
 from barellm.formats.mapped import MappedFile
+from barellm.formats.reader import BoundedReader
 from barellm.progress import Progress
 
 __all__ = [
@@ -188,24 +190,11 @@ class TensorInfo(mapped.TensorInfo):
         return layout_name(self.layout)
 
 
-class _Cursor:
-    """Reads the header body, refusing to go past its end."""
+class _Cursor(BoundedReader):
+    """The header body's values on the bounds-checked cursor, up to the header's end."""
 
     def __init__(self, buf: mmap.mmap, pos: int, end: int, path: str) -> None:
-        self.buf, self.pos, self.end, self.path = buf, pos, end, path
-
-    def error(self, field: str, offset: int, what: str) -> FormatError:
-        return FormatError(f"{self.path}: {field} at offset {offset}: {what}")
-
-    def need(self, n: int, field: str) -> None:
-        if n > self.end - self.pos:
-            raise self.error(field, self.pos, f"needs {n} bytes but the header ends at offset {self.end}")
-
-    def unpack(self, st: struct.Struct, field: str) -> Any:
-        self.need(st.size, field)
-        v = st.unpack_from(self.buf, self.pos)
-        self.pos += st.size
-        return v[0] if len(v) == 1 else v
+        super().__init__(buf, pos, end, path, "header")
 
     def name(self, field: str) -> str:
         at = self.pos
@@ -222,16 +211,7 @@ class _Cursor:
 
     def string(self, field: str) -> str:
         at = self.pos
-        n = self.unpack(_U32, field)
-        if n > self.end - self.pos:
-            raise self.error(field, at, f"string length {n} runs past the end of the header")
-        s = self.buf[self.pos:self.pos + n].decode("utf-8", "surrogateescape")
-        self.pos += n
-        return s
-
-    def count(self, n: int, min_bytes: int, field: str, at: int) -> None:
-        if n * min_bytes > self.end - self.pos:
-            raise self.error(field, at, f"{n} entries cannot fit in the {self.end - self.pos} bytes left in the header")
+        return self.text(self.unpack(_U32, field), field, at)
 
     def value(self, field: str) -> tuple[Any, str]:
         at = self.pos
@@ -246,7 +226,7 @@ class _Cursor:
             raise self.error(f"{field} element type", at, f"{inner} is not a type an array can hold")
         at = self.pos
         n = self.unpack(_U64, f"{field} count")
-        self.count(n, _MIN_VALUE_BYTES[inner], f"{field} count", at)
+        self.fits(n, _MIN_VALUE_BYTES[inner], f"{field} count", at)
         type_name = f"array[{_TYPE_NAMES[inner]}]"
         if inner == _STRING:
             return self.strings(n, field), type_name
@@ -395,11 +375,11 @@ class BLMFile(MappedFile):
         self.data_offset, self.data_size = data_offset, data_size
 
         cur = _Cursor(buf, PREAMBLE_BYTES, header_end, self._name)
-        cur.count(n_md, _MIN_KV_BYTES, "n_metadata", 40)
+        cur.fits(n_md, _MIN_KV_BYTES, "n_metadata", 40)
         self.metadata, self.metadata_types = cur.kvs(n_md, "metadata")
-        cur.count(n_prov, _MIN_KV_BYTES, "n_provenance", 44)
+        cur.fits(n_prov, _MIN_KV_BYTES, "n_provenance", 44)
         self.provenance, self.provenance_types = cur.kvs(n_prov, "provenance")
-        cur.count(n_tensors, _MIN_TENSOR_BYTES, "n_tensors", 48)
+        cur.fits(n_tensors, _MIN_TENSOR_BYTES, "n_tensors", 48)
         tensors: dict[str, TensorInfo] = {}
         for i in range(n_tensors):
             info = self._tensor(cur, i)

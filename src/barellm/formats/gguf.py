@@ -33,6 +33,7 @@ import numpy as np
 from barellm.errors import FormatError
 from barellm.formats import quant
 from barellm.formats.mapped import MappedFile, TensorInfo, TensorNotFound
+from barellm.formats.reader import BoundedReader
 
 __all__ = ["GGUFFile", "TensorInfo", "TensorNotFound", "ValueType"]
 
@@ -117,63 +118,34 @@ _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 
 
-class _Parser:
-    """A cursor over the mapped file that refuses to read past its end."""
+class _Parser(BoundedReader):
+    """The GGUF header's values on the bounds-checked cursor, over the whole file."""
 
     def __init__(self, buf: mmap.mmap, size: int, path: str) -> None:
-        self.buf = buf
-        self.size = size
-        self.path = path
-        self.pos = 0
-
-    def error(self, field: str, offset: int, what: str) -> FormatError:
-        return FormatError(f"{self.path}: {field} at offset {offset}: {what}")
-
-    def need(self, n: int, field: str) -> None:
-        if n > self.size - self.pos:
-            raise self.error(field, self.pos, f"truncated: needs {n} bytes but the file ends at byte {self.size}")
+        super().__init__(buf, 0, size, path)
 
     def u32(self, field: str) -> int:
-        self.need(4, field)
-        (v,) = _U32.unpack_from(self.buf, self.pos)
-        self.pos += 4
-        return v
+        return self.unpack(_U32, field)
 
     def u64(self, field: str) -> int:
-        self.need(8, field)
-        (v,) = _U64.unpack_from(self.buf, self.pos)
-        self.pos += 8
-        return v
+        return self.unpack(_U64, field)
 
     def i64(self, field: str) -> int:
-        self.need(8, field)
-        (v,) = _I64.unpack_from(self.buf, self.pos)
-        self.pos += 8
-        return v
+        return self.unpack(_I64, field)
 
     def count(self, field: str, min_item_bytes: int, what: str) -> int:
         """A u64 count of items, each at least `min_item_bytes` long, that must fit in what is left."""
         at = self.pos
         n = self.u64(field)
-        left = self.size - self.pos
-        if n * min_item_bytes > left:
-            raise self.error(field, at, f"{n} {what} cannot fit in the {left} bytes left in the file")
+        self.fits(n, min_item_bytes, field, at, what)
         return n
 
     def string(self, field: str, limit: int | None = None) -> str:
         at = self.pos
         n = self.u64(field)
-        if n > self.size - self.pos:
-            raise self.error(
-                field, at, f"string length {n} runs past the end of the file ({self.size - self.pos} bytes left)"
-            )
-        if limit is not None and n > limit:
+        if limit is not None and n > limit and n <= self.left():
             raise self.error(field, at, f"string length {n} exceeds the limit of {limit} bytes")
-        start = self.pos
-        self.pos += n
-        # Invalid UTF-8 is kept, not refused: surrogateescape maps each bad byte to a lone surrogate, so
-        # s.encode("utf-8", "surrogateescape") gives back the exact bytes (token texts need that).
-        return self.buf[start : start + n].decode("utf-8", "surrogateescape")
+        return self.text(n, field, at)
 
     def value_type(self, field: str) -> ValueType:
         at = self.pos
@@ -230,7 +202,7 @@ class _Parser:
     def string_array(self, n: int, field: str) -> list[str]:
         # Vocabularies run to hundreds of thousands of strings: this loop is the hot path of opening a
         # file, hence the local names.
-        buf, size, pos = self.buf, self.size, self.pos
+        buf, size, pos = self.buf, self.end, self.pos
         unpack = _U64.unpack_from
         out: list[str] = []
         append = out.append
@@ -244,7 +216,7 @@ class _Parser:
                 raise self.error(
                     f"{field}[{i}] length",
                     pos - 8,
-                    f"string length {length} runs past the end of the file ({size - pos} bytes left)",
+                    f"string length {length} runs past the end of the {self.region} ({size - pos} bytes left)",
                 )
             append(buf[pos : pos + length].decode("utf-8", "surrogateescape"))
             pos += length

@@ -28,6 +28,22 @@ from functools import partial
 import numpy as np
 
 from barellm.errors import FormatError
+from barellm.formats.ggml import F32 as _F32
+from barellm.formats.ggml import QK, QK_K
+from barellm.formats.ggml import inverse as _inverse
+from barellm.formats.ggml import roundf as _roundf
+
+# the 8-bit KV cache's codec is kv_q8's; its names stay importable here, where the engines import them
+from barellm.formats.kv_q8 import (  # noqa: F401
+    hadamard,
+    kv_rotation,
+    q8_0_join,
+    q8_0_keys,
+    q8_0_keys_join,
+    q8_0_keys_round_trip,
+    q8_0_round_trip,
+    q8_0_split,
+)
 
 __all__ = [
     "QuantType",
@@ -50,20 +66,16 @@ MaxError = Callable[[np.ndarray], np.ndarray]
 
 @dataclass(frozen=True)
 class QuantType:
-    """One row of the table.
+    """One row of the table: a ggml type, its block layout and its codecs (None where barellm has none)."""
 
-    `to_float` maps uint8 `[n_blocks * block_bytes]` to float32 `[n_blocks * block_size]`; `from_float`
-    maps float32 `[n_blocks * block_size]` to uint8 `[n_blocks * block_bytes]`. `max_error` maps float32
-    blocks `[n_blocks, block_size]` to the largest |x - to_float(from_float(x))| allowed in each block.
-    """
-
-    id: int
-    name: str
-    block_size: int
-    block_bytes: int
-    to_float: ToFloat | None = None
-    from_float: FromFloat | None = None
-    max_error: MaxError | None = None
+    id: int                                # ggml's type id (GGUF's)
+    name: str                              # "q4_1"
+    block_size: int                        # elements per block (0: a layout ggml has removed)
+    block_bytes: int                       # bytes per block
+    to_float: ToFloat | None = None        # uint8 [n_blocks * block_bytes] -> float32 [n_blocks * block_size]
+    from_float: FromFloat | None = None    # float32 [n_blocks * block_size] -> uint8 [n_blocks * block_bytes]
+    max_error: MaxError | None = None      # float32 blocks [n_blocks, block_size] -> the largest
+                                           # |x - to_float(from_float(x))| allowed in each block
 
     @property
     def supported(self) -> bool:
@@ -82,9 +94,6 @@ class QuantType:
 # --- block layouts -------------------------------------------------------------------------------------
 # NumPy structured dtypes mirroring ggml's block_* structs (all packed, little-endian). Viewing raw bytes
 # through them gives zero-copy access to each field.
-
-QK = 32  # elements per block of the simple quants
-QK_K = 256  # elements per super-block of the K-quants
 
 _BLOCK_Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (QK,))])
 _BLOCK_Q4_0 = np.dtype([("d", "<f2"), ("qs", "u1", (QK // 2,))])
@@ -110,8 +119,6 @@ _BLOCK_Q6_K = np.dtype(
 # Work through large tensors this many output values at a time: the temporaries then stay in cache,
 # which makes decoding several times faster than whole-array passes and bounds its extra memory.
 _CHUNK_VALUES = 1 << 16
-
-_F32 = np.float32
 
 
 def _blocks(raw: np.ndarray, layout: np.dtype) -> np.ndarray:
@@ -301,19 +308,6 @@ def _dequantizer(layout: np.dtype, block_size: int, decode: Callable[[np.ndarray
 # --- encoders (ggml's quantize_row_*_ref) --------------------------------------------------------------
 
 
-def _roundf(x: np.ndarray) -> np.ndarray:
-    """C's roundf: halves go away from zero (np.rint would send them to even)."""
-    a = np.abs(x)
-    r = np.floor(a)
-    r += (a - r) >= 0.5  # a - floor(a) is exact in float arithmetic, so the tie test is too
-    return np.copysign(r, x)
-
-
-def _inverse(d: np.ndarray) -> np.ndarray:
-    """ggml's `id = d ? 1.0f/d : 0.0f`."""
-    return np.divide(_F32(1), d, out=np.zeros_like(d), where=d != 0)
-
-
 def _signed_absmax(x: np.ndarray) -> np.ndarray:
     """The value of largest magnitude in each block, keeping its sign; the first one on ties, as ggml."""
     i = np.abs(x).argmax(axis=-1)[:, None]
@@ -364,72 +358,6 @@ def _q8_0_from_float(x: np.ndarray) -> np.ndarray:
     out["d"] = d
     out["qs"] = _roundf(xb * _inverse(d)[:, None])
     return out.view(np.uint8)
-
-
-def q8_0_split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ggml's q8_0 along the last axis (a multiple of 32), as the 8-bit KV cache stores it: the int8 values
-    [..., n] and the f16 scales [..., n / 32] (d = amax / 127, q = roundf(x * (1 / d)))."""
-    x = np.asarray(x, dtype=_F32)
-    xb = x.reshape(*x.shape[:-1], -1, QK)
-    d = np.abs(xb).max(axis=-1) / _F32(127)
-    q = _roundf(xb * _inverse(d)[..., None]).astype(np.int8)
-    return q.reshape(x.shape), d.astype(np.float16)
-
-
-def q8_0_join(q: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """The float32 values of q8_0_split's (values, scales): each int8 times its block's f16 scale."""
-    qb = np.asarray(q).reshape(*q.shape[:-1], -1, QK).astype(_F32)
-    return (qb * np.asarray(d).astype(_F32)[..., None]).reshape(q.shape)
-
-
-def q8_0_round_trip(x: np.ndarray) -> np.ndarray:
-    """x as ggml's q8_0 blocks hold it (an 8-bit KV cache's values; its keys: q8_0_keys_round_trip)."""
-    return q8_0_join(*q8_0_split(x))
-
-
-def hadamard(x: np.ndarray, n: int) -> np.ndarray:
-    """x turned by the orthonormal Walsh-Hadamard matrix of order n (a power of two) over each block of n values
-    along the last axis: the native bl_hadamard's butterflies in its order, in float32, so the same bits. The
-    matrix is its own inverse (up to rounding)."""
-    x = np.asarray(x, dtype=_F32)
-    if n < 1 or n & (n - 1) or x.shape[-1] % n:
-        raise ValueError(f"hadamard: n must be a power of two dividing {x.shape[-1]}, got {n}")
-    v = x.reshape(-1, n)
-    h = 1
-    while h < n:
-        pairs = v.reshape(len(v), n // (2 * h), 2, h)
-        a, b = pairs[:, :, 0], pairs[:, :, 1]
-        v = np.stack([a + b, a - b], axis=2).reshape(len(v), n)
-        h *= 2
-    return (v * _F32(1.0 / math.sqrt(n))).reshape(x.shape)
-
-
-def kv_rotation(head_dim: int) -> int:
-    """The order of the transform an 8-bit KV cache turns each key head by (ops.h, bl_kv_rotation): the largest
-    power of two dividing head_dim."""
-    return head_dim & -head_dim
-
-
-def q8_0_keys(k: np.ndarray, shift: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Keys [..., head_dim] as an 8-bit KV cache stores them (executor.c, store_q8_keys): minus shift (the K
-    projection's bias, broadcast against k; None: nothing), turned by hadamard() over kv_rotation(head_dim)
-    values, then q8_0_split. The attention turns each query alike, so its scores change by a constant per
-    query only, which the softmax cancels, and by the rounding."""
-    k = np.asarray(k, dtype=_F32)
-    if shift is not None:
-        k = k - np.asarray(shift, dtype=_F32)
-    return q8_0_split(hadamard(k, kv_rotation(k.shape[-1])))
-
-
-def q8_0_keys_join(q: np.ndarray, d: np.ndarray, shift: np.ndarray | None = None) -> np.ndarray:
-    """The keys q8_0_keys' (values, scales) stand for: turned back by hadamard(), plus shift."""
-    k = hadamard(q8_0_join(q, d), kv_rotation(q.shape[-1]))
-    return k + np.asarray(shift, dtype=_F32) if shift is not None else k
-
-
-def q8_0_keys_round_trip(k: np.ndarray, shift: np.ndarray | None = None) -> np.ndarray:
-    """Keys as an 8-bit KV cache holds them."""
-    return q8_0_keys_join(*q8_0_keys(k, shift), shift)
 
 
 def _symmetric_quants(xb: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,8 +1,8 @@
 """Embedding and scoring jobs of the scheduler: a job's inputs fed through one slot, a prefill chunk at a time
 beside the generations (so a long batch of texts does not stall them), each input's final hidden states
-pooled into its embedding (generation.pooled), or, for a scoring job, the logits at every position kept.
+pooled into its embedding (pooled), or, for a scoring job, the logits at every position kept.
 
-`EmbeddingSteps` is this part of the Scheduler (generate/scheduler.py).
+`Embeddings` holds them for the Scheduler (generate/scheduler.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,18 @@ from typing import Any
 
 import numpy as np
 
-from barellm.generate.generation import SlotTable, pooled
 from barellm.generate.request import Event
+from barellm.generate.slots import SlotTable
+
+
+def pooled(rows: np.ndarray, pooling: str, normalize: bool = True) -> np.ndarray:
+    """One input's embedding from its final hidden states rows [n, dim] (all of them for "mean", its last
+    for "last"): the mean (accumulated in float64) or the last row, L2-normalised unless told not to.
+    The scheduler makes every embedding here, so the same rows give the same bits."""
+    v = rows.mean(axis=0, dtype=np.float64) if pooling == "mean" else rows[-1].astype(np.float64)
+    if normalize:
+        v = v / max(float(np.sqrt(np.dot(v, v))), 1e-12)
+    return v.astype(np.float32)
 
 
 @dataclass(eq=False)
@@ -51,26 +61,31 @@ class _Embedding:
         self.out = np.empty(shape, np.float32)
 
 
-class EmbeddingSteps:
-    """The embedding side of the Scheduler: uses its engine, slot table, metrics, prefill chunk, its `_emit`, and
-    the map of slots to the embedding jobs it runs (`_embeds`)."""
+class Embeddings:
+    """The scheduler's embedding and scoring jobs, by the slot each runs in (in admission order), and their
+    steps. The Scheduler owns one: it picks their slots in its table and calls `step` in its rounds, handing
+    over its current prefill chunk and counters; events go out through its `emit`."""
 
-    engine: Any
-    prefill_chunk: int
-    metrics: Any
-    _table: SlotTable
-    _embeds: dict[int, _Embedding]
-    _hidden: Any
-    _dim: int
-    _executor: float | None
+    def __init__(self, engine: Any, table: SlotTable, emit: Callable[[Any, Event], None]) -> None:
+        self.engine = engine
+        self.jobs: dict[int, _Embedding] = {}
+        self._table = table
+        self._emit = emit
+        self._hidden = getattr(engine, "hidden_batch", None)
+        self._dim = getattr(getattr(engine, "cfg", None), "dim", 0)
+        self._n_vocab = getattr(engine, "n_vocab", None) or 0
 
-    def _embed_step(self) -> None:
-        """Feeds the oldest embedding job's current input on by at most a prefill chunk; finishes an input
-        (pools its rows) or the job (emits every vector) when it is all in."""
-        em = next(iter(self._embeds.values()))
+    def add(self, job: EmbedJob, slot: int) -> None:
+        """Runs job in slot (taken in the table, its cache forgotten) from the next step on."""
+        self.jobs[slot] = _Embedding(job, slot, self._dim, self._n_vocab)
+
+    def step(self, prefill_chunk: int, metrics: Any) -> None:
+        """Feeds the oldest job's current input on by at most prefill_chunk tokens; finishes an input (pools
+        its rows) or the job (emits every vector) when it is all in."""
+        em = next(iter(self.jobs.values()))
         job = em.job
         ids = job.inputs[em.index]
-        n = min(self.prefill_chunk, len(ids) - em.fed)
+        n = min(prefill_chunk, len(ids) - em.fed)
         last = em.fed + n == len(ids)
         t0 = time.perf_counter()
         if job.logits:   # a scoring job: every position's logits, the slot's cache kept as its prompt's
@@ -80,13 +95,11 @@ class EmbeddingSteps:
         else:
             assert self._hidden is not None
             rows = self._hidden([(em.slot, ids[em.fed:em.fed + n], em.fed)], last_only=job.pooling == "last")
-        self.metrics.step(time.perf_counter() - t0, 1, 0)
-        if self._executor is not None:   # its executor time is not the token loop's
-            self._executor = self.engine.executor_seconds
+        metrics.step(time.perf_counter() - t0, 1, 0)
         if job.logits:
             em.fed += n
             if last:
-                self._end_embedding(em, Event("embeddings", data=em.out, prompt_tokens=len(ids)))
+                self.end(em, Event("embeddings", data=em.out, prompt_tokens=len(ids)), metrics)
             return
         if job.pooling == "mean":
             if em.rows is None:
@@ -98,19 +111,19 @@ class EmbeddingSteps:
         em.out[em.index] = pooled(em.rows if job.pooling == "mean" else rows, job.pooling, job.normalize)
         em.index, em.fed, em.rows = em.index + 1, 0, None
         if em.index == len(job.inputs):
-            self._end_embedding(em, Event("embeddings", data=em.out,
-                                          prompt_tokens=sum(len(x) for x in job.inputs)))
+            self.end(em, Event("embeddings", data=em.out, prompt_tokens=sum(len(x) for x in job.inputs)), metrics)
 
-    def _end_embedding(self, em: _Embedding, ev: Event | None) -> None:
-        if self._embeds.get(em.slot) is em:
-            del self._embeds[em.slot]
+    def end(self, em: _Embedding, ev: Event | None, metrics: Any) -> None:
+        """Ends a job with ev (None: cancelled, nothing to say), its slot released."""
+        if self.jobs.get(em.slot) is em:
+            del self.jobs[em.slot]
             if not (em.job.logits and ev is not None and ev.kind == "embeddings"):
                 self._table.forget(em.slot)   # what it holds serves no prompt
             self._table.release(em.slot)
         job = em.job
         if not job.done:
             job.done = True
-            self.metrics.finish("stop" if ev is not None and ev.kind == "embeddings" else
+            metrics.finish("stop" if ev is not None and ev.kind == "embeddings" else
                                 "cancelled" if ev is None else "error")
             if ev is not None:
                 self._emit(job, ev)

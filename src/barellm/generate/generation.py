@@ -18,11 +18,8 @@ Everything else is decided here:
 Every step's work is bounded by the stop strings' lengths, never by the text so far: the stop search
 looks only at the held-back tail plus the new piece (before it, the tail held no whole stop string).
 
-Slots: `SlotTable` remembers which tokens each KV cache slot holds and picks the free slot whose cache
-serves a new prompt best, so a continuing conversation finds its prefix.
-
-Timings: a `Timings` accumulates seconds per phase of the token loop (forward, logits copy, sample, ...)
-for `barellm bench --breakdown` and the server's /metrics.
+A generation's seconds by phase go to its `Timings` (timings.py); which KV cache slot it runs in is the
+scheduler's choice (slots.py).
 """
 
 from __future__ import annotations
@@ -30,97 +27,25 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from barellm.generate.sampling import Sampler, SamplingParams, TokenLogprob, token_logprobs
+from barellm.generate.timings import Timings
 
-__all__ = ["DEFAULT_MAX_TOKENS", "PHASES", "Delta", "Generation", "SlotTable", "Timings", "TokenLogprob",
-           "common_prefix", "pooled"]
+__all__ = ["DEFAULT_MAX_TOKENS", "Delta", "Generation", "TokenLogprob"]
 
-# The phases of a token's life, in order. "forward" is the native executor running the layers; "logits copy"
-# the rest of the engine call (its Python wrapper filling token and position arrays, the logits copied out);
-# "grammar" the constrained-decoding parser (waiting for its mask, taking the chosen token); "write" the
-# server's formatting and sending of the events (the Python API has none).
 # the finish reason of a generation whose output constraint reached a state no token can continue (not a
 # completed output): its text is not a sentence of the grammar, and the reply must not pass for a success
 CONSTRAINT_FAILED = "constraint_failed"
-PHASES = ("forward", "logits copy", "grammar", "sample", "logprobs", "detokenize", "stop", "bookkeeping", "write")
 
 # max_tokens when none is given, for the Python API, the command line, the chat and the server's chat routes:
 # no limit but the context. OpenAI's legacy completions (16 tokens) are the one exception (serve/relay.py).
 DEFAULT_MAX_TOKENS: int | None = None
 
 Allowed = np.ndarray | Callable[[Sequence[int]], "np.ndarray | None"] | None
-
-
-@dataclass(eq=False, slots=True)
-class Timings:
-    """Seconds spent in each phase of the token loop, and the tokens generated meanwhile.
-
-    The driver of the loop adds its engine calls (`engine`) and its whole wall time (`wall`); the executor's
-    own share of the engine calls lands in seconds["forward"] where the engine counts it (the native engine's
-    executor_seconds), and `breakdown` then gives the rest of the engine calls as "logits copy". What no
-    phase accounts for is "bookkeeping": the driver's own work (slots, events, the loop itself).
-
-    With speculative decoding (generate/speculative/): `drafted` tokens were fed for checking in
-    `verifications` engine calls, `accepted` of them were what the model chose anyway, and those calls gave
-    `verified` tokens in all (the accepted ones and each call's own)."""
-
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    tokens: int = 0
-    engine: float = 0.0
-    wall: float = 0.0
-    drafted: int = 0
-    accepted: int = 0
-    verifications: int = 0
-    verified: int = 0
-
-    @property
-    def acceptance(self) -> float | None:
-        """The share of drafted tokens accepted (None when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def tokens_per_verification(self) -> float | None:
-        """Tokens each checking call gave on average (None when nothing was drafted)."""
-        return self.verified / self.verifications if self.verifications else None
-
-    def add(self, phase: str, seconds: float) -> None:
-        self.seconds[phase] += seconds
-
-    def merge(self, other: Timings) -> None:
-        for k, v in other.seconds.items():
-            self.seconds[k] += v
-        for f in fields(self):
-            if f.name != "seconds":
-                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    def breakdown(self) -> dict[str, float]:
-        """Seconds by phase (PHASES order); they add up to the wall time."""
-        out = dict(self.seconds)
-        if out["forward"] > 0:
-            out["logits copy"] = max(0.0, self.engine - out["forward"])
-        else:
-            out["forward"] = self.engine
-        # the server writes from another thread, alongside: not part of the loop's wall time
-        measured = sum(v for k, v in out.items() if k not in ("bookkeeping", "write"))
-        out["bookkeeping"] += max(0.0, self.wall - measured)
-        return out
-
-    def per_token_ms(self) -> dict[str, float]:
-        n = max(self.tokens, 1)
-        return {k: 1000 * v / n for k, v in self.breakdown().items()}
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass
@@ -335,65 +260,3 @@ class Generation:
             if lp is not None:
                 d.logprobs.append(lp)
         return d
-
-
-def pooled(rows: np.ndarray, pooling: str, normalize: bool = True) -> np.ndarray:
-    """One input's embedding from its final hidden states rows [n, dim] (all of them for "mean", its last
-    for "last"): the mean (accumulated in float64) or the last row, L2-normalised unless told not to.
-    The scheduler makes every embedding here, so the same rows give the same bits."""
-    v = rows.mean(axis=0, dtype=np.float64) if pooling == "mean" else rows[-1].astype(np.float64)
-    if normalize:
-        v = v / max(float(np.sqrt(np.dot(v, v))), 1e-12)
-    return v.astype(np.float32)
-
-
-class SlotTable:
-    """What each KV cache slot holds (the tokens whose entries are valid, in order) and which are in use.
-
-    A new sequence goes to the free slot whose cache saves it the most prefill without throwing away more
-    than it saves (see `score`). Not thread-safe: its owner serializes access."""
-
-    def __init__(self, n_slots: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.n = n_slots
-        self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
-        self.busy = [False] * n_slots
-        self.used_at = [0.0] * n_slots
-        self.clock = clock
-
-    def free(self) -> list[int]:
-        return [i for i in range(self.n) if not self.busy[i]]
-
-    def score(self, slot: int, prompt: Sequence[int], cache_prompt: bool = True) -> tuple[int, float]:
-        """How good a free slot is for prompt: the prompt tokens its cache saves now, minus the cached tokens
-        it would throw away (which another conversation's next turn may still want); ties go to the least
-        recently used slot. So a continuing conversation returns to its own slot, a new one that shares only
-        a system prompt with the others takes an empty slot rather than evicting one of them, and a repeated
-        long prompt still finds its cache."""
-        held = len(self.tokens[slot])
-        saved = common_prefix(self.tokens[slot], prompt) if cache_prompt else 0
-        return saved - (held - saved), -self.used_at[slot]
-
-    def choose(self, prompt: Sequence[int], cache_prompt: bool = True) -> int | None:
-        free = self.free()
-        if not free:
-            return None
-        return max(free, key=lambda i: self.score(i, prompt, cache_prompt))
-
-    def take(self, slot: int, prompt: Sequence[int], cache_prompt: bool = True) -> int:
-        """Marks slot in use for prompt; returns how many prompt tokens its cache serves (at least the last
-        one is always fed, to get the logits that follow it). The cache is cut back to those."""
-        reuse = min(common_prefix(self.tokens[slot], prompt), len(prompt) - 1) if cache_prompt else 0
-        reuse = max(reuse, 0)
-        del self.tokens[slot][reuse:]
-        self.busy[slot] = True
-        self.used_at[slot] = self.clock()
-        return reuse
-
-    def release(self, slot: int) -> None:
-        self.busy[slot] = False
-        self.used_at[slot] = self.clock()
-
-    def forget(self, slot: int | None = None) -> None:
-        """The cache contents are unknown (a failed step, another owner wrote there): nothing is reused."""
-        for i in range(self.n) if slot is None else (slot,):
-            self.tokens[i] = []

@@ -20,8 +20,9 @@ from typing import Any, TypedDict, TypeVar
 import numpy as np
 
 from barellm.errors import InvalidRequest
-from barellm.generate.generation import DEFAULT_MAX_TOKENS, Allowed, Timings
+from barellm.generate.generation import DEFAULT_MAX_TOKENS, Allowed
 from barellm.generate.sampling import SamplingParams, TokenLogprob
+from barellm.generate.timings import Timings
 
 __all__ = ["Event", "OPTION_DEFAULTS", "Options", "Request", "SamplingOptions", "check", "from_options",
            "takes_options"]
@@ -180,7 +181,7 @@ def from_options(options: Mapping[str, Any], constrain: Callable[..., Any] | Non
         raise InvalidRequest(f"top_logprobs must be an integer >= 0, got {top!r}", "top_logprobs")
     timings = o["timings"]
     if timings is not None and not isinstance(timings, Timings):
-        raise InvalidRequest("timings must be a barellm.generate.generation.Timings", "timings")
+        raise InvalidRequest("timings must be a barellm.generate.timings.Timings", "timings")
     wanted = {k: o[k] for k in CONSTRAINTS if o[k] is not None}
     grammar = None
     if wanted:

@@ -43,10 +43,12 @@ from typing import Any
 import numpy as np
 
 from barellm.cpu import spare_core
-from barellm.generate.embedding import EmbeddingSteps, EmbedJob, _Embedding
-from barellm.generate.generation import Delta, Generation, SlotTable, Timings, TokenLogprob, common_prefix
+from barellm.generate.embedding import Embeddings, EmbedJob
+from barellm.generate.generation import Delta, Generation, TokenLogprob
 from barellm.generate.request import Event, Request
+from barellm.generate.slots import SlotTable, common_prefix
 from barellm.generate.stats import SchedulerStats
+from barellm.generate.timings import Timings
 
 __all__ = ["DEFAULT_PREFILL_CHUNK", "UNBOUNDED", "EmbedJob", "Event", "Job", "QueueFull", "Request", "Scheduler",
            "TokenLogprob", "common_prefix"]
@@ -88,7 +90,7 @@ class _Live:
         return self.fed < len(self.job.prompt)
 
 
-class Scheduler(EmbeddingSteps):
+class Scheduler:
     """Owns the model's engine, run from its own thread (start()) or from the threads waiting for their
     requests (run_until()); thread-safe submit() and cancel()."""
 
@@ -112,10 +114,8 @@ class Scheduler(EmbeddingSteps):
         self.metrics.timings = self.timings
         self._table = SlotTable(self.n_slots, clock)
         self._live: dict[int, _Live] = {}            # slot -> live sequence; scheduler thread only
-        self._embeds: dict[int, _Embedding] = {}     # slot -> embedding job, in admission order
-        self._hidden = getattr(engine, "hidden_batch", None)
+        self._embeds = Embeddings(engine, self._table, self._emit)   # the embedding and scoring jobs
         self._mask_thread = spare_core(getattr(engine, "threads", 1))   # grammar masks beside the forward pass
-        self._dim = getattr(getattr(engine, "cfg", None), "dim", 0)
         self._waiting: deque[Job] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -225,7 +225,7 @@ class Scheduler(EmbeddingSteps):
 
     def _has_work(self) -> bool:
         """Whether a round would do anything now (under the lock, no round running)."""
-        if self._embeds or (self._waiting and len(self._table.free()) >= self._waiting[0].n):
+        if self._embeds.jobs or (self._waiting and len(self._table.free()) >= self._waiting[0].n):
             return True
         for s in self._live.values():
             job = s.job
@@ -275,7 +275,7 @@ class Scheduler(EmbeddingSteps):
 
     @property
     def slots_in_use(self) -> int:
-        return len(self._live) + len(self._embeds)
+        return len(self._live) + len(self._embeds.jobs)
 
     def _update_occupancy(self) -> None:
         self.metrics.occupancy(len(self._waiting), self.slots_in_use)
@@ -286,9 +286,9 @@ class Scheduler(EmbeddingSteps):
         while True:
             # the lock only when there is something to admit or nothing to do (a job appended meanwhile is
             # seen on the next round)
-            if self._waiting or not (self._live or self._embeds) or self._stopping:
+            if self._waiting or not (self._live or self._embeds.jobs) or self._stopping:
                 with self._cond:
-                    while not self._stopping and not self._waiting and not self._live and not self._embeds:
+                    while not self._stopping and not self._waiting and not self._live and not self._embeds.jobs:
                         self._cond.wait()
                     if self._stopping:
                         break
@@ -300,9 +300,9 @@ class Scheduler(EmbeddingSteps):
         with self._cond:
             for s in list(self._live.values()):
                 self._fail(s, 503, "the server is shutting down", "server_error")
-            for em in list(self._embeds.values()):
-                self._end_embedding(em, Event("error", status=503, message="the server is shutting down",
-                                              error_type="server_error"))
+            for em in list(self._embeds.jobs.values()):
+                self._embeds.end(em, Event("error", status=503, message="the server is shutting down",
+                                           error_type="server_error"), self.metrics)
             while self._waiting:
                 job = self._waiting.popleft()
                 job.done = True
@@ -321,12 +321,14 @@ class Scheduler(EmbeddingSteps):
                 self._table.forget(s.slot)   # what the cache holds is unknown now
                 self._fail(s, 500, f"generation failed: {type(e).__name__}: {e}", "server_error")
         try:
-            if self._embeds:
-                self._embed_step()
+            if self._embeds.jobs:
+                self._embeds.step(self.prefill_chunk, self.metrics)
+                if self._executor is not None:   # its executor time is not the token loop's
+                    self._executor = self.engine.executor_seconds
         except Exception as e:  # noqa: BLE001 - as above, for the embedding jobs
-            for em in list(self._embeds.values()):
-                self._end_embedding(em, Event("error", status=500, message=f"embedding failed: "
-                                              f"{type(e).__name__}: {e}", error_type="server_error"))
+            for em in list(self._embeds.jobs.values()):
+                self._embeds.end(em, Event("error", status=500, message=f"embedding failed: "
+                                           f"{type(e).__name__}: {e}", error_type="server_error"), self.metrics)
         if self.slots_in_use != self.metrics.slots_in_use:
             with self._cond:
                 self._update_occupancy()
@@ -367,7 +369,7 @@ class Scheduler(EmbeddingSteps):
                 assert slot is not None
                 table.take(slot, [], False)
                 table.forget(slot)
-                self._embeds[slot] = _Embedding(job, slot, self._dim, self.n_vocab or 0)
+                self._embeds.add(job, slot)
                 n = sum(len(x) for x in job.inputs)
                 self.metrics.admitted(n, 0)
                 self._emit(job, Event("start", prompt_tokens=n))
@@ -408,14 +410,14 @@ class Scheduler(EmbeddingSteps):
     def _reap(self) -> None:
         """Frees the slots of cancelled jobs and ends those past their time limit."""
         now = self.clock()
-        for em in list(self._embeds.values()):
+        for em in list(self._embeds.jobs.values()):
             job = em.job
             if job.cancelled:
-                self._end_embedding(em, None)
+                self._embeds.end(em, None, self.metrics)
             elif job.deadline is not None and now >= job.deadline:
-                self._end_embedding(em, Event("error", status=503, error_type="timeout_error",
-                                              message=f"the embeddings took longer than the time limit of "
-                                                      f"{job.timeout:g} s"))
+                self._embeds.end(em, Event("error", status=503, error_type="timeout_error",
+                                           message=f"the embeddings took longer than the time limit of "
+                                                   f"{job.timeout:g} s"), self.metrics)
         if not any(s.job.cancelled or (s.job.deadline is not None and now >= s.job.deadline)
                    for s in self._live.values()):
             return

@@ -12,7 +12,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 
-from barellm.generate.generation import Timings
+from barellm.generate.timings import Timings
 
 RATE_WINDOW_S = 10.0   # generated tokens/s is measured over this trailing window
 

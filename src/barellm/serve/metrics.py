@@ -2,7 +2,7 @@
 
 Written from the event loop (requests) and the scheduler thread (tokens, steps), read by GET /metrics:
 one lock guards them all, as every update is a few integer additions. The per-token time breakdown is the
-scheduler's own Timings (generation.py), written by that thread alone, and the event loop's time spent
+scheduler's own Timings (generate/timings.py), written by that thread alone, and the event loop's time spent
 formatting and writing events, kept apart from it: /metrics reads both without stopping either.
 """
 
@@ -12,8 +12,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from barellm.generate.generation import PHASES
 from barellm.generate.stats import RATE_WINDOW_S, SchedulerStats
+from barellm.generate.timings import PHASES
 
 # The paths that get their own label; anything else counts as "other", so a client probing random
 # paths cannot grow the label set without bound.
@@ -55,7 +55,7 @@ class Metrics(SchedulerStats):
             self.write_seconds += seconds
 
     def breakdown(self) -> tuple[dict[str, float], int]:
-        """Seconds by phase of the token loop (generation.PHASES) and the tokens generated."""
+        """Seconds by phase of the token loop (timings.PHASES) and the tokens generated."""
         t = self.timings
         out = t.breakdown() if t is not None else dict.fromkeys(PHASES, 0.0)
         with self._lock:

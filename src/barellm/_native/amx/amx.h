@@ -11,16 +11,8 @@
 extern int bl_amx_min_tokens;
 #define BL_AMX_MIN_TOKENS_DEFAULT 16
 
-#define BL_AMX_DECLARE(sfx)                                                                              \
-    void bl_mm_q4_0_##sfx(BL_MM_ARGS);                                                                   \
-    void bl_mm_q4_1_##sfx(BL_MM_ARGS);                                                                   \
-    void bl_mm_q5_0_##sfx(BL_MM_ARGS);                                                                   \
-    void bl_mm_q8_0_##sfx(BL_MM_ARGS);                                                                   \
-    void bl_mm_q3_k_##sfx(BL_MM_ARGS);                                                                   \
-    void bl_mm_q4_k_##sfx(BL_MM_ARGS);                                                                   \
-    void bl_mm_q5_k_##sfx(BL_MM_ARGS);                                                                   \
-    void bl_mm_q6_k_##sfx(BL_MM_ARGS);
-BL_AMX_DECLARE(amx)
-BL_AMX_DECLARE(amx_emulated)
+/* the quantized types' matmuls of both builds (quant_internal.h's list) */
+BL_QUANT_MM_DECLARE(amx)
+BL_QUANT_MM_DECLARE(amx_emulated)
 
 #endif

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from barellm.cli.bench import Stats, measure_bandwidth, parse_int_list, summarize, weight_bytes_per_token
+from barellm.cli.bench.measure import Stats, measure_bandwidth, parse_int_list, summarize, weight_bytes_per_token
 from barellm.errors import InvalidRequest
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
@@ -74,7 +74,7 @@ def bench_speculative(model: Any, reps: int, max_tokens: int | None = None,
                       on_row: Callable[[SpecRow], None] | None = None) -> list[SpecRow]:
     """Each task with and without drafting, greedy, interleaved (which goes first alternates): decode
     tokens/s of each, and the drafts' acceptance. One model: the runs without drafting pass draft=False."""
-    from barellm.generate.generation import Timings
+    from barellm.generate.timings import Timings
 
     rows = []
     for task, ids, n in speculative_tasks(model):

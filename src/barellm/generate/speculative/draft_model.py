@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from barellm.errors import InvalidRequest
-from barellm.generate.generation import common_prefix
+from barellm.generate.slots import common_prefix
 from barellm.generate.speculative.control import CostTable
 
 CATCH_UP_CHUNK = 256   # tokens of a lagging draft slot fed per step at most
