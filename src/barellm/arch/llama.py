@@ -252,7 +252,7 @@ class ReferenceEngine:
 
     kv_type: what the cache holds: "f32" (the default: exact), or the values a native cache of "f16" or
     "q8_0" would hold (K and V rounded to halves, or through ggml's q8_0 blocks: V as it is, K minus its bias
-    and turned by a Walsh-Hadamard transform first, quant.q8_0_keys), kept as float32.
+    and turned by a Walsh-Hadamard transform first, kv_q8.q8_0_keys), kept as float32.
 
     accumulate: how every matmul sums: "float32" (the default: NumPy's BLAS, whose order and so whose
     rounding depend on the kernel it picks for the CPU), or "float64", rounded once to float32 (matmul_f64:
@@ -362,7 +362,7 @@ class ReferenceEngine:
         if self.kv_type == "f16":
             return x.astype(np.float16).astype(np.float32)
         if self.kv_type == "q8_0":
-            from barellm.formats.quant import q8_0_round_trip
+            from barellm.formats.kv_q8 import q8_0_round_trip
 
             return q8_0_round_trip(x)
         return x
@@ -370,7 +370,7 @@ class ReferenceEngine:
     def _cached_keys(self, k: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
         """Keys [T, n_kv_heads, head_dim] as the cache holds them; bias: the K projection's, if the model has one."""
         if self.kv_type == "q8_0":
-            from barellm.formats.quant import q8_0_keys_round_trip
+            from barellm.formats.kv_q8 import q8_0_keys_round_trip
 
             return q8_0_keys_round_trip(k, None if bias is None else bias.reshape(k.shape[-2:]))
         return self._cached(k)

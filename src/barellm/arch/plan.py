@@ -119,7 +119,7 @@ class MatMul(Op):
 class RopeKV(Op):
     """In place on the qkv rows: (RMSNorm of each q and k head,) RoPE of q and k; then K and V into the
     layer's cache at each token's position (an 8-bit cache stores each key minus k_bias, the K projection's
-    bias where the model has one, and turned by a Walsh-Hadamard transform: quant.q8_0_keys)."""
+    bias where the model has one, and turned by a Walsh-Hadamard transform: kv_q8.q8_0_keys)."""
 
     kind: ClassVar[str] = "rope_kv"
     layer: int

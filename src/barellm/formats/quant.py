@@ -33,18 +33,6 @@ from barellm.formats.ggml import QK, QK_K
 from barellm.formats.ggml import inverse as _inverse
 from barellm.formats.ggml import roundf as _roundf
 
-# the 8-bit KV cache's codec is kv_q8's; its names stay importable here, where the engines import them
-from barellm.formats.kv_q8 import (  # noqa: F401
-    hadamard,
-    kv_rotation,
-    q8_0_join,
-    q8_0_keys,
-    q8_0_keys_join,
-    q8_0_keys_round_trip,
-    q8_0_round_trip,
-    q8_0_split,
-)
-
 __all__ = [
     "QuantType",
     "TYPES",

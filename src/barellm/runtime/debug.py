@@ -19,7 +19,7 @@ from barellm import _native as nat
 from barellm.arch import llama as ref
 from barellm.arch.plan import Attention, Embed, GatedAct, MatMul, MoE, Op, RMSNorm, RopeKV, SoftCap
 from barellm.errors import InvalidRequest
-from barellm.formats.quant import q8_0_keys, q8_0_split
+from barellm.formats.kv_q8 import q8_0_keys, q8_0_split
 
 KV_TILE = nat.KV_TILE
 

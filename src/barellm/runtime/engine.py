@@ -52,7 +52,7 @@ from barellm.formats.kernels import (
     matrix_act,
     matrix_bytes,
 )
-from barellm.formats.quant import q8_0_join, q8_0_keys_join
+from barellm.formats.kv_q8 import q8_0_join, q8_0_keys_join
 from barellm.runtime.debug import EngineDebug
 from barellm.runtime.weights import EngineWeights, aligned_zeros
 
@@ -565,7 +565,7 @@ class NativeEngine(EngineWeights, EngineDebug):
 
     def kv(self, slot: int, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the first n cached positions of a slot and layer, as float32 values (a q8_0 cache's
-        dequantized, its keys turned back and shifted back: quant.q8_0_keys_join): K, V [n, n_kv_heads, head_dim]."""
+        dequantized, its keys turned back and shifted back: kv_q8.q8_0_keys_join): K, V [n, n_kv_heads, head_dim]."""
         nkv, hd = self.cfg.n_kv_heads, self.cfg.head_dim
         if self.kv_type == "q8_0":
             (kq, kd), (vq, vd) = self._q8_views(slot, layer)
