@@ -99,6 +99,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("names", nargs="+", metavar="MODEL")
     p.set_defaults(func=cmd_rm)
 
+    p = sub.add_parser("create", help="make a preset from a Modelfile: a model with a system prompt and defaults",
+                       description="Reads a Modelfile (FROM MODEL, SYSTEM text or \"\"\"lines\"\"\", PARAMETER "
+                                   "KEY VALUE, TEMPLATE, # comments) and stores it as NAME: `run NAME`, `chat "
+                                   "NAME`, `serve` and load(NAME) then run the model with that system prompt, and "
+                                   "the parameters as defaults an option given overrides. `rm NAME` removes the "
+                                   "preset only, never its model.")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("-f", "--file", required=True, metavar="MODELFILE")
+    p.set_defaults(func=cmd_create)
+
     p = sub.add_parser("info", help="the kernel tiers this CPU runs and which one each op uses")
     p.set_defaults(func=cmd_info)
 
@@ -348,10 +358,26 @@ def _indexes(entry: Path, model_file: Path) -> bool:
         return False
 
 
+def cmd_create(args: argparse.Namespace) -> int:
+    from barellm.store import presets
+
+    read = presets.read_modelfile(args.file)
+    preset = presets.create(args.name, read["from"], system=read["system"], parameters=read["parameters"],
+                            template=read["template"])
+    if preset.template is not None:
+        print(f"note: {presets.TEMPLATE_NOTE}", file=sys.stderr)
+    print(f"created {preset.name} (FROM {preset.base})")
+    return 0
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
-    from barellm.store import catalog
+    from barellm.store import catalog, presets
 
     for name in args.names:
+        if presets.find(name) is not None:   # the preset alone: its model stays
+            path = presets.remove(name)
+            print(f"removed preset {path.stem}: {path} (its model stays)")
+            continue
         target = catalog.outside_target(name)
         removed = remove_model(name)
         total = sum(size for _, size in removed)

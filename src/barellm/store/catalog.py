@@ -293,6 +293,12 @@ def listing() -> list[Listed]:
         about = f"{m.general_name}, " if m.general_name else ""
         out.append(Listed(m.name, "own", m.instruct, (m.path,), "converted", f"{about}converted from {m.source}",
                           True))
+    from barellm.store import presets
+
+    for p in presets.all_presets():
+        about = f"FROM {p.base}" + (", a system prompt" if p.system else "") + (
+            f", {len(p.parameters)} parameter(s)" if p.parameters else "")
+        out.append(Listed(p.name, "preset", None, (), "-", about, True))
     return out
 
 
@@ -363,18 +369,21 @@ def display_name(path: str | Path) -> str:
 def known_names() -> list[str]:
     """Every model name a command takes: the registered ones, the user's own models in the cache, then
     the models of the Ollama stores."""
+    from barellm.store import presets
     from barellm.store.sources import huggingface, ollama
 
     return [*sorted(hub.REGISTRY), *(m.name for m in local_models()), *(m.name for m in ollama.local_models()),
-            *(m.name for m in huggingface.cached_models())]
+            *(m.name for m in huggingface.cached_models()), *(p.name for p in presets.all_presets())]
 
 
 def is_known(word: str) -> bool:
     """Whether a word names a model without being a path: a registered name or alias (any case, with a
     ":latest" or size tag), or one's own model."""
+    from barellm.store import presets
     from barellm.store.sources import ollama
 
-    return hub.registered_name(word) is not None or find_local(word) is not None or ollama.find(word) is not None
+    return (hub.registered_name(word) is not None or find_local(word) is not None or ollama.find(word) is not None
+            or presets.find(word) is not None)
 
 
 def close_names(word: str) -> list[str]:
@@ -417,6 +426,12 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
     from barellm.store.sources import huggingface, ollama
 
     ref = names.parse(target)
+    if ref.kind == "name":
+        from barellm.store import presets
+
+        preset = presets.find(target)   # a preset resolves to its model (load() adds its settings)
+        if preset is not None:
+            return resolve(preset.base, pull_missing=pull_missing)
     if ref.kind == "huggingface":
         found = huggingface.find(ref.name, ref.tag) or huggingface.adopt(ref.name, ref.tag)
         if found is not None:
