@@ -86,7 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="models known by name, from every source: kind, size on disk, cached or not",
                        description="Lists the models known by name and their SOURCE: the catalogue (pulled or not), "
                                    "huggingface (GGUFs in the Hugging Face cache), ollama (a local Ollama's store, "
-                                   "or barellm's pulls from Ollama's library), own (your GGUF files, converted); "
+                                   "or barellm's pulls from Ollama's library), own (your GGUF files, converted), "
+                                   "preset (`barellm create`'s: a model with a system prompt and defaults); "
                                    "whether each is an instruct (chat) model or a base model, its size on disk (its "
                                    "GGUF and its converted .blm), and whether it is converted.")
     p.set_defaults(func=cmd_list)
@@ -95,7 +96,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Frees the disk space a model takes in the cache: the pulled file, its "
                                    "manifest and its converted .blm. `barellm pull` fetches it again. For a model "
                                    "of a local Ollama's store or of the Hugging Face cache that barellm did not "
-                                   "fetch, only barellm's conversion goes: their files stay (it says so).")
+                                   "fetch, only barellm's conversion goes: their files stay (it says so). For a "
+                                   "preset, the preset alone goes: its model stays.")
     p.add_argument("names", nargs="+", metavar="MODEL")
     p.set_defaults(func=cmd_rm)
 
