@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -73,12 +74,13 @@ def test_parameters_become_generation_options() -> None:
     ("FROM m\n\nPARAMETER mirostat 1\n", "line 3: unknown parameter 'mirostat'"),
     ("FROM m\nPARAMETER top_k many\n", "line 2: parameter top_k needs an integer"),
     ("FROM m\nPARAMETER temperature\n", "line 2: PARAMETER temperature needs a value"),
+    ("FROM m\nPARAMETER temperature 5\n", "line 2: parameter temperature must be in [0, 2], got '5'"),
     ("FROM m\nSYSTEM\n", "line 2: SYSTEM needs a value"),
     ('FROM m\nSYSTEM """never\nends\n', 'line 2: a """ block that never ends'),
     ("# only\nSYSTEM hi\n", "no FROM line"),
 ])
 def test_errors_name_the_line(text: str, words: str) -> None:
-    with pytest.raises(InvalidRequest, match=words.replace("(", r"\(").replace("|", r"\|")):
+    with pytest.raises(InvalidRequest, match=re.escape(words)):
         parse_modelfile(text)
 
 
@@ -131,6 +133,17 @@ def test_create_list_show_run_rm(smollm_gguf: Path, preset_dir: Path, tmp_path: 
     capsys.readouterr()
 
 
+def test_a_relative_from_is_the_modelfiles_neighbour(smollm_gguf: Path, preset_dir: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "m.gguf").symlink_to(smollm_gguf)
+    (folder / "Modelfile").write_text("FROM ./m.gguf\n")
+    assert main(["create", "local", "-f", str(folder / "Modelfile")]) == 0
+    assert presets.find("local").base == str((folder / "m.gguf").resolve())
+    capsys.readouterr()
+
+
 def test_load_applies_the_system_prompt(smollm_gguf: Path, preset_dir: Path) -> None:
     presets.create("terse", "smollm2-135m", system="Be terse.", parameters={"temperature": 0, "num_ctx": 512})
     model = barellm.load("terse")
@@ -150,6 +163,8 @@ def test_create_refuses_bad_input(preset_dir: Path, tmp_path: Path, capsys: pyte
     assert "a model already" in capsys.readouterr().err
     assert main(["create", "a/b", "-f", _modelfile(tmp_path, "FROM smollm2-135m\n")]) == 1
     assert "no preset name" in capsys.readouterr().err
+    assert main(["create", "x", "-f", _modelfile(tmp_path, f"FROM {tmp_path}\n")]) == 1
+    assert "neither a model file nor a checkpoint directory" in capsys.readouterr().err
     assert main(["create", "x", "-f", str(tmp_path / "missing")]) == 1
     assert "cannot read the Modelfile" in capsys.readouterr().err
     assert not preset_dir.exists() or not any(preset_dir.iterdir())

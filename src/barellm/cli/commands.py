@@ -364,7 +364,11 @@ def cmd_create(args: argparse.Namespace) -> int:
     from barellm.store import presets
 
     read = presets.read_modelfile(args.file)
-    preset = presets.create(args.name, read["from"], system=read["system"], parameters=read["parameters"],
+    base = read["from"]
+    beside = Path(args.file).expanduser().parent / base   # a relative FROM path: from the Modelfile's folder
+    if not Path(base).expanduser().is_absolute() and beside.exists():
+        base = str(beside)
+    preset = presets.create(args.name, base, system=read["system"], parameters=read["parameters"],
                             template=read["template"])
     if preset.template is not None:
         print(f"note: {presets.TEMPLATE_NOTE}", file=sys.stderr)

@@ -22,7 +22,7 @@ from barellm.serve import schemas
 from barellm.serve.errors import ApiError, bad
 from barellm.serve.models import leasing
 from barellm.serve.relay import Outbox, RelayResponse, read_body, submit_embeddings
-from barellm.serve.schema_types import Duration, Int, _Body, _either
+from barellm.serve.schema_types import INT64, MAX_STOP_CHARS, MAX_STOPS, Duration, Int, _Body, _either
 
 # _name(): the model by either of its keys, not empty
 NAMED = ConfigDict(json_schema_extra={"anyOf": [
@@ -45,24 +45,48 @@ class DeleteRequest(_Body):
     name: str | None = None
 
 
+_STOP = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+
+
+class PresetParameters(_Body):
+    """A preset's defaults, by Ollama's names, within what a request's options take (serve/ollama.py)."""
+
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_k: Annotated[Int, Field(ge=0, le=1 << 31)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repeat_penalty: Annotated[float, Field(ge=1e-6, le=10)] | None = None
+    repeat_last_n: Annotated[Int, Field(ge=-1, le=1 << 31)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    seed: Annotated[Int, Field(ge=-INT64, le=(1 << 64) - 1)] | None = None
+    num_predict: Annotated[Int, Field(ge=-2, le=1 << 31)] | None = None
+    num_ctx: Annotated[Int, Field(ge=16, le=1 << 31)] | None = None
+    stop: _STOP | Annotated[list[_STOP], Field(max_length=MAX_STOPS)] | None = None
+
+
+_PRESET_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(:latest)?$"
+
+
 class CreateRequest(_Body):
     """Ollama's /api/create: a preset (store/presets.py), as current Ollama takes it (model, from, system,
     parameters) or as older clients send it (name, modelfile)."""
 
-    model_config = ConfigDict(**_Body.model_config, json_schema_extra=NAMED["json_schema_extra"])
+    model_config = ConfigDict(**_Body.model_config, json_schema_extra={"allOf": [
+        NAMED["json_schema_extra"],
+        {"anyOf": [{"required": ["from"], "properties": {"from": {"type": "string"}}},
+                   {"required": ["modelfile"], "properties": {"modelfile": {"type": "string"}}}]}]})
 
-    model: str | None = None
-    name: str | None = None   # older clients
-    from_: str | None = Field(None, alias="from", description="the model it runs: any name or path barellm takes")
+    model: str | None = Field(None, pattern=_PRESET_NAME)
+    name: str | None = Field(None, pattern=_PRESET_NAME)   # older clients
+    from_: str | None = Field(None, alias="from", pattern=r"\S",
+                              description="the model it runs: any name or path barellm takes")
     system: str | None = None
-    parameters: dict[str, Any] | None = Field(
-        None, description="generation defaults by Ollama's names: temperature, top_k, top_p, min_p, "
-                          "repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, "
-                          "num_predict, num_ctx, stop (a string or an array)")
+    parameters: PresetParameters | None = Field(None, description="generation defaults, by Ollama's names")
     template: str | None = Field(None, description="stored, not applied: the model's own chat template is used")
-    modelfile: str | None = Field(None, description="older clients: a Modelfile's text (FROM, SYSTEM, PARAMETER, "
-                                                    "TEMPLATE); from, system, parameters, template given beside "
-                                                    "it win")
+    modelfile: str | None = Field(None, min_length=1, description=(
+        "older clients: a Modelfile's text (FROM, SYSTEM, PARAMETER, TEMPLATE); from, system, parameters and "
+        "template given beside it win"))
     license: str | list[str] | None = None
     stream: bool = True
 
@@ -339,7 +363,8 @@ async def create(request: Request) -> Response:
     base = body.from_ or read["from"]
     if not base:
         raise bad("from is required: the model the preset runs", "from")
-    params = {**read["parameters"], **(body.parameters or {})}
+    given = body.parameters.model_dump(exclude_none=True) if body.parameters is not None else {}
+    params = {**read["parameters"], **given}
     try:
         preset = await run_in_threadpool(lambda: presets.create(
             name, base, system=body.system if body.system is not None else read["system"], parameters=params,

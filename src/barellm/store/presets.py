@@ -26,6 +26,13 @@ PARAMETERS: dict[str, type] = {
     "repeat_last_n": int, "presence_penalty": float, "frequency_penalty": float, "seed": int,
     "num_predict": int, "num_ctx": int, "stop": str,
 }
+# the values a request's options take (serve/ollama.py's OllamaOptions): (low, high, low excluded)
+RANGES: dict[str, tuple[float, float, bool]] = {
+    "temperature": (0, 2, False), "top_k": (0, 1 << 31, False), "top_p": (0, 1, True), "min_p": (0, 1, False),
+    "repeat_penalty": (1e-6, 10, False), "repeat_last_n": (-1, 1 << 31, False),
+    "presence_penalty": (-2, 2, False), "frequency_penalty": (-2, 2, False), "seed": (-(1 << 63), (1 << 64) - 1, False),
+    "num_predict": (-2, 1 << 31, False), "num_ctx": (16, 1 << 31, False),
+}
 INSTRUCTIONS = ("FROM", "SYSTEM", "PARAMETER", "TEMPLATE")
 TEMPLATE_NOTE = "TEMPLATE is stored but not applied: barellm renders the model's own (GGUF) chat template"
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
@@ -89,6 +96,9 @@ def _value(key: str, raw: Any, where: str) -> Any:
     except (TypeError, ValueError):
         raise InvalidRequest(f"{where}parameter {key} needs {'an integer' if kind is int else 'a number'}, "
                              f"got {raw!r}") from None
+    lo, hi, open_low = RANGES[key]
+    if not (lo < value <= hi if open_low else lo <= value <= hi) or value != value:
+        raise InvalidRequest(f"{where}parameter {key} must be in {'(' if open_low else '['}{lo}, {hi}], got {raw!r}")
     return float(value) if kind is float else value
 
 
@@ -225,7 +235,14 @@ def create(name: str, base: str, *, system: str | None = None, parameters: dict[
     base = base.strip()
     if find(base) is not None:
         base = find(base).base   # a preset of a preset: its model, and its own settings replace the other's
-    if not catalog.can_resolve(base):
+    from barellm.store import names
+
+    if names.exists(base):   # a path: the file itself (or a checkpoint directory), wherever it is run from
+        path = Path(base).expanduser().resolve()
+        if not (path.is_file() or (path / "config.json").is_file()):
+            raise InvalidRequest(f"FROM {base}: neither a model file nor a checkpoint directory")
+        base = str(path)
+    elif not catalog.can_resolve(base):
         raise catalog.unknown_model(base)
     if find(key) is None and catalog.is_known(key):
         raise InvalidRequest(f"{name!r} is the name of a model already; a preset needs a name of its own")
