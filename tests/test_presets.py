@@ -17,7 +17,7 @@ import pytest
 import barellm
 from barellm.cli import main
 from barellm.errors import InvalidRequest
-from barellm.store import presets
+from barellm.store import catalog, presets
 from barellm.store.presets import parse_modelfile
 
 PIRATE = "You are a pirate.\nAnswer in one sentence."
@@ -145,7 +145,8 @@ def test_a_relative_from_is_the_modelfiles_neighbour(smollm_gguf: Path, preset_d
 
 
 def test_load_applies_the_system_prompt(smollm_gguf: Path, preset_dir: Path) -> None:
-    presets.create("terse", "smollm2-135m", system="Be terse.", parameters={"temperature": 0, "num_ctx": 512})
+    catalog.create_preset("terse", "smollm2-135m", system="Be terse.",
+                          parameters={"temperature": 0, "num_ctx": 512})
     model = barellm.load("terse")
     assert model.name == "terse" and model.n_ctx == 512 and model.defaults == {"temperature": 0.0}
     user = [{"role": "user", "content": "hi"}]

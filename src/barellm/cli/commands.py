@@ -361,14 +361,14 @@ def _indexes(entry: Path, model_file: Path) -> bool:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from barellm.store import presets
+    from barellm.store import catalog, presets
 
     read = presets.read_modelfile(args.file)
     base = read["from"]
     beside = Path(args.file).expanduser().parent / base   # a relative FROM path: from the Modelfile's folder
     if not Path(base).expanduser().is_absolute() and beside.exists():
         base = str(beside)
-    preset = presets.create(args.name, base, system=read["system"], parameters=read["parameters"],
+    preset = catalog.create_preset(args.name, base, system=read["system"], parameters=read["parameters"],
                             template=read["template"])
     if preset.template is not None:
         print(f"note: {presets.TEMPLATE_NOTE}", file=sys.stderr)

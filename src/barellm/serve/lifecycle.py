@@ -349,7 +349,7 @@ async def create(request: Request) -> Response:
     from starlette.concurrency import run_in_threadpool
 
     from barellm.errors import ModelNotFound
-    from barellm.store import presets
+    from barellm.store import catalog, presets
 
     server = request.app.state.server
     body = schemas.parse(CreateRequest, await read_body(request, server.max_body))
@@ -366,7 +366,7 @@ async def create(request: Request) -> Response:
     given = body.parameters.model_dump(exclude_none=True) if body.parameters is not None else {}
     params = {**read["parameters"], **given}
     try:
-        preset = await run_in_threadpool(lambda: presets.create(
+        preset = await run_in_threadpool(lambda: catalog.create_preset(
             name, base, system=body.system if body.system is not None else read["system"], parameters=params,
             template=body.template if body.template is not None else read["template"]))
     except ModelNotFound as e:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from barellm.errors import ModelNotFound
+from barellm.errors import InvalidRequest, ModelNotFound
 from barellm.store import hub, names
 from barellm.store.names import normalize
 
@@ -462,6 +462,21 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
         if registered is not None:
             return hub.resolve(registered, pull_missing=pull_missing)
     raise unknown_model(target)
+
+
+def create_preset(name: str, base: str, *, system: str | None = None, parameters: dict[str, Any] | None = None,
+                  template: str | None = None) -> Any:
+    """Stores a preset (store/presets.py) and returns it: its model must resolve (a catalogue name not yet
+    pulled is fine: running it pulls it), and its name must be no other model's."""
+    from barellm.store import presets
+
+    key = presets.check_name(name)
+    base = presets.check_base(base)
+    if not can_resolve(base):
+        raise unknown_model(base)
+    if presets.find(key) is None and is_known(key):
+        raise InvalidRequest(f"{name!r} is the name of a model already; a preset needs a name of its own")
+    return presets.save(key, base, system=system, parameters=parameters, template=template)
 
 
 def outside_target(word: str) -> Any:

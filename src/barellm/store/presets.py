@@ -222,30 +222,31 @@ def all_presets() -> list[Preset]:
     return [p for p in found if p is not None]
 
 
-def create(name: str, base: str, *, system: str | None = None, parameters: dict[str, Any] | None = None,
-           template: str | None = None) -> Preset:
-    """Checks and stores a preset (replacing one of that name). Its model must resolve (a catalogue name
-    not yet pulled is fine: running it pulls it); its name must be no other model's."""
-    from barellm.files import write_bytes_atomic
-    from barellm.store import catalog
+def check_base(base: str) -> str:
+    """FROM as it is stored: a path made absolute (wherever a preset is run from); an error for a path that
+    is no model. Whether a name resolves is the catalogue's to say (catalog.create_preset)."""
+    from barellm.store import names
 
-    key = check_name(name)
     if not isinstance(base, str) or not base.strip():
         raise InvalidRequest("a preset needs FROM: the model it runs")
     base = base.strip()
-    if find(base) is not None:
-        base = find(base).base   # a preset of a preset: its model, and its own settings replace the other's
-    from barellm.store import names
-
-    if names.exists(base):   # a path: the file itself (or a checkpoint directory), wherever it is run from
+    found = find(base)
+    if found is not None:
+        return found.base   # a preset of a preset: its model, and its own settings replace the other's
+    if names.exists(base):   # a path: the file itself (or a checkpoint directory)
         path = Path(base).expanduser().resolve()
         if not (path.is_file() or (path / "config.json").is_file()):
             raise InvalidRequest(f"FROM {base}: neither a model file nor a checkpoint directory")
-        base = str(path)
-    elif not catalog.can_resolve(base):
-        raise catalog.unknown_model(base)
-    if find(key) is None and catalog.is_known(key):
-        raise InvalidRequest(f"{name!r} is the name of a model already; a preset needs a name of its own")
+        return str(path)
+    return base
+
+
+def save(name: str, base: str, *, system: str | None = None, parameters: dict[str, Any] | None = None,
+         template: str | None = None) -> Preset:
+    """Checks and stores a preset (replacing one of that name), base already checked (check_base)."""
+    from barellm.files import write_bytes_atomic
+
+    key = check_name(name)
     if system is not None and not isinstance(system, str):
         raise InvalidRequest("system must be a string")
     if template is not None and not isinstance(template, str):
