@@ -232,6 +232,9 @@ def test_api_create_then_chat(server: str) -> None:
     same = client.chat(model="smollm2-135m", messages=[{"role": "system", "content": PIRATE}, *ask],
                        options={"num_predict": 12, "temperature": 0, "seed": 3}).message.content
     assert got == same and got
+    shown = client.show("captain")
+    assert "FROM smollm2-135m" in shown.modelfile and PIRATE in shown.modelfile
+    assert "temperature 0.0" in shown.parameters and "seed 3" in shown.parameters
 
     # the older form: a Modelfile's text
     r = httpx.post(f"{server}/api/create", json={"name": "terse", "stream": False,

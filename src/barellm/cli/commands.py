@@ -249,7 +249,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     check_draft(args)
     _check_model(args.model, "chat")
     model = _load(args, args.model, chat_template=args.template)
-    session = ChatSession(model, model_defaults_first(sampling_kwargs(args), model), system=args.system,
+    system = args.system or getattr(model, "system", None)   # a preset's, unless --system gives one
+    session = ChatSession(model, model_defaults_first(sampling_kwargs(args), model), system=system,
                           template=args.template, verbose=args.verbose)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     return session.run(make_reader(), interactive=interactive)
