@@ -298,7 +298,8 @@ def listing() -> list[Listed]:
     for p in presets.all_presets():
         about = f"FROM {p.base}" + (", a system prompt" if p.system else "") + (
             f", {len(p.parameters)} parameter(s)" if p.parameters else "")
-        out.append(Listed(p.name, "preset", None, (), "-", about, True))
+        instruct = next((r.instruct for r in out if r.name.lower() == normalize(p.base)), None)   # its model's
+        out.append(Listed(p.name, "preset", instruct, (), "-", about, True))
     return out
 
 
