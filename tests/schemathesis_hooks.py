@@ -31,6 +31,8 @@ UNSTATABLE = {
     "tools": r"which is not among the tools|is defined twice",
     # a grammar, regular expression or JSON schema that does not compile, or can never be satisfied
     "constraint": r"^(grammar|regex|json_schema|response_format\.json_schema\.schema|format)\b",
+    # /api/create: a Modelfile's own language, a name some model has already, a FROM path that is no model
+    "preset": r"^modelfile: |is the name of a model already|neither a model file nor a checkpoint directory",
 }
 
 

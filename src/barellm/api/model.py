@@ -126,6 +126,7 @@ class Model:
         self._lock = threading.Lock()
         self._held: dict[int, int] = {}   # thread id -> slots its unfinished generations hold or wait for
         self._served = False              # a server runs the scheduler (see serving())
+        self.system: str | None = None    # a preset's system prompt: chat_prompt() starts a chat with it
 
     def _make_engine(self, engine: str) -> tuple[str, Any]:
         if engine in ("auto", "native"):
@@ -523,6 +524,8 @@ class Model:
         from barellm.text.toolcalls import prepare_messages, validate_tools
 
         msgs: list[Any] = list(messages)
+        if self.system and not any(isinstance(m, dict) and m.get("role") == "system" for m in msgs):
+            msgs.insert(0, {"role": "system", "content": self.system})   # a message's own system prompt wins
         extra: dict[str, Any] = {}
         if tools or any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in msgs):
             if all(isinstance(m, dict) for m in msgs):
@@ -580,13 +583,20 @@ def load(model: str | os.PathLike[str] | None = None, *, threads: int | None = N
     model, which must share this model's vocabulary (e.g. "qwen2.5-coder-0.5b" for "qwen2.5-coder-1.5b");
     drafting turns itself off where it does not pay. A generation's draft=False turns it off for that call.
     """
-    from barellm.store import catalog
+    from barellm.store import catalog, presets
 
+    preset = presets.find(os.fspath(model)) if model is not None else None
     path = catalog.resolve(model)
+    defaults = catalog.options_of(path)
+    if preset is not None:   # a preset's parameters over its model's own; its system prompt starts each chat
+        defaults = {**defaults, **preset.options}
     try:
-        return Model(path, threads=threads, context=context, engine=engine, chat_template=chat_template,
-                     slots=slots, activations=activations, kv_type=kv_type, verify=verify, draft=draft,
-                     defaults=catalog.options_of(path))
+        out = Model(path, threads=threads, context=context, engine=engine, chat_template=chat_template,
+                    slots=slots, activations=activations, kv_type=kv_type, verify=verify, draft=draft,
+                    defaults=defaults)
+        if preset is not None:
+            out.name, out.system = preset.name, preset.system
+        return out
     except BarellmError:
         raise
     except (OSError, MemoryError) as e:

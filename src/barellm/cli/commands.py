@@ -86,7 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="models known by name, from every source: kind, size on disk, cached or not",
                        description="Lists the models known by name and their SOURCE: the catalogue (pulled or not), "
                                    "huggingface (GGUFs in the Hugging Face cache), ollama (a local Ollama's store, "
-                                   "or barellm's pulls from Ollama's library), own (your GGUF files, converted); "
+                                   "or barellm's pulls from Ollama's library), own (your GGUF files, converted), "
+                                   "preset (`barellm create`'s: a model with a system prompt and defaults); "
                                    "whether each is an instruct (chat) model or a base model, its size on disk (its "
                                    "GGUF and its converted .blm), and whether it is converted.")
     p.set_defaults(func=cmd_list)
@@ -95,9 +96,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Frees the disk space a model takes in the cache: the pulled file, its "
                                    "manifest and its converted .blm. `barellm pull` fetches it again. For a model "
                                    "of a local Ollama's store or of the Hugging Face cache that barellm did not "
-                                   "fetch, only barellm's conversion goes: their files stay (it says so).")
+                                   "fetch, only barellm's conversion goes: their files stay (it says so). For a "
+                                   "preset, the preset alone goes: its model stays.")
     p.add_argument("names", nargs="+", metavar="MODEL")
     p.set_defaults(func=cmd_rm)
+
+    p = sub.add_parser("create", help="make a preset from a Modelfile: a model with a system prompt and defaults",
+                       description="Reads a Modelfile (FROM MODEL, SYSTEM text or \"\"\"lines\"\"\", PARAMETER "
+                                   "KEY VALUE, TEMPLATE, # comments) and stores it as NAME: `run NAME`, `chat "
+                                   "NAME`, `serve` and load(NAME) then run the model with that system prompt, and "
+                                   "the parameters as defaults an option given overrides. `rm NAME` removes the "
+                                   "preset only, never its model.")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("-f", "--file", required=True, metavar="MODELFILE")
+    p.set_defaults(func=cmd_create)
 
     p = sub.add_parser("info", help="the kernel tiers this CPU runs and which one each op uses")
     p.set_defaults(func=cmd_info)
@@ -237,7 +249,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     check_draft(args)
     _check_model(args.model, "chat")
     model = _load(args, args.model, chat_template=args.template)
-    session = ChatSession(model, model_defaults_first(sampling_kwargs(args), model), system=args.system,
+    system = args.system or getattr(model, "system", None)   # a preset's, unless --system gives one
+    session = ChatSession(model, model_defaults_first(sampling_kwargs(args), model), system=system,
                           template=args.template, verbose=args.verbose)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     return session.run(make_reader(), interactive=interactive)
@@ -348,10 +361,30 @@ def _indexes(entry: Path, model_file: Path) -> bool:
         return False
 
 
+def cmd_create(args: argparse.Namespace) -> int:
+    from barellm.store import catalog, presets
+
+    read = presets.read_modelfile(args.file)
+    base = read["from"]
+    beside = Path(args.file).expanduser().parent / base   # a relative FROM path: from the Modelfile's folder
+    if not Path(base).expanduser().is_absolute() and beside.exists():
+        base = str(beside)
+    preset = catalog.create_preset(args.name, base, system=read["system"], parameters=read["parameters"],
+                            template=read["template"])
+    if preset.template is not None:
+        print(f"note: {presets.TEMPLATE_NOTE}", file=sys.stderr)
+    print(f"created {preset.name} (FROM {preset.base})")
+    return 0
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
-    from barellm.store import catalog
+    from barellm.store import catalog, presets
 
     for name in args.names:
+        if presets.find(name) is not None:   # the preset alone: its model stays
+            path = presets.remove(name)
+            print(f"removed preset {path.stem}: {path} (its model stays)")
+            continue
         target = catalog.outside_target(name)
         removed = remove_model(name)
         total = sum(size for _, size in removed)

@@ -5,6 +5,7 @@ model not loaded."""
 from __future__ import annotations
 
 import argparse
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -63,9 +64,21 @@ def describe(metadata: dict[str, Any], tensors: dict[str, Any]) -> list[tuple[st
 def cmd_show(args: argparse.Namespace) -> int:
     from barellm.errors import FormatError
     from barellm.formats import sniff
-    from barellm.store import catalog
+    from barellm.store import catalog, presets
     from barellm.store.converted import open_model
 
+    preset = presets.find(args.model)
+    if preset is not None and not args.template:
+        print(f"  Preset  {preset.name}")
+        print(f"    {'from':<20}{preset.base}")
+        if preset.system:
+            print(f"    {'system':<20}" + preset.system.replace("\n", "\n" + " " * 24))
+        for key, value in preset.parameters.items():
+            for v in value if isinstance(value, list) else [value]:
+                print(f"    {key:<20}{json.dumps(v) if isinstance(v, str) else v}")
+        if preset.template:
+            print(f"    {'template':<20}stored, not applied: the model's own chat template is used")
+        print()
     path = Path(catalog.resolve(args.model, pull_missing=False))
     if sniff(path) == "hf":
         raise FormatError(f"{path}: a checkpoint directory; `barellm convert` it and show the .blm")

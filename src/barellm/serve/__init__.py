@@ -104,10 +104,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def served_id(model: str | None, path: Path) -> str:
     """The id /v1/models reports: the registry name when the model was given by name, else the name the
     cache knows the file by (a user's own model), else the file's stem."""
-    from barellm.store import catalog, hub
+    from barellm.store import catalog, hub, presets
 
     name = model if model is not None else hub.DEFAULT_MODEL
-    return hub.registered_name(name) or catalog.display_name(path)
+    preset = presets.find(name)
+    return preset.name if preset is not None else hub.registered_name(name) or catalog.display_name(path)
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -229,7 +230,7 @@ def build_server(args: argparse.Namespace, allowed: Any, replica: str | None) ->
     timeout = args.timeout or None
 
     def load(cand: Any) -> Any:
-        model = barellm.load(cand.path, threads=args.threads, context=args.context, engine=args.engine,
+        model = barellm.load(cand.preset or cand.path, threads=args.threads, context=args.context, engine=args.engine,
                              chat_template=args.template, slots=args.slots, activations=args.activations,
                              kv_type=args.kv_type, verify=args.verify)
         add_draft(model, args.draft)

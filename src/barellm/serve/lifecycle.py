@@ -22,7 +22,7 @@ from barellm.serve import schemas
 from barellm.serve.errors import ApiError, bad
 from barellm.serve.models import leasing
 from barellm.serve.relay import Outbox, RelayResponse, read_body, submit_embeddings
-from barellm.serve.schema_types import Duration, Int, _Body, _either
+from barellm.serve.schema_types import INT64, MAX_STOP_CHARS, MAX_STOPS, Duration, Int, _Body, _either
 
 # _name(): the model by either of its keys, not empty
 NAMED = ConfigDict(json_schema_extra={"anyOf": [
@@ -43,6 +43,52 @@ class DeleteRequest(_Body):
 
     model: str | None = None
     name: str | None = None
+
+
+_STOP = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+
+
+class PresetParameters(_Body):
+    """A preset's defaults, by Ollama's names, within what a request's options take (serve/ollama.py)."""
+
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_k: Annotated[Int, Field(ge=0, le=1 << 31)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repeat_penalty: Annotated[float, Field(ge=1e-6, le=10)] | None = None
+    repeat_last_n: Annotated[Int, Field(ge=-1, le=1 << 31)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    seed: Annotated[Int, Field(ge=-INT64, le=(1 << 64) - 1)] | None = None
+    num_predict: Annotated[Int, Field(ge=-2, le=1 << 31)] | None = None
+    num_ctx: Annotated[Int, Field(ge=16, le=1 << 31)] | None = None
+    stop: _STOP | Annotated[list[_STOP], Field(max_length=MAX_STOPS)] | None = None
+
+
+_PRESET_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(:latest)?$"
+
+
+class CreateRequest(_Body):
+    """Ollama's /api/create: a preset (store/presets.py), as current Ollama takes it (model, from, system,
+    parameters) or as older clients send it (name, modelfile)."""
+
+    model_config = ConfigDict(**_Body.model_config, json_schema_extra={"allOf": [
+        NAMED["json_schema_extra"],
+        {"anyOf": [{"required": ["from"], "properties": {"from": {"type": "string"}}},
+                   {"required": ["modelfile"], "properties": {"modelfile": {"type": "string"}}}]}]})
+
+    model: str | None = Field(None, pattern=_PRESET_NAME)
+    name: str | None = Field(None, pattern=_PRESET_NAME)   # older clients
+    from_: str | None = Field(None, alias="from", pattern=r"\S",
+                              description="the model it runs: any name or path barellm takes")
+    system: str | None = None
+    parameters: PresetParameters | None = Field(None, description="generation defaults, by Ollama's names")
+    template: str | None = Field(None, description="stored, not applied: the model's own chat template is used")
+    modelfile: str | None = Field(None, min_length=1, description=(
+        "older clients: a Modelfile's text (FROM, SYSTEM, PARAMETER, TEMPLATE); from, system, parameters and "
+        "template given beside it win"))
+    license: str | list[str] | None = None
+    stream: bool = True
 
 
 class CopyRequest(_Body):
@@ -262,6 +308,14 @@ async def delete(request: Request) -> Response:
     cand = server.models.resolve(_name(body))
     if cand.fixed:
         raise ApiError(400, f"model {cand.name!r} was handed to this server in memory; it cannot delete it")
+    if cand.preset is not None:   # the preset alone: its model stays
+        from barellm.store import presets
+
+        if not await server.models.unload(cand.name):
+            raise ApiError(409, f"model {cand.name!r} is in use; delete it once its requests end", code="model_busy")
+        presets.remove(cand.preset)   # not forget(): that drops every name of the file, its model's too
+        server.models.catalog(refresh=True)
+        return JSONResponse({})
     registered = cand.name in hub.REGISTRY
     local = None if registered else catalog.find_local(cand.name)
     outside = None if registered or local is not None else catalog.outside_target(cand.name)
@@ -286,6 +340,58 @@ async def delete(request: Request) -> Response:
     server.models.forget(cand)
     server.models.catalog(refresh=True)
     return JSONResponse({})
+
+
+@_ollama
+async def create(request: Request) -> Response:
+    """Stores a preset, as `barellm create` does: Ollama's status lines (streamed unless stream is false),
+    the last {"status": "success"}."""
+    from starlette.concurrency import run_in_threadpool
+
+    from barellm.errors import ModelNotFound
+    from barellm.store import catalog, presets
+
+    server = request.app.state.server
+    body = schemas.parse(CreateRequest, await read_body(request, server.max_body))
+    name = _name(body)
+    read: dict[str, Any] = {"from": None, "system": None, "parameters": {}, "template": None}
+    try:
+        if body.modelfile:
+            read = presets.parse_modelfile(body.modelfile)
+    except InvalidRequest as e:
+        raise bad(f"modelfile: {e}", "modelfile") from None
+    base = body.from_ or read["from"]
+    if not base:
+        raise bad("from is required: the model the preset runs", "from")
+    given = body.parameters.model_dump(exclude_none=True) if body.parameters is not None else {}
+    params = {**read["parameters"], **given}
+    try:
+        preset = await run_in_threadpool(lambda: catalog.create_preset(
+            name, base, system=body.system if body.system is not None else read["system"], parameters=params,
+            template=body.template if body.template is not None else read["template"]))
+    except ModelNotFound as e:
+        raise ApiError(404, str(e), param="from", code="model_not_found") from None
+    except InvalidRequest as e:
+        raise bad(str(e), "model") from None
+    try:   # a preset named anew drops what a loaded one of that name had: its next request loads it again
+        old = server.models.resolve(preset.name)
+        if old.preset is not None:
+            await server.models.unload(old.name)
+    except ApiError:
+        pass
+    server.models.catalog(refresh=True)
+    lines: list[dict[str, Any]] = [{"status": f"creating {preset.name} from {preset.base}"}]
+    if preset.template is not None:
+        lines.append({"status": presets.TEMPLATE_NOTE})
+    lines += [{"status": "writing manifest"}, {"status": "success"}]
+    if not body.stream:
+        return JSONResponse(lines[-1])
+
+    async def out() -> AsyncIterator[bytes]:
+        for line in lines:
+            yield _line(line)
+
+    return StreamingResponse(out(), media_type="application/x-ndjson")
 
 
 @_ollama
@@ -382,7 +488,7 @@ async def embeddings(request: Request) -> Response:
     return await _embed(request, legacy=True)
 
 
-MODELS = [PullRequest, DeleteRequest, CopyRequest, EmbedRequest, LegacyEmbeddingRequest]
+MODELS = [PullRequest, DeleteRequest, CreateRequest, CopyRequest, EmbedRequest, LegacyEmbeddingRequest]
 
 
 _ERROR = {"application/json": {"schema": {"type": "object", "properties": {"error": {"type": "string"}},
@@ -405,6 +511,10 @@ PATHS: dict[str, Any] = {
                      {"500": "with stream false: the pull failed (the network, the disk); streamed, an error line"}),
     "/api/delete": _op("delete", "Ollama: remove a model from the cache", "ollamaDelete", "DeleteRequest", "{}",
                        {"409": "the model is in use", "500": "removing its files failed"}),
+    "/api/create": _op("post", "Ollama: a preset: a model with a system prompt and default parameters",
+                       "ollamaCreate", "CreateRequest",
+                       "streamed: one status object per line, the last {status: success}; with stream false that "
+                       "last one alone", {"404": "from names no model"}),
     "/api/copy": _op("post", "Ollama: another name for a model (while the server runs)", "ollamaCopy",
                      "CopyRequest", "{}"),
     "/api/embed": _op("post", "Ollama: embeddings of texts", "ollamaEmbed", "EmbedRequest", "{embeddings}"),
@@ -419,6 +529,7 @@ def routes() -> list[Route]:
     return [
         Route("/api/pull", pull, methods=["POST"]),
         Route("/api/delete", delete, methods=["DELETE"]),
+        Route("/api/create", create, methods=["POST"]),
         Route("/api/copy", copy, methods=["POST"]),
         Route("/api/embed", leasing(embed), methods=["POST"]),
         Route("/api/embeddings", leasing(embeddings), methods=["POST"]),

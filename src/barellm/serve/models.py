@@ -79,6 +79,7 @@ class Candidate:
     size: int
     modified: float
     fixed: bool = False     # an in-memory model handed to create_app: never unloaded, never reloaded
+    preset: str | None = None   # a preset's name (store/presets.py): loaded by it, with its system and defaults
 
     def answers(self, key: str) -> bool:
         return key in self.names
@@ -107,8 +108,12 @@ def cache_candidates(extra: Iterable[tuple[str, Path]] = (), aliases: dict[str, 
         seen[resolved] = len(out)
         out.append(Candidate(name, path, frozenset(names), st.st_size, st.st_mtime))
 
+    from barellm.errors import BarellmError
+    from barellm.store import presets
+
     for name, path in extra:
-        add(name, path, ())
+        if presets.find(name) is None:   # a preset named at start is listed below, as a preset
+            add(name, path, ())
     for name in sorted(hub.REGISTRY):
         path = hub.cached_path(name)
         if path is not None:
@@ -119,13 +124,23 @@ def cache_candidates(extra: Iterable[tuple[str, Path]] = (), aliases: dict[str, 
         add(m.name, m.path, m.names)
     for name, path, more in catalog.outside_models():   # the Ollama stores', the Hugging Face cache's
         add(name, path, more)
+    taken = {n for c in out for n in c.names}
+    for p in presets.all_presets():   # a preset shares its model's file: a candidate of its own all the same
+        if p.name in taken:
+            continue
+        try:
+            path = catalog.resolve(p.base, pull_missing=False)
+            st = path.stat()
+        except (BarellmError, OSError):
+            continue
+        out.append(Candidate(p.name, path, frozenset({p.name}), st.st_size, st.st_mtime, preset=p.name))
     if aliases:
         by_name = {c.name.lower(): i for i, c in enumerate(out)}
         for alias, target in aliases.items():
             i = by_name.get(target.lower())
             if i is not None:
                 c = out[i]
-                out[i] = Candidate(c.name, c.path, c.names | {alias.lower()}, c.size, c.modified, c.fixed)
+                out[i] = Candidate(c.name, c.path, c.names | {alias.lower()}, c.size, c.modified, c.fixed, c.preset)
     return out
 
 
@@ -214,7 +229,8 @@ class Models:
         out = []
         for c in self._catalog:
             extra = {a for a, target in self.aliases.items() if target == c.name}
-            out.append(Candidate(c.name, c.path, c.names | extra, c.size, c.modified, c.fixed) if extra else c)
+            out.append(Candidate(c.name, c.path, c.names | extra, c.size, c.modified, c.fixed, c.preset)
+                       if extra else c)
         return out
 
     def known_names(self) -> list[str]:

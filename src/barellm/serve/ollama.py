@@ -488,9 +488,22 @@ async def show(request: Request) -> Response:
     info = {k: v for k, v in md.items() if isinstance(v, (str, int, float, bool)) and not k.startswith("tokenizer.")}
     info[f"{arch}.context_length"] = state.n_ctx
     template = getattr(getattr(state.model, "template", None), "source", "")
+    from barellm.store import presets
+
+    preset = presets.find(state.model_id)   # a preset: its FROM, system prompt and parameters, as Ollama shows
+    lines = []
+    for key, value in (preset.parameters.items() if preset is not None else ()):
+        lines += [f"{key} {json.dumps(v) if isinstance(v, str) else v}" for v in (value if isinstance(value, list)
+                                                                                else [value])]
+    source = preset.base if preset is not None else state.model_id
+    modelfile = f"# served by barellm {__version__}\nFROM {source}\n" + "".join(f"PARAMETER {p}\n" for p in lines)
+    out: dict[str, Any] = {}
+    if preset is not None and preset.system:
+        modelfile += f'SYSTEM """{preset.system}"""\n'
+        out["system"] = preset.system
     return JSONResponse({
-        "modelfile": f"# served by barellm {__version__}\nFROM {state.model_id}\n",
-        "parameters": "", "template": template, "details": details, "model_info": info,
+        "modelfile": modelfile, **out,
+        "parameters": "\n".join(lines), "template": template, "details": details, "model_info": info,
         "capabilities": ["completion"], "modified_at": _modified(state.created)})
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from barellm.errors import ModelNotFound
+from barellm.errors import InvalidRequest, ModelNotFound
 from barellm.store import hub, names
 from barellm.store.names import normalize
 
@@ -293,6 +293,13 @@ def listing() -> list[Listed]:
         about = f"{m.general_name}, " if m.general_name else ""
         out.append(Listed(m.name, "own", m.instruct, (m.path,), "converted", f"{about}converted from {m.source}",
                           True))
+    from barellm.store import presets
+
+    for p in presets.all_presets():
+        about = f"FROM {p.base}" + (", a system prompt" if p.system else "") + (
+            f", {len(p.parameters)} parameter(s)" if p.parameters else "")
+        instruct = next((r.instruct for r in out if r.name.lower() == normalize(p.base)), None)   # its model's
+        out.append(Listed(p.name, "preset", instruct, (), "-", about, True))
     return out
 
 
@@ -363,18 +370,21 @@ def display_name(path: str | Path) -> str:
 def known_names() -> list[str]:
     """Every model name a command takes: the registered ones, the user's own models in the cache, then
     the models of the Ollama stores."""
+    from barellm.store import presets
     from barellm.store.sources import huggingface, ollama
 
     return [*sorted(hub.REGISTRY), *(m.name for m in local_models()), *(m.name for m in ollama.local_models()),
-            *(m.name for m in huggingface.cached_models())]
+            *(m.name for m in huggingface.cached_models()), *(p.name for p in presets.all_presets())]
 
 
 def is_known(word: str) -> bool:
     """Whether a word names a model without being a path: a registered name or alias (any case, with a
     ":latest" or size tag), or one's own model."""
+    from barellm.store import presets
     from barellm.store.sources import ollama
 
-    return hub.registered_name(word) is not None or find_local(word) is not None or ollama.find(word) is not None
+    return (hub.registered_name(word) is not None or find_local(word) is not None or ollama.find(word) is not None
+            or presets.find(word) is not None)
 
 
 def close_names(word: str) -> list[str]:
@@ -417,6 +427,12 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
     from barellm.store.sources import huggingface, ollama
 
     ref = names.parse(target)
+    if ref.kind == "name":
+        from barellm.store import presets
+
+        preset = presets.find(target)   # a preset resolves to its model (load() adds its settings)
+        if preset is not None:
+            return resolve(preset.base, pull_missing=pull_missing)
     if ref.kind == "huggingface":
         found = huggingface.find(ref.name, ref.tag) or huggingface.adopt(ref.name, ref.tag)
         if found is not None:
@@ -447,6 +463,21 @@ def resolve(name_or_path: str | os.PathLike[str] | None = None, *, pull_missing:
         if registered is not None:
             return hub.resolve(registered, pull_missing=pull_missing)
     raise unknown_model(target)
+
+
+def create_preset(name: str, base: str, *, system: str | None = None, parameters: dict[str, Any] | None = None,
+                  template: str | None = None) -> Any:
+    """Stores a preset (store/presets.py) and returns it: its model must resolve (a catalogue name not yet
+    pulled is fine: running it pulls it), and its name must be no other model's."""
+    from barellm.store import presets
+
+    key = presets.check_name(name)
+    base = presets.check_base(base)
+    if not can_resolve(base):
+        raise unknown_model(base)
+    if presets.find(key) is None and is_known(key):
+        raise InvalidRequest(f"{name!r} is the name of a model already; a preset needs a name of its own")
+    return presets.save(key, base, system=system, parameters=parameters, template=template)
 
 
 def outside_target(word: str) -> Any:
