@@ -90,7 +90,7 @@ class ReferenceOps:
 
     def forward_ops(self, tokens: Sequence[int], start: int = 0, hook: Hook | None = None) -> np.ndarray:
         """Logits [T, n_vocab] of every position; hook sees (and may replace) each op's output."""
-        from barellm.arch.llama import attention, rmsnorm, rope
+        from barellm.arch.llama import attention, gated, rmsnorm, rope
 
         e, cfg = self.engine, self.cfg
         ids = np.asarray(tokens, dtype=np.int64)
@@ -151,7 +151,7 @@ class ReferenceOps:
             xn = op(b + "ffn_norm", rmsnorm(x, L.ffn_norm, eps))
             gu = op(b + "ffn_gate_up", np.concatenate([xn @ L.w_gate, xn @ L.w_up], axis=1))
             f = cfg.ffn_dim
-            act = op(b + "ffn_act", e.act(gu[:, :f]) * gu[:, f:])
+            act = op(b + "ffn_act", gated(cfg.act, gu[:, :f], gu[:, f:]))
             if L.post_ffn_norm is not None:
                 ffn = op(b + "ffn_down", act @ L.w_down)
                 x = op(b + "post_ffn_norm", x + rmsnorm(ffn, L.post_ffn_norm, eps))
