@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"  {key} = {preview(value, args.all_metadata)}")
     tensors = src.tensors
     total = sum(t.nbytes for t in tensors.values())
-    n_params = sum(_numel(t.shape) for t in tensors.values())
+    n_params = sum(math.prod(map(int, t.shape)) for t in tensors.values())
     print(f"tensors: {len(tensors)}, {n_params / 1e6:.1f} M parameters, {total / 1e6:.1f} MB")
 
     def tname(t: Any) -> str:
@@ -76,10 +77,3 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print(f"  {name:<6} {count:>4} tensors {bytes_by_type[name] / 1e6:>9.1f} MB")
         print("  (--tensors lists them all)")
     return 0
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ def describe(metadata: dict[str, Any], tensors: dict[str, Any]) -> list[tuple[st
     from barellm.store.hub import is_instruct
 
     arch = str(metadata.get("general.architecture", "unknown"))
-    n_params = sum(_numel(t.shape) for t in tensors.values())
+    n_params = sum(math.prod(map(int, t.shape)) for t in tensors.values())
     rows = [("architecture", arch), ("parameters", parameter_size(n_params))]
     for label, key in (("context length", "context_length"), ("embedding length", "embedding_length")):
         value = metadata.get(f"{arch}.{key}")
@@ -103,10 +104,3 @@ def cmd_show(args: argparse.Namespace) -> int:
         for line in lines[:6]:
             print(f"    {line[:110]}{'…' if len(line) > 110 else ''}")
     return 0
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n

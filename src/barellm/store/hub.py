@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 from barellm.errors import BarellmError, ModelNotFound
 from barellm.files import home, remove_stale_temps, temp_dir, write_bytes_atomic
 from barellm.progress import Progress
+from barellm.store.names import exists
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -120,15 +121,6 @@ def registered_name(word: str) -> str | None:
 def close_names(word: str) -> list[str]:
     """The known names and aliases `word` is most likely a misspelling of, best first (maybe none)."""
     return difflib.get_close_matches(word, [*REGISTRY, *ALIASES], n=3, cutoff=0.8)
-
-
-def exists(word: str) -> bool:
-    """Whether a word names an existing file or directory; False for what cannot be a path at all (too long,
-    a NUL byte in it)."""
-    try:
-        return bool(word) and Path(word).expanduser().exists()
-    except (OSError, ValueError, RuntimeError):   # RuntimeError: ~user of no such user
-        return False
 
 
 def looks_like_model(word: str) -> bool:
