@@ -12,16 +12,25 @@ import math
 import mmap
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from barellm.arch.registry import ARCHITECTURES, Architecture, for_hf_model_type
+from barellm.arch.registry import ARCHITECTURES
 from barellm.errors import FormatError, ModelNotFound
 from barellm.files import open_regular
+from barellm.store.hf_families import (
+    Config,
+    Family,
+    Recipe,
+    Same,
+    Stored,
+    family_of,
+    supported,
+)
 
 F32, F16, BF16 = 0, 1, 30
 
@@ -169,37 +178,10 @@ class SafetensorsFile:
 
 # --- Hugging Face checkpoints ----------------------------------------------------------------------------
 
-_HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_HF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
 # buffers some checkpoints carry that are computed, not learned
 _HF_SKIP = re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")
-
-
-def hf_name(name: str, n_layers: int, arch: Architecture | None = None) -> str | None:
-    """Our (GGUF's) name for a Hugging Face tensor of an architecture (default llama); None for a buffer to
-    skip; FormatError if the architecture has no such tensor."""
-    arch = arch or ARCHITECTURES["llama"]
-    if name in _HF_NAMES:
-        return _HF_NAMES[name]
-    if _HF_SKIP.fullmatch(name):
-        return None
-    m = _HF_LAYER.fullmatch(name)
-    if m and m.group(2) in arch.hf_layer_names and int(m.group(1)) < n_layers:
-        return f"blk.{int(m.group(1))}.{arch.hf_layer_names[m.group(2)]}"
-    raise FormatError(f"tensor {name!r} is not part of a {arch.name} checkpoint this converter knows")
-
-
-def permute_qk(rows: np.ndarray, n_heads: int) -> np.ndarray:
-    """llama.cpp's permutation of Q or K rows (`n_heads` heads of head_dim rows each).
-
-    Hugging Face stores each head's rows so that RoPE rotates the pairs (i, i + head_dim/2) ("neox"); GGUF
-    stores them interleaved so that it rotates (2i, 2i+1) ("norm"). Row 2i of a permuted head is row i of
-    the original and row 2i+1 is row i + head_dim/2. `rows` may hold any per-row data (bytes of a quantized
-    row too): only whole rows move.
-    """
-    n = rows.shape[0]
-    return rows.reshape(n_heads, 2, n // n_heads // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+_HF_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+              "output.weight": "lm_head.weight"}
 
 
 def _read_json(path: Path, required: bool = True) -> Any:
@@ -242,36 +224,46 @@ def _hf_files(root: Path) -> tuple[list[Path], list[Path]]:
     return weights, sorted(reads, key=lambda p: p.name)
 
 
-def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, Any], Architecture]:
+def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], Config, Family]:
+    """config.json as GGUF-style metadata: what every family has, then what its row (hf_families.py) adds."""
     where = root / "config.json"
     if not isinstance(cfg, dict):
         raise FormatError(f"{where}: not a JSON object")
     archs = cfg.get("architectures") or []
-    arch = for_hf_model_type(cfg.get("model_type"), [str(a) for a in archs] if isinstance(archs, list) else [])
-    if arch is None:
-        known = ", ".join(t for row in ARCHITECTURES.values() for t in row.hf_model_types)
+    family = family_of(cfg.get("model_type"), [str(a) for a in archs] if isinstance(archs, list) else [])
+    if family is None:
         raise FormatError(f"{where}: model_type {cfg.get('model_type')!r} ({', '.join(map(str, archs)) or '?'}) is "
-                          f"not supported; checkpoints convert from: {known}")
-
-    def num(key: str, default: Any = None, kind: type = int) -> Any:
-        v = cfg.get(key, default)
-        if v is None or isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int):
-            raise FormatError(f"{where}: {key} is {v!r}, expected {'a number' if kind is float else 'an integer'}")
-        return v
+                          f"not supported; checkpoints convert from: {supported()}")
+    arch = ARCHITECTURES[family.arch]
+    c = Config(cfg, str(where))
+    num = c.num
 
     if cfg.get("mlp_bias"):
-        raise FormatError(f"{where}: mlp_bias is set; MLP biases are not supported")
+        raise c.error("mlp_bias is set; MLP biases are not supported")
     if bool(cfg.get("attention_bias", arch.attn_bias)) != arch.attn_bias:
-        raise FormatError(f"{where}: attention_bias is {cfg.get('attention_bias')!r}, but {arch.name} checkpoints "
-                          f"{'have' if arch.attn_bias else 'have no'} attention biases")
-    scaling = cfg.get("rope_scaling")
-    if scaling and (not isinstance(scaling, dict) or scaling.get("rope_type", scaling.get("type")) != "default"):
-        raise FormatError(f"{where}: rope_scaling {scaling!r:.80} is not supported")
-    act = cfg.get("hidden_act", "silu")
-    if act != arch.act:
-        raise FormatError(f"{where}: hidden_act {act!r} is not supported ({arch.name} uses {arch.act})")
+        raise c.error(f"attention_bias is {cfg.get('attention_bias')!r}, but {arch.name} checkpoints "
+                      f"{'have' if arch.attn_bias else 'have no'} attention biases")
+    if cfg.get("use_sliding_window") and not arch.swa_pattern:
+        raise c.error(f"use_sliding_window is set; {arch.name} models attend over the whole context here")
+    scaling = c.rope_scaling()
+    kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+    if scaling and kind not in family.rope_scalings:
+        raise c.error(f"rope_scaling {scaling!r:.80} is not supported (a {family.model_types[0]} checkpoint may "
+                      f"have: {', '.join(family.rope_scalings)})")
+    quantized = cfg.get("quantization_config")
+    method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
+    if quantized is not None and method not in family.quant_methods:
+        raise c.error(f"quantization_config {method!r}: quantized checkpoints are not supported"
+                      + (f" ({family.model_types[0]} takes {', '.join(family.quant_methods)})"
+                         if family.quant_methods else ""))
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act", family.acts[0])
+    if act not in family.acts:
+        raise c.error(f"hidden_act {act!r} is not supported ({family.model_types[0]} checkpoints use "
+                      f"{', '.join(family.acts)})")
     dim, heads = num("hidden_size"), num("num_attention_heads")
-    head_dim = cfg.get("head_dim") or (dim // heads if heads else 0)
+    if heads <= 0:
+        raise c.error(f"num_attention_heads is {heads}")
+    head_dim = cfg.get("head_dim") or dim // heads
     p = arch.name + "."
     md: dict[str, Any] = {
         "general.architecture": arch.name,
@@ -282,16 +274,17 @@ def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], di
         p + "feed_forward_length": num("intermediate_size"),
         p + "attention.head_count": heads,
         p + "attention.head_count_kv": num("num_key_value_heads", heads),
-        p + "rope.freq_base": float(num("rope_theta", 10000.0, float)),
-        p + "attention.layer_norm_rms_epsilon": float(num("rms_norm_eps", 1e-6, float)),
+        p + "rope.freq_base": num("rope_theta", 10000.0, float),
+        p + "attention.layer_norm_rms_epsilon": num("rms_norm_eps", 1e-6, float),
         p + "rope.dimension_count": head_dim,
         p + "vocab_size": num("vocab_size"),
     }
     if head_dim != dim // heads:
         md[p + "attention.key_length"] = md[p + "attention.value_length"] = head_dim
+    md.update({p + k: v for k, v in family.hparams(c).items()})
     types = {k: ("string" if isinstance(v, str) else "float32" if isinstance(v, float) else "uint32")
              for k, v in md.items()}
-    return md, types, cfg, arch
+    return md, types, c, family
 
 
 # The pre-tokenizers of tokenizer.json this converter recognizes, as tokenizer.ggml.pre names.
@@ -419,69 +412,94 @@ def _hf_tokenizer(root: Path, cfg: dict[str, Any], n_vocab: int) -> tuple[dict[s
     return md, types_md
 
 
+class _Checkpoint:
+    """The checkpoint's tensors by name, as the families' recipes see them (hf_families.Checkpoint)."""
+
+    def __init__(self, root: Path, files: list[SafetensorsFile], md: dict[str, Any], config: Config,
+                 family: Family) -> None:
+        self.where, self.metadata, self.config, self.family = str(root), md, config.cfg, family
+        self.arch = ARCHITECTURES[family.arch]
+        self.tensors: dict[str, Stored] = {}
+        for f in files:
+            for name, e in f.tensors.items():
+                if name in self.tensors:
+                    raise FormatError(f"{f.path}: tensor {name!r} is also in another shard")
+                self.tensors[name] = Stored(name, e.dtype, e.shape, lambda f=f, name=name: f.raw(name))
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def get(self, name: str, needed_for: str) -> Stored:
+        t = self.tensors.get(name)
+        if t is None:
+            raise FormatError(f"{self.where}: tensor {name!r} is missing (a {self.family.model_types[0]} "
+                              f"checkpoint has it; {needed_for!r} is made from it)")
+        return t
+
+    def meta(self, key: str) -> Any:
+        return self.metadata[f"{self.arch.name}.{key}"]
+
+    def permutation(self, gguf_name: str) -> int:
+        """GGUF files of the "norm" RoPE store Q and K rows permuted (see permute_qk); the others keep the
+        checkpoint's order."""
+        if self.arch.rope_style != "norm":
+            return 0
+        return {"attn_q": self.meta("attention.head_count"),
+                "attn_k": self.meta("attention.head_count_kv")}.get(gguf_name.split(".")[-2], 0)
+
+    def norm_shift(self) -> float:
+        return self.family.norm_shift
+
+
 def _from_hf(root: Path) -> _Model:
     weights, reads = _hf_files(root)
-    md, types, cfg, arch = _hf_config(_read_json(root / "config.json"), root)
+    md, types, config, family = _hf_config(_read_json(root / "config.json"), root)
+    arch = ARCHITECTURES[family.arch]
     p = arch.name + "."
-    files = [SafetensorsFile(p) for p in weights]
+    files = [SafetensorsFile(w) for w in weights]
 
     def close() -> None:
         for f in files:
             f.close()
 
     try:
+        ck = _Checkpoint(root, files, md, config, family)
         n_layers = md[p + "block_count"]
-        heads, kv_heads = md[p + "attention.head_count"], md[p + "attention.head_count_kv"]
-        # GGUF llama files store Q and K rows permuted for the "norm" RoPE (see permute_qk); the others keep
-        # the checkpoint's order
-        permute = arch.rope_style == "norm"
-        found: dict[str, tuple[SafetensorsFile, str]] = {}
-        for f in files:
-            for name in f.tensors:
-                ours = hf_name(name, n_layers, arch)
-                if ours is None:
-                    continue
-                if ours in found:
-                    raise FormatError(f"{f.path}: tensor {name!r} is also in {found[ours][0].path}")
-                found[ours] = (f, name)
-        if "token_embd.weight" not in found:
+        # every tensor the model needs: its recipe, and the prefix the recipe's names are under
+        plan: list[tuple[str, Recipe, str]] = [(n, Same(_HF_GLOBAL[n]), "")
+                                               for n in ("token_embd.weight", "output_norm.weight", "output.weight")]
+        plan += [(n, r, "") for n, r in family.extra.items()]
+        plan += [(f"blk.{i}.{n}", family.layer[n], f"model.layers.{i}.")
+                 for i in range(n_layers) for n in arch.layer_tensors]
+        known = {hf for _, recipe, prefix in plan for hf in recipe.names(prefix, ck)}
+        for name in ck.tensors:
+            if name not in known and name not in family.ignored and not _HF_SKIP.fullmatch(name):
+                raise FormatError(f"{root}: tensor {name!r} is not part of a {family.model_types[0]} checkpoint "
+                                  "this converter knows")
+        if not ck.has("model.embed_tokens.weight"):
             raise FormatError(f"{root}: no model.embed_tokens.weight")
         # A checkpoint that ties the output to the embedding may still carry lm_head.weight (a copy): it is
         # kept as the untied output, which computes the same. One that does not tie them must have it.
-        tied = "output.weight" not in found
-        if tied and not cfg.get("tie_word_embeddings", False):
+        tied = not ck.has("lm_head.weight") or "lm_head.weight" in family.ignored
+        if tied and not config.get("tie_word_embeddings", True):
             raise FormatError(f"{root}: no lm_head.weight, and config.json does not tie the output to the embedding")
-        n_vocab = found["token_embd.weight"][0].tensors[found["token_embd.weight"][1]].shape[0]
-        tok_md, tok_types = _hf_tokenizer(root, cfg, n_vocab)
+        if tied:
+            plan = [t for t in plan if t[0] != "output.weight"]
+        made = [recipe.make(name, prefix, ck) for name, recipe, prefix in plan]
+        n_vocab = made[0].shape[0]
+        tok_md, tok_types = _hf_tokenizer(root, config.cfg, n_vocab)
         md.update(tok_md)
         types.update(tok_types)
 
-        from barellm.arch.config import check_tensors, config_from_metadata
+        from barellm.arch.config import config_from_metadata, expected_shapes
 
-        config = config_from_metadata(md, n_vocab, tied)
-        check_tensors(config, {n: f.tensors[hn] for n, (f, hn) in found.items()})
-        order = list(_expected_order(arch, n_layers, tied))
-        tensors = []
-        for ours in order:
-            f, name = found[ours]
-            e = f.tensors[name]
-            ttype = _ST_DTYPES[e.dtype][1]
-            if ttype is None:
-                raise FormatError(f"{f.path}: tensor {name!r} is {e.dtype}; only F32, F16 and BF16 convert")
-            perm = (heads if ours.endswith(("attn_q.weight", "attn_q.bias")) else
-                    kv_heads if ours.endswith(("attn_k.weight", "attn_k.bias")) else 0) if permute else 0
-
-            def rows(f: SafetensorsFile = f, name: str = name, e: _STEntry = e, perm: int = perm) -> np.ndarray:
-                raw = f.raw(name)
-                if perm:
-                    raw = permute_qk(raw.reshape(e.shape[0], -1), perm).reshape(-1)
-                return raw
-
-            def floats(f: SafetensorsFile = f, name: str = name, perm: int = perm) -> np.ndarray:
-                x = f.floats(name)
-                return permute_qk(x, perm) if perm else x
-
-            tensors.append(_Tensor(ours, ttype, e.shape, rows, floats))
+        cfg = config_from_metadata(md, n_vocab, tied)
+        want = expected_shapes(cfg)
+        for t in made:
+            if t.shape != want.get(t.name):
+                raise FormatError(f"{root}: {', '.join(map(repr, t.sources))} make {t.name!r} of shape {t.shape}, "
+                                  f"expected {want.get(t.name)} from config.json")
+        tensors = [_Tensor(t.name, t.type, t.shape, t.rows, t.floats) for t in made]
         md[p + "vocab_size"] = n_vocab
         from barellm.text.tokenizer import Tokenizer
 
@@ -490,14 +508,3 @@ def _from_hf(root: Path) -> _Model:
         close()
         raise
     return _Model(md, types, tensors, "safetensors", reads, close, norms_f32=True)
-
-
-def _expected_order(arch: Architecture, n_layers: int, tied: bool) -> Iterator[str]:
-    """GGUF's usual order: embedding, layers, final norm, output."""
-    yield "token_embd.weight"
-    for i in range(n_layers):
-        for n in arch.layer_tensors:
-            yield f"blk.{i}.{n}"
-    yield "output_norm.weight"
-    if not tied:
-        yield "output.weight"

@@ -1,0 +1,532 @@
+"""The Hugging Face checkpoint families `barellm convert` reads, one row each: which config.json model_type a
+row takes, the architecture it becomes, the metadata its config gives beyond every family's, and for each
+tensor of the architecture (GGUF's name) the recipe that makes it from the checkpoint's tensors.
+
+llama.cpp's convert_hf_to_gguf.py is the reference for every row, so that a converted checkpoint holds what
+llama.cpp's GGUF of it would: llama's (and SmolLM3's) query and key rows permuted for the "norm" RoPE
+(`permute_qk`), Qwen3-MoE's per-expert matrices stacked into 3-D tensors, Phi-3's LongRoPE factors made
+tensors, Gemma's norm weights stored plus one, gpt-oss's fused gate|up matrices split into their interleaved
+halves and its MXFP4 experts repacked into ggml's MXFP4 blocks. store/checkpoint.py reads a checkpoint
+through these rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import numpy as np
+
+from barellm.arch.registry import HF_BIAS_NAMES, HF_LAYER_NAMES, HF_QK_NORM_NAMES
+from barellm.errors import FormatError
+from barellm.formats import quant
+
+F32, F16, BF16 = 0, 1, 30
+# What the checkpoints' MXFP4 experts are stored as: ggml's MXFP4 blocks, as the GGUF path keeps them. The one
+# place to change should the engines want another type for them (`_mxfp4_rows` makes the blocks).
+MXFP4 = quant.by_name("mxfp4").id
+FLOAT_DTYPES = {"F32": F32, "F16": F16, "BF16": BF16}
+_ELEMENT = {"F32": "<u4", "F16": "<u2", "BF16": "<u2", "U8": "u1"}  # one element's bits, moved as they are
+
+
+# --- what the recipes read and make ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One tensor of the checkpoint."""
+
+    name: str
+    dtype: str                       # safetensors' dtype name
+    shape: tuple[int, ...]
+    raw: Callable[[], np.ndarray]    # its bytes (uint8)
+
+    def elements(self) -> np.ndarray:
+        """The tensor as an array of its elements' bits (shape `shape`): whatever moves them keeps them exact."""
+        return self.raw().view(_ELEMENT[self.dtype]).reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class Made:
+    """One tensor of the converted model: its type, and its bytes or float32 values on request."""
+
+    name: str
+    type: int
+    shape: tuple[int, ...]
+    rows: Callable[[], np.ndarray]
+    floats: Callable[[], np.ndarray]
+    sources: tuple[str, ...]         # the checkpoint's tensors it comes from (for messages)
+
+
+class Checkpoint(Protocol):
+    """What a recipe sees of the checkpoint being converted."""
+
+    where: str                                   # the directory, for messages
+    metadata: Mapping[str, Any]                  # the metadata made so far (the architecture's prefix included)
+    config: Mapping[str, Any]                    # config.json
+
+    def has(self, name: str) -> bool: ...
+    def get(self, name: str, needed_for: str) -> Stored: ...   # FormatError naming what is missing
+    def meta(self, key: str) -> Any: ...                        # metadata[<arch>.<key>]
+    def permutation(self, gguf_name: str) -> int: ...           # heads to permute a Q/K tensor by, or 0
+    def norm_shift(self) -> float: ...
+
+
+def _decode(bits: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
+    bits = np.ascontiguousarray(bits)
+    if type_id == F32:
+        return bits.view("<f4").astype(np.float32).reshape(shape)
+    if type_id == F16:
+        return bits.view("<f2").astype(np.float32).reshape(shape)
+    if type_id == BF16:
+        return (bits.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return quant.dequantize(bits.view(np.uint8).reshape(-1), type_id, shape)
+
+
+def _made(name: str, type_id: int, shape: tuple[int, ...], bits: Callable[[], np.ndarray],
+          sources: tuple[str, ...]) -> Made:
+    def rows() -> np.ndarray:
+        return np.ascontiguousarray(bits()).view(np.uint8).reshape(-1)
+
+    return Made(name, type_id, tuple(int(s) for s in shape), rows, lambda: _decode(bits(), type_id, shape), sources)
+
+
+def _float_tensor(ck: Checkpoint, name: str, needed_for: str) -> Stored:
+    t = ck.get(name, needed_for)
+    if t.dtype not in FLOAT_DTYPES:
+        raise FormatError(f"{ck.where}: tensor {name!r} is {t.dtype}; only F32, F16 and BF16 convert")
+    return t
+
+
+def _shape_error(ck: Checkpoint, t: Stored, what: str) -> FormatError:
+    return FormatError(f"{ck.where}: tensor {t.name!r} has shape {t.shape}, {what}")
+
+
+# --- recipes: how one tensor of the model is made ------------------------------------------------------------
+
+
+class Recipe(Protocol):
+    def names(self, prefix: str, ck: Checkpoint) -> tuple[str, ...]: ...   # every tensor it may read
+    def ready(self, prefix: str, ck: Checkpoint) -> bool: ...              # whether they are all there
+    def make(self, name: str, prefix: str, ck: Checkpoint) -> Made: ...
+
+
+@dataclass(frozen=True)
+class Same:
+    """A tensor as the checkpoint has it: permuted for the "norm" RoPE if the architecture wants that of its
+    queries and keys, a norm weight shifted if the family stores them less one (Gemma)."""
+
+    hf: str
+
+    def names(self, prefix: str, ck: Checkpoint) -> tuple[str, ...]:
+        return (prefix + self.hf,)
+
+    def ready(self, prefix: str, ck: Checkpoint) -> bool:
+        return ck.has(prefix + self.hf)
+
+    def make(self, name: str, prefix: str, ck: Checkpoint) -> Made:
+        t = _float_tensor(ck, prefix + self.hf, name)
+        heads, shift = ck.permutation(name), ck.norm_shift() if name.endswith("norm.weight") else 0.0
+        type_id = FLOAT_DTYPES[t.dtype]
+        if heads and t.shape[0] % (2 * heads):
+            raise _shape_error(ck, t, f"whose {t.shape[0]} rows are not {heads} heads of pairs")
+        if shift:  # in float32, as Hugging Face computes 1 + w
+            return _made(name, F32, t.shape, lambda: _decode(t.elements(), type_id, t.shape) + np.float32(shift),
+                         (t.name,))
+
+        def bits() -> np.ndarray:
+            e = t.elements()
+            return permute_qk(e, heads) if heads else e
+
+        return _made(name, type_id, t.shape, bits, (t.name,))
+
+
+@dataclass(frozen=True)
+class Experts:
+    """Each expert's matrix (`hf` with {} for the expert's number) stacked into one 3-D tensor (Qwen3-MoE)."""
+
+    hf: str
+
+    def names(self, prefix: str, ck: Checkpoint) -> tuple[str, ...]:
+        return tuple(prefix + self.hf.format(e) for e in range(ck.meta("expert_count")))
+
+    def ready(self, prefix: str, ck: Checkpoint) -> bool:
+        return all(ck.has(n) for n in self.names(prefix, ck))
+
+    def make(self, name: str, prefix: str, ck: Checkpoint) -> Made:
+        parts = [_float_tensor(ck, n, name) for n in self.names(prefix, ck)]
+        first = parts[0]
+        for p in parts:
+            if len(p.shape) != 2 or p.shape != first.shape or p.dtype != first.dtype:
+                raise FormatError(f"{ck.where}: tensor {p.name!r} is {p.dtype} of shape {p.shape}, but "
+                                  f"{first.name!r} is {first.dtype} of shape {first.shape}; every expert's must match")
+        return _made(name, FLOAT_DTYPES[first.dtype], (len(parts), *first.shape),
+                     lambda: np.stack([p.elements() for p in parts]), tuple(p.name for p in parts))
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A tensor of stacked experts stored the other way round (experts, in, out) and transposed, or one half of
+    a fused gate|up tensor whose outputs interleave (gpt-oss: gate at the even outputs, up at the odd ones)."""
+
+    hf: str
+    half: int | None = None   # 0: the even outputs, 1: the odd ones, None: all
+    transpose: bool = False   # the stored matrix is (..., in, out)
+
+    def names(self, prefix: str, ck: Checkpoint) -> tuple[str, ...]:
+        return (prefix + self.hf,)
+
+    def ready(self, prefix: str, ck: Checkpoint) -> bool:
+        return ck.has(prefix + self.hf)
+
+    def make(self, name: str, prefix: str, ck: Checkpoint) -> Made:
+        t = _float_tensor(ck, prefix + self.hf, name)
+        axis = -2 if self.transpose else -1   # the outputs' axis once transposed
+        if len(t.shape) < (2 if self.transpose else 1) or (self.half is not None and t.shape[-1] % 2):
+            raise _shape_error(ck, t, "not a fused gate|up tensor of interleaved outputs" if self.half is not None
+                               else "not a stack of matrices")
+
+        def bits() -> np.ndarray:
+            e = t.elements()
+            if self.transpose:
+                e = np.swapaxes(e, -1, -2)
+            if self.half is not None:
+                e = e[..., self.half::2, :] if axis == -2 else e[..., self.half::2]
+            return e
+
+        shape = list(t.shape)
+        if self.transpose:
+            shape[-1], shape[-2] = shape[-2], shape[-1]
+        if self.half is not None:
+            shape[axis] //= 2
+        return _made(name, FLOAT_DTYPES[t.dtype], tuple(shape), bits, (t.name,))
+
+
+def _mxfp4_rows(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """OCP MXFP4 as gpt-oss's checkpoints hold it (per 32 values: an E8M0 scale, and 16 bytes whose low nibble
+    is the even value and high nibble the odd one) -> ggml's MXFP4 blocks (the scale byte, then 16 bytes
+    holding value j in the low nibble and value j + 16 in the high one), as llama.cpp's converter repacks them.
+    The E2M1 codes and E8M0 scales stay as they are."""
+    codes = np.empty((*blocks.shape[:-1], 32), np.uint8)
+    codes[..., 0::2] = blocks & 0x0F
+    codes[..., 1::2] = blocks >> 4
+    qs = codes[..., :16] | (codes[..., 16:] << 4)
+    return np.concatenate([scales[..., None], qs], axis=-1)
+
+
+@dataclass(frozen=True)
+class Mxfp4:
+    """Experts stored as MXFP4 (`hf`_blocks: experts, rows, groups, 16 bytes; `hf`_scales: experts, rows,
+    groups), their rows optionally one interleaved half (gpt-oss's gate|up), repacked by `_mxfp4_rows`."""
+
+    hf: str
+    half: int | None = None
+
+    def names(self, prefix: str, ck: Checkpoint) -> tuple[str, ...]:
+        return (f"{prefix}{self.hf}_blocks", f"{prefix}{self.hf}_scales")
+
+    def ready(self, prefix: str, ck: Checkpoint) -> bool:
+        return all(ck.has(n) for n in self.names(prefix, ck))
+
+    def make(self, name: str, prefix: str, ck: Checkpoint) -> Made:
+        b, s = (ck.get(n, name) for n in self.names(prefix, ck))
+        for t in (b, s):
+            if t.dtype != "U8":
+                raise FormatError(f"{ck.where}: tensor {t.name!r} is {t.dtype}; MXFP4 blocks and scales are U8")
+        if len(b.shape) != 4 or b.shape[-1] != 16 or s.shape != b.shape[:-1]:
+            raise _shape_error(ck, b, f"which with {s.name!r} of shape {s.shape} is not MXFP4 "
+                               "(experts, rows, groups, 16) with scales (experts, rows, groups)")
+        if self.half is not None and b.shape[1] % 2:
+            raise _shape_error(ck, b, "whose rows are not interleaved gate and up rows")
+        rows = b.shape[1] // 2 if self.half is not None else b.shape[1]
+
+        def bits() -> np.ndarray:
+            blocks, scales = b.elements(), s.elements()
+            if self.half is not None:
+                blocks, scales = blocks[:, self.half::2], scales[:, self.half::2]
+            return _mxfp4_rows(blocks, scales)
+
+        return _made(name, MXFP4, (b.shape[0], rows, b.shape[2] * 32), bits, (b.name, s.name))
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """The first of several ways a checkpoint may store a tensor whose tensors are all there."""
+
+    options: tuple[Recipe, ...]
+
+    def names(self, prefix: str, ck: Checkpoint) -> tuple[str, ...]:
+        return tuple(n for o in self.options for n in o.names(prefix, ck))
+
+    def ready(self, prefix: str, ck: Checkpoint) -> bool:
+        return any(o.ready(prefix, ck) for o in self.options)
+
+    def make(self, name: str, prefix: str, ck: Checkpoint) -> Made:
+        for o in self.options:
+            if o.ready(prefix, ck):
+                return o.make(name, prefix, ck)
+        wanted = " or ".join(", ".join(repr(n) for n in o.names(prefix, ck)) for o in self.options)
+        raise FormatError(f"{ck.where}: {name!r} needs the tensors {wanted}; the checkpoint has neither")
+
+
+@dataclass(frozen=True)
+class FromConfig:
+    """A float32 tensor made from config.json (Phi-3's LongRoPE factors)."""
+
+    values: Callable[[Checkpoint], np.ndarray]
+
+    def names(self, prefix: str, ck: Checkpoint) -> tuple[str, ...]:
+        return ()
+
+    def ready(self, prefix: str, ck: Checkpoint) -> bool:
+        return True
+
+    def make(self, name: str, prefix: str, ck: Checkpoint) -> Made:
+        x = np.ascontiguousarray(self.values(ck), np.float32)
+        return _made(name, F32, x.shape, lambda: x.view("<u4"), ("config.json",))
+
+
+def permute_qk(rows: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's permutation of Q or K rows (`n_heads` heads of head_dim rows each).
+
+    Hugging Face stores each head's rows so that RoPE rotates the pairs (i, i + head_dim/2) ("neox"); GGUF
+    stores them interleaved so that it rotates (2i, 2i+1) ("norm"). Row 2i of a permuted head is row i of
+    the original and row 2i+1 is row i + head_dim/2. `rows` may hold any per-row data (bytes of a quantized
+    row too): only whole rows move.
+    """
+    n = rows.shape[0]
+    return rows.reshape(n_heads, 2, n // n_heads // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+# --- the families' config.json ---------------------------------------------------------------------------
+
+
+class Config:
+    """config.json, read with errors that name the key."""
+
+    def __init__(self, cfg: Mapping[str, Any], where: str) -> None:
+        self.cfg, self.where = cfg, where
+
+    def error(self, what: str) -> FormatError:
+        return FormatError(f"{self.where}: {what}")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.cfg.get(key, default)
+
+    def num(self, key: str, default: Any = None, kind: type = int) -> Any:
+        v = self.cfg.get(key, default)
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int):
+            raise self.error(f"{key} is {v!r}, expected {'a number' if kind is float else 'an integer'}")
+        return float(v) if kind is float else v
+
+    def rope_scaling(self) -> dict[str, Any]:
+        s = self.cfg.get("rope_scaling") or {}
+        if not isinstance(s, dict):
+            raise self.error(f"rope_scaling {s!r:.80} is not an object")
+        return s
+
+    def alternating_layers(self, n_layers: int) -> None:
+        """Refuses layer_types other than a sliding-window layer, then a global one, in turn (as llama.cpp's
+        graphs of Gemma 2 and gpt-oss have them, whatever the file says)."""
+        got = self.cfg.get("layer_types")
+        want = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
+        if got is not None and got != want:
+            raise self.error(f"layer_types {got!r:.120} are not sliding and full attention in turn, from layer 0")
+
+
+def _no_extra(c: Config) -> dict[str, Any]:
+    return {}
+
+
+def _qwen3moe(c: Config) -> dict[str, Any]:
+    if c.get("norm_topk_prob", True) is not True:
+        raise c.error("norm_topk_prob is false; the engines renormalize the chosen experts' weights, as "
+                      "llama.cpp's qwen3moe does")
+    if c.get("mlp_only_layers") or c.num("decoder_sparse_step", 1) != 1:
+        raise c.error("mlp_only_layers / decoder_sparse_step make some layers dense; every qwen3moe layer is "
+                      "a mixture of experts here")
+    return {"expert_count": c.num("num_experts"), "expert_used_count": c.num("num_experts_per_tok"),
+            "expert_feed_forward_length": c.num("moe_intermediate_size")}
+
+
+def _phi3_rope_dims(c: Config) -> int:
+    rot = c.rope_scaling().get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
+    if isinstance(rot, bool) or not isinstance(rot, (int, float)) or not 0 < rot <= 1:
+        raise c.error(f"partial_rotary_factor {rot!r} is not in (0, 1]")
+    return int(rot * c.num("hidden_size")) // c.num("num_attention_heads")
+
+
+def _phi3(c: Config) -> dict[str, Any]:
+    """llama.cpp's Phi3MiniModel: RoPE on the leading partial_rotary_factor of each head; LongRoPE's factors as
+    tensors (`_phi3_factors`), its attention factor from the context extension."""
+    s = c.rope_scaling()
+    ctx = c.num("max_position_embeddings")
+    original = c.num("original_max_position_embeddings", s.get("original_max_position_embeddings", ctx))
+    scale = ctx / original
+    attn_factor = math.sqrt(1 + math.log(scale) / math.log(original)) if s.get("long_factor") and scale > 1 else 1.0
+    return {"rope.dimension_count": _phi3_rope_dims(c), "rope.scaling.original_context_length": original,
+            "rope.scaling.attn_factor": float(attn_factor),
+            "attention.sliding_window": c.num("sliding_window", 0) if c.get("sliding_window") is not None else 0}
+
+
+def _phi3_factors(which: str) -> Callable[[Checkpoint], np.ndarray]:
+    def values(ck: Checkpoint) -> np.ndarray:
+        c = Config(ck.config, ck.where)
+        n = _phi3_rope_dims(c) // 2
+        s = c.rope_scaling()
+        if not s.get("long_factor"):  # no LongRoPE: factors of 1 divide nothing
+            return np.ones(n, np.float32)
+        f = s.get(which)
+        if (not isinstance(f, list) or len(f) != n
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in f)):
+            raise c.error(f"rope_scaling.{which} should be {n} positive numbers (half the rotated dims), "
+                          f"got {f!r:.80}")
+        return np.array(f, np.float32)
+
+    return values
+
+
+def _smollm3(c: Config) -> dict[str, Any]:
+    n = c.num("num_hidden_layers")
+    interval = c.num("no_rope_layer_interval", 4)
+    got = c.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
+    if list(got) != [int((i + 1) % 4 != 0) for i in range(n)]:
+        raise c.error(f"no_rope_layers {got!r:.120} (1: RoPE, 0: none) is not every fourth layer without RoPE, "
+                      "the only pattern smollm3 files have (llama.cpp fixes it)")
+    return {}
+
+
+def _gemma2(c: Config) -> dict[str, Any]:
+    hd = c.num("head_dim")
+    if c.num("query_pre_attn_scalar", hd, float) != hd:
+        raise c.error(f"query_pre_attn_scalar {c.get('query_pre_attn_scalar')} differs from head_dim {hd}; the "
+                      "attention is scaled by 1/sqrt(head_dim) here")
+    c.alternating_layers(c.num("num_hidden_layers"))
+    caps = {k: c.num(k, 0.0, float) if c.get(k) is not None else 0.0
+            for k in ("attn_logit_softcapping", "final_logit_softcapping")}
+    return {"attention.key_length": hd, "attention.value_length": hd, "attention.sliding_window":
+            c.num("sliding_window"), **caps}
+
+
+def _gpt_oss(c: Config) -> dict[str, Any]:
+    if c.num("swiglu_limit", 7.0, float) != 7.0:
+        raise c.error(f"swiglu_limit {c.get('swiglu_limit')} is not gpt-oss's 7")
+    c.alternating_layers(c.num("num_hidden_layers"))
+    used = c.get("num_experts_per_tok", c.get("experts_per_token"))
+    md: dict[str, Any] = {
+        "expert_count": c.num("num_local_experts"),
+        "expert_used_count": used if isinstance(used, int) and not isinstance(used, bool) else
+        c.num("num_experts_per_tok"),
+        "expert_feed_forward_length": c.num("intermediate_size"),
+        "attention.sliding_window": c.num("sliding_window"),
+    }
+    s = c.rope_scaling()
+    if s:  # YaRN, with the ramp llama.cpp applies (beta fast 32, beta slow 1)
+        if s.get("beta_fast", 32) != 32 or s.get("beta_slow", 1) != 1:
+            raise c.error(f"rope_scaling beta_fast {s.get('beta_fast')} / beta_slow {s.get('beta_slow')}: only "
+                          "YaRN's 32 / 1 are supported")
+        factor = s.get("factor")
+        original = s.get("original_max_position_embeddings", 4096)
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or \
+                isinstance(original, bool) or not isinstance(original, int):
+            raise c.error(f"rope_scaling {s!r:.120} needs a numeric factor and an integer "
+                          "original_max_position_embeddings")
+        md.update({"rope.scaling.type": "yarn", "rope.scaling.factor": float(factor),
+                   "rope.scaling.original_context_length": original})
+    return md
+
+
+# --- the table -------------------------------------------------------------------------------------------
+
+
+def _layer(*names: Mapping[str, str], **recipes: Recipe) -> Mapping[str, Recipe]:
+    """A block's recipes: plain renames (Hugging Face name -> GGUF name; a later group's name for a tensor wins),
+    and recipes by GGUF name (a dot in a GGUF name written as "__": ffn_gate_exps__weight)."""
+    renames = {hf: gguf for group in names for hf, gguf in group.items()}   # a later group's name wins
+    out: dict[str, Recipe] = {gguf: Same(hf) for hf, gguf in renames.items()}
+    out.update({k.replace("__", "."): v for k, v in recipes.items()})
+    return MappingProxyType(out)
+
+
+_ATTN = {k: v for k, v in HF_LAYER_NAMES.items() if not k.startswith("mlp.")}
+_MLP = {k: v for k, v in HF_LAYER_NAMES.items() if k.startswith("mlp.")}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row: a Hugging Face family and how it converts (the defaults are llama's)."""
+
+    arch: str                                  # the architecture (arch/registry.py) it becomes
+    model_types: tuple[str, ...]               # config.json's model_type
+    classes: tuple[str, ...]                   # config.json's architectures, when model_type is not one above
+    layer: Mapping[str, Recipe]                # GGUF name within a block -> its recipe over "model.layers.N."
+    hparams: Callable[[Config], dict[str, Any]] = _no_extra   # metadata beyond every family's (no prefix)
+    extra: Mapping[str, Recipe] = field(default_factory=dict)  # tensors outside the blocks beyond every family's
+    acts: tuple[str, ...] = ("silu",)          # hidden_act (hidden_activation) values meaning the arch's MLP
+    rope_scalings: tuple[str, ...] = ("default",)   # rope_scaling types taken (hparams reads them)
+    quant_methods: tuple[str, ...] = ()        # quantization_config.quant_method values taken
+    norm_shift: float = 0.0                    # added to every norm weight (Gemma's RMSNorm scales by 1 + w)
+    ignored: tuple[str, ...] = ()              # tensors outside the blocks that llama.cpp leaves out
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", ("llama",), ("LlamaForCausalLM",), _layer(HF_LAYER_NAMES)),
+    Family("qwen2", ("qwen2",), ("Qwen2ForCausalLM",), _layer(HF_LAYER_NAMES, HF_BIAS_NAMES)),
+    Family("qwen3", ("qwen3",), ("Qwen3ForCausalLM",), _layer(HF_LAYER_NAMES, HF_QK_NORM_NAMES)),
+    # Qwen3-MoE: qwen3's attention; mlp.gate routes over mlp.experts.N, stacked as llama.cpp's converter does
+    Family("qwen3moe", ("qwen3_moe",), ("Qwen3MoeForCausalLM",), _layer(
+        _ATTN, HF_QK_NORM_NAMES, ffn_gate_inp__weight=Same("mlp.gate.weight"),
+        ffn_gate_exps__weight=Experts("mlp.experts.{}.gate_proj.weight"),
+        ffn_up_exps__weight=Experts("mlp.experts.{}.up_proj.weight"),
+        ffn_down_exps__weight=Experts("mlp.experts.{}.down_proj.weight")), _qwen3moe),
+    # Phi-3 and Phi-4-mini: fused Q|K|V and gate|up kept fused; LongRoPE's factors become tensors
+    Family("phi3", ("phi3",), ("Phi3ForCausalLM",), _layer(
+        {"input_layernorm.weight": "attn_norm.weight", "self_attn.qkv_proj.weight": "attn_qkv.weight",
+         "self_attn.o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+         "mlp.gate_up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}), _phi3,
+        extra=MappingProxyType({"rope_factors_long.weight": FromConfig(_phi3_factors("long_factor")),
+                                "rope_factors_short.weight": FromConfig(_phi3_factors("short_factor"))}),
+        rope_scalings=("longrope", "su")),
+    # SmolLM3: llama's tensors (permuted alike), every fourth layer without RoPE
+    Family("smollm3", ("smollm3",), ("SmolLM3ForCausalLM",), _layer(HF_LAYER_NAMES), _smollm3),
+    # Gemma 2: norms before and after attention and MLP, each stored less one; no lm_head of its own
+    Family("gemma2", ("gemma2",), ("Gemma2ForCausalLM",), _layer(
+        _ATTN, _MLP, {"post_attention_layernorm.weight": "post_attention_norm.weight",
+                      "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                      "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}), _gemma2,
+        acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",)),
+    # gpt-oss: biased attention with sinks; the router and the experts' fused gate|up (interleaved outputs) and
+    # down, in MXFP4 blocks or transposed floats, with biases
+    Family("gpt-oss", ("gpt_oss",), ("GptOssForCausalLM",), _layer(
+        _ATTN, HF_BIAS_NAMES, {"post_attention_layernorm.weight": "post_attention_norm.weight",
+                               "self_attn.o_proj.bias": "attn_output.bias", "self_attn.sinks": "attn_sinks.weight",
+                               "mlp.router.weight": "ffn_gate_inp.weight", "mlp.router.bias": "ffn_gate_inp.bias",
+                               "mlp.experts.down_proj_bias": "ffn_down_exps.bias"},
+        ffn_gate_exps__weight=OneOf((Mxfp4("mlp.experts.gate_up_proj", 0),
+                                     Fused("mlp.experts.gate_up_proj", 0, transpose=True))),
+        ffn_up_exps__weight=OneOf((Mxfp4("mlp.experts.gate_up_proj", 1),
+                                   Fused("mlp.experts.gate_up_proj", 1, transpose=True))),
+        ffn_down_exps__weight=OneOf((Mxfp4("mlp.experts.down_proj"), Fused("mlp.experts.down_proj", transpose=True))),
+        ffn_gate_exps__bias=Fused("mlp.experts.gate_up_proj_bias", 0),
+        ffn_up_exps__bias=Fused("mlp.experts.gate_up_proj_bias", 1)), _gpt_oss,
+        rope_scalings=("yarn",), quant_methods=("mxfp4",)),
+)
+
+
+def family_of(model_type: object, classes: list[str]) -> Family | None:
+    """The row a config.json's model_type (or, failing that, its architectures) converts as, if any."""
+    for row in FAMILIES:
+        if model_type in row.model_types:
+            return row
+    for row in FAMILIES:
+        if any(c in row.classes for c in classes):
+            return row
+    return None
+
+
+def supported() -> str:
+    """The families' model_types, for messages."""
+    return ", ".join(t for row in FAMILIES for t in row.model_types)

@@ -1,0 +1,415 @@
+"""Hugging Face checkpoints of the families beyond llama's (Qwen3-MoE, Phi-3, SmolLM3, Gemma 2, gpt-oss) through
+`barellm convert`.
+
+Each checkpoint is derived from one of the tiny llama.cpp-made GGUFs of tests/data by undoing llama.cpp's
+convert_hf_to_gguf.py mapping of its family (written out here, independently of the converter): the
+converted .blm must hold the GGUF's tensors bit for bit, so that llama.cpp's logits for the GGUF check the
+converted model too. A BF16 checkpoint of each checks that whatever moves elements (permutations, stacks,
+transposes, interleaved halves) keeps their bits; gpt-oss's MXFP4 experts are also decoded the way Hugging Face
+decodes them. Broken checkpoints get an error naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_convert import CHATML, from_bf16, to_bf16, tokenizer_json
+
+import barellm
+from barellm.arch import reference_engine
+from barellm.arch.config import config_of
+from barellm.arch.registry import ARCHITECTURES
+from barellm.cli import main
+from barellm.errors import FormatError
+from barellm.formats.blm import BLMFile
+from barellm.formats.gguf import GGUFFile
+from barellm.store.convert import convert
+from barellm.store.hf_families import FAMILIES
+
+from conftest import DATA
+
+# --- writing a checkpoint ------------------------------------------------------------------------------------
+
+_ST = {"F32": (np.float32, 4), "BF16": (np.uint16, 2), "U8": (np.uint8, 1)}
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
+    """A .safetensors file: u64 header length, the JSON header, the data (name -> (dtype, array))."""
+    header, chunks, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name in sorted(tensors):
+        dtype, a = tensors[name]
+        data = np.ascontiguousarray(a, _ST[dtype][0]).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(len(h).to_bytes(8, "little") + h + b"".join(chunks))
+
+
+def unpermute(rows: np.ndarray, heads: int) -> np.ndarray:
+    """Undoes llama.cpp's permute: a GGUF head's rows (0, hd/2, 1, hd/2 + 1, ...) back to Hugging Face's order."""
+    n = rows.shape[0]
+    return rows.reshape(heads, n // heads // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def gguf_mxfp4_to_openai(raw: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """ggml MXFP4 rows (per 32 values: E8M0 scale, 16 bytes with value j low and j + 16 high) -> gpt-oss's
+    checkpoint layout: blocks (..., groups, 16) with value 2j low and 2j + 1 high, scales (..., groups)."""
+    b = raw.reshape(*shape[:-1], shape[-1] // 32, 17)
+    scales, qs = b[..., 0], b[..., 1:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)   # the 32 values in order
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8), scales.copy()
+
+
+def _base_config(md: dict, arch: str, n_vocab: int, tied: bool) -> dict:
+    p = arch + "."
+    heads = md[p + "attention.head_count"]
+    cfg = {
+        "hidden_size": md[p + "embedding_length"], "intermediate_size": md[p + "feed_forward_length"],
+        "num_hidden_layers": md[p + "block_count"], "num_attention_heads": heads,
+        "num_key_value_heads": md[p + "attention.head_count_kv"],
+        "rms_norm_eps": float(md[p + "attention.layer_norm_rms_epsilon"]),
+        "rope_theta": float(md.get(p + "rope.freq_base", 10000.0)),
+        "max_position_embeddings": md[p + "context_length"], "vocab_size": n_vocab, "tie_word_embeddings": tied,
+        "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+    }
+    if p + "attention.key_length" in md:
+        cfg["head_dim"] = md[p + "attention.key_length"]
+    return cfg
+
+
+def hf_from_gguf(gguf: Path, root: Path, dtype: str = "F32") -> None:
+    """The Hugging Face checkpoint llama.cpp's converter would have made `gguf` from."""
+    root.mkdir(parents=True)
+    with GGUFFile(gguf) as g:
+        md = dict(g.metadata)
+        arch = md["general.architecture"]
+        p = arch + "."
+        floats = {n: g.dequantize(n) for n, t in g.tensors.items() if t.type != 39}
+        mx = {n: (np.array(g.raw(n)), t.shape) for n, t in g.tensors.items() if t.type == 39}
+    n_layers, heads, kv = md[p + "block_count"], md[p + "attention.head_count"], md[p + "attention.head_count_kv"]
+    n_vocab = floats["token_embd.weight"].shape[0]
+    tied = "output.weight" not in floats
+    cfg = _base_config(md, arch, n_vocab, tied)
+    shift = 1.0 if arch == "gemma2" else 0.0          # Gemma's norms: llama.cpp stores w + 1
+    w = {"model.embed_tokens.weight": floats["token_embd.weight"],
+         "model.norm.weight": floats["output_norm.weight"] - shift}
+    if not tied:
+        w["lm_head.weight"] = floats["output.weight"]
+    u8: dict[str, np.ndarray] = {}
+    for i in range(n_layers):
+        b, h = f"blk.{i}.", f"model.layers.{i}."
+
+        def put(hf: str, gg: str, b: str = b, h: str = h) -> None:
+            w[h + hf] = floats[b + gg]
+
+        put("self_attn.o_proj.weight", "attn_output.weight")
+        if arch == "phi3":
+            put("self_attn.qkv_proj.weight", "attn_qkv.weight")
+            put("mlp.gate_up_proj.weight", "ffn_up.weight")
+            put("mlp.down_proj.weight", "ffn_down.weight")
+        else:
+            q, k = floats[b + "attn_q.weight"], floats[b + "attn_k.weight"]
+            if arch == "smollm3":  # llama.cpp permutes llama's (and SmolLM3's) Q and K rows
+                q, k = unpermute(q, heads), unpermute(k, kv)
+            w[h + "self_attn.q_proj.weight"], w[h + "self_attn.k_proj.weight"] = q, k
+            put("self_attn.v_proj.weight", "attn_v.weight")
+        if arch == "qwen3moe":
+            put("self_attn.q_norm.weight", "attn_q_norm.weight")
+            put("self_attn.k_norm.weight", "attn_k_norm.weight")
+            put("mlp.gate.weight", "ffn_gate_inp.weight")
+            for e in range(md[p + "expert_count"]):
+                for part in ("gate", "up", "down"):
+                    w[f"{h}mlp.experts.{e}.{part}_proj.weight"] = floats[f"{b}ffn_{part}_exps.weight"][e]
+        if arch in ("smollm3", "gemma2"):
+            for part in ("gate", "up", "down"):
+                put(f"mlp.{part}_proj.weight", f"ffn_{part}.weight")
+        if arch == "gemma2":
+            for hf, gg in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "post_attention_norm"),
+                           ("pre_feedforward_layernorm", "ffn_norm"), ("post_feedforward_layernorm", "post_ffw_norm")):
+                w[f"{h}{hf}.weight"] = floats[f"{b}{gg}.weight"] - shift
+        elif arch == "gpt-oss":
+            put("input_layernorm.weight", "attn_norm.weight")
+            put("post_attention_layernorm.weight", "post_attention_norm.weight")
+            for x in "qkv":
+                put(f"self_attn.{x}_proj.bias", f"attn_{x}.bias")
+            put("self_attn.o_proj.bias", "attn_output.bias")
+            put("self_attn.sinks", "attn_sinks.weight")
+            put("mlp.router.weight", "ffn_gate_inp.weight")
+            put("mlp.router.bias", "ffn_gate_inp.bias")
+            put("mlp.experts.down_proj_bias", "ffn_down_exps.bias")
+            gate_b, up_b = floats[b + "ffn_gate_exps.bias"], floats[b + "ffn_up_exps.bias"]
+            fused_b = np.empty((gate_b.shape[0], 2 * gate_b.shape[1]), np.float32)
+            fused_b[:, 0::2], fused_b[:, 1::2] = gate_b, up_b   # gate|up outputs interleave
+            w[h + "mlp.experts.gate_up_proj_bias"] = fused_b
+            if b + "ffn_gate_exps.weight" in mx:                  # MXFP4: blocks and scales, rows interleaved
+                (gb, gs), (ub, us) = (gguf_mxfp4_to_openai(*mx[b + f"ffn_{x}_exps.weight"]) for x in ("gate", "up"))
+                blocks = np.empty((gb.shape[0], 2 * gb.shape[1], *gb.shape[2:]), np.uint8)
+                scales = np.empty((gs.shape[0], 2 * gs.shape[1], gs.shape[2]), np.uint8)
+                blocks[:, 0::2], blocks[:, 1::2], scales[:, 0::2], scales[:, 1::2] = gb, ub, gs, us
+                u8[h + "mlp.experts.gate_up_proj_blocks"], u8[h + "mlp.experts.gate_up_proj_scales"] = blocks, scales
+                db, ds = gguf_mxfp4_to_openai(*mx[b + "ffn_down_exps.weight"])
+                u8[h + "mlp.experts.down_proj_blocks"], u8[h + "mlp.experts.down_proj_scales"] = db, ds
+            else:                                                  # floats: (experts, in, out), outputs interleaved
+                gate, up = floats[b + "ffn_gate_exps.weight"], floats[b + "ffn_up_exps.weight"]
+                fused = np.empty((gate.shape[0], gate.shape[2], 2 * gate.shape[1]), np.float32)
+                fused[..., 0::2], fused[..., 1::2] = gate.transpose(0, 2, 1), up.transpose(0, 2, 1)
+                w[h + "mlp.experts.gate_up_proj"] = fused
+                w[h + "mlp.experts.down_proj"] = floats[b + "ffn_down_exps.weight"].transpose(0, 2, 1)
+        else:
+            put("input_layernorm.weight", "attn_norm.weight")
+            put("post_attention_layernorm.weight", "ffn_norm.weight")
+    alternating = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
+    cfg.update({
+        "qwen3moe": lambda: {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+                             "num_experts": md[p + "expert_count"], "num_experts_per_tok": md[p + "expert_used_count"],
+                             "moe_intermediate_size": md[p + "expert_feed_forward_length"], "norm_topk_prob": True,
+                             "decoder_sparse_step": 1, "mlp_only_layers": []},
+        "phi3": lambda: {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"],
+                         "partial_rotary_factor": md[p + "rope.dimension_count"] * cfg["num_attention_heads"]
+                         / cfg["hidden_size"],
+                         "original_max_position_embeddings": md[p + "rope.scaling.original_context_length"],
+                         "rope_scaling": {"type": "longrope",
+                                          "long_factor": floats["rope_factors_long.weight"].tolist(),
+                                          "short_factor": floats["rope_factors_short.weight"].tolist()}},
+        "smollm3": lambda: {"model_type": "smollm3", "architectures": ["SmolLM3ForCausalLM"],
+                            "no_rope_layer_interval": 4, "use_sliding_window": False,
+                            "no_rope_layers": [int((i + 1) % 4 != 0) for i in range(n_layers)]},
+        "gemma2": lambda: {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"],
+                           "hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
+                           "query_pre_attn_scalar": cfg["head_dim"],
+                           "sliding_window": md[p + "attention.sliding_window"],
+                           "attn_logit_softcapping": float(md[p + "attn_logit_softcapping"]),
+                           "final_logit_softcapping": float(md[p + "final_logit_softcapping"]),
+                           "layer_types": alternating},
+        "gpt-oss": lambda: {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
+                            "num_local_experts": md[p + "expert_count"],
+                            "num_experts_per_tok": md[p + "expert_used_count"],
+                            "experts_per_token": md[p + "expert_used_count"], "attention_bias": True,
+                            "sliding_window": md[p + "attention.sliding_window"], "swiglu_limit": 7.0,
+                            "layer_types": alternating,
+                            "rope_scaling": {"rope_type": "yarn", "factor": float(md[p + "rope.scaling.factor"]),
+                                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                             "original_max_position_embeddings":
+                                                 md[p + "rope.scaling.original_context_length"]},
+                            **({"quantization_config": {"quant_method": "mxfp4"}} if mx else {})},
+    }[arch]())
+    (root / "config.json").write_text(json.dumps(cfg))
+    (root / "tokenizer.json").write_text(json.dumps(tokenizer_json("smollm")))
+    (root / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False, "chat_template": CHATML}))
+    out = {n: ("BF16", to_bf16(a)) if dtype == "BF16" else ("F32", a) for n, a in w.items()}
+    out.update({n: ("U8", a) for n, a in u8.items()})
+    write_safetensors(root / "model.safetensors", out)
+
+
+# --- the families, against their GGUFs and llama.cpp's logits -------------------------------------------------
+
+GGUFS = ["qwen3moe-tiny", "phi3-tiny", "smollm3-tiny", "gemma2-tiny", "gpt-oss-tiny", "gpt-oss-mxfp4-tiny"]
+
+
+@pytest.fixture(scope="module", params=GGUFS)
+def converted(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(request.param)
+    hf_from_gguf(DATA / f"{request.param}.gguf", tmp / "ckpt")
+    out = convert(tmp / "ckpt", tmp / "m.blm")
+    g, f = GGUFFile(DATA / f"{request.param}.gguf"), BLMFile(out)
+    yield request.param, g, f, tmp / "ckpt"
+    g.close()
+    f.close()
+
+
+def test_the_table_covers_every_tensor_of_each_architecture():
+    for row in FAMILIES:
+        assert set(row.layer) == set(ARCHITECTURES[row.arch].layer_tensors), row.arch
+
+
+def test_converted_tensors_are_the_ggufs(converted):
+    name, g, f, _ = converted
+    assert set(f.tensors) == set(g.tensors)
+    for n, t in g.tensors.items():
+        ours = f.tensors[n]
+        assert (ours.type, ours.shape) == (t.type, t.shape), n
+        assert np.array_equal(np.asarray(f.raw(n)), np.asarray(g.raw(n))), n   # bit for bit
+    assert config_of(f) == config_of(g)
+
+
+def test_converted_logits_match_llamacpp(converted):
+    """The reference engine on the converted file: the GGUF's logits exactly, so llama.cpp's top-1 and no further
+    from llama.cpp's logits than the GGUF path is (tests/test_moe.py, tests/test_dense_rows.py)."""
+    name, g, f, _ = converted
+    gold = np.load(DATA / f"{name}.logits.npz")
+    ids, want = gold["ids"].tolist(), gold["logits"]
+    ours = reference_engine(config_of(f), f, 256).forward(ids, 0, all_logits=True)
+    theirs = reference_engine(config_of(g), g, 256).forward(ids, 0, all_logits=True)
+    assert np.array_equal(ours, theirs)
+    top1 = float(np.mean(ours.argmax(1) == want.argmax(1)))
+    err = float(np.abs(ours - want).max())
+    print(f"{name} converted from Hugging Face, reference: top-1 {100 * top1:.2f} %, max |dlogit| {err:.2e}")
+    assert top1 >= (0.95 if "mxfp4" in name else 1.0) and err <= (0.5 if "mxfp4" in name else 1e-2)
+
+
+def test_native_engine_runs_the_converted_file(converted):
+    engine = pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
+    name, g, f, _ = converted
+    ids = np.load(DATA / f"{name}.logits.npz")["ids"].tolist()[:40]
+    ours = engine.NativeEngine(config_of(f), f, n_ctx=128, threads=2, chunk=16).forward(ids, 0, all_logits=True)
+    theirs = engine.NativeEngine(config_of(g), g, n_ctx=128, threads=2, chunk=16).forward(ids, 0, all_logits=True)
+    assert np.array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("name", [n for n in GGUFS if "mxfp4" not in n])
+def test_bf16_checkpoints_keep_their_bits(name, tmp_path):
+    """Every element moved (permuted, stacked, transposed, split) keeps its bf16 bits; norms become float32 (Gemma's
+    1 + w computed in float32, as Hugging Face does)."""
+    hf_from_gguf(DATA / f"{name}.gguf", tmp_path / "ckpt", dtype="BF16")
+    with GGUFFile(DATA / f"{name}.gguf") as g, BLMFile(convert(tmp_path / "ckpt", tmp_path / "m.blm")) as f:
+        for n, t in g.tensors.items():
+            want = g.dequantize(n)
+            got = f.dequantize(n)
+            if len(t.shape) == 1 or n.startswith("rope_factors"):
+                assert f.tensors[n].type == 0, n
+                if n.endswith("norm.weight") and name == "gemma2-tiny":
+                    want = from_bf16(to_bf16(want - 1.0)) + np.float32(1.0)
+                elif not n.startswith("rope_factors"):
+                    want = from_bf16(to_bf16(want))
+            else:
+                assert f.tensors[n].type == 30, n
+                want = from_bf16(to_bf16(want))
+            assert np.array_equal(got, want), n
+
+
+def test_mxfp4_experts_decode_as_hugging_face_decodes_them(tmp_path):
+    """gpt-oss's MXFP4 experts dequantized as transformers does (low nibble first, E2M1 values, 2^(scale - 127),
+    then (experts, in, out) with gate and up interleaved on the outputs) equal the converted file's."""
+    hf_from_gguf(DATA / "gpt-oss-mxfp4-tiny.gguf", tmp_path / "ckpt")
+    from safetensors.numpy import load_file
+
+    st = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
+    lut = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+    def hf_dequant(prefix: str) -> np.ndarray:
+        blocks, scales = st[prefix + "_blocks"], st[prefix + "_scales"].astype(np.int32) - 127
+        out = np.empty((*blocks.shape[:-1], 32), np.float32)
+        out[..., 0::2], out[..., 1::2] = lut[blocks & 0x0F], lut[blocks >> 4]
+        out = np.ldexp(out, scales[..., None]).reshape(*blocks.shape[:2], -1)
+        return out.transpose(0, 2, 1)   # (experts, in, out)
+
+    with BLMFile(convert(tmp_path / "ckpt", tmp_path / "m.blm")) as f:
+        for i in range(2):
+            fused = hf_dequant(f"model.layers.{i}.mlp.experts.gate_up_proj")
+            assert np.array_equal(f.dequantize(f"blk.{i}.ffn_gate_exps.weight"), fused[..., 0::2].transpose(0, 2, 1))
+            assert np.array_equal(f.dequantize(f"blk.{i}.ffn_up_exps.weight"), fused[..., 1::2].transpose(0, 2, 1))
+            down = hf_dequant(f"model.layers.{i}.mlp.experts.down_proj")
+            assert np.array_equal(f.dequantize(f"blk.{i}.ffn_down_exps.weight"), down.transpose(0, 2, 1))
+
+
+def test_a_checkpoint_directory_loads_and_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    hf_from_gguf(DATA / "phi3-tiny.gguf", tmp_path / "ckpt")
+    gold = np.load(DATA / "phi3-tiny.logits.npz")
+    model = barellm.load(tmp_path / "ckpt", engine="reference", context=256)
+    assert model.source.path.parent == tmp_path / "home" / "blm"
+    got = model.logits(gold["ids"].tolist())
+    assert np.array_equal(got.argmax(-1), gold["logits"].argmax(-1)) and np.abs(got - gold["logits"]).max() < 1e-2
+    assert isinstance(model.generate("the cat", max_tokens=4, temperature=0), str)
+
+
+def test_cli_converts_a_checkpoint(tmp_path, capsys):
+    hf_from_gguf(DATA / "qwen3moe-tiny.gguf", tmp_path / "ckpt")
+    out = tmp_path / "q.blm"
+    assert main(["convert", str(tmp_path / "ckpt"), "-o", str(out), "--type", "q8_0", "-q"]) == 0
+    with BLMFile(out) as f:
+        assert f.tensors["blk.0.ffn_up_exps.weight"].type == 8 and f.metadata["general.architecture"] == "qwen3moe"
+    assert main(["verify", str(out)]) == 0
+
+
+# --- broken checkpoints ----------------------------------------------------------------------------------------
+
+
+def _edit_config(root: Path, **changes) -> None:
+    cfg = json.loads((root / "config.json").read_text())
+    cfg.update(changes)
+    (root / "config.json").write_text(json.dumps(cfg))
+
+
+def _edit_tensors(root: Path, edit) -> None:
+    path = root / "model.safetensors"
+    b = path.read_bytes()
+    n = int.from_bytes(b[:8], "little")
+    header = json.loads(b[8:8 + n])
+    edit(header)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(len(h).to_bytes(8, "little") + h + b[8 + n:])
+
+
+def _drop(name: str):
+    return lambda header: header.pop(name)
+
+
+def _rename(old: str, new: str):
+    return lambda header: header.__setitem__(new, header.pop(old))
+
+
+def _reshape(name: str, shape: list[int]):
+    return lambda header: header[name].update(shape=shape)
+
+
+def _swap_shapes(a: str, b: str):
+    def edit(header: dict) -> None:
+        header[a]["shape"], header[b]["shape"] = header[b]["shape"], header[a]["shape"]
+    return edit
+
+
+@pytest.mark.parametrize("gguf, breakage, message", [
+    ("qwen3moe-tiny", lambda r: _edit_config(r, model_type="mamba", architectures=["MambaForCausalLM"]),
+     "model_type 'mamba' .* not supported; checkpoints convert from: llama, qwen2, qwen3, qwen3_moe, phi3, "
+     "smollm3, gemma2, gpt_oss"),
+    ("qwen3moe-tiny", lambda r: _edit_tensors(r, _drop("model.layers.1.mlp.experts.3.up_proj.weight")),
+     "tensor 'model.layers.1.mlp.experts.3.up_proj.weight' is missing .*'blk.1.ffn_up_exps.weight'"),
+    ("qwen3moe-tiny", lambda r: _edit_tensors(r, _rename("model.layers.0.mlp.gate.weight",
+                                                         "model.layers.0.mlp.shared_expert_gate.weight")),
+     "'model.layers.0.mlp.shared_expert_gate.weight' is not part of a qwen3_moe checkpoint"),
+    ("qwen3moe-tiny", lambda r: _edit_tensors(r, _swap_shapes("model.layers.0.mlp.experts.2.up_proj.weight",
+                                                              "model.layers.0.mlp.experts.2.down_proj.weight")),
+     "'model.layers.0.mlp.experts.2.up_proj.weight' is F32 of shape \\(64, 32\\).*every expert's must match"),
+    ("qwen3moe-tiny", lambda r: _edit_config(r, norm_topk_prob=False), "norm_topk_prob is false"),
+    ("qwen3moe-tiny", lambda r: _edit_config(r, num_experts=9), "model.layers.0.mlp.experts.8.gate_proj.weight"),
+    ("phi3-tiny", lambda r: _edit_config(r, rope_scaling={"type": "longrope", "long_factor": [1.0] * 5,
+                                                          "short_factor": [1.0] * 5}),
+     "rope_scaling.long_factor should be 6 positive numbers"),
+    ("phi3-tiny", lambda r: _edit_config(r, rope_scaling={"type": "dynamic", "factor": 2.0}),
+     "rope_scaling .* is not supported \\(a phi3 checkpoint may have: longrope, su\\)"),
+    ("phi3-tiny", lambda r: _edit_tensors(r, _reshape("model.layers.1.self_attn.qkv_proj.weight", [64, 128])),
+     "'model.layers.1.self_attn.qkv_proj.weight' make 'blk.1.attn_qkv.weight' of shape \\(64, 128\\), "
+     "expected \\(128, 64\\)"),
+    ("smollm3-tiny", lambda r: _edit_config(r, no_rope_layers=[1, 1, 0, 1]), "no_rope_layers \\[1, 1, 0, 1\\]"),
+    ("gemma2-tiny", lambda r: _edit_config(r, query_pre_attn_scalar=144), "query_pre_attn_scalar 144"),
+    ("gemma2-tiny", lambda r: _edit_config(r, hidden_activation="gelu", hidden_act="gelu"), "hidden_act 'gelu'"),
+    ("gemma2-tiny", lambda r: _edit_config(r, layer_types=["full_attention"] * 2), "layer_types"),
+    ("gpt-oss-mxfp4-tiny", lambda r: _edit_tensors(r, _drop("model.layers.0.mlp.experts.down_proj_scales")),
+     "'blk.0.ffn_down_exps.weight' needs the tensors 'model.layers.0.mlp.experts.down_proj_blocks', "
+     "'model.layers.0.mlp.experts.down_proj_scales' or 'model.layers.0.mlp.experts.down_proj'"),
+    ("gpt-oss-mxfp4-tiny", lambda r: _edit_tensors(r, _reshape("model.layers.1.mlp.experts.gate_up_proj_scales",
+                                                               [8, 64, 1, 2])),
+     "'model.layers.1.mlp.experts.gate_up_proj_blocks' .* is not MXFP4"),
+    ("gpt-oss-tiny", lambda r: _edit_config(r, swiglu_limit=10.0), "swiglu_limit 10.0"),
+    ("gpt-oss-tiny", lambda r: _edit_config(r, quantization_config={"quant_method": "fp8"}),
+     "quantization_config 'fp8': quantized checkpoints are not supported \\(gpt_oss takes mxfp4\\)"),
+    ("gpt-oss-tiny", lambda r: _edit_tensors(r, _drop("model.layers.1.self_attn.sinks")),
+     "tensor 'model.layers.1.self_attn.sinks' is missing"),
+])
+def test_broken_checkpoints_fail_cleanly(tmp_path, gguf, breakage, message):
+    root = tmp_path / "ckpt"
+    hf_from_gguf(DATA / f"{gguf}.gguf", root)
+    breakage(root)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    with pytest.raises(FormatError, match=message):
+        convert(root, out_dir / "m.blm")
+    assert not list(out_dir.iterdir())
