@@ -413,3 +413,26 @@ def test_broken_checkpoints_fail_cleanly(tmp_path, gguf, breakage, message):
     with pytest.raises(FormatError, match=message):
         convert(root, out_dir / "m.blm")
     assert not list(out_dir.iterdir())
+
+
+def test_qwen2_tokenizer_converts(tmp_path):
+    """Qwen's tokenizer.json (as Qwen3-MoE ships it): llama 3's split with single digits, an NFC normalizer
+    (which llama.cpp's tokenizer of the GGUF leaves out too), no ignore_merges."""
+    root = tmp_path / "ckpt"
+    hf_from_gguf(DATA / "qwen3moe-tiny.gguf", root)
+    tj = tokenizer_json("llama3")
+    split = tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]
+    split["Regex"] = split["Regex"].replace(r"\p{N}{1,3}", r"\p{N}")
+    tj["model"]["ignore_merges"], tj["normalizer"] = False, {"type": "NFC"}
+    (root / "tokenizer.json").write_text(json.dumps(tj))
+    with BLMFile(convert(root, tmp_path / "m.blm")) as f:
+        assert f.metadata["tokenizer.ggml.pre"] == "qwen2"
+        from barellm.text.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_metadata(f.metadata)
+    text = "the cat in 2024<|im_end|>"
+    assert tok.decode(tok.encode(text)) == text and tok.encode(text)[-1] == 2
+    tj["normalizer"] = {"type": "NFKC"}
+    (root / "tokenizer.json").write_text(json.dumps(tj))
+    with pytest.raises(FormatError, match="a normalizer \\(NFKC\\) is not supported"):
+        convert(root, tmp_path / "n.blm")

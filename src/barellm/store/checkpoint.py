@@ -1,7 +1,7 @@
 """What a conversion reads: a model source as tensors and metadata (_Model, _Tensor, whichever format it came
 in), and the reader of one of those formats, a Hugging Face checkpoint directory (config.json, *.safetensors,
-tokenizer.json, tokenizer_config.json): its tensors mapped onto GGUF's names, the query and key rows
-permuted as llama.cpp's converter does (`permute_qk`), its config and tokenizer onto GGUF's metadata keys.
+tokenizer.json, tokenizer_config.json): its config and tokenizer onto GGUF's metadata keys, its tensors
+onto GGUF's as its family's row of store/hf_families.py says (the recipes llama.cpp's converter follows).
 store/convert.py reads GGUF sources itself and writes the .blm.
 """
 
@@ -290,6 +290,9 @@ def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], Co
 # The pre-tokenizers of tokenizer.json this converter recognizes, as tokenizer.ggml.pre names.
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen2's (Qwen3's, Qwen3-MoE's): llama 3's with digits one at a time
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+_SPLITS = {_LLAMA3_SPLIT: "llama-bpe", _QWEN2_SPLIT: "qwen2"}
 
 
 def _pre_tokenizer(tj: dict[str, Any], where: Path) -> str:
@@ -308,10 +311,10 @@ def _pre_tokenizer(tj: dict[str, Any], where: Path) -> str:
         return "smollm"  # digits one by one, then GPT-2's split (SmolLM, StarCoder)
     if len(steps) == 2 and kinds == ["Split", "ByteLevel"] and byte_level(steps[1], False):
         pattern = (steps[0].get("pattern") or {}).get("Regex")
-        if pattern == _LLAMA3_SPLIT and steps[0].get("behavior") == "Isolated" and not steps[0].get("invert"):
-            return "llama-bpe"
+        if pattern in _SPLITS and steps[0].get("behavior") == "Isolated" and not steps[0].get("invert"):
+            return _SPLITS[pattern]
     raise FormatError(f"{where}: pre_tokenizer {json.dumps(pt)[:160]} is not one this converter recognizes "
-                      "(supported: GPT-2's byte-level, digits + byte-level, llama 3's split + byte-level)")
+                      "(supported: GPT-2's byte-level, digits + byte-level, llama 3's or Qwen2's split + byte-level)")
 
 
 def _token_content(v: Any) -> str | None:
@@ -328,7 +331,8 @@ def _hf_tokenizer(root: Path, cfg: dict[str, Any], n_vocab: int) -> tuple[dict[s
     if not isinstance(model, dict) or model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
         kind = model.get("type") if isinstance(model, dict) else None
         raise FormatError(f"{where}: model type {kind!r}; only byte-level BPE tokenizers convert")
-    if tj.get("normalizer"):
+    # NFC: llama.cpp's tokenizer of the GGUF (Qwen2's) leaves it out too; text in NFC tokenizes the same
+    if tj.get("normalizer") and tj["normalizer"] != {"type": "NFC"}:
         raise FormatError(f"{where}: a normalizer ({tj['normalizer'].get('type')}) is not supported with "
                           "byte-level BPE")
     pre = _pre_tokenizer(tj, where)

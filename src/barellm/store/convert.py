@@ -5,13 +5,15 @@
 
 A GGUF file keeps its tensors' types and bytes unless --type asks for another type, so a model converted
 from GGUF computes exactly what the GGUF computes. A checkpoint directory (config.json, *.safetensors,
-tokenizer.json, tokenizer_config.json) of the llama architecture is mapped onto GGUF's tensor names and
-metadata keys the way llama.cpp's converter does it, including its permutation of the query and key rows
-(see `permute_qk`), so that the "norm" RoPE of GGUF llama files applies to it unchanged.
+tokenizer.json, tokenizer_config.json) of a family of store/hf_families.py (llama, qwen2, qwen3, qwen3_moe,
+phi3, smollm3, gemma2, gpt_oss) is mapped onto GGUF's tensor names and metadata keys the way llama.cpp's
+converter does it (the permutation of llama's query and key rows, `permute_qk`, stacked experts, fused
+matrices, MXFP4 experts repacked), so that it holds what llama.cpp's GGUF of it would hold.
 
 Types (llama.cpp's conventions): 1-D tensors (the norms) are always float32; with --type every 2-D weight,
-the embedding and the output projection included, takes the type, except a matrix whose rows are not a
-whole number of the type's blocks, which falls back to f16.
+the embedding and the output projection included, takes the type (and every stack of experts), except a
+matrix whose rows are not a whole number of the type's blocks, which falls back to f16. A checkpoint's
+F32, F16 and BF16 tensors keep their type without --type; its MXFP4 experts become ggml's MXFP4.
 
 Reading a checkpoint is store/checkpoint.py's. The model store (store/converted.py) uses `convert` to turn a
 GGUF file or a checkpoint into a .blm once, and maps that afterwards (docs/format.md, "Cache").
