@@ -436,3 +436,101 @@ def test_qwen2_tokenizer_converts(tmp_path):
     (root / "tokenizer.json").write_text(json.dumps(tj))
     with pytest.raises(FormatError, match="a normalizer \\(NFKC\\) is not supported"):
         convert(root, tmp_path / "n.blm")
+
+
+# --- SentencePiece tokenizers (Phi-3, Gemma 2) --------------------------------------------------------------
+
+
+def _pb_varint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
+        v >>= 7
+        if not v:
+            return bytes(out)
+
+
+def _pb(field: int, value: bytes | int | float) -> bytes:
+    """One protobuf field: bytes length-delimited, int varint, float fixed32."""
+    if isinstance(value, bytes):
+        return _pb_varint(field << 3 | 2) + _pb_varint(len(value)) + value
+    if isinstance(value, float):
+        return _pb_varint(field << 3 | 5) + np.float32(value).tobytes()
+    return _pb_varint(field << 3) + _pb_varint(value)
+
+
+def write_tokenizer_model(path: Path, tokens: list[str], scores: list[float], types: list[int],
+                          dummy_prefix: bool | None) -> None:
+    """A SentencePiece ModelProto: the pieces (text, score, type unless normal), a trainer spec the reader skips,
+    and a normalizer spec with add_dummy_prefix when given."""
+    body = b"".join(_pb(1, _pb(1, t.encode()) + _pb(2, float(s)) + (_pb(3, k) if k != 1 else b""))
+                    for t, s, k in zip(tokens, scores, types, strict=True))
+    body += _pb(2, _pb(3, 2) + _pb(1, b"spm.txt") + _pb(35, 1))
+    if dummy_prefix is not None:
+        body += _pb(3, _pb(1, b"identity") + _pb(3, int(dummy_prefix)))
+    path.write_bytes(body)
+
+
+@pytest.mark.parametrize("name, dummy_prefix", [("phi3-tiny", None), ("gemma2-tiny", False)])
+def test_sentencepiece_tokenizer_is_the_ggufs(tmp_path, name, dummy_prefix):
+    """A checkpoint with a tokenizer.model (and no tokenizer.json) gets llama.cpp's vocabulary: the GGUF's tokens,
+    scores and types, and the same ids for a text; add_dummy_prefix becomes add_space_prefix."""
+    from barellm.text.tokenizer import Tokenizer
+
+    root = tmp_path / "ckpt"
+    hf_from_gguf(DATA / f"{name}.gguf", root)
+    (root / "tokenizer.json").unlink()
+    with GGUFFile(DATA / f"{name}.gguf") as g:
+        md = dict(g.metadata)
+    write_tokenizer_model(root / "tokenizer.model", md["tokenizer.ggml.tokens"], list(md["tokenizer.ggml.scores"]),
+                          list(md["tokenizer.ggml.token_type"]), dummy_prefix)
+    (root / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
+                                                            "unk_token": "<unk>", "add_bos_token": True}))
+    with BLMFile(convert(root, tmp_path / "m.blm")) as f:
+        got = dict(f.metadata)
+    for key in ("tokens", "token_type", "bos_token_id", "eos_token_id", "unknown_token_id", "add_bos_token"):
+        assert np.array_equal(got[f"tokenizer.ggml.{key}"], md[f"tokenizer.ggml.{key}"]), key
+    assert np.array_equal(np.asarray(got["tokenizer.ggml.scores"], np.float32),
+                          np.asarray(md["tokenizer.ggml.scores"], np.float32))
+    assert got["tokenizer.ggml.model"] == "llama" and got["tokenizer.ggml.add_space_prefix"] == (dummy_prefix is None)
+    md["tokenizer.ggml.add_space_prefix"] = dummy_prefix is None
+    ours, theirs = Tokenizer.from_metadata(got), Tokenizer.from_metadata(md)
+    for text in ("the quick brown fox", " leading space", "x\n\ny"):
+        assert ours.encode(text, add_special=True) == theirs.encode(text, add_special=True)
+
+
+def test_added_tokens_of_a_sentencepiece_checkpoint(tmp_path):
+    """added_tokens.json and tokenizer_config.json's added_tokens_decoder as llama.cpp's converter takes them:
+    user-defined (control if special) tokens of score -1000 in place of the ids' pieces or placeholders."""
+    root = tmp_path / "ckpt"
+    hf_from_gguf(DATA / "phi3-tiny.gguf", root)
+    (root / "tokenizer.json").unlink()
+    write_tokenizer_model(root / "tokenizer.model", ["<unk>", "<s>", "</s>", "▁a", "b"], [0, 0, 0, -1.0, -2.0],
+                          [2, 3, 3, 1, 1], None)
+    (root / "added_tokens.json").write_text(json.dumps({"<|user|>": 300}))
+    (root / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": {
+        "301": {"content": "<|end|>", "special": True}, "4": {"content": "zz", "special": False}}}))
+    with BLMFile(convert(root, tmp_path / "m.blm")) as f:
+        md = f.metadata
+        tokens, types = md["tokenizer.ggml.tokens"], list(md["tokenizer.ggml.token_type"])
+        scores = np.asarray(md["tokenizer.ggml.scores"])
+    assert len(tokens) == 304 and tokens[:5] == ["<unk>", "<s>", "</s>", "▁a", "zz"] and tokens[5] == "[PAD5]"
+    assert (tokens[300], types[300], tokens[301], types[301]) == ("<|user|>", 4, "<|end|>", 3)
+    assert types[:6] == [2, 3, 3, 1, 4, 5] and scores[4] == scores[300] == -1000 and scores[5] == -10000
+    (root / "added_tokens.json").write_text(json.dumps({"<|user|>": 304}))
+    with pytest.raises(FormatError, match="added_tokens.json: added token '<|user|>' has id 304, outside"):
+        convert(root, tmp_path / "n.blm")
+
+
+def test_a_broken_tokenizer_model_fails_cleanly(tmp_path):
+    root = tmp_path / "ckpt"
+    hf_from_gguf(DATA / "phi3-tiny.gguf", root)
+    (root / "tokenizer.json").unlink()
+    write_tokenizer_model(root / "tokenizer.model", ["<unk>", "<s>"], [0.0, 0.0], [2, 3], None)
+    data = (root / "tokenizer.model").read_bytes()
+    (root / "tokenizer.model").write_bytes(data[:-3])
+    with pytest.raises(FormatError, match="tokenizer.model: protobuf .* runs past its message"):
+        convert(root, tmp_path / "m.blm")
+    (root / "tokenizer.model").write_bytes(b"\x0b" + data)   # wire type 3 (a group)
+    with pytest.raises(FormatError, match="wire type 3"):
+        convert(root, tmp_path / "m.blm")

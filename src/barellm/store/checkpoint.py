@@ -22,6 +22,7 @@ import numpy as np
 from barellm.arch.registry import ARCHITECTURES
 from barellm.errors import FormatError, ModelNotFound
 from barellm.files import open_regular
+from barellm.store import sentencepiece
 from barellm.store.hf_families import (
     Config,
     Family,
@@ -219,8 +220,9 @@ def _hf_files(root: Path) -> tuple[list[Path], list[Path]]:
     for w in weights:
         if not w.is_file():
             raise FormatError(f"{w}: listed in the index but missing")
-    reads = weights + extra + [root / "config.json", root / "tokenizer.json"]
-    reads += [root / n for n in ("tokenizer_config.json", "chat_template.jinja") if (root / n).is_file()]
+    reads = weights + extra + [root / "config.json"]
+    reads += [root / n for n in ("tokenizer.json", "tokenizer.model", "added_tokens.json", "tokenizer_config.json",
+                                 "chat_template.jinja") if (root / n).is_file()]
     return weights, sorted(reads, key=lambda p: p.name)
 
 
@@ -323,14 +325,73 @@ def _token_content(v: Any) -> str | None:
     return v if isinstance(v, str) else None
 
 
+def _uses_sentencepiece(root: Path, tj: Any) -> bool:
+    """Whether a checkpoint's tokenizer is its tokenizer.model (SentencePiece), not a byte-level BPE
+    tokenizer.json (which some checkpoints ship beside a tokenizer.model of the same vocabulary)."""
+    if not (root / "tokenizer.model").is_file():
+        return False
+    return not (isinstance(tj, dict) and "ByteLevel" in json.dumps(tj.get("pre_tokenizer")))
+
+
 def _hf_tokenizer(root: Path, cfg: dict[str, Any], n_vocab: int) -> tuple[dict[str, Any], dict[str, str]]:
-    where = root / "tokenizer.json"
-    tj = _read_json(where)
+    spm = (root / "tokenizer.model").is_file()
+    tj = _read_json(root / "tokenizer.json", required=not spm)
     tc = _read_json(root / "tokenizer_config.json", required=False) or {}
+    if not isinstance(tc, dict):
+        raise FormatError(f"{root / 'tokenizer_config.json'}: not a JSON object")
+    if _uses_sentencepiece(root, tj):
+        md, types_md = sentencepiece.vocab(root, n_vocab, tj, tc)
+    else:
+        md, types_md = _bpe_vocab(root / "tokenizer.json", tj, n_vocab)
+    tokens = md["tokenizer.ggml.tokens"]
+    size = len(tokens)
+    ids = {text: i for i, text in enumerate(tokens)}
+    for key, cfg_key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unknown", None), ("padding", None)):
+        tc_key = {"unknown": "unk_token", "padding": "pad_token"}.get(key, f"{key}_token")
+        text = _token_content(tc.get(tc_key))
+        tid = ids.get(text) if text is not None else None
+        if tid is None and cfg_key is not None:
+            v = cfg.get(cfg_key)
+            v = v[0] if isinstance(v, list) and v else v
+            tid = v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < size else None
+        if tid is not None:
+            md[f"tokenizer.ggml.{key}_token_id"] = tid
+            types_md[f"tokenizer.ggml.{key}_token_id"] = "uint32"
+    add_bos = tc.get("add_bos_token")
+    if not isinstance(add_bos, bool):
+        # llama 3 style: the post-processor puts BOS in front of every single sequence
+        post = (tj.get("post_processor") if isinstance(tj, dict) else None) or {}
+        procs = post.get("processors", [post]) if isinstance(post, dict) else []
+        bos_text = tokens[md["tokenizer.ggml.bos_token_id"]] if "tokenizer.ggml.bos_token_id" in md else None
+        add_bos = any(isinstance(p, dict) and p.get("type") == "TemplateProcessing"
+                      and any(isinstance(s, dict) and (s.get("SpecialToken") or {}).get("id") == bos_text
+                              for s in (p.get("single") or [])[:1])
+                      for p in procs) and bos_text is not None
+    md["tokenizer.ggml.add_bos_token"] = add_bos
+    types_md["tokenizer.ggml.add_bos_token"] = "bool"
+    if isinstance(tc.get("add_eos_token"), bool):
+        md["tokenizer.ggml.add_eos_token"] = tc["add_eos_token"]
+        types_md["tokenizer.ggml.add_eos_token"] = "bool"
+    template = tc.get("chat_template")
+    if template is None and (root / "chat_template.jinja").is_file():
+        template = (root / "chat_template.jinja").read_text(encoding="utf-8")
+    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+        for t in template:
+            if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str):
+                key = "tokenizer.chat_template" + ("" if t["name"] == "default" else f".{t['name']}")
+                md[key], types_md[key] = t["template"], "string"
+    elif isinstance(template, str):
+        md["tokenizer.chat_template"], types_md["tokenizer.chat_template"] = template, "string"
+    return md, types_md
+
+
+def _bpe_vocab(where: Path, tj: Any, n_vocab: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """tokenizer.ggml.* of a byte-level BPE tokenizer.json."""
     model = tj.get("model") if isinstance(tj, dict) else None
     if not isinstance(model, dict) or model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
         kind = model.get("type") if isinstance(model, dict) else None
-        raise FormatError(f"{where}: model type {kind!r}; only byte-level BPE tokenizers convert")
+        raise FormatError(f"{where}: model type {kind!r}; only byte-level BPE tokenizers convert (or a "
+                          "SentencePiece tokenizer.model beside it)")
     # NFC: llama.cpp's tokenizer of the GGUF (Qwen2's) leaves it out too; text in NFC tokenizes the same
     if tj.get("normalizer") and tj["normalizer"] != {"type": "NFC"}:
         raise FormatError(f"{where}: a normalizer ({tj['normalizer'].get('type')}) is not supported with "
@@ -376,43 +437,6 @@ def _hf_tokenizer(root: Path, cfg: dict[str, Any], n_vocab: int) -> tuple[dict[s
     types_md = {"tokenizer.ggml.model": "string", "tokenizer.ggml.pre": "string",
                 "tokenizer.ggml.tokens": "array[string]", "tokenizer.ggml.token_type": "array[int32]",
                 "tokenizer.ggml.merges": "array[string]"}
-    ids = {text: i for i, text in enumerate(tokens)}
-    for key, cfg_key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unknown", None), ("padding", None)):
-        tc_key = {"unknown": "unk_token", "padding": "pad_token"}.get(key, f"{key}_token")
-        text = _token_content(tc.get(tc_key))
-        tid = ids.get(text) if text is not None else None
-        if tid is None and cfg_key is not None:
-            v = cfg.get(cfg_key)
-            v = v[0] if isinstance(v, list) and v else v
-            tid = v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < size else None
-        if tid is not None:
-            md[f"tokenizer.ggml.{key}_token_id"] = tid
-            types_md[f"tokenizer.ggml.{key}_token_id"] = "uint32"
-    add_bos = tc.get("add_bos_token")
-    if not isinstance(add_bos, bool):
-        # llama 3 style: the post-processor puts BOS in front of every single sequence
-        post = tj.get("post_processor") or {}
-        procs = post.get("processors", [post]) if isinstance(post, dict) else []
-        bos_text = tokens[md["tokenizer.ggml.bos_token_id"]] if "tokenizer.ggml.bos_token_id" in md else None
-        add_bos = any(isinstance(p, dict) and p.get("type") == "TemplateProcessing"
-                      and any(isinstance(s, dict) and (s.get("SpecialToken") or {}).get("id") == bos_text
-                              for s in (p.get("single") or [])[:1])
-                      for p in procs) and bos_text is not None
-    md["tokenizer.ggml.add_bos_token"] = add_bos
-    types_md["tokenizer.ggml.add_bos_token"] = "bool"
-    if isinstance(tc.get("add_eos_token"), bool):
-        md["tokenizer.ggml.add_eos_token"] = tc["add_eos_token"]
-        types_md["tokenizer.ggml.add_eos_token"] = "bool"
-    template = tc.get("chat_template")
-    if template is None and (root / "chat_template.jinja").is_file():
-        template = (root / "chat_template.jinja").read_text(encoding="utf-8")
-    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
-        for t in template:
-            if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str):
-                key = "tokenizer.chat_template" + ("" if t["name"] == "default" else f".{t['name']}")
-                md[key], types_md[key] = t["template"], "string"
-    elif isinstance(template, str):
-        md["tokenizer.chat_template"], types_md["tokenizer.chat_template"] = template, "string"
     return md, types_md
 
 
