@@ -380,6 +380,10 @@ def _swap_shapes(a: str, b: str):
      "'model.layers.0.mlp.experts.2.up_proj.weight' is F32 of shape \\(64, 32\\).*every expert's must match"),
     ("qwen3moe-tiny", lambda r: _edit_config(r, norm_topk_prob=False), "norm_topk_prob is false"),
     ("qwen3moe-tiny", lambda r: _edit_config(r, num_experts=9), "model.layers.0.mlp.experts.8.gate_proj.weight"),
+    ("qwen3moe-tiny", lambda r: _edit_config(r, num_experts=10 ** 9),   # refused before a plan of 10^9 tensors
+     "'qwen3moe.expert_count' = 1000000000 is out of range"),
+    ("smollm3-tiny", lambda r: _edit_config(r, num_hidden_layers=10 ** 9, no_rope_layers=None),
+     "num_hidden_layers 1000000000 is out of range"),
     ("phi3-tiny", lambda r: _edit_config(r, rope_scaling={"type": "longrope", "long_factor": [1.0] * 5,
                                                           "short_factor": [1.0] * 5}),
      "rope_scaling.long_factor should be 6 positive numbers"),

@@ -491,43 +491,41 @@ def _from_hf(root: Path) -> _Model:
             f.close()
 
     try:
+        from barellm.arch.config import config_from_metadata, expected_shapes
+
         ck = _Checkpoint(root, files, md, config, family)
-        n_layers = md[p + "block_count"]
-        # every tensor the model needs: its recipe, and the prefix the recipe's names are under
-        plan: list[tuple[str, Recipe, str]] = [(n, Same(_HF_GLOBAL[n]), "")
-                                               for n in ("token_embd.weight", "output_norm.weight", "output.weight")]
-        plan += [(n, r, "") for n, r in family.extra.items()]
-        plan += [(f"blk.{i}.{n}", family.layer[n], f"model.layers.{i}.")
-                 for i in range(n_layers) for n in arch.layer_tensors]
-        known = {hf for _, recipe, prefix in plan for hf in recipe.names(prefix, ck)}
-        for name in ck.tensors:
-            if name not in known and name not in family.ignored and not _HF_SKIP.fullmatch(name):
-                raise FormatError(f"{root}: tensor {name!r} is not part of a {family.model_types[0]} checkpoint "
-                                  "this converter knows")
         if not ck.has("model.embed_tokens.weight"):
             raise FormatError(f"{root}: no model.embed_tokens.weight")
         # A checkpoint that ties the output to the embedding may still carry lm_head.weight (a copy): it is
         # kept as the untied output, which computes the same. One that does not tie them must have it.
         tied = not ck.has("lm_head.weight") or "lm_head.weight" in family.ignored
+        n_vocab = (ck.tensors["model.embed_tokens.weight"].shape or (0,))[0]
+        # every hyperparameter range-checked (layers, experts, ...) before the tensors are planned by them
+        cfg = config_from_metadata(md, n_vocab, tied)
+        # every tensor the model needs: its recipe, and the prefix the recipe's names are under
+        plan: list[tuple[str, Recipe, str]] = [(n, Same(_HF_GLOBAL[n]), "")
+                                               for n in ("token_embd.weight", "output_norm.weight", "output.weight")
+                                               if n != "output.weight" or not tied]
+        plan += [(n, r, "") for n, r in family.extra.items()]
+        plan += [(f"blk.{i}.{n}", family.layer[n], f"model.layers.{i}.")
+                 for i in range(cfg.n_layers) for n in arch.layer_tensors]
+        known = {hf for _, recipe, prefix in plan for hf in recipe.names(prefix, ck)} | {"lm_head.weight"}
+        for name in ck.tensors:
+            if name not in known and name not in family.ignored and not _HF_SKIP.fullmatch(name):
+                raise FormatError(f"{root}: tensor {name!r} is not part of a {family.model_types[0]} checkpoint "
+                                  "this converter knows")
         if tied and not config.get("tie_word_embeddings", True):
             raise FormatError(f"{root}: no lm_head.weight, and config.json does not tie the output to the embedding")
-        if tied:
-            plan = [t for t in plan if t[0] != "output.weight"]
         made = [recipe.make(name, prefix, ck) for name, recipe, prefix in plan]
-        n_vocab = made[0].shape[0]
-        tok_md, tok_types = _hf_tokenizer(root, config.cfg, n_vocab)
-        md.update(tok_md)
-        types.update(tok_types)
-
-        from barellm.arch.config import config_from_metadata, expected_shapes
-
-        cfg = config_from_metadata(md, n_vocab, tied)
         want = expected_shapes(cfg)
         for t in made:
             if t.shape != want.get(t.name):
                 raise FormatError(f"{root}: {', '.join(map(repr, t.sources))} make {t.name!r} of shape {t.shape}, "
                                   f"expected {want.get(t.name)} from config.json")
         tensors = [_Tensor(t.name, t.type, t.shape, t.rows, t.floats) for t in made]
+        tok_md, tok_types = _hf_tokenizer(root, config.cfg, n_vocab)
+        md.update(tok_md)
+        types.update(tok_types)
         md[p + "vocab_size"] = n_vocab
         from barellm.text.tokenizer import Tokenizer
 

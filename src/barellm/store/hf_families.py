@@ -29,6 +29,7 @@ F32, F16, BF16 = 0, 1, 30
 # place to change should the engines want another type for them (`_mxfp4_rows` makes the blocks).
 MXFP4 = quant.by_name("mxfp4").id
 FLOAT_DTYPES = {"F32": F32, "F16": F16, "BF16": BF16}
+MAX_LAYERS = 1024   # arch/config.py's bound on block_count
 _ELEMENT = {"F32": "<u4", "F16": "<u2", "BF16": "<u2", "U8": "u1"}  # one element's bits, moved as they are
 
 
@@ -322,6 +323,13 @@ class Config:
             raise self.error(f"{key} is {v!r}, expected {'a number' if kind is float else 'an integer'}")
         return float(v) if kind is float else v
 
+    def layers(self) -> int:
+        """num_hidden_layers, range-checked (as the config reader does) before anything loops over them."""
+        n = self.num("num_hidden_layers")
+        if not 0 < n <= MAX_LAYERS:
+            raise self.error(f"num_hidden_layers {n} is out of range (1..{MAX_LAYERS})")
+        return n
+
     def rope_scaling(self) -> dict[str, Any]:
         s = self.cfg.get("rope_scaling") or {}
         if not isinstance(s, dict):
@@ -390,7 +398,7 @@ def _phi3_factors(which: str) -> Callable[[Checkpoint], np.ndarray]:
 
 
 def _smollm3(c: Config) -> dict[str, Any]:
-    n = c.num("num_hidden_layers")
+    n = c.layers()
     interval = c.num("no_rope_layer_interval", 4)
     got = c.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
     if list(got) != [int((i + 1) % 4 != 0) for i in range(n)]:
@@ -404,7 +412,7 @@ def _gemma2(c: Config) -> dict[str, Any]:
     if c.num("query_pre_attn_scalar", hd, float) != hd:
         raise c.error(f"query_pre_attn_scalar {c.get('query_pre_attn_scalar')} differs from head_dim {hd}; the "
                       "attention is scaled by 1/sqrt(head_dim) here")
-    c.alternating_layers(c.num("num_hidden_layers"))
+    c.alternating_layers(c.layers())
     caps = {k: c.num(k, 0.0, float) if c.get(k) is not None else 0.0
             for k in ("attn_logit_softcapping", "final_logit_softcapping")}
     return {"attention.key_length": hd, "attention.value_length": hd, "attention.sliding_window":
@@ -414,7 +422,7 @@ def _gemma2(c: Config) -> dict[str, Any]:
 def _gpt_oss(c: Config) -> dict[str, Any]:
     if c.num("swiglu_limit", 7.0, float) != 7.0:
         raise c.error(f"swiglu_limit {c.get('swiglu_limit')} is not gpt-oss's 7")
-    c.alternating_layers(c.num("num_hidden_layers"))
+    c.alternating_layers(c.layers())
     used = c.get("num_experts_per_tok", c.get("experts_per_token"))
     md: dict[str, Any] = {
         "expert_count": c.num("num_local_experts"),
