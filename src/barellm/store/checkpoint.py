@@ -286,6 +286,9 @@ def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], Co
     md.update({p + k: v for k, v in family.hparams(c).items()})
     types = {k: ("string" if isinstance(v, str) else "float32" if isinstance(v, float) else "uint32")
              for k, v in md.items()}
+    for k, v in md.items():
+        if types[k] == "uint32" and not 0 <= v < 1 << 32:
+            raise c.error(f"{k.removeprefix(p)} {v} is out of range (it is stored as a uint32)")
     return md, types, c, family
 
 

@@ -373,6 +373,8 @@ def _phi3(c: Config) -> dict[str, Any]:
     s = c.rope_scaling()
     ctx = c.num("max_position_embeddings")
     original = c.num("original_max_position_embeddings", s.get("original_max_position_embeddings", ctx))
+    if not 1 < original <= ctx:
+        raise c.error(f"original_max_position_embeddings {original} is not in 2..max_position_embeddings ({ctx})")
     scale = ctx / original
     attn_factor = math.sqrt(1 + math.log(scale) / math.log(original)) if s.get("long_factor") and scale > 1 else 1.0
     return {"rope.dimension_count": _phi3_rope_dims(c), "rope.scaling.original_context_length": original,
