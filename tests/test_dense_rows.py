@@ -89,7 +89,7 @@ def test_each_feature_matters(name, off):
 def test_capped_attention_vs_numpy(isa, hd, window, cap, sink):
     """Each tier's soft-capped scores and sinks on one f32 kv head, head sizes with and without vector tails,
     queries at tile edges, with and without a window: with s = cap tanh(q k / sqrt(hd) / cap) (q k / sqrt(hd)
-    for cap 0), exp(s) v / (sum exp(s) + exp(sink)) in float64 (test_attention_capped: every cache type, the
+    for cap 0), exp(s) v / (sum exp(s) + exp(sink)) in float64 (test_kernels_attention: every cache type, the
     tiers' bits)."""
     from barellm import _native as nat
 
