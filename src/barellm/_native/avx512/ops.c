@@ -2,10 +2,9 @@
  * not depend on the tier. Per query every float operation of avx2/ops.c is kept, in its order: the score
  * chains over d, the online-softmax update of each 64-key tile (exp8's and, for soft-capped scores, tanh8's
  * polynomials lane for lane, the tile's sum in avx2's tree), the value chains over keys from acc * corr, the
- * sink's exp1, the final 1 / l. What changes is
- * how much is done per load: a tile's 64 keys are 4 zmm, 16 output values a zmm, and up to 4 queries with
- * the same key range in a tile share each K and V load (the avx2 kernel pairs at most 2 neighbours). A q8_0
- * cache (ops.h) keeps avx2's q8_0 order the same way. */
+ * sink's exp1, the final 1 / l. What changes is how much is done per load: a tile's 64 keys are 4 zmm, 16
+ * output values a zmm, and up to 4 queries with the same key range in a tile share each K and V load (the
+ * avx2 kernel pairs at most 2 neighbours). A q8_0 cache (ops.h) keeps avx2's q8_0 order the same way. */
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #include <immintrin.h>
 #include <math.h>
