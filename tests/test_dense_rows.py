@@ -86,10 +86,11 @@ def test_each_feature_matters(name, off):
 
 @pytest.mark.parametrize("cap, sink", [(2.0, None), (0.0, 1.5), (3.0, -0.5)])
 @pytest.mark.parametrize("hd, window", [(32, 0), (40, 0), (6, 0), (16, 70)])
-def test_capped_attention_vs_numpy(hd, window, cap, sink):
-    """The scalar kernel's soft-capped scores and sinks on one f32 kv head, head sizes with and without vector
-    tails, queries at tile edges, with and without a window: with s = cap tanh(q k / sqrt(hd) / cap) (q k /
-    sqrt(hd) for cap 0), exp(s) v / (sum exp(s) + exp(sink)) in float64."""
+def test_capped_attention_vs_numpy(isa, hd, window, cap, sink):
+    """Each tier's soft-capped scores and sinks on one f32 kv head, head sizes with and without vector tails,
+    queries at tile edges, with and without a window: with s = cap tanh(q k / sqrt(hd) / cap) (q k / sqrt(hd)
+    for cap 0), exp(s) v / (sum exp(s) + exp(sink)) in float64 (test_kernels_attention: every cache type, the
+    tiers' bits)."""
     from barellm import _native as nat
 
     tile, n_ctx, S = nat.KV_TILE, 192, 150

@@ -236,10 +236,7 @@ static void attend_items(const bl_plan *p, const bl_op *op, int u0, int u1) {
         }
         if (nq && (u == u1 || g != cur_g || p->slot[t] != cur_slot || nq == BL_ATT_MAXQ)) {
             const size_t off = (size_t)cur_slot * op->slot_stride * esz + (size_t)cur_g * head;
-            if (op->softcap || op->sinks) /* only the scalar kernel has these: every tier calls it for them */
-                bl_attend_ext_scalar(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->softcap, op->kv_type);
-            else
-                bl_attend(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->kv_type);
+            bl_attend(qs, nq, op->kc + off, op->vc + off, hd, op->scale, op->softcap, op->kv_type);
             nq = 0;
         }
         if (u == u1) break;

@@ -11,8 +11,8 @@ void bl_gelu_mul(const float *gate, const float *up, float *out, int n) { bl_ker
 void bl_add(float *x, const float *y, int n) { bl_kernels.add(x, y, n); }
 void bl_hadamard(float *x, int len, int n) { bl_kernels.hadamard(x, len, n); }
 void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
-               int kv_type) {
-    bl_kernels.attend(qs, nq, kc, vc, head_dim, scale, kv_type);
+               float cap, int kv_type) {
+    bl_kernels.attend(qs, nq, kc, vc, head_dim, scale, cap, kv_type);
 }
 void bl_kv_store(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads, int head_dim,
                  int n_ctx, int kv_type) {

@@ -52,7 +52,7 @@ typedef struct bl_attn_query {
     float *out;     /* head_dim values */
     int pos;        /* attends keys lo..pos */
     int lo;
-    float sink;     /* bl_attend_ext_scalar only: a logit in the softmax's denominator alone (-INFINITY: none) */
+    float sink;     /* a logit in the softmax's denominator alone, exp(sink) (gpt-oss; -INFINITY: none) */
 } bl_attn_query;
 
 /* out = x / sqrt(mean(x^2) + eps) * w over n values. */
@@ -83,15 +83,12 @@ static inline int bl_kv_rotation(int head_dim) { return head_dim & -head_dim; }
 BL_API void bl_kv_store(void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads,
                         int head_dim, int n_ctx, int kv_type);
 /* Attention of nq queries (all of one KV head) over that head's keys and values:
- * kc = K + head * n_ctx * bl_kv_row_bytes, vc = V + as many bytes; nq <= BL_ATT_MAXQ. */
+ * kc = K + head * n_ctx * bl_kv_row_bytes, vc = V + as many bytes; nq <= BL_ATT_MAXQ. The scaled scores s are
+ * soft-capped to cap * tanh(s / cap) where cap != 0 (Gemma 2), and each query's sink (bl_attn_query) adds
+ * exp(sink) to its softmax's denominator. Every SIMD tier gives the avx2 kernel's bits (its exp and tanh
+ * are polynomials); the scalar kernel, on libm's expf and tanhf, is within a few ulp of them. */
 BL_API void bl_attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
-                      float scale, int kv_type);
-
-/* bl_attend's scalar kernel with what only it has: the scaled scores s soft-capped, cap * tanh(s / cap) (Gemma 2;
- * cap 0: none), and each query's sink, exp(sink) added to its softmax's denominator (gpt-oss). With neither, it
- * gives bl_attend_scalar's bits. No SIMD tier has them yet: the executor calls this on every tier for them. */
-BL_API void bl_attend_ext_scalar(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
-                                    float scale, float cap, int kv_type);
+                      float scale, float cap, int kv_type);
 
 /* the per-ISA implementations, for tests and dispatch */
 #define BL_OPS_DECLARE(sfx)                                                                            \
@@ -102,7 +99,7 @@ BL_API void bl_attend_ext_scalar(const bl_attn_query *qs, int nq, const void *kc
     void bl_gelu_mul_##sfx(const float *gate, const float *up, float *out, int n);                     \
     void bl_add_##sfx(float *x, const float *y, int n);                                                \
     void bl_attend_##sfx(const bl_attn_query *qs, int nq, const void *kc, const void *vc,              \
-                         int head_dim, float scale, int kv_type);
+                         int head_dim, float scale, float cap, int kv_type);
 BL_OPS_DECLARE(scalar)
 BL_OPS_DECLARE(avx2)
 BL_OPS_DECLARE(avx512)

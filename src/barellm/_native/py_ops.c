@@ -149,14 +149,19 @@ static PyObject *py_kv_store(PyObject *Py_UNUSED(self), PyObject *args) {
 }
 
 /* attend(q [nq, hd], pos int32 [nq], kc, vc (one head: n_ctx positions each), out [nq, hd], nq, hd, n_ctx, scale,
- *        kv_type=0, window=0, softcap=0, sink=-inf) */
+ *        kv_type=0, window=0, softcap=0, sink=-inf): sink one logit for every query, or a float32 buffer of nq */
 static PyObject *py_attend(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *qo, *po, *kco, *vco, *oo;
+    PyObject *qo, *po, *kco, *vco, *oo, *so = NULL;
     int nq, hd, n_ctx, kvt = 0, window = 0;
     float scale, cap = 0, sink = -INFINITY;
-    if (!PyArg_ParseTuple(args, "OOOOOiiif|iiff", &qo, &po, &kco, &vco, &oo, &nq, &hd, &n_ctx, &scale, &kvt, &window,
-                          &cap, &sink))
+    if (!PyArg_ParseTuple(args, "OOOOOiiif|iifO", &qo, &po, &kco, &vco, &oo, &nq, &hd, &n_ctx, &scale, &kvt, &window,
+                          &cap, &so))
         return NULL;
+    const int sink_each = so && !PyFloat_Check(so) && !PyLong_Check(so) && PyObject_CheckBuffer(so);
+    if (so && !sink_each) {
+        sink = (float)PyFloat_AsDouble(so);
+        if (sink == -1.0f && PyErr_Occurred()) return NULL;
+    }
     if (nq < 1 || nq > BL_ATT_MAXQ || n_ctx % BL_KV_TILE || window < 0) {
         PyErr_Format(PyExc_ValueError, "attend: 1 <= nq <= %d, n_ctx a multiple of %d", BL_ATT_MAXQ, BL_KV_TILE);
         return NULL;
@@ -169,7 +174,8 @@ static PyObject *py_attend(PyObject *Py_UNUSED(self), PyObject *args) {
     void *kc = pos ? vbuf(&vs, kco, 0, head, 1, "kc") : NULL;
     void *vc = kc ? vbuf(&vs, vco, 0, head, 1, "vc") : NULL;
     float *out = vc ? vbuf(&vs, oo, 1, (Py_ssize_t)nq * hd, 4, "out") : NULL;
-    int ok = out != NULL;
+    const float *sinks = out && sink_each ? vbuf(&vs, so, 0, nq, 4, "sink") : NULL;
+    int ok = out != NULL && (!sink_each || sinks);
     for (int i = 0; ok && i < nq; i++)
         if (pos[i] < 0 || pos[i] >= n_ctx) {
             PyErr_SetString(PyExc_ValueError, "attend: position out of range");
@@ -182,10 +188,9 @@ static PyObject *py_attend(PyObject *Py_UNUSED(self), PyObject *args) {
             qs[i].out = out + (size_t)i * hd;
             qs[i].pos = pos[i];
             qs[i].lo = window && pos[i] >= window ? pos[i] - window + 1 : 0;
-            qs[i].sink = sink;
+            qs[i].sink = sinks ? sinks[i] : sink;
         }
-        if (cap || sink > -INFINITY) bl_attend_ext_scalar(qs, nq, kc, vc, hd, scale, cap, kvt);
-        else bl_attend(qs, nq, kc, vc, hd, scale, kvt);
+        bl_attend(qs, nq, kc, vc, hd, scale, cap, kvt);
     }
     bl_views_release(&vs);
     if (!ok) return NULL;
@@ -217,7 +222,7 @@ PyMethodDef bl_op_methods[] = {
     BL_METHOD(hadamard, "hadamard(x, len, n): x = H x over each block of n, in place"),
     BL_METHOD(kv_store, "kv_store(kc, vc, k, v, pos, n_kv_heads, head_dim, n_ctx, kv_type=0)"),
     BL_METHOD(attend, "attend(q, pos, kc, vc, out, nq, head_dim, n_ctx, scale, kv_type=0, window=0, softcap=0, sink=-inf): one kv "
-              "head"),
+              "head; sink a float or nq float32"),
     BL_METHOD(float_to_half, "float_to_half(x_f32, out_u16, n): round to nearest even"),
     {NULL, NULL, 0, NULL},
 };

@@ -34,7 +34,7 @@ typedef void (*bl_act_fn)(const float *x, int cols, uint8_t *row, int b0, int b1
     X(add, void, (float *x, const float *y, int n))                                                       \
     X(hadamard, void, (float *x, int len, int n))                                                         \
     X(attend, void, (const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,        \
-                     float scale, int kv_type))                                                           \
+                     float scale, float cap, int kv_type))                                                \
     X(kv_store, void, (void *kc, void *vc, const float *k, const float *v, int pos, int n_kv_heads,        \
                        int head_dim, int n_ctx, int kv_type))                                             \
     X(argmax, int, (const float *x, int n, const uint32_t *allowed))                                      \

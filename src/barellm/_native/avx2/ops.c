@@ -206,10 +206,17 @@ ALWAYS void qk_pass(int QB, const bl_attn_query *qs, const void *kc, size_t kt, 
         for (int u = 0; u < 4; u++) _mm256_store_ps(s + i * KT + 32 * h + 8 * u, a[i][u]);
 }
 
+ALWAYS __m256 lt_select8(__m256 a, __m256 b, __m256 x, __m256 y) {
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ));
+}
+
+BL_DEFINE_TANH(ALWAYS, tanh8, __m256, _mm256, exp8, lt_select8)
+
 /* Online-softmax update of one query for the keys [k0, k1) of a tile: s (scores) becomes p, with 0
- * outside the range; returns the factor the query's accumulator is rescaled by. */
-ALWAYS float softmax_tile(float *s, float *m, float *l, int k0, int k1, float scale) {
-    const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+ * outside the range; returns the factor the query's accumulator is rescaled by. The scaled scores are
+ * soft-capped, cap * tanh(s / cap), where cap != 0. */
+ALWAYS float softmax_tile(float *s, float *m, float *l, int k0, int k1, float scale, float cap) {
+    const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY), vcap = _mm256_set1_ps(cap);
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i lo = _mm256_set1_epi32(k0 - 1), hi = _mm256_set1_epi32(k1);
     __m256 v[8], valid[8];
@@ -217,7 +224,9 @@ ALWAYS float softmax_tile(float *s, float *m, float *l, int k0, int k1, float sc
     for (int b = 0; b < 8; b++) {
         const __m256i kk = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * b));
         valid[b] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(hi, kk), _mm256_cmpgt_epi32(kk, lo)));
-        v[b] = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_load_ps(s + 8 * b), vscale), valid[b]);
+        __m256 x = _mm256_mul_ps(_mm256_load_ps(s + 8 * b), vscale);
+        if (cap != 0) x = _mm256_mul_ps(vcap, tanh8(_mm256_div_ps(x, vcap)));
+        v[b] = _mm256_blendv_ps(ninf, x, valid[b]);
         vmax = _mm256_max_ps(vmax, v[b]);
     }
     const float mt = hmax8(vmax);
@@ -326,7 +335,7 @@ ALWAYS void pv_pass_q8(int QB, const bl_attn_query *qs, const float *p, const fl
 
 /* QB queries (QB <= 2) with the same key range [k0, k1) in tile j: K and V loads are shared. */
 ALWAYS void tile_block(int QB, const bl_attn_query *qs, float *m, float *l, const void *kc, const void *vc, int j,
-                       int k0, int k1, int head_dim, float scale, int kvt) {
+                       int k0, int k1, int head_dim, float scale, float cap, int kvt) {
     enum { KT = BL_KV_TILE };
     _Alignas(32) float s[2 * KT];
     float corr[2];
@@ -340,13 +349,13 @@ ALWAYS void tile_block(int QB, const bl_attn_query *qs, float *m, float *l, cons
         else qk_pass(QB, qs, kc, kt, 1, head_dim, f16, s);
     } else
         for (int i = 0; i < QB; i++) memset(s + i * KT + 32, 0, 32 * sizeof(float)); /* masked below */
-    for (int i = 0; i < QB; i++) corr[i] = softmax_tile(s + i * KT, &m[i], &l[i], k0, k1, scale);
+    for (int i = 0; i < QB; i++) corr[i] = softmax_tile(s + i * KT, &m[i], &l[i], k0, k1, scale, cap);
     if (kvt == BL_KV_Q8_0) pv_pass_q8(QB, qs, s, corr, (const uint8_t *)vc + tb, k0, k1, head_dim);
     else pv_pass(QB, qs, s, corr, vc, vt, k0, k1, head_dim, f16);
 }
 
 ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
-                   int kvt) {
+                   float cap, int kvt) {
     bl_attend_walk w;
     for (bl_attend_begin(&w, qs, nq, head_dim); bl_attend_next(&w, qs, nq);) {
         const int j = w.j, *r0 = w.r0, *r1 = w.r1;
@@ -359,14 +368,15 @@ ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *
             int n = i + 1;
             while (n < nq && r1[n] <= r0[n]) n++;
             if (n < nq && r0[n] == r0[i] && r1[n] == r1[i] && n == i + 1) {
-                tile_block(2, qs + i, w.m + i, w.l + i, kc, vc, j, r0[i], r1[i], head_dim, scale, kvt);
+                tile_block(2, qs + i, w.m + i, w.l + i, kc, vc, j, r0[i], r1[i], head_dim, scale, cap, kvt);
                 i += 2;
             } else {
-                tile_block(1, qs + i, w.m + i, w.l + i, kc, vc, j, r0[i], r1[i], head_dim, scale, kvt);
+                tile_block(1, qs + i, w.m + i, w.l + i, kc, vc, j, r0[i], r1[i], head_dim, scale, cap, kvt);
                 i++;
             }
         }
     }
+    bl_attend_sinks(qs, nq, w.m, w.l, exp1);
     bl_attend_finish(qs, nq, head_dim, w.l);
 }
 

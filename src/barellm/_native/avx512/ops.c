@@ -1,10 +1,10 @@
 /* AVX-512 attention (ops.h's bl_attend), the same bits as the avx2 tier's: the engine's greedy output must
  * not depend on the tier. Per query every float operation of avx2/ops.c is kept, in its order: the score
- * chains over d, the online-softmax update of each 64-key tile (exp8's polynomial lane for lane, the
- * tile's sum in avx2's tree), the value chains over keys from acc * corr, the final 1 / l. What changes is
- * how much is done per load: a tile's 64 keys are 4 zmm, 16 output values a zmm, and up to 4 queries with
- * the same key range in a tile share each K and V load (the avx2 kernel pairs at most 2 neighbours). A q8_0
- * cache (ops.h) keeps avx2's q8_0 order the same way. */
+ * chains over d, the online-softmax update of each 64-key tile (exp8's and, for soft-capped scores, tanh8's
+ * polynomials lane for lane, the tile's sum in avx2's tree), the value chains over keys from acc * corr, the
+ * sink's exp1, the final 1 / l. What changes is how much is done per load: a tile's 64 keys are 4 zmm, 16
+ * output values a zmm, and up to 4 queries with the same key range in a tile share each K and V load (the
+ * avx2 kernel pairs at most 2 neighbours). A q8_0 cache (ops.h) keeps avx2's q8_0 order the same way. */
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #include <immintrin.h>
 #include <math.h>
@@ -19,6 +19,13 @@
 
 /* avx2/simd.h's exp8 on 16 lanes */
 BL_DEFINE_EXP(ALWAYS, exp16, __m512, __m512i, _mm512, _mm512_roundscale_ps, _mm512_castsi512_ps)
+
+ALWAYS __m512 lt_select16(__m512 a, __m512 b, __m512 x, __m512 y) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
+}
+
+/* attend.h's tanh on 16 lanes, tanh8's operations lane for lane */
+BL_DEFINE_TANH(ALWAYS, tanh16, __m512, _mm512, exp16, lt_select16)
 
 ALWAYS __m512 ld16(const void *base, size_t i, int f16) {
     return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)))
@@ -51,11 +58,12 @@ ALWAYS void qk_pass(int QB, int NC, const blk *b, const void *kc, size_t kt, int
         for (int c = 0; c < NC; c++) _mm512_store_ps(s + i * KT + 16 * c, a[i][c]);
 }
 
-/* avx2's softmax_tile on 4 zmm: s (scores) becomes p, 0 outside [k0, k1); returns the rescale factor. The
- * masked ops (mask_mul, maskz_mov) are builtins, not plain vector arithmetic, so the compiler cannot fuse
- * the scale multiply or exp's last multiply with the subtract and adds that follow. */
-ALWAYS float softmax_tile(float *s, float *m, float *l, int k0, int k1, float scale) {
-    const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+/* avx2's softmax_tile on 4 zmm: s (scores) becomes p, 0 outside [k0, k1), the scaled scores soft-capped
+ * where cap != 0; returns the rescale factor. The masked ops (mask_mul, maskz_mov) are builtins, not plain
+ * vector arithmetic, so the compiler cannot fuse the scale (or cap) multiply or exp's last multiply with the
+ * subtract and adds that follow. */
+ALWAYS float softmax_tile(float *s, float *m, float *l, int k0, int k1, float scale, float cap) {
+    const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY), vcap = _mm512_set1_ps(cap);
     /* keys [k0, k1) of the tile as a 64-bit mask, 16 bits per zmm */
     const uint64_t below_hi = k1 >= 64 ? ~0ull : (1ull << k1) - 1, below_lo = (1ull << k0) - 1;
     const uint64_t valid = below_hi & ~below_lo;
@@ -63,7 +71,10 @@ ALWAYS float softmax_tile(float *s, float *m, float *l, int k0, int k1, float sc
     __mmask16 vm[4];
     for (int c = 0; c < 4; c++) {
         vm[c] = (__mmask16)(valid >> (16 * c));
-        v[c] = _mm512_mask_mul_ps(ninf, vm[c], _mm512_load_ps(s + 16 * c), vscale);
+        if (cap != 0) /* avx2's cap * tanh(s * scale / cap), the last product masked */
+            v[c] = _mm512_mask_mul_ps(ninf, vm[c], vcap,
+                                      tanh16(_mm512_div_ps(_mm512_mul_ps(_mm512_load_ps(s + 16 * c), vscale), vcap)));
+        else v[c] = _mm512_mask_mul_ps(ninf, vm[c], _mm512_load_ps(s + 16 * c), vscale);
     }
     const __m512 vmax = _mm512_max_ps(_mm512_max_ps(v[0], v[1]), _mm512_max_ps(v[2], v[3]));
     const float mt = hmax8(_mm256_max_ps(_mm512_castps512_ps256(vmax), _mm512_extractf32x8_ps(vmax, 1)));
@@ -176,7 +187,7 @@ ALWAYS void pv_block_q8(int QB, int DB, const blk *b, const float *p, const floa
 }
 
 ALWAYS void tile_block(int QB, const blk *b, const void *kc, const void *vc, int j, int k0, int k1, int head_dim,
-                       float scale, int kvt) {
+                       float scale, float cap, int kvt) {
     enum { KT = BL_KV_TILE };
     _Alignas(64) float s[QMAX * KT];
     float corr[QMAX];
@@ -191,7 +202,7 @@ ALWAYS void tile_block(int QB, const blk *b, const void *kc, const void *vc, int
     else qk_pass(QB, 2, b, kc, kt, head_dim, f16, s);
     if (NC == 2)
         for (int i = 0; i < QB; i++) memset(s + i * KT + 32, 0, 32 * sizeof(float));
-    for (int i = 0; i < QB; i++) corr[i] = softmax_tile(s + i * KT, b->m[i], b->l[i], k0, k1, scale);
+    for (int i = 0; i < QB; i++) corr[i] = softmax_tile(s + i * KT, b->m[i], b->l[i], k0, k1, scale, cap);
     int d0 = 0;
     if (kvt == BL_KV_Q8_0) {
         const uint8_t *vtile = (const uint8_t *)vc + tb;
@@ -204,7 +215,7 @@ ALWAYS void tile_block(int QB, const blk *b, const void *kc, const void *vc, int
 }
 
 ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
-                   int kvt) {
+                   float cap, int kvt) {
     bl_attend_walk w;
     for (bl_attend_begin(&w, qs, nq, head_dim); bl_attend_next(&w, qs, nq);) {
         const int j = w.j, *r0 = w.r0, *r1 = w.r1;
@@ -228,13 +239,14 @@ ALWAYS void attend(const bl_attn_query *qs, int nq, const void *kc, const void *
                 todo &= ~(1u << i);
             }
             switch (n) {
-            case 1: tile_block(1, &b, kc, vc, j, r0[i0], r1[i0], head_dim, scale, kvt); break;
-            case 2: tile_block(2, &b, kc, vc, j, r0[i0], r1[i0], head_dim, scale, kvt); break;
-            case 3: tile_block(3, &b, kc, vc, j, r0[i0], r1[i0], head_dim, scale, kvt); break;
-            default: tile_block(4, &b, kc, vc, j, r0[i0], r1[i0], head_dim, scale, kvt); break;
+            case 1: tile_block(1, &b, kc, vc, j, r0[i0], r1[i0], head_dim, scale, cap, kvt); break;
+            case 2: tile_block(2, &b, kc, vc, j, r0[i0], r1[i0], head_dim, scale, cap, kvt); break;
+            case 3: tile_block(3, &b, kc, vc, j, r0[i0], r1[i0], head_dim, scale, cap, kvt); break;
+            default: tile_block(4, &b, kc, vc, j, r0[i0], r1[i0], head_dim, scale, cap, kvt); break;
             }
         }
     }
+    bl_attend_sinks(qs, nq, w.m, w.l, exp1);
     bl_attend_finish(qs, nq, head_dim, w.l);
 }
 

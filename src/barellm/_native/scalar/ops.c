@@ -105,9 +105,8 @@ static void pv_q8(float *acc, float p, const uint8_t *row, int head_dim) {
     }
 }
 
-/* bl_attend_scalar, with the scores soft-capped (cap != 0) and the queries' sinks (sinks) */
-static void attend(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
-                   float cap, int sinks, int kv_type) {
+void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim, float scale,
+                      float cap, int kv_type) {
     enum { KT = BL_KV_TILE };
     const int f16 = kv_type == BL_KV_F16, q8 = kv_type == BL_KV_Q8_0;
     const size_t rb = bl_kv_row_bytes(head_dim, kv_type);
@@ -158,19 +157,8 @@ static void attend(const bl_attn_query *qs, int nq, const void *kc, const void *
             }
         }
     }
-    for (int i = 0; i < nq; i++)
-        if (sinks && qs[i].sink > -INFINITY) l[i] += expf(qs[i].sink - m[i]);
+    bl_attend_sinks(qs, nq, m, l, expf);
     bl_attend_finish(qs, nq, head_dim, w.l);
-}
-
-void bl_attend_scalar(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
-                      float scale, int kv_type) {
-    attend(qs, nq, kc, vc, head_dim, scale, 0.0f, 0, kv_type);
-}
-
-void bl_attend_ext_scalar(const bl_attn_query *qs, int nq, const void *kc, const void *vc, int head_dim,
-                          float scale, float cap, int kv_type) {
-    attend(qs, nq, kc, vc, head_dim, scale, cap, 1, kv_type);
 }
 
 /* ggml's quantize_row_q8_0_ref on one block of 32: d = amax / 127, q = roundf(x * (1 / d)); the clamp
