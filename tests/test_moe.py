@@ -30,9 +30,10 @@ GOLDEN = {"qwen3moe-tiny": (1.0, 1e-2), "qwen3moe-q8_0-tiny": (0.95, 0.5), "gpt-
 
 # expert weight types (ggml ids) and a (dim, expert ffn) of whole blocks for each, with tails past the SIMD
 # widths where the type allows: f32, f16, q4_0, q4_1, q5_0, q5_1 and bf16 (no kernels: float32 rows), q8_0,
-# q3_k, q4_k, q5_k, q6_k
+# q3_k, q4_k, q5_k, q6_k, mxfp4
 EXPERT_TYPES = {0: (72, 40), 1: (72, 40), 2: (96, 64), 3: (96, 64), 6: (96, 64), 7: (96, 64), 8: (96, 64),
-                30: (72, 40), 11: (256, 256), 12: (256, 256), 13: (256, 256), 14: (256, 256)}
+                30: (72, 40), 11: (256, 256), 12: (256, 256), 13: (256, 256), 14: (256, 256), 39: (96, 64)}
+MXFP4 = 39
 KQUANT_TYPES = (11, 12, 13, 14)
 KQUANT_SCALES = {11: (108,), 12: (0, 2), 13: (0, 2), 14: (208,)}   # where each block's f16 scales are
 
@@ -65,6 +66,46 @@ def test_native_matches_llamacpp(golden, isa):
     name, src, ids, want = golden
     e = NativeEngine(config_of(src), src, n_ctx=256, threads=2, chunk=32)
     _agreement(name, f"native {isa}", e.forward(ids, 0, all_logits=True), want)
+
+
+def test_mxfp4_experts_stay_mxfp4():
+    """gpt-oss's MXFP4 expert stacks run on the MXFP4 kernels in their interleaved layout: 17 bytes per 32
+    values, as the file holds them (they were float32 copies, 7.5x the file's bytes, before the kernels)."""
+    src = GGUFFile(DATA / "gpt-oss-mxfp4-tiny.gguf")
+    e = NativeEngine(config_of(src), src, n_ctx=64, threads=1, chunk=8)
+    stacks = [n for n, t in src.tensors.items() if t.type == MXFP4]
+    assert stacks
+    for name in stacks:
+        (type_id, layout, rows, cols, data), = e._matrix((name,))
+        assert (type_id, layout) == (MXFP4, kernels.LAYOUT_INTERLEAVE8)
+        # each group of 8 rows padded to whole cache lines: under 64 bytes a group over the file's 17 / 32
+        groups = -(-rows // 8)
+        assert data.nbytes == kernels.matrix_bytes(MXFP4, layout, rows, cols)
+        assert rows * cols // 32 * 17 <= data.nbytes < rows * cols // 32 * 17 + 64 * groups
+    src.close()
+
+
+def test_mxfp4_greedy_independent_of_threads_and_tier():
+    """gpt-oss with MXFP4 experts: the same logits, bit for bit, with 1 or 2 threads on every tier this machine
+    runs (the amx kernels' emulation included); the same greedy tokens on all of them, and the same bits on the
+    SIMD tiers (their MXFP4 matmuls give scalar's bits; scalar's exp, in the clamped SwiGLU, is not theirs)."""
+    from kernel_tiers import RUN, using
+
+    src = GGUFFile(DATA / "gpt-oss-mxfp4-tiny.gguf")
+    ids = np.load(DATA / "gpt-oss-mxfp4-tiny.logits.npz")["ids"].tolist()[:24]
+    results = []
+    for tier in RUN:
+        with using(tier):
+            for threads in (1, 2):
+                e = NativeEngine(config_of(src), src, n_ctx=64, threads=threads, chunk=16)
+                results.append((tier, threads, e.forward(ids, 0, all_logits=True)))
+    src.close()
+    first = {}
+    for tier, threads, got in results:
+        assert np.array_equal(got, first.setdefault(tier, got)), (tier, threads)
+        assert np.array_equal(got.argmax(1), results[0][2].argmax(1)), tier
+    simd = [first[t] for t in first if t != "scalar"]
+    assert all(np.array_equal(got, simd[0]) for got in simd)
 
 
 def test_route_is_llamacpps():
@@ -107,6 +148,10 @@ def write_tiny_moe(path, expert_type: int, dim: int, ffn: int, n_experts: int = 
             for at in KQUANT_SCALES[expert_type]:
                 blocks[:, at:at + 2] = (blocks[:, at:at + 2].copy().view("<f2") / 16).view(np.uint8)
             return (name, raw, expert_type, (n_experts, rows, cols))
+        if expert_type == MXFP4:  # no encoder either: random codes, scales 2^(e - 128) near mat's spread
+            blocks = rng.integers(0, 256, (n_experts * rows * cols // 32, 17), dtype=np.uint8)
+            blocks[:, 0] = rng.integers(121, 124, len(blocks))
+            return (name, blocks.reshape(n_experts * rows, -1), expert_type, (n_experts, rows, cols))
         return (name, mat(n_experts, rows, cols, scale=2.0), expert_type)
 
     tensors: list[tuple] = [("token_embd.weight", mat(n_vocab, dim, scale=2.0), 0),
