@@ -85,6 +85,35 @@ def test_mxfp4_experts_stay_mxfp4():
     src.close()
 
 
+def test_mxfp4_converted_stays_4bit(tmp_path):
+    """A model with MXFP4 experts converted for the kernels: each stack stored as the moe op reads it, 17 bytes per
+    32 values (so the .blm is the GGUF's size), and used in place, a view of the file's mapping: the resident
+    weights are the file, not float32 copies 7.5x its size. Its logits are those of the GGUF, repacked at load."""
+    from barellm.formats.blm import BLMFile
+    from barellm.store.convert import convert
+
+    gguf = write_tiny_moe(tmp_path / "moe.gguf", MXFP4, 256, 256, n_experts=4, n_used=2)
+    out = convert(gguf, tmp_path / "moe.blm", layout="kernels")
+    assert abs(out.stat().st_size / gguf.stat().st_size - 1) < 0.02
+    f = BLMFile(out)
+    stacks = [n for n, t in f.tensors.items() if t.type == MXFP4]
+    assert len(stacks) == 6
+    for name in stacks:
+        info = f.tensors[name]
+        assert info.layout == kernels.LAYOUT_INTERLEAVE8 and len(info.shape) == 3
+        assert info.nbytes == np.prod(info.shape) // 32 * 17   # 8 rows of 8 blocks: whole cache lines, no padding
+    e = NativeEngine(config_of(f), f, n_ctx=64, threads=2, chunk=8)
+    for name in stacks:
+        (type_id, layout, _, _, data), = e._matrix((name,))
+        assert (type_id, layout) == (MXFP4, kernels.LAYOUT_INTERLEAVE8)
+        assert np.shares_memory(data, e._stored(name)[2])
+    src = GGUFFile(gguf)
+    want = NativeEngine(config_of(src), src, n_ctx=64, threads=2, chunk=8).forward(PROMPT, 0, all_logits=True)
+    assert np.array_equal(e.forward(PROMPT, 0, all_logits=True), want)
+    src.close()
+    f.close()
+
+
 def test_mxfp4_greedy_independent_of_threads_and_tier():
     """gpt-oss with MXFP4 experts: the same logits, bit for bit, with 1 or 2 threads on every tier this machine
     runs (the amx kernels' emulation included); the same greedy tokens on all of them, and the same bits on the
