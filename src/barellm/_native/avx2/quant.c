@@ -328,14 +328,6 @@ void bl_mm_q8_0_avx2(BL_MM_ARGS) { matmul_i8(BL_Q8_0, w, xq, T, out, ldo, r0, r1
  * the scalar path's dot(kv, q). A lane's int16 pair sums hold two vectors (at most 2 * 4 * 24 * 128 = 24576, where
  * Q4's <= 15 hold all four), so each pair of vectors goes to int32 through one madd. */
 
-/* the 8 E8M0 bytes of a block of 8 rows as their scales 2^(e - 128): bl_e8m0_half's bits */
-AI __m256 e8m0x8(const uint8_t *e) {
-    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)e));
-    const __m256i big = _mm256_slli_epi32(_mm256_sub_epi32(x, _mm256_set1_epi32(1)), 23);
-    const __m256i small = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), x);
-    return _mm256_castsi256_ps(_mm256_blendv_epi8(big, small, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), x)));
-}
-
 /* the values kv + 12 of vector v's low nibbles (elements 4j..) and its high ones (16 + 4j..) */
 AI void fp4_vals(const uint8_t *v, const __m256i kv, const __m256i m4, __m256i *lo, __m256i *hi) {
     const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)v);

@@ -25,6 +25,7 @@
 #include "quant_internal.h"
 #include "tier.h"
 #include "avx512/simd.h"
+#include "avx512/decode.h"
 
 #define AI static inline __attribute__((always_inline))
 #define PREFILL_MIN_T 8 /* as avx512/quant_kq.c: under it the avx2 tiles run */
@@ -249,6 +250,10 @@ static void matmul(const unpack_fn unpack_pair, const tile_fn *fns, const tile_f
 void bl_mm_q4_0_avx512(BL_MM_ARGS) { matmul(unpack_q4_0, T40, T40X2, bl_mm_q4_0_avx2, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q4_1_avx512(BL_MM_ARGS) { matmul(unpack_q4_1, T41, T41X2, bl_mm_q4_1_avx2, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q8_0_avx512(BL_MM_ARGS) { matmul(unpack_q8_0, T80, T80X2, bl_mm_q8_0_avx2, w, xq, T, out, ldo, r0, r1); }
-void bl_mm_mxfp4_avx512(BL_MM_ARGS) {
-    matmul(unpack_mxfp4, TFP4, TFP4X2, bl_mm_mxfp4_avx2, w, xq, T, out, ldo, r0, r1);
+/* fewer tokens: avx512/decode_mxfp4.c's VNNI tiles; GGUF rows: the avx2 kernel */
+static void mxfp4_below(BL_MM_ARGS) {
+    if (w->layout == BL_LAYOUT_INTERLEAVE8) bl_decode_mxfp4_avx512(w, xq, T, out, ldo, r0, r1);
+    else bl_mm_mxfp4_avx2(w, xq, T, out, ldo, r0, r1);
 }
+
+void bl_mm_mxfp4_avx512(BL_MM_ARGS) { matmul(unpack_mxfp4, TFP4, TFP4X2, mxfp4_below, w, xq, T, out, ldo, r0, r1); }
