@@ -284,6 +284,33 @@ def test_isa_paths_agree_bitwise(isa, type_, layout, act, T, rows):
     assert np.array_equal(res["scalar"][1], res[isa][1])
 
 
+@pytest.mark.parametrize("act", [A8, A8X2])
+def test_mxfp4_extreme_scales(isa, act):
+    """MXFP4's whole exponent range: the subnormal scales (e < 2) and the largest, whose values and products
+    overflow to inf (as ggml's decoder's do): the rows decode as NumPy's codec does, bit for bit, and every tier
+    gives scalar's bits (inf and nan included), decode and prefill."""
+    from barellm.formats import quant
+
+    rows, cols = 24, 256
+    rng = np.random.default_rng(act)
+    raw = make_weights(MXFP4, rows, cols, rng)
+    blocks = raw.reshape(-1, 17)
+    blocks[:, 0] = rng.choice([0, 1, 2, 3, 100, 127, 128, 200, 253, 254, 255], len(blocks))
+    w = nat.repack(MXFP4, I8, rows, cols, raw.tobytes())
+    with np.errstate(over="ignore"):
+        want = quant.TYPES[MXFP4].to_float(raw.reshape(-1)).reshape(rows, cols)
+    for r in range(rows):
+        assert np.array_equal(np.asarray(nat.dequantize_row(MXFP4, I8, rows, cols, w, r)), want[r])
+    for T in (1, 3, 9):
+        x = rng.standard_normal((T, cols)).astype(np.float32)
+        res = {}
+        for name in ("scalar", isa):
+            with using(name):
+                res[name] = matmul(MXFP4, I8, rows, cols, w, x, act=act)
+        assert np.array_equal(res["scalar"], res[isa], equal_nan=True)
+        assert np.isinf(res["scalar"]).any() or np.isnan(res["scalar"]).any()
+
+
 # ---- layouts ------------------------------------------------------------------------------------------
 
 
