@@ -40,8 +40,10 @@ __all__ = ["convert", "permute_qk", "SafetensorsFile", "CONVERTER_REVISION", "TY
 # Bumped whenever the conversion rules change what a file holds; the cache converts again on a mismatch.
 # 2: every matrix with a kernel layout stored in it (the K-quants too, and a tied embedding), fused groups
 #    back to back.
-# 3: the experts' stacks (3-D) in their kernel layout too, and MXFP4 in one (gpt-oss's experts, read in place).
-CONVERTER_REVISION = 3
+# Not bumped when the experts' stacks (3-D) took their kernel layout too: a cache from before holds them in rows,
+# which the engine repacks at load into the same bytes, and a bump would leave the models pulled without their
+# GGUF unusable until downloaded again.
+CONVERTER_REVISION = 2
 TYPE_CHOICES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q3_k", "q5_k")
 LAYOUT_CHOICES = ("rows", "kernels")
 # llama.cpp's llama_ftype for the types --type offers, for general.file_type
