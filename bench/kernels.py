@@ -1,6 +1,7 @@
-"""Single-thread speed of the matmul kernels on SmolLM2-135M's shapes (or Gemma 3 270M's: --model gemma3).
+"""Single-thread speed of the matmul kernels on SmolLM2-135M's shapes (or Gemma 3 270M's: --model gemma3; a
+gpt-oss expert's, MXFP4 beside Q4_0: --model gptoss).
 
-    python bench/kernels.py [--model smollm2|gemma3|qwen15|all] [--quick] [--reps N] [--cpu-time] [--no-scalar]
+    python bench/kernels.py [--model smollm2|gemma3|qwen15|gptoss|all] [--quick] [--reps N] [--cpu-time] [--no-scalar]
                             [--cold-mb MB] [-T 1,64] [--ghz F]
 
 For each shape and T: GMAC/s (rows * cols * T multiply-adds per second) and GB/s (weight bytes read per
@@ -10,7 +11,7 @@ second) of
   TIER i8 cold  the same streaming its weights from memory (it cycles through > 96 MB of copies, the size
                 of the model, as a real decode does; T = 1 only),
   TIER i8x2 (cold)  the same with Q8X2 activations (two int8 planes; the engine's default where a type has
-                them: Q4_1, Q8_0),
+                them: Q4_0, Q4_1, Q8_0, MXFP4),
   TIER rows     the tier's kernel on GGUF-ordered rows,
   scalar        the portable C path,
   numpy f32     NumPy's matmul on the dequantized f32 weights (GB/s counts its 4-byte weights).
@@ -40,9 +41,9 @@ import numpy as np  # noqa: E402
 from barellm import _native as nat  # noqa: E402
 from barellm.formats import quant  # noqa: E402
 
-Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 3, 6, 8, 12, 14
+Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4 = 2, 3, 6, 8, 12, 14, 39
 ROWS, I8 = 0, 1
-NAMES = {Q4_1: "q4_1", Q5_0: "q5_0", Q8_0: "q8_0", Q4_K: "q4_k", Q6_K: "q6_k"}
+NAMES = {Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0", Q8_0: "q8_0", Q4_K: "q4_k", Q6_K: "q6_k", MXFP4: "mxfp4"}
 SHAPES = {  # model -> [(what, rows, cols, type)]
     "smollm2": [
         ("q/o", 576, 576, Q4_1),
@@ -67,6 +68,10 @@ SHAPES = {  # model -> [(what, rows, cols, type)]
         ("down", 1536, 8960, Q6_K),
         ("output", 151936, 1536, Q6_K),
     ],
+    "gptoss": [  # gpt-oss-20b: an expert's gate, up or down matrix (2880 x 2880), as the file stores it and in Q4_0
+        ("expert", 2880, 2880, MXFP4),
+        ("expert", 2880, 2880, Q4_0),
+    ],
 }
 
 _BLOCK = {
@@ -76,6 +81,13 @@ _BLOCK = {
 
 
 def make_weights(type_, rows, cols, rng):
+    if type_ in (Q4_0, MXFP4):  # random nibbles; a small finite f16 d, or an E8M0 scale near 2^-6
+        b = rng.integers(0, 256, (rows * cols // 32, quant.get(type_).block_bytes), dtype=np.uint8)
+        if type_ == Q4_0:
+            b[:, :2] = rng.uniform(-0.01, 0.01, (len(b), 1)).astype("<f2").view(np.uint8)
+        else:
+            b[:, 0] = rng.integers(120, 124, len(b))
+        return b.reshape(-1)
     if type_ in (Q5_0, Q4_K, Q6_K):  # random quants and scales, small finite f16 d (and dmin)
         nu = rows * cols // (32 if type_ == Q5_0 else 256)
         b = rng.integers(0, 256, (nu, quant.get(type_).block_bytes), dtype=np.uint8)

@@ -101,7 +101,7 @@ def test_round_trip_metadata_types_and_tensors(sample):
     path, tensors = sample
     assert sniff(path) == "blm"
     with BLMFile(path) as f:
-        assert f.version == "1.1"
+        assert f.version == "1.2"
         assert plain(f.metadata) == METADATA
         assert f.metadata_types["u64"] == "uint64" and f.metadata_types["tokens"] == "array[string]"
         assert f.metadata_types["general.architecture"] == "string" and f.metadata_types["f32"] == "float32"

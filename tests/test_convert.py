@@ -532,7 +532,7 @@ def test_cli_convert_verify_inspect(tiny_gguf, tmp_path, capsys, monkeypatch):
     assert "ok" in capsys.readouterr().out
     assert main(["inspect", str(out), "--tensors"]) == 0
     text = capsys.readouterr().out
-    assert "format: blm v1.1" in text and "source: tiny.gguf (gguf" in text and "interleave8" in text
+    assert "format: blm v1.2" in text and "source: tiny.gguf (gguf" in text and "interleave8" in text
     assert "converter: barellm" in text and "type q8_0, layout kernels" in text
     assert main(["inspect", str(tiny_gguf)]) == 0  # a GGUF is shown as itself, not converted
     assert "format: gguf v3" in capsys.readouterr().out

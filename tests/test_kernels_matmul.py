@@ -18,14 +18,14 @@ from kernel_tiers import using
 
 from barellm import _native as nat
 
-F32, F16, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 8
+F32, F16, Q4_0, Q4_1, Q8_0, MXFP4 = 0, 1, 2, 3, 8, 39
 ROWS, I8 = 0, 1
 A8, A8X2 = 0, 1  # activation types (kernels.h enum bl_act)
 Q8X2_MAX = 254 * 127
 QK = 32
 EPS = 2.0**-23  # float32 machine epsilon (twice the unit roundoff)
 
-QUANT = (Q4_0, Q4_1, Q8_0)
+QUANT = (Q4_0, Q4_1, Q8_0, MXFP4)
 CASES = ([(t, ROWS, A8) for t in (F32, F16)] + [(t, ROWS, a) for t in QUANT for a in (A8, A8X2)]
          + [(t, I8, a) for t in QUANT for a in (A8, A8X2)])
 
@@ -33,6 +33,7 @@ _BLOCK = {
     Q8_0: np.dtype([("d", "<f2"), ("qs", "i1", (QK,))]),
     Q4_0: np.dtype([("d", "<f2"), ("qs", "u1", (QK // 2,))]),
     Q4_1: np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (QK // 2,))]),
+    MXFP4: np.dtype([("e", "u1"), ("qs", "u1", (QK // 2,))]),
 }
 
 
@@ -48,6 +49,10 @@ def make_weights(type_, rows, cols, rng):
     if type_ == F16:
         return rng.standard_normal((rows, cols)).astype("<f2").view(np.uint8)
     b = np.zeros(rows * cols // QK, dtype=_BLOCK[type_])
+    if type_ == MXFP4:  # scales 2^(e - 128) around 0.01..1, and now and then the subnormal ones (e < 2)
+        b["e"] = np.where(rng.random(b.shape) < 0.05, rng.integers(0, 3, b.shape), rng.integers(118, 129, b.shape))
+        b["qs"] = rng.integers(0, 256, b["qs"].shape)
+        return b.view(np.uint8).reshape(rows, -1)
     b["d"] = rng.uniform(-0.05, 0.05, b.shape)
     if type_ == Q4_1:
         b["m"] = rng.uniform(-0.5, 0.5, b.shape)
@@ -277,6 +282,33 @@ def test_isa_paths_agree_bitwise(isa, type_, layout, act, T, rows):
                          matmul(type_, layout, rows, cols, w, x, act=act))
     assert res["scalar"][0] == res[isa][0]
     assert np.array_equal(res["scalar"][1], res[isa][1])
+
+
+@pytest.mark.parametrize("act", [A8, A8X2])
+def test_mxfp4_extreme_scales(isa, act):
+    """MXFP4's whole exponent range: the subnormal scales (e < 2) and the largest, whose values and products
+    overflow to inf (as ggml's decoder's do): the rows decode as NumPy's codec does, bit for bit, and every tier
+    gives scalar's bits (inf and nan included), decode and prefill."""
+    from barellm.formats import quant
+
+    rows, cols = 24, 256
+    rng = np.random.default_rng(act)
+    raw = make_weights(MXFP4, rows, cols, rng)
+    blocks = raw.reshape(-1, 17)
+    blocks[:, 0] = rng.choice([0, 1, 2, 3, 100, 127, 128, 200, 253, 254, 255], len(blocks))
+    w = nat.repack(MXFP4, I8, rows, cols, raw.tobytes())
+    with np.errstate(over="ignore"):
+        want = quant.TYPES[MXFP4].to_float(raw.reshape(-1)).reshape(rows, cols)
+    for r in range(rows):
+        assert np.array_equal(np.asarray(nat.dequantize_row(MXFP4, I8, rows, cols, w, r)), want[r])
+    for T in (1, 3, 9):
+        x = rng.standard_normal((T, cols)).astype(np.float32)
+        res = {}
+        for name in ("scalar", isa):
+            with using(name):
+                res[name] = matmul(MXFP4, I8, rows, cols, w, x, act=act)
+        assert np.array_equal(res["scalar"], res[isa], equal_nan=True)
+        assert np.isinf(res["scalar"]).any() or np.isnan(res["scalar"]).any()
 
 
 # ---- layouts ------------------------------------------------------------------------------------------

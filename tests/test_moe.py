@@ -30,9 +30,10 @@ GOLDEN = {"qwen3moe-tiny": (1.0, 1e-2), "qwen3moe-q8_0-tiny": (0.95, 0.5), "gpt-
 
 # expert weight types (ggml ids) and a (dim, expert ffn) of whole blocks for each, with tails past the SIMD
 # widths where the type allows: f32, f16, q4_0, q4_1, q5_0, q5_1 and bf16 (no kernels: float32 rows), q8_0,
-# q3_k, q4_k, q5_k, q6_k
+# q3_k, q4_k, q5_k, q6_k, mxfp4
 EXPERT_TYPES = {0: (72, 40), 1: (72, 40), 2: (96, 64), 3: (96, 64), 6: (96, 64), 7: (96, 64), 8: (96, 64),
-                30: (72, 40), 11: (256, 256), 12: (256, 256), 13: (256, 256), 14: (256, 256)}
+                30: (72, 40), 11: (256, 256), 12: (256, 256), 13: (256, 256), 14: (256, 256), 39: (96, 64)}
+MXFP4 = 39
 KQUANT_TYPES = (11, 12, 13, 14)
 KQUANT_SCALES = {11: (108,), 12: (0, 2), 13: (0, 2), 14: (208,)}   # where each block's f16 scales are
 
@@ -67,6 +68,90 @@ def test_native_matches_llamacpp(golden, isa):
     _agreement(name, f"native {isa}", e.forward(ids, 0, all_logits=True), want)
 
 
+def test_mxfp4_experts_stay_mxfp4():
+    """gpt-oss's MXFP4 expert stacks run on the MXFP4 kernels in their interleaved layout: 17 bytes per 32
+    values, as the file holds them (they were float32 copies, 7.5x the file's bytes, before the kernels)."""
+    src = GGUFFile(DATA / "gpt-oss-mxfp4-tiny.gguf")
+    e = NativeEngine(config_of(src), src, n_ctx=64, threads=1, chunk=8)
+    stacks = [n for n, t in src.tensors.items() if t.type == MXFP4]
+    assert stacks
+    for name in stacks:
+        (type_id, layout, rows, cols, data), = e._matrix((name,))
+        assert (type_id, layout) == (MXFP4, kernels.LAYOUT_INTERLEAVE8)
+        # each group of 8 rows padded to whole cache lines: under 64 bytes a group over the file's 17 / 32
+        groups = -(-rows // 8)
+        assert data.nbytes == kernels.matrix_bytes(MXFP4, layout, rows, cols)
+        assert rows * cols // 32 * 17 <= data.nbytes < rows * cols // 32 * 17 + 64 * groups
+    src.close()
+
+
+def test_mxfp4_converted_stays_4bit(tmp_path):
+    """A model with MXFP4 experts converted for the kernels: each stack stored as the moe op reads it, 17 bytes per
+    32 values (so the .blm is the GGUF's size), and used in place, a view of the file's mapping: the resident
+    weights are the file, not float32 copies 7.5x its size. Its logits are those of the GGUF, repacked at load."""
+    from barellm.formats.blm import BLMFile
+    from barellm.store.convert import convert
+
+    gguf = write_tiny_moe(tmp_path / "moe.gguf", MXFP4, 256, 256, n_experts=4, n_used=2)
+    out = convert(gguf, tmp_path / "moe.blm", layout="kernels")
+    assert abs(out.stat().st_size / gguf.stat().st_size - 1) < 0.02
+    f = BLMFile(out)
+    stacks = [n for n, t in f.tensors.items() if t.type == MXFP4]
+    assert len(stacks) == 6
+    for name in stacks:
+        info = f.tensors[name]
+        assert info.layout == kernels.LAYOUT_INTERLEAVE8 and len(info.shape) == 3
+        assert info.nbytes == np.prod(info.shape) // 32 * 17   # 8 rows of 8 blocks: whole cache lines, no padding
+    e = NativeEngine(config_of(f), f, n_ctx=64, threads=2, chunk=8)
+    for name in stacks:
+        (type_id, layout, _, _, data), = e._matrix((name,))
+        assert (type_id, layout) == (MXFP4, kernels.LAYOUT_INTERLEAVE8)
+        assert np.shares_memory(data, e._stored(name)[2])
+    src = GGUFFile(gguf)
+    want = NativeEngine(config_of(src), src, n_ctx=64, threads=2, chunk=8).forward(PROMPT, 0, all_logits=True)
+    assert np.array_equal(e.forward(PROMPT, 0, all_logits=True), want)
+    src.close()
+    f.close()
+
+
+def test_mxfp4_dense_matrices(tmp_path, isa):
+    """Dense matrices stored as MXFP4 (attention's, here) run on the MXFP4 kernels too, fused Q|K|V included,
+    and the model's logits stay those of the NumPy reference on the dequantized weights."""
+    src = GGUFFile(write_tiny_moe(tmp_path / "dense.gguf", MXFP4, 96, 64, dense_mxfp4=True))
+    assert src.tensors["blk.0.attn_q.weight"].type == MXFP4
+    e = NativeEngine(config_of(src), src, n_ctx=64, threads=2, chunk=8)
+    parts = e._matrix(("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"))
+    assert [(p[0], p[1]) for p in parts] == [(MXFP4, kernels.LAYOUT_INTERLEAVE8)]
+    got = e.forward(PROMPT, 0, all_logits=True)
+    want = reference_engine(config_of(src), src, 64).forward(PROMPT, 0, all_logits=True)
+    src.close()
+    assert np.array_equal(got.argmax(1), want.argmax(1))
+    assert np.abs(got - want).max() < 1e-2 * np.abs(want).max()
+
+
+def test_mxfp4_greedy_independent_of_threads_and_tier():
+    """gpt-oss with MXFP4 experts: the same logits, bit for bit, with 1 or 2 threads on every tier this machine
+    runs (the amx kernels' emulation included); the same greedy tokens on all of them, and the same bits on the
+    SIMD tiers (their MXFP4 matmuls give scalar's bits; scalar's exp, in the clamped SwiGLU, is not theirs)."""
+    from kernel_tiers import RUN, using
+
+    src = GGUFFile(DATA / "gpt-oss-mxfp4-tiny.gguf")
+    ids = np.load(DATA / "gpt-oss-mxfp4-tiny.logits.npz")["ids"].tolist()[:24]
+    results = []
+    for tier in RUN:
+        with using(tier):
+            for threads in (1, 2):
+                e = NativeEngine(config_of(src), src, n_ctx=64, threads=threads, chunk=16)
+                results.append((tier, threads, e.forward(ids, 0, all_logits=True)))
+    src.close()
+    first = {}
+    for tier, threads, got in results:
+        assert np.array_equal(got, first.setdefault(tier, got)), (tier, threads)
+        assert np.array_equal(got.argmax(1), results[0][2].argmax(1)), tier
+    simd = [first[t] for t in first if t != "scalar"]
+    assert all(np.array_equal(got, simd[0]) for got in simd)
+
+
 def test_route_is_llamacpps():
     """Softmax over the experts, the top n_used, renormalized (llama.cpp's order of steps), or not."""
     rng = np.random.default_rng(0)
@@ -82,9 +167,19 @@ def test_route_is_llamacpps():
         assert np.allclose(weight, want, rtol=1e-6, atol=0)
 
 
+def mxfp4_blocks(rng, rows: int, cols: int, std: float) -> np.ndarray:
+    """Random MXFP4 rows (uint8 [rows, cols / 32 * 17]): random codes, scales 2^(e - 128) that give values about
+    std apart (the codes' values kv spread ~5.6)."""
+    blocks = rng.integers(0, 256, (rows * cols // 32, 17), dtype=np.uint8)
+    e = 128 + round(float(np.log2(std / 5.6)))
+    blocks[:, 0] = rng.integers(e - 1, e + 2, len(blocks))
+    return blocks.reshape(rows, -1)
+
+
 def write_tiny_moe(path, expert_type: int, dim: int, ffn: int, n_experts: int = 6, n_used: int = 3,
-                   seed: int = 0):
-    """A random qwen3moe file: two layers, the three expert stacks in expert_type, everything else F32."""
+                   seed: int = 0, dense_mxfp4: bool = False):
+    """A random qwen3moe file: two layers, the three expert stacks in expert_type, everything else F32 (with
+    dense_mxfp4: the attention's matrices and the output MXFP4, as a file may store dense matrices)."""
     heads, kv_heads = 4, 2
     md, n_vocab = tiny_llama_metadata(dim=dim, ffn=ffn, heads=heads, kv_heads=kv_heads)
     md = {("qwen3moe." + k[len("llama."):] if k.startswith("llama.") else k): v for k, v in md.items()}
@@ -94,7 +189,9 @@ def write_tiny_moe(path, expert_type: int, dim: int, ffn: int, n_experts: int = 
                "qwen3moe.attention.key_length": hd, "qwen3moe.rope.dimension_count": hd})
     rng = np.random.default_rng(seed)
 
-    def mat(*shape: int, scale: float = 1.0) -> np.ndarray:
+    def mat(*shape: int, scale: float = 1.0):
+        if dense_mxfp4 and len(shape) == 2 and shape[0] != n_vocab and shape[0] != n_experts:
+            return mxfp4_blocks(rng, *shape, scale / np.sqrt(shape[-1])), MXFP4, shape
         return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
 
     def norm(n: int) -> np.ndarray:
@@ -107,17 +204,23 @@ def write_tiny_moe(path, expert_type: int, dim: int, ffn: int, n_experts: int = 
             for at in KQUANT_SCALES[expert_type]:
                 blocks[:, at:at + 2] = (blocks[:, at:at + 2].copy().view("<f2") / 16).view(np.uint8)
             return (name, raw, expert_type, (n_experts, rows, cols))
+        if expert_type == MXFP4:  # no encoder either: random codes, scales near mat's spread
+            blocks = mxfp4_blocks(rng, n_experts * rows, cols, 2.0 / np.sqrt(cols))
+            return (name, blocks, expert_type, (n_experts, rows, cols))
         return (name, mat(n_experts, rows, cols, scale=2.0), expert_type)
+
+    def t(name: str, m, type_id: int = 0) -> tuple:  # a dense tensor: float32, or mat's MXFP4 (rows, type, shape)
+        return (name, m[0], m[1], m[2]) if isinstance(m, tuple) else (name, m, type_id)
 
     tensors: list[tuple] = [("token_embd.weight", mat(n_vocab, dim, scale=2.0), 0),
                             ("output_norm.weight", norm(dim), 0), ("output.weight", mat(n_vocab, dim, scale=4.0), 0)]
     for i in range(2):
         b = f"blk.{i}."
         tensors += [
-            (b + "attn_norm.weight", norm(dim), 0), (b + "attn_q.weight", mat(heads * hd, dim, scale=2.0), 0),
-            (b + "attn_k.weight", mat(kv_heads * hd, dim, scale=2.0), 0),
-            (b + "attn_v.weight", mat(kv_heads * hd, dim), 0),
-            (b + "attn_output.weight", mat(dim, heads * hd), 0), (b + "attn_q_norm.weight", norm(hd), 0),
+            (b + "attn_norm.weight", norm(dim), 0), t(b + "attn_q.weight", mat(heads * hd, dim, scale=2.0)),
+            t(b + "attn_k.weight", mat(kv_heads * hd, dim, scale=2.0)),
+            t(b + "attn_v.weight", mat(kv_heads * hd, dim)),
+            t(b + "attn_output.weight", mat(dim, heads * hd)), (b + "attn_q_norm.weight", norm(hd), 0),
             (b + "attn_k_norm.weight", norm(hd), 0), (b + "ffn_norm.weight", norm(dim), 0),
             (b + "ffn_gate_inp.weight", mat(n_experts, dim, scale=4.0), 0),
             stack(b + "ffn_gate_exps.weight", ffn, dim), stack(b + "ffn_up_exps.weight", ffn, dim),

@@ -27,7 +27,7 @@
 /* ggml type ids, kept so GGUF types map one to one */
 enum bl_type {
     BL_F32 = 0, BL_F16 = 1, BL_Q4_0 = 2, BL_Q4_1 = 3, BL_Q5_0 = 6, BL_Q5_1 = 7, BL_Q8_0 = 8,
-    BL_Q3_K = 11, BL_Q4_K = 12, BL_Q5_K = 13, BL_Q6_K = 14, BL_BF16 = 30,
+    BL_Q3_K = 11, BL_Q4_K = 12, BL_Q5_K = 13, BL_Q6_K = 14, BL_BF16 = 30, BL_MXFP4 = 39,
 };
 
 /* instruction-set tiers, in increasing order of capability; each adds to the ones below (tier.h) */

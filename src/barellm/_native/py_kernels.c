@@ -499,7 +499,7 @@ PyMethodDef bl_kernel_methods[] = {
         "matrix_bytes(type, layout, rows, cols) -> bytes of W[rows, cols] stored in that type and layout."),
     BL_METHOD(act_row_bytes,
         "act_row_bytes(type, layout, cols, act=0) -> bytes of one activation vector converted for such weights\n"
-        "(act: 0 = 8-bit blocks, 1 = two 8-bit planes, for Q4_0 / Q4_1 / Q8_0)."),
+        "(act: 0 = 8-bit blocks, 1 = two 8-bit planes, for Q4_0 / Q4_1 / Q8_0 / MXFP4)."),
     BL_METHOD(act_supported,
         "act_supported(type, act) -> whether the kernels for `type` take activations of type `act`."),
     BL_METHOD(row_align,

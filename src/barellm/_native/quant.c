@@ -27,6 +27,7 @@ static const bl_type_traits TRAITS[BL_TYPE_COUNT] = {
     [BL_Q4_K] = {"q4_k",  256,   144,  ACT(Q8),          1,   I8,             PACK(q4_k)},
     [BL_Q5_K] = {"q5_k",  256,   176,  ACT(Q8),          1,   I8,             PACK(q5_k)},
     [BL_Q6_K] = {"q6_k",  256,   210,  ACT(Q8),          1,   I8,             PACK(q6_k)},
+    [BL_MXFP4] = {"mxfp4", 32,   17,   ACT(Q8) | ACT(Q8X2), 1, I8,           PACK(mxfp4)},
 };
 
 const bl_type_traits *bl_traits(int type) {

@@ -6,16 +6,22 @@
  *       Q8_0 block  f16 d, int8 q[32]                      value = q * d
  *       Q4_0 block  f16 d, uint8 qs[16]                    q_i = qs[i] & 15, q_{i+16} = qs[i] >> 4, value = (q - 8) * d
  *       Q4_1 block  f16 d, f16 m, uint8 qs[16]             same nibbles,                      value = q * d + m
+ *       MXFP4 block u8 e (E8M0), uint8 qs[16]              same nibbles,                      value = kv[q] * d,
+ *                   kv = ggml's kvalues_mxfp4 {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12} (the E2M1
+ *                   values doubled), d = 2^(e - 128) (bl_e8m0_half: exact, a subnormal for e < 2, never inf)
  *       F16 / F32   plain values (any cols).
  *
- *   BL_LAYOUT_INTERLEAVE8  (Q4_0, Q4_1, Q8_0) rows in groups of 8 (the last group padded with zero rows);
+ *   BL_LAYOUT_INTERLEAVE8  (Q4_0, Q4_1, Q8_0, MXFP4) rows in groups of 8 (the last group padded with zero rows);
  *       each group takes bl_i8_group_bytes() = round_up(8 * row_bytes, 64) bytes and holds, in order:
  *         qs region  nb blocks of 8 rows' quants. A block is 4 (Q4) or 8 (Q8_0) vectors of 32 bytes; byte
  *                    4 * l + i of vector j is byte 4 * j + i of row l's GGUF quants in that block
  *                    (so one 32-bit lane of a vector holds 4 consecutive quant bytes of one row);
- *         d region   nb x 8 f16 scales (block b, row l at [8 * b + l]);
+ *         d region   nb x 8 f16 scales (block b, row l at [8 * b + l]); MXFP4: nb x 8 E8M0 bytes, the same way;
  *         m region   (Q4_1 only) nb x 8 f16 mins, the same way.
- *       For Q4, vector j's low nibbles are the elements 4j..4j+3 and its high nibbles 16+4j..16+4j+3.
+ *       For Q4 and MXFP4, vector j's low nibbles are the elements 4j..4j+3 and its high nibbles 16+4j..16+4j+3.
+ *       MXFP4 keeps its scale as the file's byte, so a group is the GGUF rows' 17 bytes per 32 values (as
+ *       stored, as read by decode): a float scale would be 20, 18% more to stream; the kernels turn 8 bytes
+ *       into 8 floats with an integer shift (bl_e8m0_half's bits), once per block for all the tile's tokens.
  *
  * Activations for quantized weights (one vector of cols values, bl_act_q8_bytes(cols) bytes, 64-aligned):
  *   qs  int8 [nb * 32]   q = round_half_even(x * id), d = amax / 127, id = d ? 1 / d : 0
@@ -35,7 +41,9 @@
  *
  * The float work for one output (t, r) is, in this order, in every kernel of every ISA:
  *   quantized:  acc = 0; for b in 0..nb-1: acc = fma((float)isum_b, d_w[b] * d_x[b], acc)
- *               (isum_b the exact integer block dot; Q4_0: dot(q, qx) - 8 * sq[b])
+ *               (isum_b the exact integer block dot; Q4_0: dot(q, qx) - 8 * sq[b]; MXFP4: dot(kv[q], qx), which
+ *               the SIMD kernels form as dot(kv[q] + 12, qx) - 12 * sq[b] with unsigned bytes kv[q] + 12 <= 24;
+ *               |isum_b| <= 32 * 12 * 32258 < 2^24 with Q8X2, so its conversion to float is exact too)
  *               Q4_1 also accm = 0; for b: accm = fma(m_w[b], s[b], accm); and then out = acc + accm
  *   float:      p[l] for l in 0..7: p[l] = fma(w[k], x[k], p[l]) for k = l, l + 8, ... (zero-padded to a
  *               multiple of 8); out = ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7))
@@ -139,6 +147,22 @@ static inline float bl_f16_to_f32(uint16_t h) {
     return f;
 }
 
+/* MXFP4's block scale from its E8M0 byte: 2^(e - 128), ggml's GGML_E8M0_TO_FP32_HALF bit for bit (the byte
+ * holds 2^(e - 127) and the values kv are the E2M1 values doubled) */
+static inline uint32_t bl_e8m0_half_bits(uint8_t e) { return e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23; }
+static inline float bl_e8m0_half(uint8_t e) {
+    const uint32_t bits = bl_e8m0_half_bits(e);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* ggml's kvalues_mxfp4; and those + 12, the unsigned bytes the SIMD kernels multiply (quant_internal.h's sums) */
+#define BL_MXFP4_KV 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
+#define BL_MXFP4_KV12 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
+#define BL_MXFP4_OFFSET 12
+static const int8_t bl_mxfp4_kv[16] = {BL_MXFP4_KV};
+
 /* Block b of row r of W in GGUF form (the type's block_bytes bytes), from either layout: a pointer into W
  * for rows, else the block unpacked into buf (which must hold the largest block, BL_MAX_BLOCK bytes). */
 #define BL_MAX_BLOCK 292
@@ -169,7 +193,8 @@ uint8_t *bl_thread_scratch(size_t bytes);
     void bl_mm_q3_k_##sfx(BL_MM_ARGS);                                                                   \
     void bl_mm_q4_k_##sfx(BL_MM_ARGS);                                                                   \
     void bl_mm_q5_k_##sfx(BL_MM_ARGS);                                                                   \
-    void bl_mm_q6_k_##sfx(BL_MM_ARGS);
+    void bl_mm_q6_k_##sfx(BL_MM_ARGS);                                                                   \
+    void bl_mm_mxfp4_##sfx(BL_MM_ARGS);
 #define BL_KERNELS_DECLARE(isa)                                                                          \
     void bl_act_q8_##isa(const float *x, int cols, uint8_t *row, int b0, int b1);                        \
     void bl_act_q8x2_##isa(const float *x, int cols, uint8_t *row, int b0, int b1);                      \
@@ -185,7 +210,7 @@ void bl_mm_q4_0_rows_avx2(BL_MM_ARGS);
 void bl_mm_q4_1_rows_avx2(BL_MM_ARGS);
 void bl_mm_q8_0_rows_avx2(BL_MM_ARGS);
 
-/* quant_rows.c: the dequantizers, and Q4_0, Q4_1, Q8_0's interleaved layout */
+/* quant_rows.c: the dequantizers, and Q4_0, Q4_1, Q8_0, MXFP4's interleaved layout */
 #define BL_ROWS_DECLARE(t)                                                                               \
     void bl_dequant_##t(const uint8_t *src, float *out, int n);                                         \
     void bl_pack8_##t(int cols, const uint8_t *const rows[8], uint8_t *group);                           \
@@ -193,6 +218,7 @@ void bl_mm_q8_0_rows_avx2(BL_MM_ARGS);
 BL_ROWS_DECLARE(q4_0)
 BL_ROWS_DECLARE(q4_1)
 BL_ROWS_DECLARE(q8_0)
+BL_ROWS_DECLARE(mxfp4)
 /* quant_kq.c: the other types' interleaved layouts (quant_kq.h) */
 BL_ROWS_DECLARE(q5_0)
 BL_ROWS_DECLARE(q3_k)

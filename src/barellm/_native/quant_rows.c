@@ -72,15 +72,27 @@ void bl_dequant_q8_0(const uint8_t *b, float *y, int n) {
     }
 }
 
-/* ---- BL_LAYOUT_INTERLEAVE8 of Q4_0, Q4_1, Q8_0 (quant_internal.h) ----
- * A GGUF block is hdr bytes of f16 scale (and min) then nq quant bytes; a group holds the nb blocks' quants
- * of 8 rows (qb = 8 * nq bytes each), then the nb x 8 scales, then (Q4_1) the nb x 8 mins. */
+void bl_dequant_mxfp4(const uint8_t *b, float *y, int n) {
+    for (int i = 0; i < n / BL_QK; i++, b += 17, y += BL_QK) {
+        const float d = bl_e8m0_half(b[0]);
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)bl_mxfp4_kv[b[1 + j] & 15] * d;
+            y[j + 16] = (float)bl_mxfp4_kv[b[1 + j] >> 4] * d;
+        }
+    }
+}
+
+/* ---- BL_LAYOUT_INTERLEAVE8 of Q4_0, Q4_1, Q8_0, MXFP4 (quant_internal.h) ----
+ * A GGUF block is hdr bytes of scale (f16 d, MXFP4's E8M0 byte) and min (Q4_1's f16) then nq quant bytes; a
+ * group holds the nb blocks' quants of 8 rows (qb = 8 * nq bytes each), then the nb x 8 scales, then (Q4_1)
+ * the nb x 8 mins. */
 
 typedef struct {
-    size_t bb, hdr, nq; /* block bytes, bytes ahead of the quants, quant bytes */
+    size_t bb, hdr, nq, ds; /* block bytes, bytes ahead of the quants, quant bytes, bytes of the scale */
 } i8_format;
 
-static const i8_format I8_Q4_0 = {18, 2, 16}, I8_Q4_1 = {20, 4, 16}, I8_Q8_0 = {34, 2, 32};
+static const i8_format I8_Q4_0 = {18, 2, 16, 2}, I8_Q4_1 = {20, 4, 16, 2}, I8_Q8_0 = {34, 2, 32, 2},
+                       I8_MXFP4 = {17, 1, 16, 1};
 
 static void pack8(const i8_format f, int cols, const uint8_t *const rows[8], uint8_t *g) {
     const size_t nb = (size_t)cols / BL_QK, qb = 8 * f.nq;
@@ -90,7 +102,7 @@ static void pack8(const i8_format f, int cols, const uint8_t *const rows[8], uin
         for (size_t b = 0; b < nb; b++) {
             const uint8_t *blk = rows[l] + b * f.bb;
             for (size_t i = 0; i < f.nq; i++) g[b * qb + (i / 4) * 32 + l * 4 + i % 4] = blk[f.hdr + i];
-            memcpy(g + nb * qb + (b * 8 + l) * 2, blk, 2);
+            memcpy(g + nb * qb + (b * 8 + l) * f.ds, blk, f.ds);
             if (f.hdr == 4) memcpy(g + nb * (qb + 16) + (b * 8 + l) * 2, blk + 2, 2);
         }
     }
@@ -99,7 +111,7 @@ static void pack8(const i8_format f, int cols, const uint8_t *const rows[8], uin
 static void unpack8(const i8_format f, const uint8_t *g, int cols, int l, int b, uint8_t *blk) {
     const size_t nb = (size_t)cols / BL_QK, qb = 8 * f.nq;
     for (size_t i = 0; i < f.nq; i++) blk[f.hdr + i] = g[(size_t)b * qb + (i / 4) * 32 + (size_t)l * 4 + i % 4];
-    memcpy(blk, g + nb * qb + ((size_t)b * 8 + (size_t)l) * 2, 2);
+    memcpy(blk, g + nb * qb + ((size_t)b * 8 + (size_t)l) * f.ds, f.ds);
     if (f.hdr == 4) memcpy(blk + 2, g + nb * (qb + 16) + ((size_t)b * 8 + (size_t)l) * 2, 2);
 }
 
@@ -109,3 +121,4 @@ static void unpack8(const i8_format f, const uint8_t *g, int cols, int l, int b,
 I8_FNS(q4_0, I8_Q4_0)
 I8_FNS(q4_1, I8_Q4_1)
 I8_FNS(q8_0, I8_Q8_0)
+I8_FNS(mxfp4, I8_MXFP4)

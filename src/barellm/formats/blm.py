@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 MAGIC = b"BARELLM\0"
-MAJOR, MINOR = 1, 1
+MAJOR, MINOR = 1, 2
 PAGE = 4096
 DEFAULT_ALIGNMENT = 64
 MIN_ALIGNMENT, MAX_ALIGNMENT = 64, PAGE
@@ -125,27 +125,33 @@ def _identity(data: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndar
     return data
 
 
+def _matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, cols) of a matrix, or of a 3-D stack of matrices (a mixture's experts) as the matrix of its rows, one
+    matrix after another (as the engine's matmuls read a stack)."""
+    return math.prod(shape[:-1]), shape[-1]
+
+
 def _packed_layout(tag: int) -> Layout:
-    """A layout of the kernels' table: only matrices of the types the table gives it."""
+    """A layout of the kernels' table: only matrices (and stacks of them) of the types the table gives it."""
 
     def check(type_id: int, shape: tuple[int, ...]) -> str | None:
         if not kernels.has_layout(type_id, tag):
             holders = [t.name for t in quant.TYPES.values() if kernels.has_layout(t.id, tag)]
             return f"holds only {', '.join(holders)} tensors, not {quant.type_name(type_id)}"
-        if len(shape) != 2:
-            return f"holds only matrices, not a tensor of shape {shape}"
-        if not all(0 < d <= INT32_MAX for d in shape):
+        if len(shape) not in (2, 3):
+            return f"holds only matrices and stacks of them, not a tensor of shape {shape}"
+        if not all(0 < d <= INT32_MAX for d in (*shape, _matrix_shape(shape)[0])):
             return f"needs a matrix shape within 1..{INT32_MAX}, not {shape}"
         return None
 
     def nbytes(type_id: int, shape: tuple[int, ...]) -> int:
-        return kernels.matrix_bytes(type_id, tag, shape[0], shape[1])
+        return kernels.matrix_bytes(type_id, tag, *_matrix_shape(shape))
 
     def to_rows(data: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
-        return kernels.unrepack(type_id, tag, shape[0], shape[1], data)
+        return kernels.unrepack(type_id, tag, *_matrix_shape(shape), data)
 
     def from_rows(data: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
-        return kernels.repack(type_id, tag, shape[0], shape[1], data)
+        return kernels.repack(type_id, tag, *_matrix_shape(shape), data)
 
     return Layout(tag, kernels.layout_name(tag), check, nbytes, to_rows, from_rows)
 

@@ -112,7 +112,7 @@ def matrix_layout(type_id: int, rows: int, cols: int) -> int:
 def matrix_act(type_id: int, activations: str) -> int:
     """The activation type a matrix's kernel takes (the precision choice, in one place).
 
-    "q8x2" wherever the kernels have it (Q4_0, Q4_1, Q8_0), else 8-bit blocks. Why it is the default: with
+    "q8x2" wherever the kernels have it (Q4_0, Q4_1, Q8_0, MXFP4), else 8-bit blocks. Why it is the default: with
     8-bit activations SmolLM2's teacher-forced logits differ from the float reference by a mean top-10 KL
     of 0.0027 (top-1 196/199); with q8x2 by under 1e-5 (199/199). With the output matrix left at 8 bits
     the KL is 0.0002 but a top-2 margin of 0.005 flips (198/199), so it takes q8x2 too. Decoding reads each

@@ -22,6 +22,7 @@ GGUF file or a checkpoint into a .blm once, and maps that afterwards (docs/forma
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import sys
@@ -42,6 +43,9 @@ __all__ = ["convert", "permute_qk", "SafetensorsFile", "CONVERTER_REVISION", "TY
 # Bumped whenever the conversion rules change what a file holds; the cache converts again on a mismatch.
 # 2: every matrix with a kernel layout stored in it (the K-quants too, and a tied embedding), fused groups
 #    back to back.
+# Not bumped when the experts' stacks (3-D) took their kernel layout too: a cache from before holds them in rows,
+# which the engine repacks at load into the same bytes, and a bump would leave the models pulled without their
+# GGUF unusable until downloaded again.
 CONVERTER_REVISION = 2
 TYPE_CHOICES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q3_k", "q5_k")
 LAYOUT_CHOICES = ("rows", "kernels")
@@ -259,12 +263,16 @@ def kernel_layout(name: str, type_id: int, shape: tuple[int, ...], tied: bool) -
     Weight matrices take the layout the native engine's matmuls want (`kernels.matrix_layout`, the one place
     for that decision). The token embedding does too when the output projection is tied to it (the engine
     then uses one mapping for both the lookups and the output matmul); an untied one stays in rows, since it
-    is only looked up a row at a time by token id; so does everything that is not a matrix.
+    is only looked up a row at a time by token id; so does everything that is not a matrix. A mixture's stack of
+    experts' matrices (3-D) takes the layout of the matrix of its rows, as the engine's moe op reads it, where each
+    expert's rows are whole groups of it (else the engine cannot run the stack, and it stays in rows).
     """
     shape = tuple(shape)
-    if len(shape) != 2 or (name == "token_embd.weight" and not tied):
+    if len(shape) not in (2, 3) or (name == "token_embd.weight" and not tied):
         return blm.LAYOUT_ROWS
-    tag = kernels.matrix_layout(type_id, shape[0], shape[1])
+    tag = kernels.matrix_layout(type_id, math.prod(shape[:-1]), shape[-1])
+    if len(shape) == 3 and shape[1] % kernels.layout_rows(tag):
+        return blm.LAYOUT_ROWS
     return tag if tag in blm.LAYOUTS and blm.LAYOUTS[tag].check(type_id, shape) is None else blm.LAYOUT_ROWS
 
 

@@ -1,6 +1,6 @@
 /* The amx tier's prefill matmuls, one source for both builds: amx/quant.c includes it for the tile instructions,
  * amx/quant_emulated.c with BL_AMX_EMULATED for their plain-C emulation (amx/tile.h). Every quantized type of
- * the interleaved layout (Q4_0, Q4_1, Q5_0, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K), both activation precisions.
+ * the interleaved layout (Q4_0, Q4_1, Q5_0, Q8_0, MXFP4, Q3_K, Q4_K, Q5_K, Q6_K), both activation precisions.
  *
  * Exactness: quant_internal.h and quant_kq.h fix the float work of one output (t, r): a float fma per
  * activation block of 32 (each block has its own activation scale) over that block's exact integer dot, then
@@ -58,7 +58,7 @@ typedef struct {
 
 static amx_shape shape_of(int type) {
     switch (type) {
-    case BL_Q8_0: return (amx_shape){1, 1, 1, 0};
+    case BL_Q8_0: case BL_MXFP4: return (amx_shape){1, 1, 1, 0};
     case BL_Q4_0: return (amx_shape){1, 1, 0, 8};
     case BL_Q4_1: return (amx_shape){1, 1, 0, 0};
     case BL_Q5_0: return (amx_shape){1, 1, 0, 16};
@@ -294,4 +294,5 @@ AMX_ENTRY(q3_k)
 AMX_ENTRY(q4_k)
 AMX_ENTRY(q5_k)
 AMX_ENTRY(q6_k)
+AMX_ENTRY(mxfp4)
 #undef AMX_ENTRY

@@ -16,6 +16,7 @@
             [BL_Q6_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q6_k_##sfx},                                    \
             [BL_Q5_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q5_k_##sfx},                                    \
             [BL_Q3_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q3_k_##sfx},                                    \
+            [BL_MXFP4] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_mxfp4_##sfx},                                  \
         },                                                                                               \
     }
 

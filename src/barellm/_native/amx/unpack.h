@@ -19,8 +19,9 @@ enum {
 /* A panel's unpacked weights in the scratch (index [b * PANEL + r] for block b and panel row r, [u * PANEL + r]
  * for unit u):
  *   vals  block b's values at b * BLOCK_VALS: column tile c (rows 16c..16c+15) at + 512 c, tile row k at + 64 k,
- *         panel row 16c + n's values 4k..4k+3 at + 4 n (uint8, or int8 for Q8_0, Q6_K and Q3_K: q - 32, q - 4)
- *   bf    Q4_0, Q4_1, Q5_0, Q8_0: the block's d; Q4_K, Q5_K: m_j as a float
+ *         panel row 16c + n's values 4k..4k+3 at + 4 n (uint8, or int8 for Q8_0, MXFP4: kv, Q6_K and Q3_K: q - 32,
+ *         q - 4)
+ *   bf    Q4_0, Q4_1, Q5_0, Q8_0, MXFP4: the block's d; Q4_K, Q5_K: m_j as a float
  *   bf2   Q4_1: the block's m; Q4_K, Q5_K: sc_j as a float
  *   bi    Q6_K, Q3_K: the first half's scale
  *   bi2   Q6_K, Q3_K: the second half's scale
@@ -64,6 +65,20 @@ static void unpack_group_legacy(int type, const uint8_t *g, int G, int nb, const
             P->bf[r] = f16_at(d + (8 * (size_t)b + l) * 2);
             if (type == BL_Q4_1) P->bf2[r] = f16_at(m + (8 * (size_t)b + l) * 2);
         }
+    }
+}
+
+/* MXFP4: the layout of Q4 with nb x 8 E8M0 bytes for scales; the values as int8 kv (ggml's kvalues_mxfp4) */
+static void unpack_group_mxfp4(const uint8_t *g, int G, int nb, const amx_panel *P) {
+    const uint8_t *e = g + (size_t)nb * 128;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *q = g + (size_t)b * 128;
+        for (int k = 0; k < 4; k++) {
+            uint8_t *lo = tile_row(P, b, G, k), *hi = tile_row(P, b, G, k + 4);
+            const uint8_t *v = q + 32 * k;
+            for (int i = 0; i < 32; i++) lo[i] = (uint8_t)bl_mxfp4_kv[v[i] & 15], hi[i] = (uint8_t)bl_mxfp4_kv[v[i] >> 4];
+        }
+        for (int l = 0; l < 8; l++) P->bf[(size_t)b * PANEL + 8 * G + l] = bl_e8m0_half(e[8 * (size_t)b + l]);
     }
 }
 
@@ -185,6 +200,7 @@ static void unpack_panel(const bl_matrix *w, int p0, int nr, int nu, int nb, con
         switch (w->type) {
         case BL_Q4_0: case BL_Q4_1: case BL_Q8_0: unpack_group_legacy(w->type, g, G, nb, P); break;
         case BL_Q5_0: unpack_group_q5_0(g, G, nb, P); break;
+        case BL_MXFP4: unpack_group_mxfp4(g, G, nb, P); break;
         case BL_Q4_K: unpack_group_q45_k(0, g, G, nu, P); break;
         case BL_Q5_K: unpack_group_q45_k(1, g, G, nu, P); break;
         case BL_Q6_K: unpack_group_q6_k(g, G, nu, P); break;

@@ -321,3 +321,123 @@ AI void matmul_i8(const int type, BL_MM_ARGS) {
 void bl_mm_q4_0_avx2(BL_MM_ARGS) { matmul_i8(BL_Q4_0, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q4_1_avx2(BL_MM_ARGS) { matmul_i8(BL_Q4_1, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q8_0_avx2(BL_MM_ARGS) { matmul_i8(BL_Q8_0, w, xq, T, out, ldo, r0, r1); }
+
+/* ---- MXFP4 (quant_internal.h) ----
+ * The interleaved layout of Q4 with E8M0 bytes for scales. The nibbles go through a byte shuffle (the 16
+ * values kv + 12, unsigned bytes <= 24) into Q4's maddubs; the block's integer is dot(kv + 12, q) - 12 * sq[b],
+ * the scalar path's dot(kv, q). A lane's int16 pair sums hold two vectors (at most 2 * 4 * 24 * 128 = 24576, where
+ * Q4's <= 15 hold all four), so each pair of vectors goes to int32 through one madd. */
+
+/* the values kv + 12 of vector v's low nibbles (elements 4j..) and its high ones (16 + 4j..) */
+AI void fp4_vals(const uint8_t *v, const __m256i kv, const __m256i m4, __m256i *lo, __m256i *hi) {
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)v);
+    *lo = _mm256_shuffle_epi8(kv, _mm256_and_si256(q, m4));
+    *hi = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+}
+
+/* the int16 sums of one activation plane's block x over vectors 2jj and 2jj + 1 (their values in w[0..3]) */
+AI __m256i fp4_pair(const __m256i *w, const int8_t *x, const int jj) {
+    const int8_t *a = x + 8 * jj;
+    return _mm256_add_epi16(
+        _mm256_add_epi16(_mm256_maddubs_epi16(w[0], bcast32(a)), _mm256_maddubs_epi16(w[1], bcast32(a + 16))),
+        _mm256_add_epi16(_mm256_maddubs_epi16(w[2], bcast32(a + 4)), _mm256_maddubs_epi16(w[3], bcast32(a + 20))));
+}
+
+#define FP4_CONSTS                                                                                       \
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);                                \
+    const __m256i kv = _mm256_setr_epi8(BL_MXFP4_KV12, BL_MXFP4_KV12);                                   \
+    const __m256i khi = x2 ? _mm256_set1_epi16(254) : ones /* the weight of the (hi) plane */
+
+AI void tile_fp4(const int x2, const int NT, const tile_args *A) {
+    TILE_VARS(A);
+    FP4_CONSTS;
+    const uint8_t *ep = g + (size_t)nb * 128;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *q = block_at(g, b, 128, pf, pfs, 3);
+        const size_t xo = (size_t)b * 32;
+        for (int jj = 0; jj < 2; jj++) {
+            __m256i wv[4];
+            fp4_vals(q + 64 * jj, kv, m4, &wv[0], &wv[1]);
+            fp4_vals(q + 64 * jj + 32, kv, m4, &wv[2], &wv[3]);
+#define FP4_DOT(t)                                                                                       \
+    __m256i p##t = _mm256_madd_epi16(fp4_pair(wv, xq##t + xo, jj), khi);                                 \
+    if (x2) p##t = _mm256_add_epi32(p##t, _mm256_madd_epi16(fp4_pair(wv, xl##t + xo, jj), ones));       \
+    s##t = jj ? _mm256_add_epi32(s##t, p##t) : p##t;                                                     \
+    PIN(s##t)
+            FOR_T(FP4_DOT);
+        }
+        const __m256 dw = e8m0x8(ep + (size_t)b * 8);
+#define FP4_SCALE(t)                                                                                     \
+    acc##t = _mm256_fmadd_ps(                                                                            \
+        _mm256_cvtepi32_ps(_mm256_sub_epi32(s##t, _mm256_set1_epi32(BL_MXFP4_OFFSET * xsq##t[b]))),      \
+        _mm256_mul_ps(dw, _mm256_set1_ps(xd##t[b])), acc##t)
+        FOR_T(FP4_SCALE);
+    }
+    FOR_T(Q8_STORE);
+}
+
+/* Decode over two groups of 8 rows from two streams (as tile_q4_g2); the same float work per output as tile_fp4 */
+AI void tile_fp4_g2(const int x2, const tile_args *A) {
+    const uint8_t *g = A[0].g, *g2 = A[1].g, *xa = A->xa, *pf = A[0].pf, *pf2 = A[1].pf;
+    const int nb = A->nu, nvalid2 = A[1].nvalid;
+    const size_t pfs = A->pfs;
+    float *o = A[0].o, *o2 = A[1].o;
+    FP4_CONSTS;
+    const uint8_t *ep = g + (size_t)nb * 128, *ep2 = g2 + (size_t)nb * 128;
+    const int8_t *xh = (const int8_t *)xa, *xl = xh + (size_t)nb * 32;
+    const float *xd = (const float *)(const void *)(xa + (size_t)nb * (x2 ? 64 : 32));
+    const int32_t *xsq = (const int32_t *)(const void *)(xd + 2 * nb);
+    __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *q = g + (size_t)b * 128, *q2 = g2 + (size_t)b * 128;
+        const size_t xo = (size_t)b * 32;
+        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3);
+        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 3);
+        __m256i s, s2;
+        for (int jj = 0; jj < 2; jj++) {
+            __m256i wv[4], wv2[4];
+            fp4_vals(q + 64 * jj, kv, m4, &wv[0], &wv[1]);
+            fp4_vals(q + 64 * jj + 32, kv, m4, &wv[2], &wv[3]);
+            fp4_vals(q2 + 64 * jj, kv, m4, &wv2[0], &wv2[1]);
+            fp4_vals(q2 + 64 * jj + 32, kv, m4, &wv2[2], &wv2[3]);
+            __m256i p = _mm256_madd_epi16(fp4_pair(wv, xh + xo, jj), khi);
+            __m256i p2 = _mm256_madd_epi16(fp4_pair(wv2, xh + xo, jj), khi);
+            if (x2) {
+                p = _mm256_add_epi32(p, _mm256_madd_epi16(fp4_pair(wv, xl + xo, jj), ones));
+                p2 = _mm256_add_epi32(p2, _mm256_madd_epi16(fp4_pair(wv2, xl + xo, jj), ones));
+            }
+            s = jj ? _mm256_add_epi32(s, p) : p;
+            s2 = jj ? _mm256_add_epi32(s2, p2) : p2;
+            PIN(s);
+            PIN(s2);
+        }
+        const __m256i off = _mm256_set1_epi32(BL_MXFP4_OFFSET * xsq[b]);
+        const __m256 dx = _mm256_set1_ps(xd[b]);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s, off)), _mm256_mul_ps(e8m0x8(ep + (size_t)b * 8), dx),
+                              acc);
+        acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s2, off)),
+                               _mm256_mul_ps(e8m0x8(ep2 + (size_t)b * 8), dx), acc2);
+    }
+    store8(o, acc, 8);
+    store8(o2, acc2, nvalid2);
+}
+
+AI void fp4(const int NT, const tile_args *A) { tile_fp4(0, NT, A); }
+AI void fp4x2(const int NT, const tile_args *A) { tile_fp4(1, NT, A); }
+TILES(fp4, UPTO4)
+TILES(fp4x2, UPTO3)
+static void fp4_g2(tile_args *A) { tile_fp4_g2(0, A); }
+static void fp4x2_g2(tile_args *A) { tile_fp4_g2(1, A); }
+
+/* Either layout: GGUF rows are interleaved 8 at a time into the thread's scratch first (run_tiles' pack) */
+void bl_mm_mxfp4_avx2(BL_MM_ARGS) {
+    const int x2 = w->act == BL_ACT_Q8X2;
+    uint8_t *pack = NULL;
+    if (w->layout == BL_LAYOUT_ROWS && !(pack = bl_thread_scratch(bl_i8_group_bytes(w->type, w->cols)))) {
+        bl_mm_mxfp4_scalar(w, xq, T, out, ldo, r0, r1); /* out of memory: the same bits, slowly */
+        return;
+    }
+    /* tokens per tile: 4 (3 with Q8X2), as Q8_0: each token holds an int32 sum besides its accumulator */
+    run_tiles(x2 ? fp4x2_tiles : fp4_tiles, x2 ? 3 : 4, x2 ? fp4x2_g2 : fp4_g2, BL_PF_BLOCKS, w, xq, T, NULL, out, ldo,
+              r0, r1, pack);
+}

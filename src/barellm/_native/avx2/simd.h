@@ -65,6 +65,15 @@ static inline __attribute__((always_inline)) __m256i lane_mask(int n) { /* lanes
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* MXFP4: the 8 E8M0 bytes at e (a block of 8 rows) as their scales 2^(e - 128), bl_e8m0_half's bits: (e - 1) << 23,
+ * or for e < 2 the subnormal 0x00200000 << e */
+static inline __attribute__((always_inline)) __m256 e8m0x8(const uint8_t *e) {
+    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)e));
+    const __m256i big = _mm256_slli_epi32(_mm256_sub_epi32(x, _mm256_set1_epi32(1)), 23);
+    const __m256i small = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), x);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(big, small, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), x)));
+}
+
 /* the first n (<= 8) floats of v to o */
 static inline __attribute__((always_inline)) void store8(float *o, __m256 v, int n) {
     if (n == 8) _mm256_storeu_ps(o, v);

@@ -42,6 +42,7 @@ const bl_kernel_table bl_tier_avx2 = {
         [BL_F16] = {[ROWS] = bl_mm_f16_avx2},
         SPLIT(Q4_0, q4_0), SPLIT(Q4_1, q4_1), SPLIT(Q8_0, q8_0),
         BOTH(Q5_0, q5_0), BOTH(Q3_K, q3_k), BOTH(Q4_K, q4_k), BOTH(Q5_K, q5_k), BOTH(Q6_K, q6_k),
+        BOTH(MXFP4, mxfp4),
     },
     .rmsnorm = bl_rmsnorm_avx2, .rope = bl_rope_avx2, .softmax = bl_softmax_avx2,
     .silu_mul = bl_silu_mul_avx2, .gelu_mul = bl_gelu_mul_avx2, .add = bl_add_avx2,

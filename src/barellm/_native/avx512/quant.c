@@ -1,5 +1,5 @@
-/* AVX-512 VNNI prefill kernels for Q4_0, Q4_1 and Q8_0 on the interleaved layout (SmolLM2's Q4_1 and Q8_0
- * weights), for both activation types. They read the avx2 tier's layout (quant_internal.h) and do its float
+/* AVX-512 VNNI prefill kernels for Q4_0, Q4_1, Q8_0 and MXFP4 on the interleaved layout (SmolLM2's Q4_1 and
+ * Q8_0 weights, gpt-oss's experts), for both activation types. They read the avx2 tier's layout (quant_internal.h) and do its float
  * work in its order, so their bits are the scalar path's; calls of fewer than PREFILL_MIN_T tokens (decode,
  * whose speed is the memory's) keep the avx2 tiles.
  *
@@ -11,6 +11,7 @@
  *
  * Exactness: every block's integer is the one avx2 forms before its conversion to float.
  *   Q4     the nibbles are u8 already; Q4_0's -8 offset is -8 * sq[b], as avx2 subtracts it.
+ *   MXFP4  the nibbles through vpshufb into kv + 12 (u8 <= 24), then as Q4_0 with -12 * sq[b], as avx2 does.
  *   Q8_0   vpdpbusd wants an unsigned operand and AVX-512BW has no vpsignb, so the scratch holds w + 128 and the
  *          block's integer starts at -128 * sq[b] (sq = sum q = 254 * sum hi + sum lo): |dot| <= 32 * 255 * 127,
  *          254 times that < 2^31, so nothing wraps.
@@ -24,6 +25,7 @@
 #include "quant_internal.h"
 #include "tier.h"
 #include "avx512/simd.h"
+#include "avx512/decode.h"
 
 #define AI static inline __attribute__((always_inline))
 #define PREFILL_MIN_T 8 /* as avx512/quant_kq.c: under it the avx2 tiles run */
@@ -32,9 +34,23 @@
 /* scratch per block of a pair: 8 vectors of 64 B (vector k: values 4k..4k+3 of the 16 rows) */
 #define VALS_BLOCK 512
 
-/* The pair's scratch: vals [nb][8] (64 B each), then d [nb] (16 f32), then (Q4_1) m [nb] (16 f32). */
+/* the E8M0 bytes of a block of 8 rows of group A then group B (NULL: zeros) as 16 scales 2^(e - 128)
+ * (bl_e8m0_half's bits) */
+AI __m512 e8m0x16(const uint8_t *a, const uint8_t *b) {
+    uint64_t ea, eb = 0;
+    memcpy(&ea, a, 8);
+    if (b) memcpy(&eb, b, 8);
+    const __m512i x = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)eb, (long long)ea));
+    const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(x, _mm512_set1_epi32(1)), 23);
+    const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), x);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(x, _mm512_set1_epi32(2)), big, small));
+}
+
+/* The pair's scratch: vals [nb][8] (64 B each), then d [nb] (16 f32), then (Q4_1) m [nb] (16 f32). MXFP4's
+ * values are kv + 12 (quant_internal.h), its d the E8M0 bytes' scales. */
 AI void unpack(const int type, const uint8_t *ga, const uint8_t *gb, const int nb, uint8_t *dst) {
     const __m512i m4 = _mm512_set1_epi8(15), k80 = _mm512_set1_epi8((char)0x80);
+    const __m512i kv = _mm512_broadcast_i32x4(_mm_setr_epi8(BL_MXFP4_KV12));
     const size_t qb = type == BL_Q8_0 ? 256 : 128; /* quant bytes of a block of 8 rows */
     float *d = (float *)(void *)(dst + (size_t)nb * VALS_BLOCK), *m = d + (size_t)nb * 16;
     for (int b = 0; b < nb; b++) {
@@ -47,9 +63,16 @@ AI void unpack(const int type, const uint8_t *ga, const uint8_t *gb, const int n
         } else { /* vector j's low nibbles are values 4j.., its high ones 16 + 4j.. */
             for (int j = 0; j < 4; j++) {
                 const __m512i v = pair32(qa + 32 * j, qbp ? qbp + 32 * j : NULL);
-                _mm512_store_si512((void *)(o + 64 * j), _mm512_and_si512(v, m4));
-                _mm512_store_si512((void *)(o + 64 * (4 + j)), _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+                __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (type == BL_MXFP4) lo = _mm512_shuffle_epi8(kv, lo), hi = _mm512_shuffle_epi8(kv, hi);
+                _mm512_store_si512((void *)(o + 64 * j), lo);
+                _mm512_store_si512((void *)(o + 64 * (4 + j)), hi);
             }
+        }
+        if (type == BL_MXFP4) {
+            const size_t eof = (size_t)nb * qb + (size_t)b * 8;
+            _mm512_store_ps(d + 16 * (size_t)b, e8m0x16(ga + eof, gb ? gb + eof : NULL));
+            continue;
         }
         const size_t dof = (size_t)nb * qb + (size_t)b * 16;
         _mm512_store_ps(d + 16 * (size_t)b, f16x16(ga + dof, gb ? gb + dof : NULL));
@@ -64,6 +87,7 @@ typedef void (*unpack_fn)(const uint8_t *ga, const uint8_t *gb, int nb, uint8_t 
 static void unpack_q4_0(const uint8_t *ga, const uint8_t *gb, int nb, uint8_t *d) { unpack(BL_Q4_0, ga, gb, nb, d); }
 static void unpack_q4_1(const uint8_t *ga, const uint8_t *gb, int nb, uint8_t *d) { unpack(BL_Q4_1, ga, gb, nb, d); }
 static void unpack_q8_0(const uint8_t *ga, const uint8_t *gb, int nb, uint8_t *d) { unpack(BL_Q8_0, ga, gb, nb, d); }
+static void unpack_mxfp4(const uint8_t *ga, const uint8_t *gb, int nb, uint8_t *d) { unpack(BL_MXFP4, ga, gb, nb, d); }
 
 /* The call's activations laid out again per tile of NT tokens and block, so that a tile reaches every operand
  * from one pointer at fixed offsets: with a pointer per token's row (two with Q8X2) the tile ran out of
@@ -116,7 +140,7 @@ AI void tile(const int type, const int x2, const int n, const tile_args *L) {
     __m512 acc[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < n; t++) acc[t] = _mm512_setzero_ps();
-    /* Q4_0's -8 * sq and Q8_0's -128 * sq (its weights stored + 128) */
+    /* Q4_0's -8 * sq, MXFP4's -12 * sq (its values stored + 12) and Q8_0's -128 * sq (its weights stored + 128) */
     const int corr = type != BL_Q4_1;
     const uint8_t *p = L->xt;
     for (int b = 0; b < nb; b++, p += blk) {
@@ -183,6 +207,8 @@ TILE_FNS(T80, BL_Q8_0, 0)
 TILE_FNS(T40X2, BL_Q4_0, 1)
 TILE_FNS(T41X2, BL_Q4_1, 1)
 TILE_FNS(T80X2, BL_Q8_0, 1)
+TILE_FNS(TFP4, BL_MXFP4, 0)
+TILE_FNS(TFP4X2, BL_MXFP4, 1)
 
 static void matmul(const unpack_fn unpack_pair, const tile_fn *fns, const tile_fn *fns_x2, const bl_matmul_fn fallback,
                    BL_MM_ARGS) {
@@ -199,7 +225,8 @@ static void matmul(const unpack_fn unpack_pair, const tile_fn *fns, const tile_f
         return;
     }
     uint8_t *xt = s + pair;
-    relay_act(xq, T, xb, nb, x2, type == BL_Q4_0 ? -8 : type == BL_Q8_0 ? -128 : 0, xt);
+    relay_act(xq, T, xb, nb, x2,
+              type == BL_Q4_0 ? -8 : type == BL_Q8_0 ? -128 : type == BL_MXFP4 ? -BL_MXFP4_OFFSET : 0, xt);
     const tile_fn *f = x2 ? fns_x2 : fns;
     for (int r = r0; r < r1; r += 16) {
         const uint8_t *ga = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
@@ -223,3 +250,10 @@ static void matmul(const unpack_fn unpack_pair, const tile_fn *fns, const tile_f
 void bl_mm_q4_0_avx512(BL_MM_ARGS) { matmul(unpack_q4_0, T40, T40X2, bl_mm_q4_0_avx2, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q4_1_avx512(BL_MM_ARGS) { matmul(unpack_q4_1, T41, T41X2, bl_mm_q4_1_avx2, w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q8_0_avx512(BL_MM_ARGS) { matmul(unpack_q8_0, T80, T80X2, bl_mm_q8_0_avx2, w, xq, T, out, ldo, r0, r1); }
+/* fewer tokens: avx512/decode_mxfp4.c's VNNI tiles; GGUF rows: the avx2 kernel */
+static void mxfp4_below(BL_MM_ARGS) {
+    if (w->layout == BL_LAYOUT_INTERLEAVE8) bl_decode_mxfp4_avx512(w, xq, T, out, ldo, r0, r1);
+    else bl_mm_mxfp4_avx2(w, xq, T, out, ldo, r0, r1);
+}
+
+void bl_mm_mxfp4_avx512(BL_MM_ARGS) { matmul(unpack_mxfp4, TFP4, TFP4X2, mxfp4_below, w, xq, T, out, ldo, r0, r1); }

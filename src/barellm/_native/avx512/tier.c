@@ -14,6 +14,7 @@ const bl_kernel_table bl_tier_avx512 = {
         [BL_Q6_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q6_k_avx512},
         [BL_Q5_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q5_k_avx512},
         [BL_Q3_K] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_q3_k_avx512},
+        [BL_MXFP4] = {[BL_LAYOUT_INTERLEAVE8] = bl_mm_mxfp4_avx512},
     },
     .attend = bl_attend_avx512,
 };

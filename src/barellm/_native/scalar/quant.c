@@ -59,18 +59,18 @@ void bl_act_q8x2_scalar(const float *x, int cols, uint8_t *row, int b0, int b1) 
 
 /* ---- quantized weights ---- */
 
-/* one block of Q4_0, Q4_1 or Q8_0 from either layout */
+/* one block of Q4_0, Q4_1, Q8_0 or MXFP4 from either layout */
 typedef struct {
-    uint8_t q[32];  /* GGUF order: Q8_0 int8[32]; Q4 16 bytes of nibbles */
+    uint8_t q[32];  /* GGUF order: Q8_0 int8[32]; Q4, MXFP4 16 bytes of nibbles */
     float d, m;
 } wblock;
 
 static void load_block(const bl_type_traits *t, const bl_matrix *w, int r, int b, wblock *o) {
     uint8_t buf[BL_MAX_BLOCK];
     const uint8_t *blk = bl_load_block(t, w, r, b, buf);
-    const int q41 = w->type == BL_Q4_1;
-    memcpy(o->q, blk + (q41 ? 4 : 2), w->type == BL_Q8_0 ? 32 : 16);
-    o->d = bl_f16_to_f32(bl_rd16(blk));
+    const int q41 = w->type == BL_Q4_1, fp4 = w->type == BL_MXFP4;
+    memcpy(o->q, blk + (q41 ? 4 : fp4 ? 1 : 2), w->type == BL_Q8_0 ? 32 : 16);
+    o->d = fp4 ? bl_e8m0_half(blk[0]) : bl_f16_to_f32(bl_rd16(blk));
     o->m = q41 ? bl_f16_to_f32(bl_rd16(blk + 2)) : 0.0f;
 }
 
@@ -87,6 +87,8 @@ static float dot_quant(const bl_type_traits *tr, const bl_matrix *w, int r, cons
         int32_t isum = 0;
         if (type == BL_Q8_0) {
             for (int i = 0; i < 32; i++) isum += (int32_t)(int8_t)wb.q[i] * qx[i];
+        } else if (type == BL_MXFP4) {
+            for (int i = 0; i < 16; i++) isum += bl_mxfp4_kv[wb.q[i] & 15] * qx[i] + bl_mxfp4_kv[wb.q[i] >> 4] * qx[i + 16];
         } else {
             for (int i = 0; i < 16; i++) isum += (wb.q[i] & 15) * qx[i] + (wb.q[i] >> 4) * qx[i + 16];
             if (type == BL_Q4_0) isum -= 8 * a.sq[b];
@@ -132,3 +134,4 @@ void bl_mm_f16_scalar(BL_MM_ARGS) { matmul(w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q4_0_scalar(BL_MM_ARGS) { matmul(w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q4_1_scalar(BL_MM_ARGS) { matmul(w, xq, T, out, ldo, r0, r1); }
 void bl_mm_q8_0_scalar(BL_MM_ARGS) { matmul(w, xq, T, out, ldo, r0, r1); }
+void bl_mm_mxfp4_scalar(BL_MM_ARGS) { matmul(w, xq, T, out, ldo, r0, r1); }

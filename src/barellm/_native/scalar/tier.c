@@ -20,7 +20,7 @@ const bl_kernel_table bl_tier_scalar = {
         [BL_F32] = {[ROWS] = bl_mm_f32_scalar},
         [BL_F16] = {[ROWS] = bl_mm_f16_scalar},
         BOTH(Q4_0, q4_0), BOTH(Q4_1, q4_1), BOTH(Q8_0, q8_0), BOTH(Q5_0, q5_0),
-        BOTH(Q3_K, q3_k), BOTH(Q4_K, q4_k), BOTH(Q5_K, q5_k), BOTH(Q6_K, q6_k),
+        BOTH(Q3_K, q3_k), BOTH(Q4_K, q4_k), BOTH(Q5_K, q5_k), BOTH(Q6_K, q6_k), BOTH(MXFP4, mxfp4),
     },
     .rmsnorm = bl_rmsnorm_scalar, .rope = bl_rope_scalar, .softmax = bl_softmax_scalar,
     .silu_mul = bl_silu_mul_scalar, .gelu_mul = bl_gelu_mul_scalar, .add = bl_add_scalar,
