@@ -296,6 +296,27 @@ def test_moe_results_independent_of_threads_chunks_and_batch(tiny_moe):
         assert np.array_equal(batched[:len(PROMPT)], alone)
 
 
+@pytest.mark.parametrize("expert_type", [8, 12])
+def test_moe_schedules_give_the_same_bits(expert_type, tmp_path):
+    """The moe op's schedules: up to 4 tokens a call (chunk 1, 4) one thread routes and converts them, more
+    (chunk 5, 64) are routed in parallel; with each expert's gate and up going whole to one thread (1 thread;
+    2 threads decoding 4 experts), that thread applies the activation right away, else (3, 4 threads; a few
+    experts over many threads) after a barrier; down goes by rows, split unevenly over 3 threads. 16
+    experts, 4 a token: every schedule gives the 1-thread, 64-token bits, alone or batched."""
+    dim, ffn = EXPERT_TYPES[expert_type]
+    src = GGUFFile(write_tiny_moe(tmp_path / "moe.gguf", expert_type, dim, ffn, n_experts=16, n_used=4, seed=3))
+    cfg = config_of(src)
+    alone = NativeEngine(cfg, src, n_ctx=64, threads=1, chunk=64).forward(PROMPT, 0, all_logits=True)
+    other = [7, 8, 9, 10, 11]
+    for threads in (1, 2, 3, 4):
+        for chunk in (64, 5, 4, 1):
+            e = NativeEngine(cfg, src, n_ctx=64, threads=threads, chunk=chunk, n_slots=2)
+            assert np.array_equal(e.forward(PROMPT, 0, all_logits=True), alone), (threads, chunk)
+            batched = e.forward_batch([(0, PROMPT, 0), (1, other, 0)], tails=[len(PROMPT), len(other)])
+            assert np.array_equal(batched[:len(PROMPT)], alone), (threads, chunk)
+    src.close()
+
+
 def test_greedy_output_independent_of_tier(tiny_moe):
     """Every kernel tier picks the same tokens (the matmuls give the scalar kernels' bits; the routing is
     plain C on every tier)."""

@@ -161,6 +161,20 @@ def test_weight_bytes_per_token_counts_layers_and_the_output_matrix():
     assert bench.model_size(src) == (1424, 1000 + 1 + 50 + 70 + 300)
 
 
+def test_weight_bytes_per_token_counts_a_tokens_experts_only():
+    """A mixture of experts: a token reads its experts' share of each stacked expert tensor (weights and
+    biases, experts first), all of the router and of the other tensors."""
+    T = SimpleNamespace
+    tensors = {"token_embd.weight": T(nbytes=1000, shape=(10, 100)), "output.weight": T(nbytes=300, shape=(10, 30)),
+               "blk.0.ffn_gate_inp.weight": T(nbytes=64, shape=(16, 4)),
+               "blk.0.ffn_up_exps.weight": T(nbytes=1600, shape=(16, 5, 20)),
+               "blk.0.ffn_down_exps.weight": T(nbytes=3200, shape=(16, 20, 5)),
+               "blk.0.ffn_down_exps.bias": T(nbytes=320, shape=(16, 5))}
+    src = SimpleNamespace(tensors=tensors)
+    assert bench.weight_bytes_per_token(src, experts_used=4) == 64 + 400 + 800 + 80 + 300
+    assert bench.weight_bytes_per_token(src) == 64 + 1600 + 3200 + 320 + 300   # dense counting: every expert
+
+
 def test_bench_table_and_roofline_columns():
     row = bench.make_row({"model": "m.gguf", "engine": "native", "threads": 2, "size_bytes": 2**20, "n_params": 10**6},
                          "tg128", 128, [100.0, 110.0, 90.0], None,

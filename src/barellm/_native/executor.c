@@ -308,43 +308,6 @@ static void moe_route(const bl_moe *m, const float *l, int32_t *choice, float *w
     for (int k = 0; k < m->n_used; k++) weight[k] = (float)(exp((double)l[choice[k]] - top) / sum);
 }
 
-/* The matmuls of every expert that has pairs, split over threads by (expert, chunk of rows): rows_per rows
- * of each expert, taken from `first` (its rows [0, split)) and `second` (the rest, output columns from split
- * on; NULL: none), each of the expert's pairs' vectors xq[j] giving out[j]. */
-static void moe_matmuls(const bl_moe *m, const int32_t *start, int tid, int nth, const bl_matrix *first,
-                        const bl_matrix *second, int split, const char *xq, size_t xq_stride, const char *xq2,
-                        size_t xq2_stride, float *out, size_t ldo) {
-    const int rows_per = second ? 2 * split : split, pairs = start[m->n_experts];
-    int active = 0;
-    for (int e = 0; e < m->n_experts; e++) active += start[e + 1] > start[e];
-    int A = bl_matmul_row_align(first);
-    if (second && bl_matmul_row_align(second) > A) A = bl_matmul_row_align(second);
-    /* as op_matmul: 2 chunks per thread when the experts' weights are a stream from memory, else 8 */
-    const int per = pairs <= 4 * m->n_used ? 2 : 8, want = (active * rows_per + per * nth - 1) / (per * nth);
-    int CH = want > A ? (want + A - 1) / A * A : A;
-    if (CH > rows_per) CH = rows_per;
-    const int per_expert = (rows_per + CH - 1) / CH;
-    int i0, i1;
-    bl_split(active * per_expert, 1, tid, nth, &i0, &i1);
-    for (int e = 0, item = 0; e < m->n_experts && item < i1; e++) {
-        const int n = start[e + 1] - start[e];
-        if (!n) continue;
-        for (int c = 0; c < per_expert; c++, item++) {
-            if (item < i0 || item >= i1) continue;
-            const int r0 = c * CH, r1 = r0 + CH < rows_per ? r0 + CH : rows_per, j = start[e];
-            if (r0 < split) {
-                const bl_matrix w = bl_moe_expert(first, split, e);
-                bl_matmul(&w, xq + (size_t)j * xq_stride, n, out + (size_t)j * ldo, ldo, r0, r1 < split ? r1 : split);
-            }
-            if (second && r1 > split) {
-                const bl_matrix w = bl_moe_expert(second, split, e);
-                bl_matmul(&w, xq2 + (size_t)j * xq2_stride, n, out + (size_t)j * ldo + split, ldo,
-                          r0 > split ? r0 - split : 0, r1 - split);
-            }
-        }
-    }
-}
-
 /* g[0, n) = act(g[0, n), u = g[n, 2n)) in place; gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai, alpha 1.702,
  * limit 7) in plain C, the others by the tier's kernels */
 static void moe_act(int act, float *g, int n) {
@@ -357,19 +320,135 @@ static void moe_act(int act, float *g, int n) {
         }
 }
 
+/* Pairs [j0, j1) (each of expert pair_expert[j]): (the biases,) act(gate) * up over the gate half of their
+ * products, converted for down. */
+static void moe_act_pairs(const bl_moe *m, const int32_t *pair_expert, int j0, int j1) {
+    const int F = m->ffn;
+    for (int j = j0; j < j1; j++) {
+        float *g = m->gu + (size_t)j * m->gu_stride;
+        const size_t e = (size_t)pair_expert[j];
+        if (m->gate_bias) bl_add(g, m->gate_bias + e * F, F);
+        if (m->up_bias) bl_add(g + F, m->up_bias + e * F, F);
+        moe_act(m->act, g, F);
+        bl_quantize_act(&m->down, g, m->gu_stride, 1, (char *)m->aq + (size_t)j * m->aq_stride);
+    }
+}
+
+/* Gate and up of every expert that has pairs, split over threads by (expert, chunk of its 2 ffn rows: gate's,
+ * then up's), each pair's converted input giving its products in gu. Returns whether each expert went whole
+ * to one thread, which then also ran moe_act_pairs over its pairs (so no other thread waits for them). */
+static int moe_gate_up(const bl_moe *m, const int32_t *start, const int32_t *pair_expert, int tid, int nth) {
+    const int F = m->ffn, rows_per = 2 * F, pairs = start[m->n_experts];
+    int active = 0;
+    for (int e = 0; e < m->n_experts; e++) active += start[e + 1] > start[e];
+    int A = bl_matmul_row_align(&m->gate);
+    if (bl_matmul_row_align(&m->up) > A) A = bl_matmul_row_align(&m->up);
+    /* as op_matmul: 2 chunks per thread when the experts' weights are a stream from memory, else 8 */
+    const int per = pairs <= 4 * m->n_used ? 2 : 8, want = (active * rows_per + per * nth - 1) / (per * nth);
+    int CH = want > A ? (want + A - 1) / A * A : A;
+    if (CH > rows_per) CH = rows_per;
+    const int per_expert = (rows_per + CH - 1) / CH, whole = per_expert == 1;
+    const char *xu = m->xg_up ? m->xg_up : m->xg;
+    const size_t xu_stride = m->xg_up ? m->xg_up_stride : m->xg_stride;
+    int i0, i1;
+    bl_split(active * per_expert, 1, tid, nth, &i0, &i1);
+    for (int e = 0, item = 0; e < m->n_experts && item < i1; e++) {
+        const int n = start[e + 1] - start[e], j = start[e];
+        if (!n) continue;
+        const int ran = item >= i0; /* (whole: this expert's one item is this thread's) */
+        for (int c = 0; c < per_expert; c++, item++) {
+            if (item < i0 || item >= i1) continue;
+            const int r0 = c * CH, r1 = r0 + CH < rows_per ? r0 + CH : rows_per;
+            float *out = m->gu + (size_t)j * m->gu_stride;
+            if (r0 < F) {
+                const bl_matrix w = bl_moe_expert(&m->gate, F, e);
+                bl_matmul(&w, (const char *)m->xg + (size_t)j * m->xg_stride, n, out, m->gu_stride, r0, r1 < F ? r1 : F);
+            }
+            if (r1 > F) {
+                const bl_matrix w = bl_moe_expert(&m->up, F, e);
+                bl_matmul(&w, xu + (size_t)j * xu_stride, n, out + F, m->gu_stride, r0 > F ? r0 - F : 0, r1 - F);
+            }
+        }
+        if (whole && ran) moe_act_pairs(m, pair_expert, j, j + n);
+    }
+    return whole;
+}
+
+/* Down of every expert that has pairs, and each token's weighted sum of its experts' outputs, over this
+ * thread's share of the output rows: each thread takes the same rows of every expert, so that the sums of
+ * its columns need no other thread's results (no barrier), and the threads' shares are equal whatever the
+ * experts' numbers of pairs. A token's experts are summed in the order they were chosen. */
+static void moe_down(const bl_op *op, const bl_moe *m, const int32_t *start, int T, int tid, int nth) {
+    const int K = m->n_used, n = op->n, A = bl_matmul_row_align(&m->down);
+    const int32_t *pair_of = m->index + m->n_experts + 1 + (size_t)T * K;
+    int g0, g1;
+    bl_split((n + A - 1) / A, 1, tid, nth, &g0, &g1);
+    const int r0 = g0 * A, r1 = g1 * A < n ? g1 * A : n;
+    if (r0 >= r1) return;
+    for (int e = 0; e < m->n_experts; e++) {
+        const int np = start[e + 1] - start[e], j = start[e];
+        if (!np) continue;
+        const bl_matrix w = bl_moe_expert(&m->down, n, e);
+        bl_matmul(&w, (const char *)m->aq + (size_t)j * m->aq_stride, np, m->y + (size_t)j * m->y_stride, m->y_stride,
+                  r0, r1);
+    }
+    for (int t = 0; t < T; t++) {
+        float *out = op->out + (size_t)t * op->out_stride;
+        for (int k = 0; k < K; k++) {
+            const float w = m->weight[(size_t)t * K + k];
+            float *y = m->y + (size_t)pair_of[(size_t)t * K + k] * m->y_stride;
+            if (m->down_bias) bl_add(y + r0, m->down_bias + (size_t)m->choice[(size_t)t * K + k] * n + r0, r1 - r0);
+            if (k == 0)
+                for (int i = r0; i < r1; i++) out[i] = w * y[i];
+            else
+                for (int i = r0; i < r1; i++) out[i] += w * y[i];
+        }
+        if (op->res) bl_add(op->res + (size_t)t * op->res_stride + r0, out + r0, r1 - r0);
+    }
+}
+
+/* Tokens [t0, t1)'s inputs converted for gate (and up), once a token, into the rows of each of its pairs. */
+static void moe_convert(const bl_op *op, const bl_moe *m, const int32_t *pair_of, int t0, int t1) {
+    const int K = m->n_used;
+    const size_t gb = bl_act_row_bytes(&m->gate, m->gate.cols), ub = m->xg_up ? bl_act_row_bytes(&m->up, m->up.cols) : 0;
+    for (int t = t0; t < t1; t++) {
+        const float *x = op->x + (size_t)t * op->x_stride;
+        const int32_t *pj = pair_of + (size_t)t * K;
+        char *g = (char *)m->xg + (size_t)pj[0] * m->xg_stride;
+        bl_quantize_act(&m->gate, x, op->x_stride, 1, g);
+        for (int k = 1; k < K; k++) memcpy((char *)m->xg + (size_t)pj[k] * m->xg_stride, g, gb);
+        if (m->xg_up) {
+            char *u = (char *)m->xg_up + (size_t)pj[0] * m->xg_up_stride;
+            bl_quantize_act(&m->up, x, op->x_stride, 1, u);
+            for (int k = 1; k < K; k++) memcpy((char *)m->xg_up + (size_t)pj[k] * m->xg_up_stride, u, ub);
+        }
+    }
+}
+
+/* Up to this many tokens, one thread routes, groups and converts them (a few microseconds a token) while the
+ * others wait at one barrier, instead of three barriers between phases of a token or so each (decode). */
+#define MOE_SOLO_T 4
+
 static void op_moe(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned seq) {
     (void)seq;
     const bl_moe *m = &op->moe;
-    const int T = p->T, K = m->n_used, E = m->n_experts, P = T * K, F = m->ffn;
+    const int T = p->T, K = m->n_used, E = m->n_experts, P = T * K;
     int32_t *start = m->index, *pair_token = m->index + E + 1, *pair_of = pair_token + P, *pair_expert = pair_of + P;
+    const int solo = T <= MOE_SOLO_T;
     int a, b;
     /* route each token */
-    bl_split(T, 1, tid, nth, &a, &b);
-    for (int t = a; t < b; t++)
-        moe_route(m, m->logits + (size_t)t * m->logits_stride, m->choice + (size_t)t * K, m->weight + (size_t)t * K);
-    bl_pool_barrier(p->pool, tid);
+    if (!solo) {
+        bl_split(T, 1, tid, nth, &a, &b);
+        for (int t = a; t < b; t++)
+            moe_route(m, m->logits + (size_t)t * m->logits_stride, m->choice + (size_t)t * K, m->weight + (size_t)t * K);
+        bl_pool_barrier(p->pool, tid);
+    }
     /* group the pairs by expert, each expert's in token order (T * n_used steps: one thread) */
     if (tid == 0) {
+        if (solo)
+            for (int t = 0; t < T; t++)
+                moe_route(m, m->logits + (size_t)t * m->logits_stride, m->choice + (size_t)t * K,
+                          m->weight + (size_t)t * K);
         memset(start, 0, sizeof(int32_t) * (E + 1));
         for (int i = 0; i < P; i++) start[m->choice[i] + 1]++;
         for (int e = 0; e < E; e++) start[e + 1] += start[e];
@@ -381,48 +460,22 @@ static void op_moe(const bl_plan *p, const bl_op *op, int tid, int nth, unsigned
             pair_of[i] = j;
             pair_expert[j] = m->choice[i];
         }
+        if (solo) moe_convert(op, m, pair_of, 0, T);
     }
     bl_pool_barrier(p->pool, tid);
-    /* each pair's input, converted for gate and up */
-    bl_split(P, 1, tid, nth, &a, &b);
-    for (int j = a; j < b; j++) {
-        const float *x = op->x + (size_t)pair_token[j] * op->x_stride;
-        bl_quantize_act(&m->gate, x, op->x_stride, 1, (char *)m->xg + (size_t)j * m->xg_stride);
-        if (m->xg_up) bl_quantize_act(&m->up, x, op->x_stride, 1, (char *)m->xg_up + (size_t)j * m->xg_up_stride);
+    if (!solo) {
+        bl_split(T, 1, tid, nth, &a, &b);
+        moe_convert(op, m, pair_of, a, b);
+        bl_pool_barrier(p->pool, tid);
     }
-    bl_pool_barrier(p->pool, tid);
     bl_shared_stream = nth > 1;
-    moe_matmuls(m, start, tid, nth, &m->gate, &m->up, F, m->xg, m->xg_stride, m->xg_up ? m->xg_up : m->xg,
-                m->xg_up ? m->xg_up_stride : m->xg_stride, m->gu, m->gu_stride);
-    bl_pool_barrier(p->pool, tid);
-    /* (the biases,) act(gate) * up, over the gate half, converted for down */
-    bl_split(P, 1, tid, nth, &a, &b);
-    for (int j = a; j < b; j++) {
-        float *g = m->gu + (size_t)j * m->gu_stride;
-        const size_t e = (size_t)pair_expert[j];
-        if (m->gate_bias) bl_add(g, m->gate_bias + e * F, F);
-        if (m->up_bias) bl_add(g + F, m->up_bias + e * F, F);
-        moe_act(m->act, g, F);
-        bl_quantize_act(&m->down, g, m->gu_stride, 1, (char *)m->aq + (size_t)j * m->aq_stride);
+    if (!moe_gate_up(m, start, pair_expert, tid, nth)) {
+        bl_pool_barrier(p->pool, tid);
+        bl_split(P, 1, tid, nth, &a, &b);
+        moe_act_pairs(m, pair_expert, a, b);
     }
     bl_pool_barrier(p->pool, tid);
-    moe_matmuls(m, start, tid, nth, &m->down, NULL, op->n, m->aq, m->aq_stride, NULL, 0, m->y, m->y_stride);
-    bl_pool_barrier(p->pool, tid);
-    /* each token's weighted sum, its experts in the order they were chosen */
-    bl_split(T, 1, tid, nth, &a, &b);
-    for (int t = a; t < b; t++) {
-        float *out = op->out + (size_t)t * op->out_stride;
-        for (int k = 0; k < K; k++) {
-            const float w = m->weight[(size_t)t * K + k];
-            float *y = m->y + (size_t)pair_of[(size_t)t * K + k] * m->y_stride;
-            if (m->down_bias) bl_add(y, m->down_bias + (size_t)m->choice[(size_t)t * K + k] * op->n, op->n);
-            if (k == 0)
-                for (int i = 0; i < op->n; i++) out[i] = w * y[i];
-            else
-                for (int i = 0; i < op->n; i++) out[i] += w * y[i];
-        }
-        if (op->res) bl_add(op->res + (size_t)t * op->res_stride, out, op->n);
-    }
+    moe_down(op, m, start, T, tid, nth);
 }
 
 /* The dispatch, from the op table (executor.h): OP_RUN[kind] is op_<name>. */

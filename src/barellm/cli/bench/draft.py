@@ -144,7 +144,7 @@ def cmd_bench_draft(args: argparse.Namespace) -> int:
         if args.roofline:
             bw, _ = (args.bandwidth * 1e9, "given") if args.bandwidth else measure_bandwidth(nt)
             for r in got:
-                r.limit_tps = bw / weight_bytes_per_token(model.source)
+                r.limit_tps = bw / weight_bytes_per_token(model.source, model.config.n_experts_used)
         rows += got
         del model
     if args.json:
