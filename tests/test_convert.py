@@ -438,7 +438,7 @@ def test_native_engine_reads_the_blm_as_it_reads_the_gguf(tiny_gguf, tmp_path):
         cfg = config_from_metadata(f.metadata, f.tensors["token_embd.weight"].shape[0], False)
         e = engine.NativeEngine(cfg, f, n_ctx=64, threads=1)
         assert np.array_equal(e.forward(IDS, 0, all_logits=True), ref)
-        data = e._matrix(("blk.0.attn_output.weight",))[0][4]
+        data = e.weights.matrix(("blk.0.attn_output.weight",))[0][4]
         assert np.shares_memory(data, f.stored("blk.0.attn_output.weight"))
         del e, data
         # and a reader of rows is refused clearly, never handed repacked bytes as rows
