@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import barellm
+from barellm.__main__ import main
 from barellm.arch.config import config_from_metadata
 from barellm.arch.llama import ReferenceEngine
-from barellm.cli import main
 from barellm.errors import FormatError
 from barellm.formats import quant
 from barellm.formats.blm import LAYOUT_INTERLEAVE8, LAYOUT_ROWS, BLMFile, verify
@@ -572,7 +572,7 @@ def test_default_model_blm_logits_bit_identical_to_gguf(smollm_gguf, tmp_path):
 def test_convert_killed_mid_write_leaves_nothing_that_loads(smollm_gguf, tmp_path):
     out = tmp_path / "killed.blm"
     # requantizing makes the write take seconds, so there is a window to kill it in
-    proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "convert", str(smollm_gguf), "-o", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "barellm", "convert", str(smollm_gguf), "-o", str(out),
                              "--type", "q8_0", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     try:
@@ -593,7 +593,7 @@ def test_convert_killed_mid_write_leaves_nothing_that_loads(smollm_gguf, tmp_pat
         with pytest.raises(FormatError, match="not a barellm .blm file"):
             BLMFile(p)
     # ... and the next convert into that directory removes it
-    subprocess.run([sys.executable, "-m", "barellm.cli", "convert", str(smollm_gguf), "-o", str(out), "-q"],
+    subprocess.run([sys.executable, "-m", "barellm", "convert", str(smollm_gguf), "-o", str(out), "-q"],
                    check=True, stdout=subprocess.DEVNULL)
     assert not list(tmp_path.glob(".*.tmp"))
     assert BLMFile(out).tensors

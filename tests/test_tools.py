@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import barellm
+from barellm.__main__ import main
 from barellm.arch import reference_engine
-from barellm.cli import bench, debug, kld, main, perplexity
+from barellm.cli import bench, debug, kld, perplexity
 from barellm.errors import InvalidRequest
 
 from conftest import DATA, load_data

@@ -300,12 +300,12 @@ async def pull(request: Request) -> Response:
 @_ollama
 async def delete(request: Request) -> Response:
     """Removes a model from the cache (unloading it first); one in use is refused, 409."""
-    from barellm.cli.commands import remove_model
     from barellm.store import catalog, hub
 
     server = request.app.state.server
     body = schemas.parse(DeleteRequest, await read_body(request, server.max_body))
     cand = server.models.resolve(_name(body))
+    from barellm.store.removal import remove_model
     if cand.fixed:
         raise ApiError(400, f"model {cand.name!r} was handed to this server in memory; it cannot delete it")
     if cand.preset is not None:   # the preset alone: its model stays
