@@ -18,7 +18,10 @@ import barellm
 from barellm.cli.chat_repl import ChatSession, PlainReader, ctrl_c_sets, read_message, stream_reply
 
 import tiny_model
+from conftest import in_own_home
 from tiny_model import write_tiny_llama
+
+OWN_MODELS = ("tiny_path", "base_path")   # models this module writes: their tests run in their own cache (conftest)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +48,9 @@ def base_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_path):
-    return barellm.load(tiny_path, context=256)
+def tiny(tiny_path, scratch_home):
+    with in_own_home(scratch_home):
+        return barellm.load(tiny_path, context=256)
 
 
 class Script:

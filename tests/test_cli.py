@@ -22,6 +22,9 @@ from tiny_model import write_tiny_llama
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 
+OWN_MODELS = ("tiny", "tiny_instruct")   # models this module writes: their tests run in their own cache (conftest)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     # a base model (no chat template): `run` continues its prompt, printed first

@@ -388,6 +388,9 @@ def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
 # --- GGUF ------------------------------------------------------------------------------------------------
 
 
+OWN_MODELS = ("tiny_gguf",)   # the model this module writes: its tests run in their own cache (conftest)
+
+
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")

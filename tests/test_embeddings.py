@@ -15,6 +15,8 @@ from barellm.errors import InvalidRequest
 
 from tiny_model import write_tiny_llama
 
+OWN_MODELS = ("tiny_path",)   # the model this module writes: its tests run in their own cache (conftest)
+
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -38,6 +38,9 @@ PROMPTS = [
 ]
 
 
+OWN_MODELS = ("tiny_path",)   # the model this module writes: its tests run in their own cache (conftest)
+
+
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", tied=False, ctx=1024)
