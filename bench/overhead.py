@@ -82,7 +82,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", args.model, "-t", str(args.threads),
+    proc = subprocess.Popen([sys.executable, "-m", "barellm", "serve", args.model, "-t", str(args.threads),
                              "--context", "1024", "--slots", "1", "--port", str(port), "--log-level", "warning"])
     while True:
         try:

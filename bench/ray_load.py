@@ -143,7 +143,7 @@ def main() -> int:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
-    base = [sys.executable, "-m", "barellm.cli", "serve", args.model, "--context", str(args.context),
+    base = [sys.executable, "-m", "barellm", "serve", args.model, "--context", str(args.context),
             "--activations", args.activations, "--queue", "1024", "--log-level", "warning"]
     rows = []
     if not args.skip_single:

@@ -160,7 +160,7 @@ def main() -> int:
     pid = args.pid
     if url is None:
         port = free_port()
-        cmd = [sys.executable, "-m", "barellm.cli", "serve", *([args.model] if args.model else []),
+        cmd = [sys.executable, "-m", "barellm", "serve", *([args.model] if args.model else []),
                "--engine", args.engine, "--activations", args.activations, "--slots", str(args.slots),
                "--context", str(args.context),
                "--port", str(port), "--queue", "1024", "--log-level", "warning",

@@ -101,7 +101,7 @@ def many(url: str, body: dict, clients: int) -> float:
 
 
 def bench_tg(model: str, n: int, threads: int) -> float:
-    out = subprocess.run([sys.executable, "-m", "barellm.cli", "bench", model, "-p", "0", "-n", str(n), "-t",
+    out = subprocess.run([sys.executable, "-m", "barellm", "bench", model, "-p", "0", "-n", str(n), "-t",
                           str(threads), "-r", "3", "--json"], capture_output=True, text=True, check=True).stdout
     return float(json.loads(out)[0]["tps"]["median"])
 
@@ -135,7 +135,7 @@ def main() -> None:
         port = free_port()
         log = open(f"/tmp/barellm-serve-{port}.log", "w")
         logs.append(log)
-        proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", args.model, "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "barellm", "serve", args.model, "--port", str(port),
                                  "-t", str(args.threads), "--slots", str(args.slots), "-c", str(args.context)],
                                 stdout=log, stderr=subprocess.STDOUT)
         servers["barellm"] = (f"http://127.0.0.1:{port}", proc)

@@ -59,7 +59,7 @@ def run_llama_bench(exe: str, gguf: Path, test: str, n: int, depth: int, threads
 
 def run_barellm(model: str, test: str, n: int, depth: int, threads: int, isa: str = "",
                 kv: str = "f16") -> tuple[float, dict]:
-    args = [sys.executable, "-m", "barellm.cli", "bench", model, "-t", str(threads), "-r", "1", "--json",
+    args = [sys.executable, "-m", "barellm", "bench", model, "-t", str(threads), "-r", "1", "--json",
             "--roofline", "--kv-type", kv]
     env = dict(os.environ, BARELLM_ISA=isa) if isa else None
     args += ["-p", str(n), "-n", "0"] if test == "pp" else ["-p", "0", "-n", str(n)]

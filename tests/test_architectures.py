@@ -91,7 +91,7 @@ def test_unsupported_file_refused_before_conversion(tmp_path):
                                   "gpt-oss-tiny", "gpt-oss-mxfp4-tiny"])
 def test_new_rows_run_by_path(name, capsys, monkeypatch, tmp_path):
     """`barellm run FILE.gguf` on the newer rows: the native engine's greedy continuation is the reference's."""
-    from barellm.cli import main
+    from barellm.__main__ import main
 
     monkeypatch.setenv("BARELLM_HOME", str(tmp_path))
     outs = []

@@ -18,7 +18,10 @@ import barellm
 from barellm.cli.chat_repl import ChatSession, PlainReader, ctrl_c_sets, read_message, stream_reply
 
 import tiny_model
+from conftest import in_own_home
 from tiny_model import write_tiny_llama
+
+OWN_MODELS = ("tiny_path", "base_path")   # models this module writes: their tests run in their own cache (conftest)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +48,9 @@ def base_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_path):
-    return barellm.load(tiny_path, context=256)
+def tiny(tiny_path, scratch_home):
+    with in_own_home(scratch_home):
+        return barellm.load(tiny_path, context=256)
 
 
 class Script:
@@ -279,7 +283,7 @@ def _spawn(model_path, *args: str, plain: bool = False):
     env = dict(os.environ, PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm", PYTHONUNBUFFERED="1")
     # with prompt_toolkit hidden, its import fails as if it were not installed
     code = "import sys; " + ("sys.modules['prompt_toolkit'] = None; " if plain else "") + \
-        "from barellm.cli import main; sys.exit(main(sys.argv[1:]))"
+        "from barellm.__main__ import main; sys.exit(main(sys.argv[1:]))"
     # Ctrl-C as at a terminal, whatever this run inherited: started in the background (`cmd &` in a script)
     # the runner ignores SIGINT, its children would too, and input() would never see the Ctrl-C
     child = pexpect.spawn(sys.executable, ["-c", code, "chat", str(model_path), "--temperature", "0", *args],
@@ -429,7 +433,7 @@ def test_a_reply_on_a_terminal_is_rendered_and_wrapped_and_a_piped_one_is_plain(
     """`run` on a terminal 60 columns wide: Markdown rendered in colour (code highlighted, fences and
     backticks gone) and the prose wrapped between words; piped, the model's text byte for byte."""
     question = "Write a Python function that adds two numbers."
-    argv = ["-m", "barellm.cli", "run", question, "-n", "120", "--temperature", "0"]
+    argv = ["-m", "barellm", "run", question, "-n", "120", "--temperature", "0"]
     env = dict(os.environ, TERM="xterm")
     env.pop("NO_COLOR", None)
     piped = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120, env=env).stdout

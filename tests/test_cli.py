@@ -13,13 +13,16 @@ from pathlib import Path
 import pytest
 
 import barellm
-from barellm.cli import build_parser, command_parsers, main, parse_args
+from barellm.__main__ import build_parser, command_parsers, main, parse_args
 from barellm.cli.commands import is_model
 from barellm.store import hub
 
 from tiny_model import write_tiny_llama
 
 SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+OWN_MODELS = ("tiny", "tiny_instruct")   # models this module writes: their tests run in their own cache (conftest)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +67,7 @@ def test_run_asks_an_instruct_model_and_says_why_a_reply_is_empty(smollm_gguf):
     """SmolLM2-Instruct answers a question; continued as plain text, the question meets its end token at once,
     which a note explains instead of a silent exit."""
     def run(*extra):
-        return subprocess.run([sys.executable, "-m", "barellm.cli", "run", "smollm2-135m", "What is the capital of "
+        return subprocess.run([sys.executable, "-m", "barellm", "run", "smollm2-135m", "What is the capital of "
                                "France?", "-n", "32", "--temperature", "0", *extra], capture_output=True, text=True,
                               timeout=120, env={**os.environ, "PYTHONPATH": str(SRC)})
 
@@ -85,7 +88,7 @@ def test_run_same_seed_same_output(tiny, capsys):
 
 
 def test_chat_reads_turns_from_stdin(tiny):
-    r = subprocess.run([sys.executable, "-m", "barellm.cli", "chat", tiny, "-n", "4", "--engine", "reference",
+    r = subprocess.run([sys.executable, "-m", "barellm", "chat", tiny, "-n", "4", "--engine", "reference",
                         "--temperature", "0"], input="hello\n/reset\nagain\n", capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
@@ -150,7 +153,7 @@ def test_a_prompt_the_model_refuses_is_not_echoed(tiny, capsys):
 
 
 def test_bad_flag_is_a_usage_error():
-    r = subprocess.run([sys.executable, "-m", "barellm.cli", "run", "--no-such-flag"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "barellm", "run", "--no-such-flag"], capture_output=True, text=True)
     assert r.returncode == 2 and "usage:" in r.stderr
 
 
@@ -231,7 +234,7 @@ def test_run_dash_reads_the_prompt_from_stdin(tiny, capsys, monkeypatch):
 
 
 def test_run_a_model_without_a_prompt_opens_the_chat(tiny):
-    r = subprocess.run([sys.executable, "-m", "barellm.cli", "run", tiny, "-n", "4", "--temperature", "0"],
+    r = subprocess.run([sys.executable, "-m", "barellm", "run", tiny, "-n", "4", "--temperature", "0"],
                        input="hello\n/show history\n/bye\nnot read\n", capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert tiny not in r.stdout                      # the name is not taken for the prompt

@@ -28,7 +28,7 @@ def _free_port() -> int:
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "BARELLM_HOME": str(home), "PYTHONPATH": SRC}
     env.pop("BARELLM_API_KEY", None)
-    return subprocess.run([sys.executable, "-m", "barellm.cli", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "barellm", *args], env=env, capture_output=True, text=True,
                           timeout=300)
 
 
@@ -45,7 +45,7 @@ def served(tmp_path_factory, tiny: Path) -> Iterator[tuple[Path, str]]:
     port = str(_free_port())
     env = {**os.environ, "BARELLM_HOME": str(home), "PYTHONPATH": SRC}
     env.pop("BARELLM_API_KEY", None)
-    proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", str(tiny), "--port", port,
+    proc = subprocess.Popen([sys.executable, "-m", "barellm", "serve", str(tiny), "--port", port,
                              "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     try:
@@ -99,7 +99,7 @@ def test_show_describes_a_model_file(tiny: Path, tmp_path: Path) -> None:
 
 @pytest.mark.model
 def test_show_names_the_quantization_as_llama_cpp_does(qwen05_gguf: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "barellm.cli", "show", "qwen2.5-coder-0.5b"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "barellm", "show", "qwen2.5-coder-0.5b"], capture_output=True,
                        text=True, timeout=120, env={**os.environ, "PYTHONPATH": SRC})
     assert r.returncode == 0, r.stderr
     assert re.search(r"^    quantization {8}Q4_K_M$", r.stdout, re.M)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import barellm
+from barellm.__main__ import main
 from barellm.arch.config import config_from_metadata
 from barellm.arch.llama import ReferenceEngine
-from barellm.cli import main
 from barellm.errors import FormatError
 from barellm.formats import quant
 from barellm.formats.blm import LAYOUT_INTERLEAVE8, LAYOUT_ROWS, BLMFile, verify
@@ -388,6 +388,9 @@ def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
 # --- GGUF ------------------------------------------------------------------------------------------------
 
 
+OWN_MODELS = ("tiny_gguf",)   # the model this module writes: its tests run in their own cache (conftest)
+
+
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
@@ -438,7 +441,7 @@ def test_native_engine_reads_the_blm_as_it_reads_the_gguf(tiny_gguf, tmp_path):
         cfg = config_from_metadata(f.metadata, f.tensors["token_embd.weight"].shape[0], False)
         e = engine.NativeEngine(cfg, f, n_ctx=64, threads=1)
         assert np.array_equal(e.forward(IDS, 0, all_logits=True), ref)
-        data = e._matrix(("blk.0.attn_output.weight",))[0][4]
+        data = e.weights.matrix(("blk.0.attn_output.weight",))[0][4]
         assert np.shares_memory(data, f.stored("blk.0.attn_output.weight"))
         del e, data
         # and a reader of rows is refused clearly, never handed repacked bytes as rows
@@ -572,7 +575,7 @@ def test_default_model_blm_logits_bit_identical_to_gguf(smollm_gguf, tmp_path):
 def test_convert_killed_mid_write_leaves_nothing_that_loads(smollm_gguf, tmp_path):
     out = tmp_path / "killed.blm"
     # requantizing makes the write take seconds, so there is a window to kill it in
-    proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "convert", str(smollm_gguf), "-o", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "barellm", "convert", str(smollm_gguf), "-o", str(out),
                              "--type", "q8_0", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     try:
@@ -593,7 +596,7 @@ def test_convert_killed_mid_write_leaves_nothing_that_loads(smollm_gguf, tmp_pat
         with pytest.raises(FormatError, match="not a barellm .blm file"):
             BLMFile(p)
     # ... and the next convert into that directory removes it
-    subprocess.run([sys.executable, "-m", "barellm.cli", "convert", str(smollm_gguf), "-o", str(out), "-q"],
+    subprocess.run([sys.executable, "-m", "barellm", "convert", str(smollm_gguf), "-o", str(out), "-q"],
                    check=True, stdout=subprocess.DEVNULL)
     assert not list(tmp_path.glob(".*.tmp"))
     assert BLMFile(out).tensors

@@ -15,6 +15,8 @@ from barellm.errors import InvalidRequest
 
 from tiny_model import write_tiny_llama
 
+OWN_MODELS = ("tiny_path",)   # the model this module writes: its tests run in their own cache (conftest)
+
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -26,7 +28,7 @@ def test_hidden_states_are_what_the_logits_are_made_of(tiny_path: Path) -> None:
         m = barellm.load(tiny_path, engine=engine, slots=2)
         ids = m.tokenize("the cat in the hat")
         h = m.engine.hidden_batch([(0, ids, 0)])
-        w = m.engine.output if engine == "reference" else m.engine._dequant("output.weight")
+        w = m.engine.output if engine == "reference" else m.engine.weights.dequant("output.weight")
         assert h.shape == (len(ids), m.config.dim)
         np.testing.assert_allclose(h @ w.T, m.logits(ids), rtol=2e-3, atol=2e-3 * float(np.abs(h @ w.T).max()))
         last = m.engine.hidden_batch([(0, ids, 0), (1, ids[:3], 0)], last_only=True)

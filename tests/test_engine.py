@@ -111,7 +111,7 @@ def test_parity_with_reference(reference, engines, prompt):
     e = engines(2, 16, kv_type="f32")
 
     def numpy_matmul(op, ctx):
-        e._numpy_op(op, ctx)
+        e.debugger.numpy_op(op, ctx)
 
     matmuls = ("*.qkv", "*.attn_out", "*.ffn_gate_up", "*.ffn_down", "output")
     exact = e.debug_forward(prompt, 0, all_logits=True, replace={k: numpy_matmul for k in matmuls}, accumulate=EXACT)
@@ -227,7 +227,7 @@ def test_debug_forward(engines, prompt):
 
     def rope_numpy(op, ctx):
         calls.append(op.name)
-        e._numpy_op(op, ctx)
+        e.debugger.numpy_op(op, ctx)
 
     swapped = e.debug_forward(prompt[:20], 0, all_logits=True, replace={"blk.3.rope": rope_numpy})
     assert calls == ["blk.3.rope"] * 2
@@ -268,7 +268,7 @@ def test_kv_q8_0_against_the_reference(model, engines, prompt):
     e = engines(2, 16, kv_type="q8_0")
 
     def numpy_matmul(op, ctx):
-        e._numpy_op(op, ctx)
+        e.debugger.numpy_op(op, ctx)
 
     matmuls = ("*.qkv", "*.attn_out", "*.ffn_gate_up", "*.ffn_down", "output")
     exact = e.debug_forward(prompt, 0, all_logits=True, replace={k: numpy_matmul for k in matmuls}, accumulate=EXACT)
@@ -403,7 +403,7 @@ def test_gemma_ops_exact_and_invariant(gemma):
     e = NativeEngine(cfg, src, n_ctx=128, threads=2, chunk=16, kv_type="f32", adaptive_threads=False)
 
     def numpy_matmul(op, ctx):
-        e._numpy_op(op, ctx)
+        e.debugger.numpy_op(op, ctx)
 
     def hidden(**kw):
         seen = {}

@@ -174,7 +174,7 @@ def test_a_registered_model_loaded_by_path_is_cached_for_list_run_and_serve(home
     """Loading the registered model's file by path converts it into the cache: from then on `list`, a load by
     name and the server's catalogue all see it as cached, and nothing is downloaded again."""
     import barellm
-    from barellm.cli import main
+    from barellm.__main__ import main
     from barellm.serve.models import cache_candidates
 
     parts = tiny_gguf_parts(tmp_path, 1)

@@ -126,15 +126,15 @@ def test_kquant_blm_is_used_in_place_with_the_same_bits(kq_gguf, tmp_path):
         assert f.span(["blk.1.ffn_gate.weight", "blk.1.ffn_up.weight"]) is not None
         e = engine.NativeEngine(_cfg(f), f, n_ctx=64, threads=2)
         assert np.array_equal(e.forward(IDS, 0, all_logits=True), want)
-        for names, parts in e._matrices.items():
+        for names, parts in e.weights.matrices.items():
             for type_id, layout, _rows, _cols, data in parts:
                 assert type_id in (Q3_K, Q4_K, Q5_K, Q6_K) and layout == LAYOUT_INTERLEAVE8, names
                 assert _mapping_view(data, f), names  # neither copied nor repacked
-        qk = e._matrix(("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"))
+        qk = e.weights.matrix(("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"))
         assert [p[2] for p in qk] == [384, 128]  # Q|K fused in place, V (another type) on its own
-        table = e._table("token_embd.weight")
+        table = e.weights.table("token_embd.weight")
         assert table[1] == LAYOUT_INTERLEAVE8 and _mapping_view(table[4], f)  # lookups read the packed rows
-        assert not e._dequantized  # no float copy of anything
+        assert not e.weights.dequantized  # no float copy of anything
         # the reference engine reads the same file (layouts undone, rows in GGUF order)
         from barellm.arch.llama import ReferenceEngine
 
@@ -188,12 +188,12 @@ def test_gemma_cache_stores_k_quants_repacked_and_loads_without_copies(gemma_ggu
             assert info.layout == kernels.matrix_layout(info.type, *info.shape) == LAYOUT_INTERLEAVE8, name
     assert {f.tensors[n].type for n in f.tensors if len(f.tensors[n].shape) == 2} >= {Q4_K, Q6_K, Q8_0}
     e = engine.NativeEngine(_cfg(f), f, n_ctx=128, threads=2)
-    assert not e._dequantized
-    for names, parts in e._matrices.items():
+    assert not e.weights.dequantized
+    for names, parts in e.weights.matrices.items():
         for part in parts:
             assert _mapping_view(part[4], f), names
-    assert _mapping_view(e._table("token_embd.weight")[4], f)
+    assert _mapping_view(e.weights.table("token_embd.weight")[4], f)
     for i in range(e.cfg.n_layers):  # gate|up of one type: one matrix, in place
-        assert len(e._matrix((f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight"))) == 1
+        assert len(e.weights.matrix((f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight"))) == 1
     del e
     f.close()

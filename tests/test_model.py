@@ -8,9 +8,13 @@ import pytest
 import barellm
 from barellm.errors import InvalidRequest
 
+from conftest import in_own_home
 from tiny_model import write_tiny_llama
 
 ENGINES = ["reference", "native"]
+
+
+OWN_MODELS = ("tiny_path",)   # the model this module writes: its tests run in their own cache (conftest)
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +23,11 @@ def tiny_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=ENGINES)
-def model(request, tiny_path):
+def model(request, tiny_path, scratch_home):
     if request.param == "native":
         pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
-    return barellm.load(str(tiny_path), engine=request.param, context=128)
+    with in_own_home(scratch_home):
+        return barellm.load(str(tiny_path), engine=request.param, context=128)
 
 
 def test_greedy_is_deterministic_and_ignores_seed(model):
@@ -170,11 +175,12 @@ def test_activation_precision_choice(tiny_path):
 # --- a Model shared by streams and threads --------------------------------------------------------
 
 @pytest.fixture(scope="module", params=ENGINES)
-def model2(request, tiny_path):
+def model2(request, tiny_path, scratch_home):
     """Two KV cache slots."""
     if request.param == "native":
         pytest.importorskip("barellm.runtime.engine", reason="native engine not built")
-    return barellm.load(str(tiny_path), engine=request.param, context=128, slots=2)
+    with in_own_home(scratch_home):
+        return barellm.load(str(tiny_path), engine=request.param, context=128, slots=2)
 
 
 def test_a_stream_keeps_its_own_cache_while_generate_runs(model2):

@@ -253,10 +253,10 @@ def test_moe_op_matches_numpy(tiny_moe, isa):
     worst = []
 
     def both(op, ctx):
-        want = ref.moe(ctx.buf(op.src), ctx.buf(op.logits), e._dequant(op.gate), e._dequant(op.up),
-                       e._dequant(op.down), op.n_used, op.norm, op.act)
+        want = ref.moe(ctx.buf(op.src), ctx.buf(op.logits), e.weights.dequant(op.gate), e.weights.dequant(op.up),
+                       e.weights.dequant(op.down), op.n_used, op.norm, op.act)
         i = e.op_index(op.name)[0]
-        e._debug_plan.run(ctx.T, ctx.n_out, i, i + 1)
+        e.debugger.plan.run(ctx.T, ctx.n_out, i, i + 1)
         got = ctx.buf("proj")
         worst.append(float(np.abs(got - want).max() / np.abs(want).max()))
 
@@ -271,11 +271,11 @@ def test_biased_clamped_moe_op_matches_numpy(isa):
     worst = []
 
     def both(op, ctx):
-        biases = tuple(e._dequant(n) for n in op.biases)
-        want = ref.moe(ctx.buf(op.src), ctx.buf(op.logits), e._dequant(op.gate), e._dequant(op.up),
-                       e._dequant(op.down), op.n_used, op.norm, op.act, biases)
+        biases = tuple(e.weights.dequant(n) for n in op.biases)
+        want = ref.moe(ctx.buf(op.src), ctx.buf(op.logits), e.weights.dequant(op.gate), e.weights.dequant(op.up),
+                       e.weights.dequant(op.down), op.n_used, op.norm, op.act, biases)
         i = e.op_index(op.name)[0]
-        e._debug_plan.run(ctx.T, ctx.n_out, i, i + 1)
+        e.debugger.plan.run(ctx.T, ctx.n_out, i, i + 1)
         worst.append(float(np.abs(ctx.buf("proj") - want).max() / np.abs(want).max()))
 
     e.debug_forward(PROMPT, 0, all_logits=True, replace={"*.ffn_moe": both})

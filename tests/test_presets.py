@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import barellm
-from barellm.cli import main
+from barellm.__main__ import main
 from barellm.errors import InvalidRequest
 from barellm.store import catalog, presets
 from barellm.store.presets import parse_modelfile
@@ -192,7 +192,7 @@ def server(smollm_gguf: Path, tmp_path: Path) -> Iterator[str]:
             (own / sub).symlink_to(home() / sub)
     port = _free_port()
     env = {**os.environ, "BARELLM_HOME": str(own)}
-    proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", "smollm2-135m", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "barellm", "serve", "smollm2-135m", "--port", str(port),
                              "-c", "512", "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"

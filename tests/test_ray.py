@@ -159,7 +159,7 @@ def test_prefix_router_spreads_unrelated_requests() -> None:
 
 
 def test_serve_options_checked(capsys: pytest.CaptureFixture[str]) -> None:
-    from barellm.cli import main
+    from barellm.__main__ import main
 
     for argv, message in [
         (["serve", "--replicas", "2"], "--replicas applies only with --ray"),
@@ -236,7 +236,7 @@ def ray_service(smollm_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     # Ray binds to the machine's address unless told it is not part of a cluster; no usage reports
     env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
-    cmd = [sys.executable, "-m", "barellm.cli", "serve", MODEL_ID, "--ray", "--address", "local",
+    cmd = [sys.executable, "-m", "barellm", "serve", MODEL_ID, "--ray", "--address", "local",
            "--replicas", "2", "-t", "1", "--slots", str(SLOTS), "--context", str(CONTEXT), "--port", str(port),
            "--timeout", str(TIMEOUT), "--api-key", API_KEY, "--log-level", "warning"]
     with open(log, "wb") as out:

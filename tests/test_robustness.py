@@ -19,7 +19,7 @@ from barellm.formats.gguf import GGUFFile
 
 from tiny_model import write_tiny_llama
 
-CLI = [sys.executable, "-m", "barellm.cli"]
+CLI = [sys.executable, "-m", "barellm"]
 
 
 # --- paths that are not regular files ----------------------------------------------------------------------
@@ -229,7 +229,7 @@ def test_a_large_kv_cache_is_mentioned_before_it_is_allocated(monkeypatch, capsy
 def test_the_command_line_refuses_a_context_that_does_not_fit_in_one_line(tmp_path):
     path = write_tiny_llama(tmp_path / "big-context.gguf", ctx=1 << 24)
     code = ("import sys; import barellm.cpu as c; c.available_memory = lambda: 2 << 30; "
-            "from barellm.cli import main; sys.exit(main(sys.argv[1:]))")
+            "from barellm.__main__ import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.run([sys.executable, "-c", code, "run", str(path), "hi", "-n", "2", "-c", "16777216",
                            "--engine", "reference"], capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL, env=dict(os.environ, BARELLM_HOME=str(tmp_path / "home")))
@@ -311,7 +311,7 @@ def test_a_corrupt_cached_conversion_is_converted_again(tmp_path, monkeypatch, c
 def test_the_command_line_verify_option(tiny_blm):
     _flip_data_byte(tiny_blm, "blk.0.attn_q.weight")
     code = ("import sys; from barellm.formats import blm; blm.SAMPLE_ALWAYS = blm.SAMPLE_BUDGET = 0; "
-            "from barellm.cli import main; sys.exit(main(sys.argv[1:]))")
+            "from barellm.__main__ import main; sys.exit(main(sys.argv[1:]))")
     env = dict(os.environ, BARELLM_HOME=str(tiny_blm.parent / "home"))
     run = [sys.executable, "-c", code, "run", str(tiny_blm), "hi", "-n", "1", "--engine", "reference"]
     assert subprocess.run(run, capture_output=True, timeout=120, env=env, stdin=subprocess.DEVNULL).returncode == 0

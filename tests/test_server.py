@@ -893,7 +893,7 @@ def test_stream_interval_gathers_deltas(fake: tuple[Scheduler, FakeEngine]) -> N
     assert [len(e.tokens) for e in deltas] == [1, len(each) - 1]
 
 
-def test_without_max_tokens_every_chat_route_runs_until_the_context_is_full(tmp_path: Path) -> None:
+def test_without_max_tokens_every_chat_route_runs_until_the_context_is_full(tmp_path: Path, own_home: Path) -> None:
     """No max_tokens (OpenAI's chat, Ollama's num_predict unset or -1): the reply ends at
     the end of generation or when the context is full ("length"), never at a default of its own.
     OpenAI's legacy /v1/completions keeps OpenAI's 16."""

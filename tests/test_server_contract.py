@@ -222,7 +222,7 @@ def served_cache(tmp_path_factory, smollm_gguf: Path) -> Iterator[Any]:
     of a model in the cache succeeds, as it does there)."""
     from test_server_models import _home_with
 
-    from barellm.cli import build_parser
+    from barellm.__main__ import build_parser
     from barellm.errors import BarellmError
     from barellm.serve import build_app
     from barellm.store import catalog, hub

@@ -74,7 +74,7 @@ def _home_with(tmp: Path, names: list[str]) -> Path:
 def _serve(home: Path, *args: str, context: int = 512) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = {**os.environ, "BARELLM_HOME": str(home), "PYTHONPATH": SRC}
-    proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", *args, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "barellm", "serve", *args, "--port", str(port),
                              "-c", str(context), "--slots", "2", "-t", "1", "--log-level", "warning"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
@@ -254,7 +254,7 @@ def test_embed_copy_pull_delete(server) -> None:
 
 def _cli(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "BARELLM_HOME": str(home), "PYTHONPATH": SRC}
-    return subprocess.run([sys.executable, "-m", "barellm.cli", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "barellm", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -272,7 +272,7 @@ def test_own_gguf_by_path_then_by_name(tmp_path) -> None:
     r = _cli(home, "run", "my-model", "the cat", "-n", "3", "--temperature", "0", "-v", "--raw")
     assert r.returncode == 0 and r.stdout.startswith("the cat"), r.stderr
     env = {**os.environ, "BARELLM_HOME": str(home), "PYTHONPATH": SRC}
-    chat = subprocess.run([sys.executable, "-m", "barellm.cli", "chat", "my-model", "-n", "2"], input="/show\n/bye\n",
+    chat = subprocess.run([sys.executable, "-m", "barellm", "chat", "my-model", "-n", "2"], input="/show\n/bye\n",
                           env=env, capture_output=True, text=True, timeout=120)
     assert chat.returncode == 0 and re.search(r"model\s+my-model", chat.stderr), chat.stderr
     bench = _cli(home, "bench", "my-model", "-p", "8", "-n", "4", "-r", "1", "--json")

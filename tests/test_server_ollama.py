@@ -34,7 +34,7 @@ def _free_port() -> int:
 def url(smollm_gguf: Path) -> Iterator[str]:
     """`barellm serve` on the default model (pulled by the fixture), in its own process."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", MODEL, "--port", str(port), "--slots", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "barellm", "serve", MODEL, "--port", str(port), "--slots", "2",
                              "-c", "512", "--log-level", "warning"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"

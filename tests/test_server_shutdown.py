@@ -44,7 +44,7 @@ class Served:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": SRC}
-        self.proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", "smollm2-135m", "--port",
+        self.proc = subprocess.Popen([sys.executable, "-m", "barellm", "serve", "smollm2-135m", "--port",
                                       str(self.port), "--slots", "2", "-t", "2", *args], env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
@@ -186,7 +186,7 @@ def test_a_server_with_nothing_in_flight_stops_at_once(tmp_path: Path) -> None:
     """Ctrl-C on an idle server: no wait at all, status 0, a clean log."""
     tiny_path = write_tiny_llama(tmp_path / "tiny.gguf")
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "barellm.cli", "serve", str(tiny_path), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "barellm", "serve", str(tiny_path), "--port", str(port),
                              "--shutdown-timeout", "600"],
                             env={**os.environ, "PYTHONPATH": SRC, "BARELLM_HOME": str(tmp_path / "home")},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -210,6 +210,6 @@ def test_a_server_with_nothing_in_flight_stops_at_once(tmp_path: Path) -> None:
 
 
 def test_shutdown_timeout_is_checked() -> None:
-    r = subprocess.run([sys.executable, "-m", "barellm.cli", "serve", "--shutdown-timeout", "-1"],
+    r = subprocess.run([sys.executable, "-m", "barellm", "serve", "--shutdown-timeout", "-1"],
                        env={**os.environ, "PYTHONPATH": SRC}, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and r.stderr == "error: --shutdown-timeout must be in 0..86400 seconds, got -1.0\n"

@@ -310,7 +310,7 @@ def test_settings_stay_reachable_on_a_narrow_screen(site: tuple[str, Any], brows
 def two_models(smollm_gguf: Path, gemma_gguf: Path) -> Iterator[str]:
     """`barellm serve smollm2-135m gemma3-270m` as the command builds it: both loaded, the cache's others
     on demand."""
-    from barellm.cli import build_parser, parse_args
+    from barellm.__main__ import build_parser, parse_args
     from barellm.serve import build_app
 
     args = parse_args(build_parser(), ["serve", "smollm2-135m", "gemma3-270m", "--slots", "1", "-c", "1024"])

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("huggingface_hub")
 
 import barellm  # noqa: E402
-from barellm.cli import main  # noqa: E402
+from barellm.__main__ import main  # noqa: E402
 from barellm.store import catalog  # noqa: E402
 from barellm.store.sources import huggingface  # noqa: E402
 
@@ -271,7 +271,7 @@ def test_the_servers_api_pull_streams_byte_progress_for_a_hugging_face_name(hub,
     from huggingface_hub import constants
     from starlette.testclient import TestClient
 
-    from barellm.cli import build_parser
+    from barellm.__main__ import build_parser
     from barellm.serve import build_app
 
     monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 4096)   # several progress steps for a small file

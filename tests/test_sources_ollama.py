@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import barellm
-from barellm.cli import main
+from barellm.__main__ import main
 from barellm.store import catalog
 from barellm.store.sources import ollama
 
@@ -146,7 +146,7 @@ def test_pull_from_the_registry_then_list_run_and_rm_by_ollama_name(env, tiny_by
     pytest.importorskip("starlette")
     from starlette.testclient import TestClient
 
-    from barellm.cli import build_parser
+    from barellm.__main__ import build_parser
     from barellm.serve import build_app
 
     args = build_parser().parse_args(["serve", "-c", "64", "-t", "1", "--allowed-host", "testserver"])
@@ -229,7 +229,7 @@ def test_a_local_ollama_store_is_listed_run_by_name_and_left_alone(env, tiny_byt
     pytest.importorskip("starlette")
     from starlette.testclient import TestClient
 
-    from barellm.cli import build_parser
+    from barellm.__main__ import build_parser
     from barellm.serve import build_app
 
     args = build_parser().parse_args(["serve", "-c", "64", "-t", "1", "--allowed-host", "testserver"])

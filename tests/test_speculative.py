@@ -38,6 +38,9 @@ PROMPTS = [
 ]
 
 
+OWN_MODELS = ("tiny_path",)   # the model this module writes: its tests run in their own cache (conftest)
+
+
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", tied=False, ctx=1024)
@@ -638,7 +641,7 @@ def test_paused_and_closed_streams_keep_their_guarantees_with_drafting(tiny_path
 # --- the command line and -v -----------------------------------------------------------------------------
 
 def test_run_with_draft_prints_the_same_and_reports_acceptance(tiny_path: Path, capsys: Any) -> None:
-    from barellm.cli import main
+    from barellm.__main__ import main
     from barellm.cli.chat_repl import Reply
 
     args = ["run", str(tiny_path), "the the the the the the the", "-n", "24", "--temperature", "0"]

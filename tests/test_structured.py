@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conftest import in_own_home
 from tiny_model import write_tiny_llama
 
 pytest.importorskip("llguidance")
@@ -23,11 +24,14 @@ from barellm.errors import InvalidRequest  # noqa: E402
 from barellm.generate import structured  # noqa: E402
 from barellm.generate.sampling import mask_bits  # noqa: E402
 
+OWN_MODELS = ("tiny",)   # the model this module writes: its tests run in their own cache (conftest)
+
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def tiny(tmp_path_factory: pytest.TempPathFactory, scratch_home: Path) -> Any:
     """A random tiny model: its choices are noise, so whatever it writes under a constraint is the mask's doing."""
-    return barellm.load(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", tied=False), slots=2)
+    with in_own_home(scratch_home):
+        return barellm.load(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", tied=False), slots=2)
 
 
 # --- the vocabulary -------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def test_amx_emulated_lays_the_amx_kernels_over_the_best_tier_to_avx512():
     assert max(others.values(), key=ALL.index) == best
     assert nat.cpu_info()["isa"] != "amx-emulated"
     env = dict(os.environ, BARELLM_ISA="amx-emulated")
-    r = subprocess.run([sys.executable, "-m", "barellm.cli", "info"], env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "barellm", "info"], env=env, capture_output=True, text=True)
     assert r.returncode == 1 and "is not a kernel tier" in r.stderr
 
 
@@ -59,7 +59,7 @@ def test_amx_min_tokens_is_set_and_checked():
     assert nat.amx_min_tokens(7) == before and nat.amx_min_tokens() == 7
     nat.amx_min_tokens(before)
     env = dict(os.environ, BARELLM_AMX_MIN_TOKENS="0")
-    r = subprocess.run([sys.executable, "-m", "barellm.cli", "info"], env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "barellm", "info"], env=env, capture_output=True, text=True)
     assert r.returncode == 1 and "BARELLM_AMX_MIN_TOKENS='0'" in r.stderr and "Traceback" not in r.stderr
     code = "from barellm import _native as n; print(n.amx_min_tokens())"
     env["BARELLM_AMX_MIN_TOKENS"] = "48"
@@ -78,7 +78,7 @@ def test_env_caps_the_tier_and_a_bad_name_is_a_clear_error():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "scalar"
     env["BARELLM_ISA"] = "avx9"
-    r = subprocess.run([sys.executable, "-m", "barellm.cli", "info"], env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "barellm", "info"], env=env, capture_output=True, text=True)
     assert r.returncode == 1 and "BARELLM_ISA='avx9' is not a kernel tier" in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -118,11 +118,11 @@ def test_prefetch_rules_are_reported_and_set_by_env():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "kquants none:0 none:0, blocks none:0 none:0 (BARELLM_PREFETCH)"
     env["BARELLM_PREFETCH"] = ""  # set but empty: the CPU family's rules, as if unset
-    out = subprocess.run([sys.executable, "-m", "barellm.cli", "info"], env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "barellm", "info"], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and f"decode prefetch: {default.strip()}" in out.stdout
     for bad in ("l3:4096", "l2:16", "l2:4096,nta:16384,l1:64", "l2"):
         env["BARELLM_PREFETCH"] = bad
-        r = subprocess.run([sys.executable, "-m", "barellm.cli", "info"], env=env, capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-m", "barellm", "info"], env=env, capture_output=True, text=True)
         assert r.returncode == 1 and f"BARELLM_PREFETCH={bad!r}" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 import barellm
+from barellm.__main__ import main
 from barellm.arch import reference_engine
-from barellm.cli import bench, debug, kld, main, perplexity
+from barellm.cli import bench, debug, kld, perplexity
 from barellm.errors import InvalidRequest
 
-from conftest import DATA, load_data
+from conftest import DATA, in_own_home, load_data
 from tiny_model import write_tiny_llama
 
 CORPUS = DATA / "corpus.txt"
@@ -239,14 +240,18 @@ def test_op_diff():
 # --- the tools on the tiny model ------------------------------------------------------------------
 
 
+OWN_MODELS = ("tiny", "tiny_model")   # the model this module writes: its tests run in their own cache (conftest)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", n_layers=4))
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tiny):
-    return barellm.load(tiny, engine="reference", context=128)
+def tiny_model(tiny, scratch_home):
+    with in_own_home(scratch_home):
+        return barellm.load(tiny, engine="reference", context=128)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@
  * name and id Python sees (nat.OP_KINDS) and the keys py_plan.c accepts in its dict, where a required key
  * that is absent or any key not listed (besides kind, name and rows_sel) is an error naming it. Adding an
  * op is its row here, its op_<name> in executor.c over the kernels, and its Python side, found by the same name:
- * plan.py's dataclass of that kind, NativeEngine._spec_<name> (its dict) and EngineDebug._numpy_<name>. */
+ * plan.py's dataclass of that kind, NativeEngine._spec_<name> (its dict) and Debugger._numpy_<name>. */
 #define BL_KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
 #define BL_OP_KINDS(X)                                                                                         \
     /* out[t] = dequant(table row tokens[t]) (* scale_embed) */                                               \

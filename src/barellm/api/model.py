@@ -44,13 +44,7 @@ if TYPE_CHECKING:
 
 ENGINES = ("auto", "native", "reference")
 ACTIVATIONS = ("q8x2", "q8")  # the native engine's activation precisions (engine.ACTIVATIONS)
-KV_TYPES = ("f16", "q8_0", "f32")  # what the KV cache holds (engine.KV_TYPES)
-
-
-def _open_source(path: Path, verify: bool = False) -> Any:
-    from barellm.store.converted import open_model
-
-    return open_model(path, verify=verify)
+KV_TYPES = ("f16", "q8_0", "f32")  # what the KV cache holds (runtime/kv_cache.py's KV_TYPES)
 
 
 def _nowhere(ev: Event) -> None:
@@ -86,10 +80,11 @@ class Model:
         if threads is not None and not (isinstance(threads, int) and 1 <= threads <= 256):
             raise InvalidRequest(f"threads must be an integer in 1..256, got {threads!r}")
         from barellm.store.catalog import display_name
+        from barellm.store.converted import open_model
 
         self.path = path
         self.name = display_name(path)   # what messages print: a registered or file name, never a cache hash
-        self.source = _open_source(path, verify)
+        self.source = open_model(path, verify=verify)
         md = self.source.metadata
         self.metadata: dict[str, Any] = md
         self.config: ModelConfig = config_of(self.source)

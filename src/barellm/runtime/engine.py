@@ -16,14 +16,16 @@ Invariance: every op computes a row (a token) with the same float operations wha
 batch or the thread split, so greedy output is the same for any thread count, prefill chunking, or
 batch composition (see ops.h, kernels.h).
 
-The weights' side (their layouts, fusing, repacking) is runtime/weights.py; the per-op debugger, which runs
-the same plan one op at a time by native kernels or NumPy implementations, runtime/debug.py.
+The engine has its weights (runtime/weights.py: their layouts, fusing, repacking) and a per-op debugger
+(runtime/debug.py: the same plan one op at a time, by native kernels or NumPy implementations); the KV
+cache's types and memory are runtime/kv_cache.py's.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,20 +48,14 @@ from barellm.arch.plan import (
 )
 from barellm.cpu import check_memory, default_threads
 from barellm.errors import FormatError, InvalidRequest
-from barellm.formats.kernels import (
-    ACTIVATIONS,
-    layout_rows,
-    matrix_act,
-    matrix_bytes,
-)
+from barellm.formats.kernels import ACTIVATIONS, layout_rows, matrix_act, matrix_bytes
 from barellm.formats.kv_q8 import q8_0_join, q8_0_keys_join
-from barellm.runtime.debug import EngineDebug
-from barellm.runtime.weights import EngineWeights, aligned_zeros
+from barellm.runtime.debug import DebugContext, Debugger, Hook
+from barellm.runtime.kv_cache import KV_QK, KV_TYPES, check_kv_type, kv_bytes_per_token, lazy_zeros
+from barellm.runtime.weights import Weights, aligned_zeros
 
 KIND_IDS: dict[str, int] = dict(nat.OP_KINDS)  # the op kinds the executor has, and their ids (py_plan.c)
 KV_TILE = nat.KV_TILE
-KV_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q8_0": nat.KV_Q8_0}  # the cache element types (ops.h, bl_kv_type)
-KV_QK = 32  # values per block of a q8_0 cache
 FLOAT_ALIGN = 16  # buffer rows start on cache lines: strides are multiples of 16 floats
 MOE_ACTS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}  # the moe op's activations (executor.h, bl_moe_act)
 ROPE_FIRST = 512  # positions of the RoPE tables filled by the first forward call (see _rope_upto)
@@ -71,27 +67,6 @@ ROPE_FIRST = 512  # positions of the RoPE tables filled by the first forward cal
 CHUNK, MOE_CHUNK = 64, 512
 
 
-def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """A zeroed array in its own anonymous mapping of small pages, resident only where it has been written.
-
-    For the KV cache: it is sized for the whole context, but a conversation fills it from position 0 on. NumPy
-    asks for transparent huge pages on big arrays, and a 2 MB page becomes resident at its first write: a
-    cache whose every (layer, head) region had one token written would then be resident whole (SmolLM2 at
-    context 2048: 44 of its 47 MB after a 36-token chat), and the first forward pass would have the kernel
-    zero (and, on a fragmented machine, compact memory for) those 2 MB pages: 10-100 ms of the first token.
-    """
-    import mmap
-
-    nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):
-        try:
-            m.madvise(mmap.MADV_NOHUGEPAGE)
-        except OSError:
-            pass
-    return np.frombuffer(m, dtype=np.uint8, count=nbytes).view(dtype).reshape(shape)
-
-
 def _round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
@@ -101,21 +76,6 @@ class NativeUnsupported(FormatError):
     engine="auto" falls back on the reference engine; engine="native" reports it."""
 
 
-def check_kv_type(kv_type: str, cfg: ModelConfig) -> None:
-    if kv_type not in KV_TYPES:
-        raise InvalidRequest(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
-    if kv_type == "q8_0" and cfg.head_dim % KV_QK:
-        raise InvalidRequest(f"kv_type q8_0 needs a head_dim that is a multiple of {KV_QK}; this model's is "
-                             f"{cfg.head_dim}")
-
-
-def kv_bytes_per_token(cfg: ModelConfig, kv_type: str) -> int:
-    """Bytes a position takes in one slot's cache, K and V of every layer (q8_0: 34 bytes per 32 values)."""
-    hd = cfg.head_dim
-    per_head = {"f32": 4 * hd, "f16": 2 * hd, "q8_0": hd + hd // KV_QK * 2}[kv_type]
-    return 2 * cfg.n_layers * cfg.n_kv_heads * per_head
-
-
 def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
     """Why the native engine cannot run a model, or None if it can (Model falls back on the reference)."""
     if cfg.act not in ("silu", "gelu_tanh") and not (cfg.n_experts and cfg.act in MOE_ACTS):
@@ -123,8 +83,9 @@ def unsupported_reason(cfg: ModelConfig, source: Any) -> str | None:
     return None
 
 
-class NativeEngine(EngineWeights, EngineDebug):
-    """The C executor's forward pass over a KV cache (one region per slot) allocated at load."""
+class NativeEngine:
+    """The C executor's forward pass over a KV cache (one region per slot) allocated at load. It has its
+    `weights` (runtime/weights.py) and a per-op `debugger` (runtime/debug.py)."""
 
     def __init__(self, cfg: ModelConfig, source: Any, n_ctx: int | None = None, threads: int | None = None,
                  n_slots: int = 1, chunk: int | None = None, pin: bool = False, kv_type: str = "f16",
@@ -160,9 +121,7 @@ class NativeEngine(EngineWeights, EngineDebug):
         self.ops: list[Op] = llama_plan(cfg)
         self._check_memory()
         self._alloc()
-        self._matrices: dict[tuple[str, ...], list[tuple[int, int, int, int, np.ndarray]]] = {}
-        self._norms: dict[str, np.ndarray] = {}
-        self._dequantized: dict[str, np.ndarray] = {}
+        self.weights = Weights(source, self.threads)
         try:
             self._plan = self._compile(fuse=True)
         except ValueError as e:  # the C core refused an op: say which, as a BarellmError
@@ -170,7 +129,7 @@ class NativeEngine(EngineWeights, EngineDebug):
                 raise
             raise NativeUnsupported(f"the native engine cannot run this model: {e}") from None
         self._plan.set_adaptive(bool(adaptive_threads))
-        self._debug_plan: Any = None
+        self.debugger = Debugger(self)
         self.executor_seconds = 0.0   # time spent in the C executor so far: the engine calls' "forward" share
 
     # --- buffers ------------------------------------------------------------------------------
@@ -263,7 +222,6 @@ class NativeEngine(EngineWeights, EngineDebug):
             self._qbufs[key] = aligned_zeros((self.chunk, rb), np.uint8)
         return self._qbufs[key]
 
-
     # --- compiling ----------------------------------------------------------------------------
 
     def _compile(self, fuse: bool) -> Any:
@@ -290,10 +248,10 @@ class NativeEngine(EngineWeights, EngineDebug):
 
     def _spec_embed(self, op: Embed) -> dict[str, Any]:
         return dict(out=self._spec(op.out), out_stride=self._stride(op.out), n=self.cfg.dim,
-                    table=self._table(op.table), scale_embed=float(np.float32(op.scale)))
+                    table=self.weights.table(op.table), scale_embed=float(np.float32(op.scale)))
 
     def _spec_rmsnorm(self, op: RMSNorm) -> dict[str, Any]:
-        d: dict[str, Any] = dict(x=self._spec(op.src), x_stride=self._stride(op.src), w=self._norm(op.weight),
+        d: dict[str, Any] = dict(x=self._spec(op.src), x_stride=self._stride(op.src), w=self.weights.norm(op.weight),
                                  eps=op.eps, n=self._widths[op.src])
         if op.accumulate:  # out += rmsnorm(x): normalize x in place, then add
             d.update(out=self._spec(op.src), out_stride=self._stride(op.src), res=self._spec(op.out),
@@ -303,12 +261,12 @@ class NativeEngine(EngineWeights, EngineDebug):
         return d
 
     def _spec_matmul(self, op: MatMul) -> dict[str, Any]:
-        parts = [(*p, matrix_act(p[0], self.activations)) for p in self._matrix(op.matrices)]
+        parts = [(*p, matrix_act(p[0], self.activations)) for p in self.weights.matrix(op.matrices)]
         if op.out == "logits" and self.n_logits < self.n_vocab:   # the first rows: a prefix of the bytes
             (type_id, layout, _, cols, data, act), = parts
             parts = [(type_id, layout, self.n_logits, cols,
                       data[:matrix_bytes(type_id, layout, self.n_logits, cols)], act)]
-        bias = self._bias(op.bias) if op.bias else None
+        bias = self.weights.bias(op.bias) if op.bias else None
         qjobs, qmap, pspecs = [], {}, []
         col = 0
         for p in parts:
@@ -340,9 +298,9 @@ class NativeEngine(EngineWeights, EngineDebug):
         cfg = self.cfg
         d = self._spec_cache(op.layer)
         if op.q_norm and op.k_norm:
-            d.update(q_norm=self._norm(op.q_norm), k_norm=self._norm(op.k_norm))
+            d.update(q_norm=self.weights.norm(op.q_norm), k_norm=self.weights.norm(op.k_norm))
         if op.k_bias and self.kv_type == "q8_0":
-            d.update(k_shift=self._norm(op.k_bias))
+            d.update(k_shift=self.weights.norm(op.k_bias))
         d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim if op.rope else 0,
                  eps=op.eps, rope_style=0 if cfg.rope_style == "norm" else 1,
                  rope_cs=self._rope_cs[cfg.layer_rope_theta(op.layer)])
@@ -355,7 +313,7 @@ class NativeEngine(EngineWeights, EngineDebug):
         if op.softcap:
             d.update(softcap=float(np.float32(op.softcap)))
         if op.sinks:
-            d.update(sinks=self._norm(op.sinks))
+            d.update(sinks=self.weights.norm(op.sinks))
         return d
 
     def _spec_softcap(self, op: SoftCap) -> dict[str, Any]:
@@ -379,7 +337,7 @@ class NativeEngine(EngineWeights, EngineDebug):
         E, K, F, dim = cfg.n_experts, op.n_used, cfg.expert_ffn_dim, cfg.dim
         stacks = {}
         for key, name, rows in (("gate", op.gate, F), ("up", op.up, F), ("down", op.down, dim)):
-            (type_id, layout, n, cols, data), = self._matrix((name,))   # one tensor: one part
+            (type_id, layout, n, cols, data), = self.weights.matrix((name,))   # one tensor: one part
             if rows % layout_rows(layout):
                 raise NativeUnsupported(f"the native engine cannot run this model: {name} has experts of {rows} "
                                         f"rows, not whole groups of {layout_rows(layout)}")
@@ -405,7 +363,8 @@ class NativeEngine(EngineWeights, EngineDebug):
             xg_up = converted("xg_up", u, dim)
             d.update(xg_up=xg_up, xg_up_stride=xg_up.shape[1])
         if op.biases:
-            d.update(zip(("gate_bias", "up_bias", "down_bias"), (self._bias((n,)) for n in op.biases), strict=True))
+            biases = (self.weights.bias((n,)) for n in op.biases)
+            d.update(zip(("gate_bias", "up_bias", "down_bias"), biases, strict=True))
         if op.accumulate:
             d.update(res=self._spec(op.out), res_stride=self._stride(op.out))
         return d
@@ -555,8 +514,45 @@ class NativeEngine(EngineWeights, EngineDebug):
             self._run_plan(T, len(sel), 0, end)
             out[dest[c0:c1][sel]] = src[:len(sel), :width]
 
-    # --- the KV cache -------------------------------------------------------------------------
+    # --- per op ---------------------------------------------------------------------------------
 
+    def op_index(self, key: int | str) -> list[int]:
+        """Indices of the ops an int index, an exact name, or a glob pattern ("blk.*.rope") picks."""
+        if isinstance(key, (int, np.integer)):
+            return [int(key)]
+        return [i for i, op in enumerate(self.ops) if op.name == key or fnmatch.fnmatchcase(op.name, key)]
+
+    def debug_forward(self, tokens: Sequence[int], start: int, all_logits: bool = False, slot: int = 0, *,
+                      backend: str = "native", replace: dict[int | str, Hook] | None = None,
+                      observe: Callable[[Op, np.ndarray, DebugContext], None] | None = None,
+                      accumulate: str = "float32") -> np.ndarray:
+        """forward(), one op at a time, with hooks: runtime/debug.py's Debugger.forward says how."""
+        return self.debugger.forward(tokens, start, all_logits, slot, backend=backend, replace=replace,
+                                     observe=observe, accumulate=accumulate)
+
+    def profile(self, tokens: Sequence[int], start: int, slot: int = 0, repeat: int = 1) -> dict[str, float]:
+        """TSC cycles spent per op by the calling thread (its work plus the barrier wait), summed over
+        `repeat` forward calls of tokens at start; keyed by op name. profile_threads() has every thread's."""
+        return dict(zip([op.name for op in self.ops], self.profile_threads(tokens, start, slot, repeat)[0].tolist(),
+                        strict=True))
+
+    def read_pass(self, data: np.ndarray) -> float:
+        """Seconds for this engine's threads to read `data` once, each its contiguous share (as bench/roofline.c
+        reads): the ceiling of a decode that streams those bytes, measured with the same threads and pages."""
+        return float(self._pool.read(data)[0])
+
+    def profile_threads(self, tokens: Sequence[int], start: int, slot: int = 0, repeat: int = 1) -> np.ndarray:
+        """Cycles [thread, op] (work plus barrier wait), summed over `repeat` calls."""
+        cycles = np.zeros((self.threads, len(self.ops)), np.uint64)
+        self._plan.set_profile(cycles)
+        try:
+            for _ in range(repeat):
+                self.forward(tokens, start, slot=slot)
+        finally:
+            self._plan.set_profile(None)
+        return cycles
+
+    # --- the KV cache -------------------------------------------------------------------------
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Copies the KV entries of positions 0..n-1 from slot src to slot dst (n choices of one prompt share
@@ -588,7 +584,7 @@ class NativeEngine(EngineWeights, EngineDebug):
         """What a q8_0 cache subtracts from the keys of a layer [n_kv_heads, head_dim] (the K projection's bias),
         or None."""
         bias = next((op.k_bias for op in self.ops if isinstance(op, RopeKV) and op.layer == layer), None)
-        return None if bias is None else self._norm(bias).reshape(self.cfg.n_kv_heads, self.cfg.head_dim)
+        return None if bias is None else self.weights.norm(bias).reshape(self.cfg.n_kv_heads, self.cfg.head_dim)
 
     def _q8_views(self, slot: int, layer: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
         """A q8_0 cache's parts for a slot and layer, as writable views: K's int8 values [nkv, tiles, hd, tile]

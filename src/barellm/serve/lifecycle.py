@@ -128,11 +128,16 @@ def _keep_alive(body: Any) -> float | None | str:
 B = TypeVar("B", bound=_Body)
 
 
+async def _parsed(request: Request, shape: type[B]) -> tuple[Any, B]:
+    """The server, and the request's body read as shape."""
+    server = request.app.state.server
+    return server, schemas.parse(shape, await read_body(request, server.max_body))
+
+
 async def _leased(request: Request, shape: type[B]) -> tuple[B, Any]:
     """The request's body read as shape, and a lease on the model it names (loaded first where it is not), held
     as its keep_alive asks."""
-    server = request.app.state.server
-    body = schemas.parse(shape, await read_body(request, server.max_body))
+    server, body = await _parsed(request, shape)
     return body, await server.lease(request, body.model, _keep_alive(body))
 
 
@@ -250,8 +255,7 @@ async def pull(request: Request) -> Response:
     streamed, Ollama's progress lines, with completed/total bytes while a file downloads."""
     from barellm.store import catalog, hub, names
 
-    server = request.app.state.server
-    body = schemas.parse(PullRequest, await read_body(request, server.max_body))
+    server, body = await _parsed(request, PullRequest)
     name = _name(body)
     key = hub.registered_name(name) or name
     if key not in hub.REGISTRY and names.parse(name).kind not in ("huggingface", "ollama"):
@@ -300,11 +304,10 @@ async def pull(request: Request) -> Response:
 @_ollama
 async def delete(request: Request) -> Response:
     """Removes a model from the cache (unloading it first); one in use is refused, 409."""
-    from barellm.cli.commands import remove_model
     from barellm.store import catalog, hub
+    from barellm.store.removal import remove_model
 
-    server = request.app.state.server
-    body = schemas.parse(DeleteRequest, await read_body(request, server.max_body))
+    server, body = await _parsed(request, DeleteRequest)
     cand = server.models.resolve(_name(body))
     if cand.fixed:
         raise ApiError(400, f"model {cand.name!r} was handed to this server in memory; it cannot delete it")
@@ -351,8 +354,7 @@ async def create(request: Request) -> Response:
     from barellm.errors import ModelNotFound
     from barellm.store import catalog, presets
 
-    server = request.app.state.server
-    body = schemas.parse(CreateRequest, await read_body(request, server.max_body))
+    server, body = await _parsed(request, CreateRequest)
     name = _name(body)
     read: dict[str, Any] = {"from": None, "system": None, "parameters": {}, "template": None}
     try:
@@ -397,8 +399,7 @@ async def create(request: Request) -> Response:
 @_ollama
 async def copy(request: Request) -> Response:
     """Another name for a model, for as long as this server runs."""
-    server = request.app.state.server
-    body = schemas.parse(CopyRequest, await read_body(request, server.max_body))
+    server, body = await _parsed(request, CopyRequest)
     cand = server.models.resolve(body.source)
     dest = body.destination.strip().lower().removesuffix(":latest")
     if not dest:

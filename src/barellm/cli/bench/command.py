@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-r", "--repetitions", type=int, default=5, metavar="R", help="timed runs per test (default 5)")
     p.add_argument("--engine", choices=["native", "reference"], default="native",
                    help="native: the C core (default); reference: the NumPy float32 forward")
-    from barellm.cli.arguments import add_activations_arg
+    from barellm.options import add_activations_arg
 
     add_activations_arg(p)
     p.add_argument("--breakdown", action="store_true",

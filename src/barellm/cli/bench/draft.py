@@ -123,8 +123,8 @@ def format_speculative(rows: Sequence[SpecRow]) -> str:
 
 def cmd_bench_draft(args: argparse.Namespace) -> int:
     import barellm
-    from barellm.cli.arguments import check_draft
     from barellm.cpu import default_threads
+    from barellm.options import check_draft
 
     check_draft(args)
     if args.repetitions < 1:

@@ -37,7 +37,7 @@ def build_application(args: argparse.Namespace) -> Any:
     need_ray()
     from ray.serve.config import RequestRouterConfig
 
-    from barellm.serve import autoscale_bounds
+    from barellm.serve.command import autoscale_bounds
     from barellm.serve.ray.deployments import ReplicaDeployment, RouterDeployment, TargetedRouter
 
     options = replica_options(args)
@@ -70,7 +70,7 @@ def build_application(args: argparse.Namespace) -> Any:
 def parse_options(config: Mapping[str, Any]) -> argparse.Namespace:
     """`barellm serve` options from a Serve config's `args` (or `serve run ... key=value`): keys are the
     long option names (dashes or underscores), model the model name or path."""
-    from barellm.serve import check_args, register
+    from barellm.serve.command import check_args, register
 
     class _Parser(argparse.ArgumentParser):
         def __init__(self, *a: Any, **kw: Any) -> None:
