@@ -22,7 +22,7 @@ import barellm
 from barellm.arch import reference_engine
 from barellm.arch.config import config_of
 from barellm.arch.registry import ARCHITECTURES
-from barellm.cli import main
+from barellm.__main__ import main
 from barellm.errors import FormatError
 from barellm.formats.blm import BLMFile
 from barellm.formats.gguf import GGUFFile

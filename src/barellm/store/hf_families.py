@@ -116,9 +116,9 @@ class Recipe(Protocol):
 
 
 @dataclass(frozen=True)
-class Same:
-    """A tensor as the checkpoint has it: permuted for the "norm" RoPE if the architecture wants that of its
-    queries and keys, a norm weight shifted if the family stores them less one (Gemma)."""
+class _Tensors:
+    """What the recipes below share: the checkpoint tensors they read are named from `hf` (one by default),
+    and a recipe is ready when every one of them is there."""
 
     hf: str
 
@@ -126,7 +126,13 @@ class Same:
         return (prefix + self.hf,)
 
     def ready(self, prefix: str, ck: Checkpoint) -> bool:
-        return ck.has(prefix + self.hf)
+        return all(ck.has(n) for n in self.names(prefix, ck))
+
+
+@dataclass(frozen=True)
+class Same(_Tensors):
+    """A tensor as the checkpoint has it: permuted for the "norm" RoPE if the architecture wants that of its
+    queries and keys, a norm weight shifted if the family stores them less one (Gemma)."""
 
     def make(self, name: str, prefix: str, ck: Checkpoint) -> Made:
         t = _float_tensor(ck, prefix + self.hf, name)
@@ -146,16 +152,11 @@ class Same:
 
 
 @dataclass(frozen=True)
-class Experts:
+class Experts(_Tensors):
     """Each expert's matrix (`hf` with {} for the expert's number) stacked into one 3-D tensor (Qwen3-MoE)."""
-
-    hf: str
 
     def names(self, prefix: str, ck: Checkpoint) -> tuple[str, ...]:
         return tuple(prefix + self.hf.format(e) for e in range(ck.meta("expert_count")))
-
-    def ready(self, prefix: str, ck: Checkpoint) -> bool:
-        return all(ck.has(n) for n in self.names(prefix, ck))
 
     def make(self, name: str, prefix: str, ck: Checkpoint) -> Made:
         parts = [_float_tensor(ck, n, name) for n in self.names(prefix, ck)]
@@ -169,19 +170,12 @@ class Experts:
 
 
 @dataclass(frozen=True)
-class Fused:
+class Fused(_Tensors):
     """A tensor of stacked experts stored the other way round (experts, in, out) and transposed, or one half of
     a fused gate|up tensor whose outputs interleave (gpt-oss: gate at the even outputs, up at the odd ones)."""
 
-    hf: str
     half: int | None = None   # 0: the even outputs, 1: the odd ones, None: all
     transpose: bool = False   # the stored matrix is (..., in, out)
-
-    def names(self, prefix: str, ck: Checkpoint) -> tuple[str, ...]:
-        return (prefix + self.hf,)
-
-    def ready(self, prefix: str, ck: Checkpoint) -> bool:
-        return ck.has(prefix + self.hf)
 
     def make(self, name: str, prefix: str, ck: Checkpoint) -> Made:
         t = _float_tensor(ck, prefix + self.hf, name)
@@ -219,18 +213,14 @@ def _mxfp4_rows(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Mxfp4:
+class Mxfp4(_Tensors):
     """Experts stored as MXFP4 (`hf`_blocks: experts, rows, groups, 16 bytes; `hf`_scales: experts, rows,
     groups), their rows optionally one interleaved half (gpt-oss's gate|up), repacked by `_mxfp4_rows`."""
 
-    hf: str
     half: int | None = None
 
     def names(self, prefix: str, ck: Checkpoint) -> tuple[str, ...]:
         return (f"{prefix}{self.hf}_blocks", f"{prefix}{self.hf}_scales")
-
-    def ready(self, prefix: str, ck: Checkpoint) -> bool:
-        return all(ck.has(n) for n in self.names(prefix, ck))
 
     def make(self, name: str, prefix: str, ck: Checkpoint) -> Made:
         b, s = (ck.get(n, name) for n in self.names(prefix, ck))
