@@ -19,10 +19,10 @@ import pytest
 from test_convert import CHATML, from_bf16, to_bf16, tokenizer_json
 
 import barellm
+from barellm.__main__ import main
 from barellm.arch import reference_engine
 from barellm.arch.config import config_of
 from barellm.arch.registry import ARCHITECTURES
-from barellm.__main__ import main
 from barellm.errors import FormatError
 from barellm.formats.blm import BLMFile
 from barellm.formats.gguf import GGUFFile
