@@ -76,7 +76,7 @@ def test_mxfp4_experts_stay_mxfp4():
     stacks = [n for n, t in src.tensors.items() if t.type == MXFP4]
     assert stacks
     for name in stacks:
-        (type_id, layout, rows, cols, data), = e._matrix((name,))
+        (type_id, layout, rows, cols, data), = e.weights.matrix((name,))
         assert (type_id, layout) == (MXFP4, kernels.LAYOUT_INTERLEAVE8)
         # each group of 8 rows padded to whole cache lines: under 64 bytes a group over the file's 17 / 32
         groups = -(-rows // 8)
@@ -104,9 +104,9 @@ def test_mxfp4_converted_stays_4bit(tmp_path):
         assert info.nbytes == np.prod(info.shape) // 32 * 17   # 8 rows of 8 blocks: whole cache lines, no padding
     e = NativeEngine(config_of(f), f, n_ctx=64, threads=2, chunk=8)
     for name in stacks:
-        (type_id, layout, _, _, data), = e._matrix((name,))
+        (type_id, layout, _, _, data), = e.weights.matrix((name,))
         assert (type_id, layout) == (MXFP4, kernels.LAYOUT_INTERLEAVE8)
-        assert np.shares_memory(data, e._stored(name)[2])
+        assert np.shares_memory(data, np.asarray(f.stored(name)))   # the mapping itself, no copy
     src = GGUFFile(gguf)
     want = NativeEngine(config_of(src), src, n_ctx=64, threads=2, chunk=8).forward(PROMPT, 0, all_logits=True)
     assert np.array_equal(e.forward(PROMPT, 0, all_logits=True), want)
@@ -120,7 +120,7 @@ def test_mxfp4_dense_matrices(tmp_path, isa):
     src = GGUFFile(write_tiny_moe(tmp_path / "dense.gguf", MXFP4, 96, 64, dense_mxfp4=True))
     assert src.tensors["blk.0.attn_q.weight"].type == MXFP4
     e = NativeEngine(config_of(src), src, n_ctx=64, threads=2, chunk=8)
-    parts = e._matrix(("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"))
+    parts = e.weights.matrix(("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"))
     assert [(p[0], p[1]) for p in parts] == [(MXFP4, kernels.LAYOUT_INTERLEAVE8)]
     got = e.forward(PROMPT, 0, all_logits=True)
     want = reference_engine(config_of(src), src, 64).forward(PROMPT, 0, all_logits=True)
