@@ -453,3 +453,23 @@ def test_a_cached_regex_program_is_exactly_what_re_compiles(tmp_path, monkeypatc
         again = [_compile_cached(src) for src in sources]
         assert again == [re.compile(src) for src in sources]
     assert files[0].read_bytes() != garbage  # rewritten
+
+
+# --- o200k ("gpt-4o": gpt-oss, Phi-4-mini, Llama 4) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, pieces", [
+    ("Hello World", ["Hello", " World"]),
+    ("camelCaseWord", ["camel", "Case", "Word"]),          # a capital starts a word: o200k's letter classes
+    ("HTTPServer's", ["HTTPServer's"]),                    # capitals run into the lower-case tail, contraction kept
+    ("I'M here", ["I'M", " here"]),
+    ("12345", ["123", "45"]),                              # digits in threes
+    ("a/b\n\n  c", ["a", "/b", "\n\n", " ", " c"]),
+    ("déjà Vu!", ["déjà", " Vu", "!"]),
+    ("hello!!!\n", ["hello", "!!!\n"]),                    # punctuation keeps its line breaks (and slashes)
+])
+def test_o200k_split(text, pieces):
+    from barellm.text.pretokenizer import _PRE_TOKENIZERS, _make_splitter
+
+    for name in ("gpt-4o", "llama4"):
+        assert _make_splitter(_PRE_TOKENIZERS[name][0])(text) == pieces

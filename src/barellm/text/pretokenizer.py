@@ -141,6 +141,14 @@ _LLAMA3_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n
               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k (gpt-oss, Phi-4-mini, Llama 4): its tokenizer.json splits on \p{Lu}/\p{Ll}-style letter classes; this is
+# llama.cpp's form of it, which the comparator tokenizes by: "a letter that is not a-z" for the upper class, "a
+# letter that is not A-Z" for the lower one, and ASCII-only cases for the contractions.
+_GPT4O_RE = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+             r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+             r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+             r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+             r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # tokenizer.ggml.pre -> (regexes applied in turn, ignore_merges). The groups are llama.cpp's; "ignore_merges"
 # means a piece that is itself a vocabulary entry is taken whole without merging.
@@ -154,6 +162,8 @@ for _name in ("llama3", "llama-v3", "llama-bpe", "falcon3"):
     _PRE_TOKENIZERS[_name] = ((_LLAMA3_RE,), True)
 for _name in ("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"):  # (the R1 distills of Qwen: its split)
     _PRE_TOKENIZERS[_name] = ((_QWEN2_RE,), False)
+for _name in ("gpt-4o", "llama4"):
+    _PRE_TOKENIZERS[_name] = ((_GPT4O_RE,), False)
 del _name
 
 
