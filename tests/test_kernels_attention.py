@@ -39,7 +39,7 @@ def _sinks(nq: int, rng: np.random.Generator) -> np.ndarray:
     return s
 
 
-def _reference(q, K, V, pos, window, scale, cap, sinks):
+def attention_reference(q, K, V, pos, window, scale, cap, sinks):
     out = []
     for i, p in enumerate(pos):
         lo = max(0, p - window + 1) if window else 0
@@ -75,7 +75,7 @@ def test_capped_attention_with_sinks_vs_numpy(isa, hd, window, cap, with_sinks, 
         return out
 
     out = attend(q, pos, sinks)
-    want = _reference(q, K[:, head], V[:, head], pos, window, scale, cap, sinks)
+    want = attention_reference(q, K[:, head], V[:, head], pos, window, scale, cap, sinks)
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
     # a query's bits do not depend on the other queries of its block (nor on their sinks)
     for i in (0, 2, 5, nq - 1):
