@@ -314,7 +314,11 @@ def test_broken_checkpoints_fail_cleanly(tmp_path, breakage, message):
     root = tmp_path / "ckpt"
     write_hf(root)
     breakage(root)
-    out_dir = tmp_path / "out"
+    assert_refused(root, message, tmp_path / "out")
+
+
+def assert_refused(root, message, out_dir):
+    """Converting the checkpoint at `root` fails with a FormatError matching `message` and writes nothing."""
     out_dir.mkdir()
     with pytest.raises(FormatError, match=message):
         convert(root, out_dir / "m.blm")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_convert import CHATML, from_bf16, to_bf16, tokenizer_json
+from test_convert import CHATML, assert_refused, from_bf16, to_bf16, tokenizer_json
 
 import barellm
 from barellm.__main__ import main
@@ -417,11 +417,7 @@ def test_broken_checkpoints_fail_cleanly(tmp_path, gguf, breakage, message):
     root = tmp_path / "ckpt"
     hf_from_gguf(DATA / f"{gguf}.gguf", root)
     breakage(root)
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    with pytest.raises(FormatError, match=message):
-        convert(root, out_dir / "m.blm")
-    assert not list(out_dir.iterdir())
+    assert_refused(root, message, tmp_path / "out")
 
 
 def test_qwen2_tokenizer_converts(tmp_path):
