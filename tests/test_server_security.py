@@ -146,7 +146,9 @@ def test_header_size_is_capped() -> None:
         for headers in ({"X-Pad": "a" * 100_000}, {f"X-Pad-{i}": "a" * 1000 for i in range(100)}):
             try:
                 r = httpx.get(f"{url}/v1/models", headers=headers)
-            except httpx.RemoteProtocolError:
-                continue   # the HTTP parser gave up on the block before it was complete: refused too
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                # the HTTP parser gave up on the block before it was complete and closed the connection,
+                # which the client sees as a protocol error or, while it is still sending, a reset: refused too
+                continue
             assert r.status_code in (400, 431)
         assert httpx.get(f"{url}/health").status_code == 200
