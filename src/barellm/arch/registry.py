@@ -2,39 +2,19 @@
 
 Every llama-family model is the same forward pass (pre-norm blocks, grouped-query attention with RoPE, a
 gated MLP) with a few switches flipped. A row says which ones, and where the architecture's facts live in
-files: the GGUF metadata prefix, the tensors beyond llama's, and for Hugging Face checkpoints their
-model_type and tensor names. The config reader (config.py), the NumPy reference (llama.py), the plan
-(plan.py), the native engine's support check (engine.py) and the converter (convert.py) all read this
-table; adding a llama-family architecture is a row here, plus kernels only where the math is new.
+files: the GGUF metadata prefix and the tensors beyond llama's. The config reader (config.py), the NumPy
+reference (llama.py), the plan (plan.py), the native engine's support check (engine.py) and the converter
+(convert.py) all read this table; adding a llama-family architecture is a row here, plus kernels only where the
+math is new. How a Hugging Face checkpoint becomes one (its model_type, its tensor names and what is done to
+them) is a row of store/hf_families.py, which names the architecture it makes: only a family that converts from
+checkpoints has one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from barellm.errors import FormatError
-
-# Hugging Face tensor names inside a layer -> GGUF names, for every llama-family checkpoint
-HF_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-HF_BIAS_NAMES = {
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-}
-HF_QK_NORM_NAMES = {
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-}
 
 
 @dataclass(frozen=True)
@@ -74,9 +54,6 @@ class Architecture:
                                   # code, not in the files)
     expert_weights_norm: bool = False  # the chosen experts' weights are renormalized to sum 1 (as llama.cpp's
                                        # graph of the architecture does, whatever a file's key of that name says)
-    # Hugging Face checkpoints: config.json model_type (and architectures) this row converts from
-    hf_model_types: tuple[str, ...] = ()
-    hf_layer_names: dict[str, str] = field(default_factory=dict)
 
     @property
     def layer_tensors(self) -> tuple[str, ...]:
@@ -106,26 +83,16 @@ class Architecture:
         return tuple(names)
 
 
-def _hf(*extra: dict[str, str]) -> dict[str, str]:
-    out = dict(HF_LAYER_NAMES)
-    for e in extra:
-        out.update(e)
-    return out
-
-
 ARCHITECTURES: dict[str, Architecture] = {
     row.name: row
     for row in (
-        Architecture("llama", rope_style="norm", rope_freqs=True, hf_model_types=("llama",),
-                     hf_layer_names=_hf()),
+        Architecture("llama", rope_style="norm", rope_freqs=True),
         # Gemma 3 (as llama.cpp reads it): GGUF stores Q/K unpermuted, so RoPE rotates (i, i + d/2) pairs;
         # five local layers with base 10000 for each global one.
         Architecture("gemma3", rope_style="neox", qk_norm=True, post_norms=True, act="gelu_tanh",
                      embed_scale_sqrt_dim=True, swa_pattern=6, rope_theta_local=10000.0),
-        Architecture("qwen2", rope_style="neox", attn_bias=True, hf_model_types=("qwen2",),
-                     hf_layer_names=_hf(HF_BIAS_NAMES)),
-        Architecture("qwen3", rope_style="neox", qk_norm=True, hf_model_types=("qwen3",),
-                     hf_layer_names=_hf(HF_QK_NORM_NAMES)),
+        Architecture("qwen2", rope_style="neox", attn_bias=True),
+        Architecture("qwen3", rope_style="neox", qk_norm=True),
         # Qwen3-MoE: qwen3's attention and an MoE MLP on every layer; llama.cpp's qwen3moe graph always
         # renormalizes the chosen experts' weights (norm_w = true)
         Architecture("qwen3moe", rope_style="neox", qk_norm=True, moe=True, expert_weights_norm=True),
@@ -153,13 +120,3 @@ def architecture(name: object) -> Architecture:
         raise FormatError(f"architecture {name!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
     return row
 
-
-def for_hf_model_type(model_type: object, architectures: list[str]) -> Architecture | None:
-    """The row a Hugging Face config.json's model_type (or architectures list) converts as, if any."""
-    for row in ARCHITECTURES.values():
-        if model_type in row.hf_model_types:
-            return row
-    for row in ARCHITECTURES.values():
-        if any(a.lower().startswith(t) for t in row.hf_model_types for a in architectures):
-            return row
-    return None

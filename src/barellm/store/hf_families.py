@@ -20,7 +20,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from barellm.arch.registry import HF_BIAS_NAMES, HF_LAYER_NAMES, HF_QK_NORM_NAMES
 from barellm.errors import FormatError
 from barellm.formats import quant
 
@@ -440,6 +439,29 @@ def _gpt_oss(c: Config) -> dict[str, Any]:
 
 
 # --- the table -------------------------------------------------------------------------------------------
+
+
+# Hugging Face tensor names inside a layer -> GGUF names: llama's, and the groups other families add
+HF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+HF_BIAS_NAMES = {
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+}
+HF_QK_NORM_NAMES = {
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
 
 
 def _layer(*names: Mapping[str, str], **recipes: Recipe) -> Mapping[str, Recipe]:
