@@ -539,3 +539,125 @@ def test_a_broken_tokenizer_model_fails_cleanly(tmp_path):
     (root / "tokenizer.model").write_bytes(b"\x0b" + data)   # wire type 3 (a group)
     with pytest.raises(FormatError, match="wire type 3"):
         convert(root, tmp_path / "m.blm")
+
+
+# --- o200k tokenizers (gpt-oss, Phi-4-mini) ------------------------------------------------------------------
+
+# tokenizer.json's Split regex of gpt-oss, Phi-4-mini and Llama 4 (tiktoken's o200k pattern), as they ship it
+O200K_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+               r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+               r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+O200K_SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|return|>"]
+O200K_MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("'", "s"), ("'", "l"), ("'l", "l"), ("1", "2"), ("12", "3"),
+                ("Ġ", "Ġ"), ("Ġ", "d"), ("o", "n"), ("Ġd", "on"), ("C", "a"), ("e", "r"), ("ä", "½"), ("å", "¥")]
+# contractions (lower and upper case), numbers, CJK, emoji, case changes, whitespace runs and line breaks, a
+# special token
+O200K_TEXT = ("I'm sure THEY'LL say we'll see: it's 12345 dollars, don't they? The cat's 1234567 hats\n\n\n   "
+              "你好，世界 🙂👍 camelCaseWORDS and/or a/b/c  \t tabs   end<|return|> \n")
+
+
+def _o200k_vocab(n_vocab: int) -> tuple[list[str], list[int]]:
+    """The vocabulary llama.cpp's converter writes for the tokenizer.json below: the 256 bytes, the merges' tokens,
+    the specials (control), and [PADi] placeholders (unused) up to the embedding's rows."""
+    from tiny_model import byte_vocab
+
+    words = byte_vocab() + [a + b for a, b in O200K_MERGES] + O200K_SPECIALS
+    tokens = words + [f"[PAD{i}]" for i in range(len(words), n_vocab)]
+    types = [1] * (len(words) - len(O200K_SPECIALS)) + [3] * len(O200K_SPECIALS) + [5] * (n_vocab - len(words))
+    return tokens, types
+
+
+def _o200k_tokenizer_json(ignore_merges: bool, pattern: str = O200K_SPLIT) -> dict:
+    tokens, _ = _o200k_vocab(0)
+    n_plain = len(tokens) - len(O200K_SPECIALS)
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+    return {
+        "version": "1.0",
+        "added_tokens": [{"id": n_plain + i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, t in enumerate(O200K_SPECIALS)],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}, byte_level]},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": ignore_merges, "vocab": {t: i for i, t in enumerate(tokens[:n_plain])},
+                  "merges": [[a, b] for a, b in O200K_MERGES]},
+    }
+
+
+def _hf_o200k_split(text: str) -> list[str]:
+    """tokenizer.json's regex as Hugging Face's tokenizers (Rust's regex) runs it, for the characters of `text`:
+    each Unicode property class written out from unicodedata over those characters (Python's re has no \\p)."""
+    import re
+    import unicodedata
+
+    chars = sorted(set(text))
+
+    def cls(*cats: str) -> str:
+        return "".join(re.escape(c) for c in chars if unicodedata.category(c) in cats
+                       or unicodedata.category(c)[0] in cats)
+
+    sub = {"Lu": cls("Lu"), "Lt": cls("Lt"), "Lm": cls("Lm"), "Lo": cls("Lo"), "M": cls("M"), "Ll": cls("Ll"),
+           "L": cls("L"), "N": cls("N")}
+    pattern = O200K_SPLIT.replace(r"\p{N}{1,3}", f"[{sub['N']}]{{1,3}}")   # the one class outside brackets
+    for name in sorted(sub, key=len, reverse=True):
+        pattern = pattern.replace(f"\\p{{{name}}}", sub[name])
+    return re.findall(pattern, text)
+
+
+@pytest.mark.parametrize("gguf, ignore_merges", [("gpt-oss-tiny", False), ("gpt-oss-tiny", True),
+                                                 ("phi3-tiny", False)])
+def test_o200k_tokenizer_converts_as_the_gguf_tokenizes(tmp_path, gguf, ignore_merges):
+    """A checkpoint whose tokenizer.json splits by o200k's regex (gpt-oss; Phi-4-mini, a phi3) converts to llama.cpp's
+    gpt-4o pre-tokenizer: the vocabulary llama.cpp's converter writes, and the ids of the GGUF made of it (this
+    GGUF's weights with that vocabulary) for a text of contractions, numbers, CJK, emoji and whitespace runs; its
+    pieces are the ones Hugging Face's regex cuts."""
+    from barellm.text.pretokenizer import _PRE_TOKENIZERS, _make_splitter
+    from barellm.text.tokenizer import Tokenizer
+
+    from gguf_writer import write_gguf
+
+    root = tmp_path / "ckpt"
+    hf_from_gguf(DATA / f"{gguf}.gguf", root)
+    (root / "tokenizer.json").write_text(json.dumps(_o200k_tokenizer_json(ignore_merges)))
+    (root / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "add_bos_token": False}))
+    with BLMFile(convert(root, tmp_path / "m.blm")) as f:
+        ours = dict(f.metadata)
+    with GGUFFile(DATA / f"{gguf}.gguf") as g:   # the GGUF llama.cpp's converter makes of this checkpoint
+        md = {k: v for k, v in g.metadata.items() if not k.startswith("tokenizer.") and k != "general.alignment"}
+        tensors = [(n, np.asarray(g.raw(n)).tobytes(), t.type, t.shape) for n, t in g.tensors.items()]
+        n_vocab = g.tensors["token_embd.weight"].shape[0]
+    tokens, types = _o200k_vocab(n_vocab)
+    md.update({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-4o", "tokenizer.ggml.tokens": tokens,
+               "tokenizer.ggml.token_type": np.array(types, np.int32),
+               "tokenizer.ggml.merges": [f"{a} {b}" for a, b in O200K_MERGES],
+               "tokenizer.ggml.bos_token_id": tokens.index("<|startoftext|>"),
+               "tokenizer.ggml.eos_token_id": tokens.index("<|return|>"), "tokenizer.ggml.add_bos_token": False})
+    write_gguf(tmp_path / "o200k.gguf", md, tensors)
+    with GGUFFile(tmp_path / "o200k.gguf") as g:
+        theirs = dict(g.metadata)
+    assert ours["tokenizer.ggml.pre"] == "gpt-4o"
+    for key in ("model", "tokens", "token_type", "merges", "bos_token_id", "eos_token_id", "add_bos_token"):
+        assert np.array_equal(ours[f"tokenizer.ggml.{key}"], theirs[f"tokenizer.ggml.{key}"]), key
+    a, b = Tokenizer.from_metadata(ours), Tokenizer.from_metadata(theirs)
+    ids = a.encode(O200K_TEXT)
+    assert ids == b.encode(O200K_TEXT) and a.decode(ids) == O200K_TEXT
+    assert tokens.index("<|return|>") in ids   # the special token cut out whole
+    for merged in ("'s", "'ll", "123", "Ġthe", "Ġdon", "ĠĠ", "ä½"):   # BPE merged within o200k's pieces
+        assert tokens.index(merged) in ids, merged
+    plain = O200K_TEXT.replace("<|return|>", "")
+    assert _make_splitter(_PRE_TOKENIZERS["gpt-4o"][0])(plain) == _hf_o200k_split(plain)
+
+
+def test_an_unknown_split_regex_is_refused_by_name(tmp_path):
+    root = tmp_path / "ckpt"
+    hf_from_gguf(DATA / "gpt-oss-tiny.gguf", root)
+    near = O200K_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}{1,4}")
+    (root / "tokenizer.json").write_text(json.dumps(_o200k_tokenizer_json(False, near)))
+    assert_refused(root, r"pre_tokenizer .*is not one this converter recognizes \(supported: .*o200k's",
+                   tmp_path / "out")

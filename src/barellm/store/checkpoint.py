@@ -297,7 +297,20 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Qwen2's (Qwen3's, Qwen3-MoE's): llama 3's with digits one at a time
 _QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
-_SPLITS = {_LLAMA3_SPLIT: "llama-bpe", _QWEN2_SPLIT: "qwen2"}
+# o200k (gpt-oss, Phi-4-mini, Llama 4): letters split where their case changes, contractions kept on the word,
+# digits in threes, slashes and line breaks kept after punctuation. llama.cpp's converter names it gpt-4o and its
+# tokenizer splits by an ASCII-cased form of it (pretokenizer.py); this conversion takes that name too, so that a
+# converted checkpoint tokenizes as llama.cpp's GGUF of it does (the two forms part only on combining marks and on
+# non-ASCII letters where the case changes).
+_O200K_WORD = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_O200K_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" + _O200K_WORD
+                + r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _O200K_WORD
+                + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_SPLITS = {_LLAMA3_SPLIT: "llama-bpe", _QWEN2_SPLIT: "qwen2", _O200K_SPLIT: "gpt-4o"}
+# ignore_merges (a piece that is a token taken whole) as the tokenizer of each name has it: llama.cpp's sets it for
+# llama 3's only; None: tokenizer.json's value is not checked, as llama.cpp's converter does not read it for gpt-4o
+# (whose tokenizer merges every piece, as this conversion's then does too, whatever tokenizer.json says)
+_IGNORE_MERGES: dict[str, bool | None] = {"llama-bpe": True, "gpt-4o": None}
 
 
 def _pre_tokenizer(tj: dict[str, Any], where: Path) -> str:
@@ -319,7 +332,8 @@ def _pre_tokenizer(tj: dict[str, Any], where: Path) -> str:
         if pattern in _SPLITS and steps[0].get("behavior") == "Isolated" and not steps[0].get("invert"):
             return _SPLITS[pattern]
     raise FormatError(f"{where}: pre_tokenizer {json.dumps(pt)[:160]} is not one this converter recognizes "
-                      "(supported: GPT-2's byte-level, digits + byte-level, llama 3's or Qwen2's split + byte-level)")
+                      "(supported: GPT-2's byte-level, digits + byte-level, llama 3's, Qwen2's or o200k's split + "
+                      "byte-level)")
 
 
 def _token_content(v: Any) -> str | None:
@@ -400,7 +414,8 @@ def _bpe_vocab(where: Path, tj: Any, n_vocab: int) -> tuple[dict[str, Any], dict
         raise FormatError(f"{where}: a normalizer ({tj['normalizer'].get('type')}) is not supported with "
                           "byte-level BPE")
     pre = _pre_tokenizer(tj, where)
-    if bool(model.get("ignore_merges", False)) != (pre == "llama-bpe"):
+    ignore_merges = _IGNORE_MERGES.get(pre, False)
+    if ignore_merges is not None and bool(model.get("ignore_merges", False)) != ignore_merges:
         raise FormatError(f"{where}: ignore_merges = {model.get('ignore_merges')} does not match the "
                           f"{pre} pre-tokenizer")
     vocab: dict[int, str] = {}
