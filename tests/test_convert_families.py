@@ -398,7 +398,7 @@ def _swap_shapes(a: str, b: str):
      "'model.layers.1.self_attn.qkv_proj.weight' make 'blk.1.attn_qkv.weight' of shape \\(64, 128\\), "
      "expected \\(128, 64\\)"),
     ("smollm3-tiny", lambda r: _edit_config(r, no_rope_layers=[1, 1, 0, 1]), "no_rope_layers \\[1, 1, 0, 1\\]"),
-    ("gemma2-tiny", lambda r: _edit_config(r, query_pre_attn_scalar=144), "query_pre_attn_scalar 144"),
+    ("gemma2-tiny", lambda r: _edit_config(r, query_pre_attn_scalar=0), "query_pre_attn_scalar 0.0 is out of range"),
     ("gemma2-tiny", lambda r: _edit_config(r, hidden_activation="gelu", hidden_act="gelu"), "hidden_act 'gelu'"),
     ("gemma2-tiny", lambda r: _edit_config(r, layer_types=["full_attention"] * 2), "layer_types"),
     ("gpt-oss-mxfp4-tiny", lambda r: _edit_tensors(r, _drop("model.layers.0.mlp.experts.down_proj_scales")),
@@ -661,3 +661,32 @@ def test_an_unknown_split_regex_is_refused_by_name(tmp_path):
     (root / "tokenizer.json").write_text(json.dumps(_o200k_tokenizer_json(False, near)))
     assert_refused(root, r"pre_tokenizer .*is not one this converter recognizes \(supported: .*o200k's",
                    tmp_path / "out")
+
+
+# --- Gemma 2's query_pre_attn_scalar --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layers, scalar, stored", [
+    (3, 24, 1 / np.sqrt(24)),     # neither head_dim (32) nor dim / heads (16): stored as attention.scale
+    (3, 32, None),                # head_dim, what the reader derives for this size: nothing stored
+    (46, 16, None),               # a 27B's dim / heads (Gemma 2 27B: 144 = 4608 / 32), as llama.cpp derives it
+    (46, 32, 1 / np.sqrt(32)),    # a 27B-sized checkpoint scaled by head_dim after all: stored
+])
+def test_gemma2_query_pre_attn_scalar_converts(tmp_path, layers, scalar, stored):
+    """A Gemma 2 checkpoint's attention is scaled by 1/sqrt(query_pre_attn_scalar) once converted: the .blm carries
+    attention.scale where the config reader would derive another scale (llama.cpp's rule for GGUFs), and both
+    engines on the converted file give the float64 Hugging Face-convention forward's logits at that scale."""
+    from test_dense_rows import GEMMA_IDS, assert_gemma_logits, gemma_forward64, write_gemma
+
+    write_gemma(tmp_path / "m.gguf", "gemma2", layers)
+    root = tmp_path / "ckpt"
+    hf_from_gguf(tmp_path / "m.gguf", root)
+    _edit_config(root, query_pre_attn_scalar=scalar)
+    with BLMFile(convert(root, tmp_path / "m.blm")) as f, GGUFFile(tmp_path / "m.gguf") as g:
+        got = f.metadata.get("gemma2.attention.scale")
+        assert (got is None) if stored is None else got == np.float32(stored)
+        cfg = config_of(f)
+        assert np.float32(cfg.scale) == np.float32(1 / np.sqrt(scalar))   # what the engines scale by
+        if layers < 46:   # (the 46-layer forwards are test_dense_rows's)
+            assert_gemma_logits(f, cfg, scalar)
+            assert np.allclose(gemma_forward64(f, GEMMA_IDS, 1.0), gemma_forward64(g, GEMMA_IDS, 1.0))

@@ -13,6 +13,7 @@ from test_kernels_attention import attention_reference
 
 from barellm.arch import reference_engine
 from barellm.arch.config import config_of
+from barellm.errors import FormatError
 from barellm.formats.gguf import GGUFFile
 from barellm.runtime.engine import NativeEngine
 
@@ -111,3 +112,155 @@ def test_capped_attention_vs_numpy(isa, hd, window, cap, sink):
     sinks = None if sink is None else np.full(len(pos), sink)
     for i, want in enumerate(attention_reference(q, K, V, pos, window, scale, cap, sinks)):
         assert np.abs(out[i] - want).max() < 1e-5 * max(1.0, np.abs(want).max())
+
+
+# --- Gemma's attention scale: 1/sqrt(query_pre_attn_scalar), which may differ from 1/sqrt(head_dim) ---------------
+
+GEMMA_DIM, GEMMA_HEADS, GEMMA_KV, GEMMA_HD, GEMMA_FFN, GEMMA_WINDOW = 64, 4, 2, 32, 96, 8   # dim / heads = 16
+
+
+def write_gemma(path, arch: str, n_layers: int, seed: int = 0, **extra) -> None:
+    """A tiny Gemma 2 or Gemma 3 GGUF with random weights, head_dim 32 while dim / heads is 16, llama.cpp's layout
+    (norm weights stored as the multiplier, 1 + w), windows of 8 on the local layers; `extra`: more metadata."""
+    from gguf_writer import write_gguf
+
+    with GGUFFile(DATA / "gemma2-tiny.gguf") as g:
+        md = {k: v for k, v in g.metadata.items() if k.startswith("tokenizer.")}
+        n_vocab = g.tensors["token_embd.weight"].shape[0]
+    p = arch + "."
+    md.update({"general.architecture": arch, p + "block_count": n_layers, p + "context_length": 256,
+               p + "embedding_length": GEMMA_DIM, p + "feed_forward_length": GEMMA_FFN,
+               p + "attention.head_count": GEMMA_HEADS, p + "attention.head_count_kv": GEMMA_KV,
+               p + "attention.key_length": GEMMA_HD, p + "attention.value_length": GEMMA_HD,
+               p + "attention.layer_norm_rms_epsilon": 1e-6, p + "rope.freq_base": 100000.0,
+               p + "attention.sliding_window": GEMMA_WINDOW})
+    if arch == "gemma2":
+        md.update({p + "attn_logit_softcapping": 8.0, p + "final_logit_softcapping": 30.0})
+    md.update({p + k: v for k, v in extra.items()})
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+
+    def norm(n: int = GEMMA_DIM) -> np.ndarray:
+        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    q_dim, kv_dim = GEMMA_HEADS * GEMMA_HD, GEMMA_KV * GEMMA_HD
+    tensors = [("token_embd.weight", mat(n_vocab, GEMMA_DIM, 0.3), 0), ("output_norm.weight", norm(), 0)]
+    for i in range(n_layers):
+        b = f"blk.{i}."
+        D, F = GEMMA_DIM, GEMMA_FFN
+        tensors += [(b + "attn_norm.weight", norm(), 0), (b + "attn_q.weight", mat(q_dim, D, 4.0), 0),
+                    (b + "attn_k.weight", mat(kv_dim, D, 4.0), 0), (b + "attn_v.weight", mat(kv_dim, D), 0),
+                    (b + "attn_output.weight", mat(D, q_dim), 0), (b + "post_attention_norm.weight", norm(), 0),
+                    (b + "ffn_norm.weight", norm(), 0), (b + "ffn_gate.weight", mat(F, D), 0),
+                    (b + "ffn_up.weight", mat(F, D), 0), (b + "ffn_down.weight", mat(D, F), 0),
+                    (b + "post_ffw_norm.weight", norm(), 0)]
+        if arch == "gemma3":
+            tensors += [(b + "attn_q_norm.weight", norm(GEMMA_HD), 0), (b + "attn_k_norm.weight", norm(GEMMA_HD), 0)]
+    write_gguf(path, md, tensors)
+
+
+def gemma_forward64(src, ids: list[int], scale: float) -> np.ndarray:
+    """Gemma 2's or Gemma 3's logits for every position in float64, written from Hugging Face's modeling code (not
+    from barellm's forward): embeddings times sqrt(dim); per layer RMSNorm (1 + w, stored as the multiplier),
+    attention with rotate-half RoPE (Gemma 3: per-head q/k norms first, base 10000 on its local layers), scores
+    times `scale` (1/sqrt(query_pre_attn_scalar)), Gemma 2's tanh soft-cap, a causal mask and the local layers'
+    window (Gemma 2: even layers; Gemma 3: five of every six), post-attention norm, GELU(tanh)-gated MLP, post-MLP
+    norm; the final norm, the tied output, Gemma 2's final soft-cap."""
+    md = src.metadata
+    arch = md["general.architecture"]
+    p = arch + "."
+
+    def w(name: str) -> np.ndarray:
+        return src.dequantize(name).astype(np.float64)
+
+    def rms(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + md[p + "attention.layer_norm_rms_epsilon"]) * g
+
+    def rope(x: np.ndarray, base: float) -> np.ndarray:   # x [T, heads, hd]
+        half = x.shape[-1] // 2
+        ang = np.arange(len(ids))[:, None] * base ** (-np.arange(half) * 2.0 / x.shape[-1])[None, :]
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        a, b = x[..., :half], x[..., half:]
+        return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+
+    n_layers, heads, kv = md[p + "block_count"], md[p + "attention.head_count"], md[p + "attention.head_count_kv"]
+    hd, window = md[p + "attention.key_length"], md[p + "attention.sliding_window"]
+    cap, final_cap = md.get(p + "attn_logit_softcapping", 0.0), md.get(p + "final_logit_softcapping", 0.0)
+    emb = w("token_embd.weight")
+    T = len(ids)
+    x = emb[ids] * np.sqrt(emb.shape[1])
+    pos = np.arange(T)
+    for i in range(n_layers):
+        b = f"blk.{i}."
+        local = i % 2 == 0 if arch == "gemma2" else i % 6 != 5
+        h = rms(x, w(b + "attn_norm.weight"))
+        q = (h @ w(b + "attn_q.weight").T).reshape(T, heads, hd)
+        k = (h @ w(b + "attn_k.weight").T).reshape(T, kv, hd)
+        v = (h @ w(b + "attn_v.weight").T).reshape(T, kv, hd)
+        if arch == "gemma3":
+            q, k = rms(q, w(b + "attn_q_norm.weight")), rms(k, w(b + "attn_k_norm.weight"))
+        base = 10000.0 if arch == "gemma3" and local else md[p + "rope.freq_base"]
+        q, k = rope(q, base), rope(k, base)
+        k, v = np.repeat(k, heads // kv, axis=1), np.repeat(v, heads // kv, axis=1)
+        s = np.einsum("thd,shd->hts", q, k) * scale
+        if cap:
+            s = cap * np.tanh(s / cap)
+        hidden = pos[None, :] > pos[:, None]
+        if local:
+            hidden |= pos[:, None] - pos[None, :] >= window
+        s[:, hidden] = -np.inf
+        e = np.exp(s - s.max(-1, keepdims=True))
+        att = np.einsum("hts,shd->thd", e / e.sum(-1, keepdims=True), v).reshape(T, heads * hd)
+        x = x + rms(att @ w(b + "attn_output.weight").T, w(b + "post_attention_norm.weight"))
+        h = rms(x, w(b + "ffn_norm.weight"))
+        g = h @ w(b + "ffn_gate.weight").T
+        g = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+        x = x + rms((g * (h @ w(b + "ffn_up.weight").T)) @ w(b + "ffn_down.weight").T, w(b + "post_ffw_norm.weight"))
+    logits = rms(x, w("output_norm.weight")) @ emb.T
+    return final_cap * np.tanh(logits / final_cap) if final_cap else logits
+
+
+GEMMA_IDS = [(7 * i + 3) % 300 for i in range(24)]   # 24 positions: three windows of 8
+
+
+def assert_gemma_logits(src, cfg, scalar: float) -> None:
+    """Both engines give the float64 forward's logits at 1/sqrt(scalar), and those at 1/sqrt(head_dim) are far off
+    (the scale matters)."""
+    want = gemma_forward64(src, GEMMA_IDS, 1 / np.sqrt(scalar))
+    ref = reference_engine(cfg, src, 64).forward(GEMMA_IDS, 0, all_logits=True)
+    nat = NativeEngine(cfg, src, n_ctx=64, threads=2, chunk=7, kv_type="f32").forward(GEMMA_IDS, 0, all_logits=True)
+    tol = 1e-3 * np.abs(want).max()   # float32 through up to 62 layers
+    assert np.abs(ref - want).max() < tol and np.abs(nat - want).max() < tol
+    assert np.array_equal(ref.argmax(1), want.argmax(1))
+    if scalar != GEMMA_HD:
+        assert np.abs(gemma_forward64(src, GEMMA_IDS, 1 / np.sqrt(GEMMA_HD)) - want).max() > 50 * tol
+
+
+@pytest.mark.parametrize("arch, layers_27b", [("gemma2", 46), ("gemma3", 62)])
+def test_gemma_27b_gguf_scales_by_dim_over_heads(tmp_path, arch, layers_27b):
+    """llama.cpp's rule for a GGUF (which carries no query_pre_attn_scalar): the 27B, known by its layer count, scales
+    the scores by 1/sqrt(dim / heads) (Gemma 2 27B: 144; Gemma 3 27B: 168), any other size by 1/sqrt(head_dim)."""
+    write_gemma(tmp_path / "27b.gguf", arch, layers_27b)
+    with GGUFFile(tmp_path / "27b.gguf") as src:
+        cfg = config_of(src)
+        assert cfg.scale == 1 / np.sqrt(GEMMA_DIM // GEMMA_HEADS) and cfg.head_dim == GEMMA_HD
+        assert_gemma_logits(src, cfg, GEMMA_DIM // GEMMA_HEADS)
+    write_gemma(tmp_path / "other.gguf", arch, layers_27b - 1)
+    with GGUFFile(tmp_path / "other.gguf") as src:
+        assert config_of(src).scale == 1 / np.sqrt(GEMMA_HD)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_gemma_attention_scale_key(tmp_path, arch):
+    """A file with attention.scale (what a converted checkpoint's query_pre_attn_scalar becomes) is scaled by it,
+    whatever its layer count; a scale out of range is refused."""
+    write_gemma(tmp_path / "m.gguf", arch, 3, **{"attention.scale": float(1 / np.sqrt(24.0))})
+    with GGUFFile(tmp_path / "m.gguf") as src:
+        cfg = config_of(src)
+        assert cfg.scale == np.float32(1 / np.sqrt(24.0))
+        assert_gemma_logits(src, cfg, 24.0)
+    write_gemma(tmp_path / "bad.gguf", arch, 2, **{"attention.scale": -1.0})
+    with GGUFFile(tmp_path / "bad.gguf") as src, pytest.raises(FormatError, match="attention.scale -1.0 is out of"):
+        config_of(src)

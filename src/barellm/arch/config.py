@@ -117,6 +117,12 @@ def _positive(key: str, value: int, limit: int) -> int:
     return value
 
 
+def query_scalar(row: Architecture, n_layers: int, dim: int, n_heads: int, head_dim: int) -> int:
+    """What llama.cpp scales a file's attention scores by the inverse square root of, when the file does not say:
+    head_dim, or for Gemma's 27B (known by its layer count) dim // heads, Gemma's query_pre_attn_scalar."""
+    return dim // n_heads if row.query_scalar_27b_layers and n_layers == row.query_scalar_27b_layers else head_dim
+
+
 def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, rope_freqs: bool = False) -> ModelConfig:
     """The config of a model file, with every hyperparameter range-checked.
 
@@ -177,6 +183,16 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
             for key in ("attn_logit_softcapping", "final_logit_softcapping")]
     if any(not 0 <= c < 1e6 for c in caps):
         raise FormatError(f"soft-caps {caps} out of range")
+    attn_scale = 0.0   # 1/sqrt(head_dim)
+    if row.query_scalar_27b_layers:
+        if p + "attention.scale" in md:
+            attn_scale = _get(md, p + "attention.scale", float)
+            if not 0 < attn_scale <= 16:
+                raise FormatError(f"attention.scale {attn_scale} is out of range (0..16]")
+        elif (scalar := query_scalar(row, n_layers, dim, n_heads, head_dim)) != head_dim:
+            if scalar < 1:
+                raise FormatError(f"embedding_length {dim} is less than head_count {n_heads}")
+            attn_scale = 1.0 / math.sqrt(scalar)
     window = 0
     if row.swa_pattern:
         window = _get(md, p + "attention.sliding_window", int, 0)
@@ -188,7 +204,7 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
         rope_theta=theta, rope_dim=rope_dim, rope_style=row.rope_style, context_length=ctx,
         tied_output=tied_output, attn_bias=row.attn_bias, rope_freqs=rope_freqs,
         embed_scale=math.sqrt(dim) if row.embed_scale_sqrt_dim else 1.0, act=row.act, qk_norm=row.qk_norm,
-        post_norms=row.post_norms, sliding_window=window, swa_pattern=row.swa_pattern,
+        post_norms=row.post_norms, attn_scale=attn_scale, sliding_window=window, swa_pattern=row.swa_pattern,
         rope_theta_local=row.rope_theta_local, rope_long=row.long_rope, rope_original_context=original,
         rope_cs_scale=cs_scale, rope_yarn_factor=yarn, nope_every=row.nope_every, attn_softcap=caps[0],
         final_softcap=caps[1],

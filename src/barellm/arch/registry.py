@@ -54,6 +54,10 @@ class Architecture:
                                   # code, not in the files)
     expert_weights_norm: bool = False  # the chosen experts' weights are renormalized to sum 1 (as llama.cpp's
                                        # graph of the architecture does, whatever a file's key of that name says)
+    # Gemma scales the attention scores by 1/sqrt(query_pre_attn_scalar), which GGUF files do not carry: llama.cpp
+    # takes head_dim for it, but dim / heads for a file of this many layers (the 27B); a row with it reads
+    # attention.scale where a file has one (a converted checkpoint's 1/sqrt(query_pre_attn_scalar))
+    query_scalar_27b_layers: int = 0
 
     @property
     def layer_tensors(self) -> tuple[str, ...]:
@@ -90,7 +94,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         # Gemma 3 (as llama.cpp reads it): GGUF stores Q/K unpermuted, so RoPE rotates (i, i + d/2) pairs;
         # five local layers with base 10000 for each global one.
         Architecture("gemma3", rope_style="neox", qk_norm=True, post_norms=True, act="gelu_tanh",
-                     embed_scale_sqrt_dim=True, swa_pattern=6, rope_theta_local=10000.0),
+                     embed_scale_sqrt_dim=True, swa_pattern=6, rope_theta_local=10000.0, query_scalar_27b_layers=62),
         Architecture("qwen2", rope_style="neox", attn_bias=True),
         Architecture("qwen3", rope_style="neox", qk_norm=True),
         # Qwen3-MoE: qwen3's attention and an MoE MLP on every layer; llama.cpp's qwen3moe graph always
@@ -99,7 +103,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         # Gemma 2: gemma3's norms, GELU and scaled embeddings without its q/k norms, every other layer local
         # (one base), soft-capped attention scores and logits
         Architecture("gemma2", rope_style="neox", post_norms=True, act="gelu_tanh", embed_scale_sqrt_dim=True,
-                     swa_pattern=2, softcaps=True),
+                     swa_pattern=2, softcaps=True, query_scalar_27b_layers=46),
         # gpt-oss: biased projections, attention sinks, every other layer local, YaRN, a mixture of experts with
         # biases whose router picks by raw logit and weighs the chosen by their softmax, clamped SwiGLU
         Architecture("gpt-oss", rope_style="neox", attn_bias=True, attn_out_bias=True, sinks=True, swa_pattern=2,

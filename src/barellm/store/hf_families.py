@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from barellm.arch.config import query_scalar
+from barellm.arch.registry import ARCHITECTURES
 from barellm.errors import FormatError
 from barellm.formats import quant
 
@@ -398,16 +400,24 @@ def _smollm3(c: Config) -> dict[str, Any]:
     return {}
 
 
+def _attention_scale(c: Config, arch: str, head_dim: int) -> dict[str, Any]:
+    """Gemma's attention.scale, 1/sqrt(query_pre_attn_scalar), where it is not what the config reader derives for a
+    file without it (llama.cpp's rule: head_dim, or dim / heads for the 27B)."""
+    scalar = c.num("query_pre_attn_scalar", head_dim, float)
+    if not 0 < scalar < 1 << 20:
+        raise c.error(f"query_pre_attn_scalar {scalar} is out of range")
+    derived = query_scalar(ARCHITECTURES[arch], c.layers(), c.num("hidden_size"), c.num("num_attention_heads"),
+                           head_dim)
+    return {} if scalar == derived else {"attention.scale": 1.0 / math.sqrt(scalar)}
+
+
 def _gemma2(c: Config) -> dict[str, Any]:
     hd = c.num("head_dim")
-    if c.num("query_pre_attn_scalar", hd, float) != hd:
-        raise c.error(f"query_pre_attn_scalar {c.get('query_pre_attn_scalar')} differs from head_dim {hd}; the "
-                      "attention is scaled by 1/sqrt(head_dim) here")
     c.alternating_layers(c.layers())
     caps = {k: c.num(k, 0.0, float) if c.get(k) is not None else 0.0
             for k in ("attn_logit_softcapping", "final_logit_softcapping")}
     return {"attention.key_length": hd, "attention.value_length": hd, "attention.sliding_window":
-            c.num("sliding_window"), **caps}
+            c.num("sliding_window"), **caps, **_attention_scale(c, "gemma2", hd)}
 
 
 def _gpt_oss(c: Config) -> dict[str, Any]:
