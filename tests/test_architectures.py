@@ -70,8 +70,8 @@ def test_unknown_architecture_refused_by_name():
         architecture("falcon")
 
 
-def test_unsupported_file_refused_before_conversion(tmp_path):
-    """A GGUF whose architecture no row covers is refused before a .blm is written: nothing is left behind."""
+def _falcon(tmp_path):
+    """qwen3-tiny's file under an architecture no row covers."""
     src = GGUFFile(DATA / "qwen3-tiny.gguf")
     md = {k: v for k, v in src.metadata.items() if k != "general.alignment"}
     md = {k.replace("qwen3.", "falcon."): v for k, v in md.items()}
@@ -80,11 +80,31 @@ def test_unsupported_file_refused_before_conversion(tmp_path):
     src.close()
     bad = tmp_path / "falcon.gguf"
     write_gguf(bad, md, tensors)
+    return bad
+
+
+def test_unsupported_file_refused_before_conversion(tmp_path):
+    """A GGUF whose architecture no row covers is refused before a .blm is written: nothing is left behind."""
+    bad = _falcon(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(FormatError, match="architecture 'falcon' is not supported"):
         convert(bad, out / "x.blm")
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_run_refuses_an_unsupported_architecture_by_name(tmp_path, capsys, monkeypatch, engine):
+    """`barellm run FILE.gguf` of an architecture no row covers: one error line naming it and every supported one,
+    exit status 1, no traceback."""
+    from barellm.__main__ import main
+
+    monkeypatch.setenv("BARELLM_HOME", str(tmp_path / "home"))
+    bad = _falcon(tmp_path)
+    assert main(["run", str(bad), "hello", "-n", "2", "--engine", engine]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"error: architecture 'falcon' is not supported (supported: "
+                                        f"{', '.join(ARCHITECTURES)})"]
 
 
 @pytest.mark.parametrize("name", ["qwen3moe-tiny", "qwen3moe-q8_0-tiny", "phi3-tiny", "smollm3-tiny", "gemma2-tiny",
