@@ -1,5 +1,5 @@
-"""Hugging Face checkpoints of the families beyond llama's (Qwen3-MoE, Phi-3, SmolLM3, Gemma 2, gpt-oss) through
-`barellm convert`.
+"""Hugging Face checkpoints of the families beyond llama's (Qwen3-MoE, Phi-3, SmolLM3, Gemma 2, Gemma 3, gpt-oss)
+through `barellm convert`.
 
 Each checkpoint is derived from one of the tiny llama.cpp-made GGUFs of tests/data by undoing llama.cpp's
 convert_hf_to_gguf.py mapping of its family (written out here, independently of the converter): the
@@ -11,6 +11,7 @@ decodes them. Broken checkpoints get an error naming what is wrong.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def hf_from_gguf(gguf: Path, root: Path, dtype: str = "F32") -> None:
     n_vocab = floats["token_embd.weight"].shape[0]
     tied = "output.weight" not in floats
     cfg = _base_config(md, arch, n_vocab, tied)
-    shift = 1.0 if arch == "gemma2" else 0.0          # Gemma's norms: llama.cpp stores w + 1
+    shift = 1.0 if arch in ("gemma2", "gemma3") else 0.0   # Gemma's norms: llama.cpp stores w + 1
     w = {"model.embed_tokens.weight": floats["token_embd.weight"],
          "model.norm.weight": floats["output_norm.weight"] - shift}
     if not tied:
@@ -121,14 +122,18 @@ def hf_from_gguf(gguf: Path, root: Path, dtype: str = "F32") -> None:
         if arch == "qwen3moe":
             put("self_attn.q_norm.weight", "attn_q_norm.weight")
             put("self_attn.k_norm.weight", "attn_k_norm.weight")
+        if arch == "gemma3":
+            w[h + "self_attn.q_norm.weight"] = floats[b + "attn_q_norm.weight"] - shift
+            w[h + "self_attn.k_norm.weight"] = floats[b + "attn_k_norm.weight"] - shift
+        if arch == "qwen3moe":
             put("mlp.gate.weight", "ffn_gate_inp.weight")
             for e in range(md[p + "expert_count"]):
                 for part in ("gate", "up", "down"):
                     w[f"{h}mlp.experts.{e}.{part}_proj.weight"] = floats[f"{b}ffn_{part}_exps.weight"][e]
-        if arch in ("smollm3", "gemma2"):
+        if arch in ("smollm3", "gemma2", "gemma3"):
             for part in ("gate", "up", "down"):
                 put(f"mlp.{part}_proj.weight", f"ffn_{part}.weight")
-        if arch == "gemma2":
+        if arch in ("gemma2", "gemma3"):
             for hf, gg in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "post_attention_norm"),
                            ("pre_feedforward_layernorm", "ffn_norm"), ("post_feedforward_layernorm", "post_ffw_norm")):
                 w[f"{h}{hf}.weight"] = floats[f"{b}{gg}.weight"] - shift
@@ -186,6 +191,12 @@ def hf_from_gguf(gguf: Path, root: Path, dtype: str = "F32") -> None:
                            "attn_logit_softcapping": float(md[p + "attn_logit_softcapping"]),
                            "final_logit_softcapping": float(md[p + "final_logit_softcapping"]),
                            "layer_types": alternating},
+        "gemma3": lambda: {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
+                           "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": cfg["head_dim"],
+                           "sliding_window": md[p + "attention.sliding_window"], "rope_local_base_freq": 10000.0,
+                           "final_logit_softcapping": None, "attn_logit_softcapping": None, "rope_scaling": None,
+                           "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                           for i in range(n_layers)]},
         "gpt-oss": lambda: {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
                             "num_local_experts": md[p + "expert_count"],
                             "num_experts_per_tok": md[p + "expert_used_count"],
@@ -369,7 +380,7 @@ def _swap_shapes(a: str, b: str):
 @pytest.mark.parametrize("gguf, breakage, message", [
     ("qwen3moe-tiny", lambda r: _edit_config(r, model_type="mamba", architectures=["MambaForCausalLM"]),
      "model_type 'mamba' .* not supported; checkpoints convert from: llama, qwen2, qwen3, qwen3_moe, phi3, "
-     "smollm3, gemma2, gpt_oss"),
+     "smollm3, gemma2, gemma3_text, gpt_oss"),
     ("qwen3moe-tiny", lambda r: _edit_tensors(r, _drop("model.layers.1.mlp.experts.3.up_proj.weight")),
      "tensor 'model.layers.1.mlp.experts.3.up_proj.weight' is missing .*'blk.1.ffn_up_exps.weight'"),
     ("qwen3moe-tiny", lambda r: _edit_tensors(r, _rename("model.layers.0.mlp.gate.weight",
@@ -663,30 +674,51 @@ def test_an_unknown_split_regex_is_refused_by_name(tmp_path):
                    tmp_path / "out")
 
 
-# --- Gemma 2's query_pre_attn_scalar --------------------------------------------------------------------------
+# --- Gemma's query_pre_attn_scalar ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("layers, scalar, stored", [
-    (3, 24, 1 / np.sqrt(24)),     # neither head_dim (32) nor dim / heads (16): stored as attention.scale
-    (3, 32, None),                # head_dim, what the reader derives for this size: nothing stored
-    (46, 16, None),               # a 27B's dim / heads (Gemma 2 27B: 144 = 4608 / 32), as llama.cpp derives it
-    (46, 32, 1 / np.sqrt(32)),    # a 27B-sized checkpoint scaled by head_dim after all: stored
+@pytest.mark.parametrize("arch, layers_27b", [("gemma2", 46), ("gemma3", 62)])
+@pytest.mark.parametrize("size, scalar, stored", [
+    ("small", 24, 1 / np.sqrt(24)),   # neither head_dim (32) nor dim / heads (16): stored as attention.scale
+    ("small", 32, None),              # head_dim, what the reader derives for this size: nothing stored
+    ("27b", 16, None),                # a 27B's dim / heads (Gemma 2 27B: 144 = 4608 / 32), as llama.cpp derives it
+    ("27b", 32, 1 / np.sqrt(32)),     # a 27B-sized checkpoint scaled by head_dim after all: stored
 ])
-def test_gemma2_query_pre_attn_scalar_converts(tmp_path, layers, scalar, stored):
-    """A Gemma 2 checkpoint's attention is scaled by 1/sqrt(query_pre_attn_scalar) once converted: the .blm carries
-    attention.scale where the config reader would derive another scale (llama.cpp's rule for GGUFs), and both
-    engines on the converted file give the float64 Hugging Face-convention forward's logits at that scale."""
+def test_gemma_query_pre_attn_scalar_converts(tmp_path, arch, layers_27b, size, scalar, stored):
+    """A Gemma 2 or Gemma 3 checkpoint's attention is scaled by 1/sqrt(query_pre_attn_scalar) once converted: the
+    .blm carries attention.scale where the config reader would derive another scale (llama.cpp's rule for GGUFs),
+    and both engines on the converted file give the float64 Hugging Face-convention forward's logits at that
+    scale."""
     from test_dense_rows import GEMMA_IDS, assert_gemma_logits, gemma_forward64, write_gemma
 
-    write_gemma(tmp_path / "m.gguf", "gemma2", layers)
+    write_gemma(tmp_path / "m.gguf", arch, layers_27b if size == "27b" else 6)
     root = tmp_path / "ckpt"
     hf_from_gguf(tmp_path / "m.gguf", root)
     _edit_config(root, query_pre_attn_scalar=scalar)
     with BLMFile(convert(root, tmp_path / "m.blm")) as f, GGUFFile(tmp_path / "m.gguf") as g:
-        got = f.metadata.get("gemma2.attention.scale")
+        got = f.metadata.get(f"{arch}.attention.scale")
         assert (got is None) if stored is None else got == np.float32(stored)
         cfg = config_of(f)
         assert np.float32(cfg.scale) == np.float32(1 / np.sqrt(scalar))   # what the engines scale by
-        if layers < 46:   # (the 46-layer forwards are test_dense_rows's)
+        assert dataclasses.replace(cfg, attn_scale=0.0) == dataclasses.replace(config_of(g), attn_scale=0.0)
+        if size == "small":   # (the 27B-sized forwards are test_dense_rows's)
             assert_gemma_logits(f, cfg, scalar)
-            assert np.allclose(gemma_forward64(f, GEMMA_IDS, 1.0), gemma_forward64(g, GEMMA_IDS, 1.0))
+            assert np.allclose(gemma_forward64(f, GEMMA_IDS, 1.0), gemma_forward64(g, GEMMA_IDS, 1.0), atol=1e-6)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rope_local_base_freq": 20000.0}, "rope_local_base_freq 20000.0 is not 10000"),
+    ({"layer_types": None, "sliding_window_pattern": 4}, "sliding_window_pattern 4 are not five sliding-window"),
+    ({"layer_types": ["sliding_attention"] * 6}, "layer_types .* are not five sliding-window layers, then a global"),
+    ({"final_logit_softcapping": 30.0}, "final_logit_softcapping is 30.0; gemma3 models have no soft-caps"),
+    ({"query_pre_attn_scalar": -4}, "query_pre_attn_scalar -4.0 is out of range"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "rope_scaling .* is not supported"),
+])
+def test_broken_gemma3_checkpoints_fail_cleanly(tmp_path, change, message):
+    from test_dense_rows import write_gemma
+
+    write_gemma(tmp_path / "m.gguf", "gemma3", 6)
+    root = tmp_path / "ckpt"
+    hf_from_gguf(tmp_path / "m.gguf", root)
+    _edit_config(root, **change)
+    assert_refused(root, message, tmp_path / "out")

@@ -420,6 +420,29 @@ def _gemma2(c: Config) -> dict[str, Any]:
             c.num("sliding_window"), **caps, **_attention_scale(c, "gemma2", hd)}
 
 
+def _gemma3(c: Config) -> dict[str, Any]:
+    """Gemma 3's text model as llama.cpp's gemma3 has it: five sliding-window layers for each global one, the local
+    layers' RoPE base fixed at 10000, no soft-caps."""
+    hd, n = c.num("head_dim"), c.layers()
+    want = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
+    got = c.get("layer_types")
+    if (got is not None and got != want) or (got is None and c.num("sliding_window_pattern", 6) != 6):
+        raise c.error(f"layer_types {got!r:.120} / sliding_window_pattern {c.get('sliding_window_pattern')} are not "
+                      "five sliding-window layers, then a global one, in turn (as llama.cpp's gemma3 has them)")
+    if c.num("rope_local_base_freq", 10000.0, float) != 10000.0:
+        raise c.error(f"rope_local_base_freq {c.get('rope_local_base_freq')} is not 10000, the local layers' RoPE "
+                      "base llama.cpp's gemma3 fixes")
+    for k in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if c.get(k) is not None:
+            raise c.error(f"{k} is {c.get(k)}; gemma3 models have no soft-caps")
+    if c.get("rope_theta") is None and c.get("rope_parameters") is not None:
+        raise c.error("rope_parameters without rope_theta: only the RoPE bases as rope_theta and "
+                      "rope_local_base_freq are read")
+    return {"attention.key_length": hd, "attention.value_length": hd, "attention.sliding_window":
+            c.num("sliding_window"), "rope.freq_base": c.num("rope_theta", 1_000_000.0, float),
+            **_attention_scale(c, "gemma3", hd)}
+
+
 def _gpt_oss(c: Config) -> dict[str, Any]:
     if c.num("swiglu_limit", 7.0, float) != 7.0:
         raise c.error(f"swiglu_limit {c.get('swiglu_limit')} is not gpt-oss's 7")
@@ -529,6 +552,12 @@ FAMILIES: tuple[Family, ...] = (
         _ATTN, _MLP, {"post_attention_layernorm.weight": "post_attention_norm.weight",
                       "pre_feedforward_layernorm.weight": "ffn_norm.weight",
                       "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}), _gemma2,
+        acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",)),
+    # Gemma 3's text model: Gemma 2's norms with per-head q/k norms (all stored less one), no soft-caps
+    Family("gemma3", ("gemma3_text",), ("Gemma3ForCausalLM",), _layer(
+        _ATTN, _MLP, HF_QK_NORM_NAMES, {"post_attention_layernorm.weight": "post_attention_norm.weight",
+                                        "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                                        "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}), _gemma3,
         acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",)),
     # gpt-oss: biased attention with sinks; the router and the experts' fused gate|up (interleaved outputs) and
     # down, in MXFP4 blocks or transposed floats, with biases
