@@ -261,6 +261,9 @@ def test_gemma_attention_scale_key(tmp_path, arch):
         cfg = config_of(src)
         assert cfg.scale == np.float32(1 / np.sqrt(24.0))
         assert_gemma_logits(src, cfg, 24.0)
+        e = NativeEngine(cfg, src, n_ctx=64, threads=2, kv_type="f32")   # the per-op debugger scales alike
+        want = e.forward(GEMMA_IDS, 0, all_logits=True)
+        assert np.abs(e.debug_forward(GEMMA_IDS, 0, all_logits=True, backend="numpy") - want).max() < 1e-4
     write_gemma(tmp_path / "bad.gguf", arch, 2, **{"attention.scale": -1.0})
     with GGUFFile(tmp_path / "bad.gguf") as src, pytest.raises(FormatError, match="attention.scale -1.0 is out of"):
         config_of(src)
