@@ -161,10 +161,14 @@ def write_gemma(path, arch: str, n_layers: int, seed: int = 0, **extra) -> None:
     write_gguf(path, md, tensors)
 
 
-def gemma_forward64(src, ids: list[int], scale: float) -> np.ndarray:
+def gemma_forward64(src, ids: list[int], scale: float, linear: float | None = None,
+                    linear_local: bool = False) -> np.ndarray:
     """Gemma 2's or Gemma 3's logits for every position in float64, written from Hugging Face's modeling code (not
     from barellm's forward): embeddings times sqrt(dim); per layer RMSNorm (1 + w, stored as the multiplier),
-    attention with rotate-half RoPE (Gemma 3: per-head q/k norms first, base 10000 on its local layers), scores
+    attention with rotate-half RoPE (Gemma 3: per-head q/k norms first, base 10000 on its local layers; a linear
+    rope_scaling factor divides the global rotary embedding's inv_freq only, as modeling_gemma3's rotary_emb has
+    the config's rope_scaling and its rotary_emb_local none: `linear` overrides the file's factor, `linear_local`
+    scales the local layers too), scores
     times `scale` (1/sqrt(query_pre_attn_scalar)), Gemma 2's tanh soft-cap, a causal mask and the local layers'
     window (Gemma 2: even layers; Gemma 3: five of every six), post-attention norm, GELU(tanh)-gated MLP, post-MLP
     norm; the final norm, the tied output, Gemma 2's final soft-cap."""
@@ -178,9 +182,13 @@ def gemma_forward64(src, ids: list[int], scale: float) -> np.ndarray:
     def rms(x: np.ndarray, g: np.ndarray) -> np.ndarray:
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + md[p + "attention.layer_norm_rms_epsilon"]) * g
 
-    def rope(x: np.ndarray, base: float) -> np.ndarray:   # x [T, heads, hd]
+    if linear is None:
+        linear = md.get(p + "rope.scaling.factor", 1.0) if md.get(p + "rope.scaling.type") == "linear" else 1.0
+
+    def rope(x: np.ndarray, base: float, factor: float) -> np.ndarray:   # x [T, heads, hd]
         half = x.shape[-1] // 2
-        ang = np.arange(len(ids))[:, None] * base ** (-np.arange(half) * 2.0 / x.shape[-1])[None, :]
+        inv_freq = 1.0 / base ** (np.arange(0, x.shape[-1], 2) / x.shape[-1]) / factor
+        ang = np.arange(len(ids))[:, None] * inv_freq[None, :]
         c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
         a, b = x[..., :half], x[..., half:]
         return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
@@ -202,7 +210,8 @@ def gemma_forward64(src, ids: list[int], scale: float) -> np.ndarray:
         if arch == "gemma3":
             q, k = rms(q, w(b + "attn_q_norm.weight")), rms(k, w(b + "attn_k_norm.weight"))
         base = 10000.0 if arch == "gemma3" and local else md[p + "rope.freq_base"]
-        q, k = rope(q, base), rope(k, base)
+        factor = linear if not local or linear_local else 1.0
+        q, k = rope(q, base, factor), rope(k, base, factor)
         k, v = np.repeat(k, heads // kv, axis=1), np.repeat(v, heads // kv, axis=1)
         s = np.einsum("thd,shd->hts", q, k) * scale
         if cap:
@@ -266,4 +275,152 @@ def test_gemma_attention_scale_key(tmp_path, arch):
         assert np.abs(e.debug_forward(GEMMA_IDS, 0, all_logits=True, backend="numpy") - want).max() < 1e-4
     write_gemma(tmp_path / "bad.gguf", arch, 2, **{"attention.scale": -1.0})
     with GGUFFile(tmp_path / "bad.gguf") as src, pytest.raises(FormatError, match="attention.scale -1.0 is out of"):
+        config_of(src)
+
+
+# --- Linear RoPE scaling: Gemma 3 4B/12B/27B (factor 8 on the global layers only), linear-scaled llama files -------
+
+LINEAR_IDS = [(11 * i + 5) % 300 for i in range(112)]   # positions up to 111: well past where a 1/8 step shows
+GEMMA3_LINEAR = {"rope.freq_base": 1e6, "rope.scaling.type": "linear", "rope.scaling.factor": 8.0}
+
+
+@pytest.fixture(scope="module")
+def gemma3_linear(tmp_path_factory):
+    """A tiny Gemma 3 file as the 4B/12B/27B store their RoPE: global base 1e6, linear factor 8; 8 layers (local
+    0-4, global 5, local 6-7); with the float64 forward's logits."""
+    path = tmp_path_factory.mktemp("linear") / "gemma3-linear.gguf"
+    write_gemma(path, "gemma3", 8, seed=3, **GEMMA3_LINEAR)
+    with GGUFFile(path) as src:
+        yield src, gemma_forward64(src, LINEAR_IDS, 1 / np.sqrt(GEMMA_HD))
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
+    assert np.array_equal(got.argmax(1), want.argmax(1))
+
+
+def test_gemma3_linear_config(gemma3_linear):
+    """Factor 8 slows the global layers' positions only (llama.cpp: the sliding-window layers keep base 10000 and
+    scale 1): two RoPE tables, (10000, 1) and (1e6, 1/8)."""
+    cfg = config_of(gemma3_linear[0])
+    assert cfg.rope_linear == 8.0
+    assert [cfg.layer_rope_table(i) for i in range(cfg.n_layers)] == [(10000.0, 1.0)] * 5 + [(1e6, 0.125)] + [
+        (10000.0, 1.0)] * 2
+
+
+def test_gemma3_linear_reference(gemma3_linear):
+    src, want = gemma3_linear
+    _close(reference_engine(config_of(src), src, 128).forward(LINEAR_IDS, 0, all_logits=True), want)
+
+
+def test_gemma3_linear_native(gemma3_linear, isa):
+    """Each tier, in chunks that cross tables' fills, with the per-op debugger's NumPy ops reading the same tables."""
+    src, want = gemma3_linear
+    e = NativeEngine(config_of(src), src, n_ctx=128, threads=2, chunk=40, kv_type="f32")
+    got = e.forward(LINEAR_IDS, 0, all_logits=True)
+    _close(got, want)
+    assert np.abs(e.debug_forward(LINEAR_IDS, 0, all_logits=True, backend="numpy") - got).max() < 1e-4
+
+
+def test_gemma3_linear_independent_of_threads_and_chunks(gemma3_linear):
+    src, _ = gemma3_linear
+    cfg = config_of(src)
+    one = NativeEngine(cfg, src, n_ctx=128, threads=1, chunk=64).forward(LINEAR_IDS, 0, all_logits=True)
+    two = NativeEngine(cfg, src, n_ctx=128, threads=2, chunk=5).forward(LINEAR_IDS, 0, all_logits=True)
+    assert np.array_equal(one, two)
+
+
+@pytest.mark.parametrize("linear, local", [(1.0, False), (8.0, True)])
+def test_gemma3_linear_scaling_and_its_layers_matter(gemma3_linear, linear, local):
+    """Without the scaling, or with it on the local layers too, the float64 forward is far from the scaled one."""
+    src, want = gemma3_linear
+    other = gemma_forward64(src, LINEAR_IDS, 1 / np.sqrt(GEMMA_HD), linear=linear, linear_local=local)
+    assert np.abs(other - want).max() > 50 * 1e-3 * np.abs(want).max()
+
+
+def llama_forward64(src, ids: list[int]) -> np.ndarray:
+    """A llama GGUF's logits for every position in float64, written from llama.cpp's graph (not barellm's forward):
+    RMSNorm, RoPE on adjacent pairs (the layout GGUF stores llama's Q and K in) at positions times 1 / the linear
+    factor (ggml's freq_scale), grouped-query causal attention, SwiGLU MLP, the separate output matrix."""
+    md = src.metadata
+    eps, base = md["llama.attention.layer_norm_rms_epsilon"], md["llama.rope.freq_base"]
+    heads, kv = md["llama.attention.head_count"], md["llama.attention.head_count_kv"]
+    hd = md["llama.attention.key_length"]
+    factor = md.get("llama.rope.scaling.factor", md.get("llama.rope.scale_linear", 1.0))
+
+    def w(name: str) -> np.ndarray:
+        return src.dequantize(name).astype(np.float64)
+
+    def rms(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+
+    T = len(ids)
+    theta = (np.arange(T) / factor)[:, None] * base ** (-np.arange(0, hd, 2) / hd)[None, :]
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+
+    def rope(x: np.ndarray) -> np.ndarray:
+        out = x.copy()
+        a, b = x[..., 0::2], x[..., 1::2]
+        out[..., 0::2], out[..., 1::2] = a * c - b * s, a * s + b * c
+        return out
+
+    x = w("token_embd.weight")[ids]
+    for i in range(md["llama.block_count"]):
+        b = f"blk.{i}."
+        h = rms(x, w(b + "attn_norm.weight"))
+        q = rope((h @ w(b + "attn_q.weight").T).reshape(T, heads, hd))
+        k = rope((h @ w(b + "attn_k.weight").T).reshape(T, kv, hd))
+        v = (h @ w(b + "attn_v.weight").T).reshape(T, kv, hd)
+        k, v = np.repeat(k, heads // kv, axis=1), np.repeat(v, heads // kv, axis=1)
+        sc = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)
+        sc[:, np.triu(np.ones((T, T), bool), 1)] = -np.inf
+        e = np.exp(sc - sc.max(-1, keepdims=True))
+        att = np.einsum("hts,shd->thd", e / e.sum(-1, keepdims=True), v).reshape(T, heads * hd)
+        x = x + att @ w(b + "attn_output.weight").T
+        h = rms(x, w(b + "ffn_norm.weight"))
+        g = h @ w(b + "ffn_gate.weight").T
+        x = x + (g / (1 + np.exp(-g)) * (h @ w(b + "ffn_up.weight").T)) @ w(b + "ffn_down.weight").T
+    return rms(x, w("output_norm.weight")) @ w("output.weight").T
+
+
+def write_llama_linear(path, **scaling) -> None:
+    """llama3rope-tiny's weights without its rope_freqs factors, with `scaling` as llama.* metadata."""
+    from gguf_writer import write_gguf
+
+    with GGUFFile(DATA / "llama3rope-tiny.gguf") as g:
+        md = {k: v for k, v in g.metadata.items() if k != "general.alignment"}
+        tensors = [(n, g.dequantize(n), 0) for n in g.tensors if n != "rope_freqs.weight"]
+    md.update({"llama." + k: v for k, v in scaling.items()})
+    write_gguf(path, md, tensors)
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0},
+    {"rope.scale_linear": 4.0},   # the older key, with llama.cpp's default type (linear)
+])
+def test_llama_linear_scaling(tmp_path, scaling, isa):
+    """Every layer of a linear-scaled llama file rotates at positions / factor: both engines on each tier against
+    the float64 forward, which the unscaled one is far from."""
+    write_llama_linear(tmp_path / "m.gguf", **scaling)
+    with GGUFFile(tmp_path / "m.gguf") as src:
+        cfg = config_of(src)
+        assert cfg.rope_linear == 4.0 and {cfg.layer_rope_scale(i) for i in range(cfg.n_layers)} == {0.25}
+        want = llama_forward64(src, LINEAR_IDS)
+        _close(reference_engine(cfg, src, 128).forward(LINEAR_IDS, 0, all_logits=True), want)
+        _close(NativeEngine(cfg, src, n_ctx=128, threads=2, chunk=48).forward(LINEAR_IDS, 0, all_logits=True), want)
+        unscaled = reference_engine(dataclasses.replace(cfg, rope_linear=1.0), src, 128)
+        assert np.abs(unscaled.forward(LINEAR_IDS, 0, all_logits=True) - want).max() > 50 * 1e-3 * np.abs(want).max()
+
+
+def test_linear_scaling_type_none_ignores_the_factor(tmp_path):
+    write_llama_linear(tmp_path / "m.gguf", **{"rope.scaling.type": "none", "rope.scaling.factor": 4.0})
+    with GGUFFile(tmp_path / "m.gguf") as src:
+        assert config_of(src).rope_linear == 1.0
+
+
+@pytest.mark.parametrize("factor", [0.5, 0.0, -8.0, 2048.0])
+def test_linear_factor_out_of_range_refused(tmp_path, factor):
+    write_gemma(tmp_path / "bad.gguf", "gemma3", 2, **{**GEMMA3_LINEAR, "rope.scaling.factor": factor})
+    message = rf"linear RoPE scaling: gemma3\.rope\.scaling\.factor {factor} is out of range \(1\.\.1024\)"
+    with GGUFFile(tmp_path / "bad.gguf") as src, pytest.raises(FormatError, match=message):
         config_of(src)

@@ -280,7 +280,8 @@ def _rope_off_by_one(model, layer):
     from barellm.arch.llama import rope, rope_tables
 
     cfg = model.config
-    cos, sin = rope_tables(cfg.rope_dim, cfg.layer_rope_theta(layer), model.n_ctx + 1)
+    cos, sin = rope_tables(cfg.rope_dim, cfg.layer_rope_theta(layer), model.n_ctx + 1,
+                           position_scale=cfg.layer_rope_scale(layer))
 
     def wrong(out, seen):
         T = out.shape[0]

@@ -46,6 +46,7 @@ class ModelConfig:
     sliding_window: int = 0            # keys a local layer sees, counting the query's own (0: all)
     swa_pattern: int = 0               # every swa_pattern-th layer is global, the others local (0: all global)
     rope_theta_local: float = 0.0      # RoPE base of local layers (0: rope_theta)
+    rope_linear: float = 1.0           # linear RoPE scaling's factor, dividing positions (where: layer_rope_scale)
     rope_long: bool = False            # LongRoPE: rope_factors_short/_long.weight divide the RoPE frequencies
     rope_original_context: int = 0     # LongRoPE: contexts past this take the long factors
     rope_yarn_factor: float = 0.0      # YaRN: the context extension factor (0: no YaRN)
@@ -84,6 +85,17 @@ class ModelConfig:
 
     def layer_rope_theta(self, layer: int) -> float:
         return self.rope_theta_local if self.is_local(layer) and self.rope_theta_local else self.rope_theta
+
+    def layer_rope_scale(self, layer: int) -> float:
+        """What a layer's RoPE multiplies positions by: 1 / the linear scaling factor (ggml's freq_scale), except on
+        the local layers of a row whose linear scaling is its global layers' only (Gemma 3)."""
+        if self.rope_linear == 1.0 or self.is_local(layer) and not self.spec.rope_linear_local:
+            return 1.0
+        return 1.0 / self.rope_linear
+
+    def layer_rope_table(self, layer: int) -> tuple[float, float]:
+        """The RoPE table a layer reads, as (base, position scale): layers with the same pair share one."""
+        return self.layer_rope_theta(layer), self.layer_rope_scale(layer)
 
     @property
     def scale(self) -> float:
@@ -162,14 +174,20 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
     if not (0 < eps < 1 and theta > 1):
         raise FormatError(f"norm epsilon {eps} or rope base {theta} out of range")
     ctx = _positive(p + "context_length", _get(md, p + "context_length", int, 2048), 1 << 24)
-    scaling = _get(md, p + "rope.scaling.type", str, "none")
-    yarn = 0.0
+    # llama.cpp's reading: the type defaults to linear, its factor is rope.scaling.factor or the older
+    # rope.scale_linear (none: 1); type none ignores the factor
+    scaling = _get(md, p + "rope.scaling.type", str, "linear")
+    yarn = linear = 0.0
     if scaling == "yarn" and row.yarn:
         yarn = _get(md, p + "rope.scaling.factor", float)
         if not 1 <= yarn <= 1024:
             raise FormatError(f"rope.scaling.factor {yarn} is out of range (1..1024)")
-    elif scaling not in ("none", "linear") or (scaling == "linear" and _get(md, p + "rope.scaling.factor", float,
-                                                                              1.0) != 1.0):
+    elif scaling == "linear":
+        key = p + ("rope.scaling.factor" if p + "rope.scaling.factor" in md else "rope.scale_linear")
+        linear = _get(md, key, float, 1.0)
+        if not 1 <= linear <= 1024:
+            raise FormatError(f"linear RoPE scaling: {key} {linear} is out of range (1..1024)")
+    elif scaling != "none":
         raise FormatError(f"rope scaling {scaling!r} is not supported")
     if rope_freqs and not row.rope_freqs:
         raise FormatError(f"rope_freqs.weight is not part of a {arch} model")
@@ -205,7 +223,8 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
         tied_output=tied_output, attn_bias=row.attn_bias, rope_freqs=rope_freqs,
         embed_scale=math.sqrt(dim) if row.embed_scale_sqrt_dim else 1.0, act=row.act, qk_norm=row.qk_norm,
         post_norms=row.post_norms, attn_scale=attn_scale, sliding_window=window, swa_pattern=row.swa_pattern,
-        rope_theta_local=row.rope_theta_local, rope_long=row.long_rope, rope_original_context=original,
+        rope_theta_local=row.rope_theta_local, rope_linear=linear or 1.0, rope_long=row.long_rope,
+        rope_original_context=original,
         rope_cs_scale=cs_scale, rope_yarn_factor=yarn, nope_every=row.nope_every, attn_softcap=caps[0],
         final_softcap=caps[1],
         n_experts=n_experts, n_experts_used=n_used,

@@ -62,12 +62,14 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rope_frequencies(rope_dim: int, base: float, factors: np.ndarray | None = None, yarn: float = 0.0,
-                     original_context: int = 0) -> np.ndarray:
+                     original_context: int = 0, position_scale: float = 1.0) -> np.ndarray:
     """theta_i = base^(-2i/rope_dim) / factor_i (float64 [rope_dim/2]); the factors are a file's
     rope_freqs.weight (Llama 3.1's scaling: low frequencies slowed down for long contexts). With a YaRN factor
     (and the context the model was trained for), ggml's YaRN: each frequency slowed by the factor, blended back
     towards the original by a ramp over the dims between the corrections for 32 and 1 rotations (beta fast
-    and slow) in the original context: the fast dims keep their frequency, the slow ones are interpolated."""
+    and slow) in the original context: the fast dims keep their frequency, the slow ones are interpolated.
+    position_scale (linear RoPE scaling's 1 / factor, ggml's freq_scale) multiplies every frequency, which is
+    multiplying the positions by it."""
     inv_freq = 1.0 / (base ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim))
     if factors is not None:
         inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
@@ -79,14 +81,15 @@ def rope_frequencies(rope_dim: int, base: float, factors: np.ndarray | None = No
         y = (np.arange(rope_dim // 2, dtype=np.float64) - low) / max(0.001, high - low)
         mix = 1.0 - np.clip(y, 0.0, 1.0)
         inv_freq = inv_freq / yarn * (1.0 - mix) + inv_freq * mix
-    return inv_freq
+    return inv_freq * position_scale if position_scale != 1.0 else inv_freq
 
 
 def rope_tables(rope_dim: int, base: float, n_ctx: int, factors: np.ndarray | None = None,
-                scale: float = 1.0, yarn: float = 0.0, original_context: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [n_ctx, rope_dim/2] of position * theta_i (rope_frequencies), times scale (LongRoPE's
-    attention factor)."""
-    inv_freq = rope_frequencies(rope_dim, base, factors, yarn, original_context)
+                scale: float = 1.0, yarn: float = 0.0, original_context: int = 0,
+                position_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [n_ctx, rope_dim/2] of position * position_scale * theta_i (rope_frequencies), times scale
+    (LongRoPE's attention factor)."""
+    inv_freq = rope_frequencies(rope_dim, base, factors, yarn, original_context, position_scale)
     angles = np.outer(np.arange(n_ctx, dtype=np.float64), inv_freq)
     cos, sin = np.cos(angles), np.sin(angles)
     if scale != 1.0:
@@ -279,7 +282,7 @@ class ReferenceEngine:
         # before anything is allocated: the float32 weights (and one matrix's transposed copy), the cache and
         # the RoPE tables (built in float64) against the machine's available memory
         sizes = [4 * int(np.prod(t.shape, dtype=np.int64)) for t in source.tensors.values()]
-        bases = len({cfg.layer_rope_theta(i) for i in range(cfg.n_layers)})
+        bases = len({cfg.layer_rope_table(i) for i in range(cfg.n_layers)})
         check_memory("reference", self.n_ctx, 2 * n_slots * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4,
                      bases * cfg.rope_dim * 20, sum(sizes) + max(sizes, default=0), fixed_what="float32 weights")
 
@@ -352,10 +355,10 @@ class ReferenceEngine:
         self.v_cache = np.zeros_like(self.k_cache)
         factor_name = cfg.rope_factors(self.n_ctx)
         factors = None if factor_name is None else w(factor_name)
-        tables = {base: rope_tables(cfg.rope_dim, base, self.n_ctx, factors, cfg.rope_cs_scale, cfg.rope_yarn_factor,
-                                    cfg.rope_original_context)
-                  for base in {cfg.layer_rope_theta(i) for i in range(cfg.n_layers)}}
-        self.rope = [tables[cfg.layer_rope_theta(i)] for i in range(cfg.n_layers)]
+        tables = {(base, pos_scale): rope_tables(cfg.rope_dim, base, self.n_ctx, factors, cfg.rope_cs_scale,
+                                                 cfg.rope_yarn_factor, cfg.rope_original_context, pos_scale)
+                  for base, pos_scale in {cfg.layer_rope_table(i) for i in range(cfg.n_layers)}}
+        self.rope = [tables[cfg.layer_rope_table(i)] for i in range(cfg.n_layers)]
 
     def _cached(self, x: np.ndarray) -> np.ndarray:
         """Values as the cache holds them (see kv_type)."""

@@ -34,6 +34,8 @@ class Architecture:
     embed_scale_sqrt_dim: bool = False  # token embeddings are multiplied by sqrt(dim)
     swa_pattern: int = 0          # every swa_pattern-th layer is global, the others see a sliding window
     rope_theta_local: float = 0.0  # RoPE base of the sliding-window layers (0: the global one)
+    rope_linear_local: bool = True  # a file's linear RoPE scaling slows the sliding-window layers' positions too
+                                    # (Gemma 3: only the global layers', as llama.cpp sets its local ones' scale 1)
     norm: str = "rms"             # every norm is an RMSNorm (the only kind the engines have)
     # Mixture of experts: each layer's MLP is n_experts gated MLPs stacked in 3-D tensors and a router
     # (ffn_gate_inp) that picks expert_used_count of them per token, weighted by the softmax of its logits
@@ -92,9 +94,11 @@ ARCHITECTURES: dict[str, Architecture] = {
     for row in (
         Architecture("llama", rope_style="norm", rope_freqs=True),
         # Gemma 3 (as llama.cpp reads it): GGUF stores Q/K unpermuted, so RoPE rotates (i, i + d/2) pairs;
-        # five local layers with base 10000 for each global one.
+        # five local layers with base 10000 and no linear scaling (the 4B, 12B and 27B files' factor 8 is the
+        # global layers') for each global one.
         Architecture("gemma3", rope_style="neox", qk_norm=True, post_norms=True, act="gelu_tanh",
-                     embed_scale_sqrt_dim=True, swa_pattern=6, rope_theta_local=10000.0, query_scalar_27b_layers=62),
+                     embed_scale_sqrt_dim=True, swa_pattern=6, rope_theta_local=10000.0, rope_linear_local=False,
+                     query_scalar_27b_layers=62),
         Architecture("qwen2", rope_style="neox", attn_bias=True),
         Architecture("qwen3", rope_style="neox", qk_norm=True),
         # Qwen3-MoE: qwen3's attention and an MoE MLP on every layer; llama.cpp's qwen3moe graph always

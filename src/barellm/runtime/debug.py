@@ -154,7 +154,7 @@ class Debugger:
         qkv = ctx.buf(op.out)
         hd, qd, kd = cfg.head_dim, cfg.q_dim, cfg.kv_dim
         half = cfg.rope_dim // 2
-        cs = e._rope_cs[cfg.layer_rope_theta(op.layer)][ctx.positions]
+        cs = e._rope_cs[cfg.layer_rope_table(op.layer)][ctx.positions]
         cos, sin = cs[:, :half], cs[:, half:]
         q = qkv[:, :qd].reshape(T, cfg.n_heads, hd)
         k = qkv[:, qd:qd + kd].reshape(T, cfg.n_kv_heads, hd)

@@ -138,7 +138,7 @@ class NativeEngine:
         """What _alloc will take, against the machine's available memory (the weights are mapped, not counted)."""
         cfg = self.cfg
         kv = self.n_slots * kv_bytes_per_token(cfg, self.kv_type)
-        bases = len({cfg.layer_rope_theta(i) for i in range(cfg.n_layers)})
+        bases = len({cfg.layer_rope_table(i) for i in range(cfg.n_layers)})
         rope = bases * cfg.rope_dim * 24  # the float32 table, and the float64 angles, cosines and sines it comes from
         pad = _round_up(self.n_ctx, KV_TILE) - self.n_ctx
         scratch = 4 * self.chunk * sum(_round_up(w, FLOAT_ALIGN) for w in buffer_widths(cfg).values())
@@ -169,19 +169,20 @@ class NativeEngine:
             self.v_cache = lazy_zeros((self.n_slots, L, nkv, self.n_ctx_pad, hd), kv_dtype)
         self._layer_elems = nkv * self.n_ctx_pad * per_pos  # in the cache's elements (q8_0: bytes)
         self._slot_elems = L * self._layer_elems
-        # RoPE tables [n_ctx, rope_dim]: cos then sin of position * base^(-2i/rope_dim), one per base. Filled
+        # RoPE tables [n_ctx, rope_dim]: cos then sin of position * scale * base^(-2i/rope_dim), one per (base,
+        # position scale) pair of the layers (layer_rope_table; the scale is linear RoPE scaling's). Filled
         # when positions come into use (_rope_upto): all 4096 positions' cosines and sines take 7-14 ms of
         # libm, most of them for positions a short exchange never reaches. Each entry is computed on its own,
         # so a table filled in two pieces holds exactly what one filled at once does.
-        self._rope_cs: dict[float, np.ndarray] = {}
-        self._rope_inv: dict[float, np.ndarray] = {}
+        self._rope_cs: dict[tuple[float, float], np.ndarray] = {}
+        self._rope_inv: dict[tuple[float, float], np.ndarray] = {}
         self._rope_filled = 0
         factor_name = cfg.rope_factors(self.n_ctx)
         factors = None if factor_name is None else np.asarray(self._source.dequantize(factor_name), np.float64)
-        for base in sorted({cfg.layer_rope_theta(i) for i in range(L)}):
-            self._rope_inv[base] = rope_frequencies(cfg.rope_dim, base, factors, cfg.rope_yarn_factor,
-                                                    cfg.rope_original_context)
-            self._rope_cs[base] = aligned_zeros((self.n_ctx_pad, cfg.rope_dim))
+        for key in sorted({cfg.layer_rope_table(i) for i in range(L)}):
+            self._rope_inv[key] = rope_frequencies(cfg.rope_dim, key[0], factors, cfg.rope_yarn_factor,
+                                                   cfg.rope_original_context, key[1])
+            self._rope_cs[key] = aligned_zeros((self.n_ctx_pad, cfg.rope_dim))
         # per-call inputs the plan reads
         self._tok = aligned_zeros(T, np.int32)
         self._pos = aligned_zeros(T, np.int32)
@@ -197,8 +198,8 @@ class NativeEngine:
             return
         lo = self._rope_filled
         hi = min(self.n_ctx_pad, ROPE_FIRST) if n <= ROPE_FIRST else self.n_ctx_pad
-        for base, table in self._rope_cs.items():
-            ang = np.outer(np.arange(lo, hi, dtype=np.float64), self._rope_inv[base])
+        for key, table in self._rope_cs.items():
+            ang = np.outer(np.arange(lo, hi, dtype=np.float64), self._rope_inv[key])
             cs = np.concatenate([np.cos(ang), np.sin(ang)], axis=1)
             table[lo:hi] = cs * self.cfg.rope_cs_scale if self.cfg.rope_cs_scale != 1.0 else cs
         self._rope_filled = hi
@@ -303,7 +304,7 @@ class NativeEngine:
             d.update(k_shift=self.weights.norm(op.k_bias))
         d.update(out=self._spec(op.out), out_stride=self._stride(op.out), rope_dim=cfg.rope_dim if op.rope else 0,
                  eps=op.eps, rope_style=0 if cfg.rope_style == "norm" else 1,
-                 rope_cs=self._rope_cs[cfg.layer_rope_theta(op.layer)])
+                 rope_cs=self._rope_cs[cfg.layer_rope_table(op.layer)])
         return d
 
     def _spec_attention(self, op: Attention) -> dict[str, Any]:
