@@ -27,6 +27,7 @@ from barellm.arch.registry import ARCHITECTURES
 from barellm.errors import FormatError
 from barellm.formats.blm import BLMFile
 from barellm.formats.gguf import GGUFFile
+from barellm.runtime.engine import NativeEngine
 from barellm.store.convert import convert
 from barellm.store.hf_families import FAMILIES
 
@@ -194,7 +195,9 @@ def hf_from_gguf(gguf: Path, root: Path, dtype: str = "F32") -> None:
         "gemma3": lambda: {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
                            "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": cfg["head_dim"],
                            "sliding_window": md[p + "attention.sliding_window"], "rope_local_base_freq": 10000.0,
-                           "final_logit_softcapping": None, "attn_logit_softcapping": None, "rope_scaling": None,
+                           "final_logit_softcapping": None, "attn_logit_softcapping": None,
+                           "rope_scaling": {"rope_type": "linear", "factor": float(md[p + "rope.scaling.factor"])}
+                           if md.get(p + "rope.scaling.type") == "linear" else None,
                            "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
                                            for i in range(n_layers)]},
         "gpt-oss": lambda: {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
@@ -712,7 +715,10 @@ def test_gemma_query_pre_attn_scalar_converts(tmp_path, arch, layers_27b, size, 
     ({"layer_types": ["sliding_attention"] * 6}, "layer_types .* are not five sliding-window layers, then a global"),
     ({"final_logit_softcapping": 30.0}, "final_logit_softcapping is 30.0; gemma3 models have no soft-caps"),
     ({"query_pre_attn_scalar": -4}, "query_pre_attn_scalar -4.0 is out of range"),
-    ({"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "rope_scaling .* is not supported"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 8.0}}, "rope_scaling .* is not supported"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 0.5}}, "rope_scaling factor 0.5 is out of range"),
+    ({"rope_scaling": {"type": "linear", "factor": "8"}}, "rope_scaling factor '8' is out of range"),
+    ({"rope_scaling": {"rope_type": "linear"}}, "rope_scaling factor None is out of range"),
 ])
 def test_broken_gemma3_checkpoints_fail_cleanly(tmp_path, change, message):
     from test_dense_rows import write_gemma
@@ -722,3 +728,25 @@ def test_broken_gemma3_checkpoints_fail_cleanly(tmp_path, change, message):
     hf_from_gguf(tmp_path / "m.gguf", root)
     _edit_config(root, **change)
     assert_refused(root, message, tmp_path / "out")
+
+
+@pytest.mark.parametrize("key", ["rope_type", "type"])
+def test_gemma3_linear_rope_scaling_converts(tmp_path, key):
+    """Gemma 3 4B/12B/27B's rope_scaling {"rope_type" (or the older "type"): "linear", "factor": 8} converts to
+    llama.cpp's keys: the converted file's config is the GGUF's, and both engines on it give the float64 forward's
+    logits (global layers' positions / 8) at positions past 100."""
+    from test_dense_rows import GEMMA3_LINEAR, LINEAR_IDS, gemma_forward64, write_gemma
+
+    write_gemma(tmp_path / "m.gguf", "gemma3", 6, seed=5, **GEMMA3_LINEAR)
+    root = tmp_path / "ckpt"
+    hf_from_gguf(tmp_path / "m.gguf", root)
+    _edit_config(root, rope_scaling={key: "linear", "factor": 8.0})
+    with BLMFile(convert(root, tmp_path / "m.blm")) as f, GGUFFile(tmp_path / "m.gguf") as g:
+        assert f.metadata["gemma3.rope.scaling.type"] == "linear" and f.metadata["gemma3.rope.scaling.factor"] == 8.0
+        cfg = config_of(f)
+        assert cfg == config_of(g) and cfg.rope_linear == 8.0
+        want = gemma_forward64(g, LINEAR_IDS, 1 / np.sqrt(cfg.head_dim))
+        for e in (reference_engine(cfg, f, 128), NativeEngine(cfg, f, n_ctx=128, threads=2, kv_type="f32")):
+            got = e.forward(LINEAR_IDS, 0, all_logits=True)
+            assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
+            assert np.array_equal(got.argmax(1), want.argmax(1))

@@ -420,9 +420,22 @@ def _gemma2(c: Config) -> dict[str, Any]:
             c.num("sliding_window"), **caps, **_attention_scale(c, "gemma2", hd)}
 
 
+def _linear_scaling(c: Config) -> dict[str, Any]:
+    """A linear rope_scaling ({"rope_type" or "type": "linear", "factor": F}) as llama.cpp's converter writes it:
+    rope.scaling.type linear and its factor (the config reader range-checks it)."""
+    s = c.rope_scaling()
+    if s.get("rope_type", s.get("type")) != "linear":
+        return {}
+    factor = s.get("factor")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor <= 1024:
+        raise c.error(f"rope_scaling factor {factor!r:.40} is out of range (linear scaling takes 1..1024)")
+    return {"rope.scaling.type": "linear", "rope.scaling.factor": float(factor)}
+
+
 def _gemma3(c: Config) -> dict[str, Any]:
     """Gemma 3's text model as llama.cpp's gemma3 has it: five sliding-window layers for each global one, the local
-    layers' RoPE base fixed at 10000, no soft-caps."""
+    layers' RoPE base fixed at 10000, no soft-caps; the 4B/12B/27B's linear rope_scaling (factor 8), which
+    llama.cpp (as Hugging Face's rotary_emb) applies to the global layers only."""
     hd, n = c.num("head_dim"), c.layers()
     want = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
     got = c.get("layer_types")
@@ -440,7 +453,7 @@ def _gemma3(c: Config) -> dict[str, Any]:
                       "rope_local_base_freq are read")
     return {"attention.key_length": hd, "attention.value_length": hd, "attention.sliding_window":
             c.num("sliding_window"), "rope.freq_base": c.num("rope_theta", 1_000_000.0, float),
-            **_attention_scale(c, "gemma3", hd)}
+            **_attention_scale(c, "gemma3", hd), **_linear_scaling(c)}
 
 
 def _gpt_oss(c: Config) -> dict[str, Any]:
@@ -553,12 +566,14 @@ FAMILIES: tuple[Family, ...] = (
                       "pre_feedforward_layernorm.weight": "ffn_norm.weight",
                       "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}), _gemma2,
         acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",)),
-    # Gemma 3's text model: Gemma 2's norms with per-head q/k norms (all stored less one), no soft-caps
+    # Gemma 3's text model: Gemma 2's norms with per-head q/k norms (all stored less one), no soft-caps, linear
+    # RoPE scaling (the 4B, 12B and 27B)
     Family("gemma3", ("gemma3_text",), ("Gemma3ForCausalLM",), _layer(
         _ATTN, _MLP, HF_QK_NORM_NAMES, {"post_attention_layernorm.weight": "post_attention_norm.weight",
                                         "pre_feedforward_layernorm.weight": "ffn_norm.weight",
                                         "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}), _gemma3,
-        acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",)),
+        acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",),
+        rope_scalings=("default", "linear")),
     # gpt-oss: biased attention with sinks; the router and the experts' fused gate|up (interleaved outputs) and
     # down, in MXFP4 blocks or transposed floats, with biases
     Family("gpt-oss", ("gpt_oss",), ("GptOssForCausalLM",), _layer(
