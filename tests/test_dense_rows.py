@@ -127,6 +127,7 @@ def write_gemma(path, arch: str, n_layers: int, seed: int = 0, **extra) -> None:
     with GGUFFile(DATA / "gemma2-tiny.gguf") as g:
         md = {k: v for k, v in g.metadata.items() if k.startswith("tokenizer.")}
         n_vocab = g.tensors["token_embd.weight"].shape[0]
+    md["tokenizer.ggml.token_type"] = np.asarray(md["tokenizer.ggml.token_type"], np.int32)   # as llama.cpp reads it
     p = arch + "."
     md.update({"general.architecture": arch, p + "block_count": n_layers, p + "context_length": 256,
                p + "embedding_length": GEMMA_DIM, p + "feed_forward_length": GEMMA_FFN,
@@ -424,3 +425,50 @@ def test_linear_factor_out_of_range_refused(tmp_path, factor):
     message = rf"linear RoPE scaling: gemma3\.rope\.scaling\.factor {factor} is out of range \(1\.\.1024\)"
     with GGUFFile(tmp_path / "bad.gguf") as src, pytest.raises(FormatError, match=message):
         config_of(src)
+
+
+# llama.cpp's own figures for a linear-scaled Gemma 3 (tests/data/README.md): its log-probabilities at positions 64
+# to 126 of 128 ids, for the file write_gemma makes with these arguments (its sha256 stored beside them)
+LLAMACPP_LINEAR = {"arch": "gemma3", "n_layers": 6, "seed": 11, **GEMMA3_LINEAR}
+
+
+@pytest.fixture(scope="module")
+def llamacpp_linear(tmp_path_factory):
+    import hashlib
+
+    gold = np.load(DATA / "gemma3-linear-tiny.logprobs.npz")
+    path = tmp_path_factory.mktemp("llamacpp") / "gemma3-linear-tiny.gguf"
+    write_gemma(path, **LLAMACPP_LINEAR)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == str(gold["gguf_sha256"]), \
+        "write_gemma no longer writes the file llama.cpp's figures are of"
+    with GGUFFile(path) as src:
+        yield src, gold["ids"].tolist(), gold["positions"], gold["logprobs"]
+
+
+def _llamacpp_error(logits: np.ndarray, positions: np.ndarray, want: np.ndarray, top1: bool = True) -> float:
+    """Largest |log-probability difference| from llama.cpp's over the entries it stored (it floors the row's
+    minimum); with top1, the top-1 is asserted identical at every position."""
+    x = logits.astype(np.float64)[positions]
+    m = x.max(1, keepdims=True)
+    got = x - m - np.log(np.exp(x - m).sum(1, keepdims=True))
+    assert not top1 or np.array_equal(got.argmax(1), want.argmax(1))
+    return float(np.abs(got - want)[np.isfinite(want)].max())
+
+
+def test_gemma3_linear_reference_matches_llamacpp(llamacpp_linear):
+    """llama.cpp's GELU reads an F16 table, hence ~7e-4 (the float64 forward is as far); without the scaling the
+    reference is over 50 times further."""
+    src, ids, positions, want = llamacpp_linear
+    cfg = config_of(src)
+    err = _llamacpp_error(reference_engine(cfg, src, 128).forward(ids, 0, all_logits=True), positions, want)
+    assert err < 2e-3
+    assert _llamacpp_error(gemma_forward64(src, ids, 1 / np.sqrt(GEMMA_HD)), positions, want) < 2e-3
+    unscaled = reference_engine(dataclasses.replace(cfg, rope_linear=1.0), src, 128).forward(ids, 0, all_logits=True)
+    assert _llamacpp_error(unscaled, positions, want, top1=False) > 50 * err
+
+
+def test_gemma3_linear_native_matches_llamacpp(llamacpp_linear, isa):
+    src, ids, positions, want = llamacpp_linear
+    for kv_type in ("f32", "f16"):
+        e = NativeEngine(config_of(src), src, n_ctx=128, threads=2, chunk=48, kv_type=kv_type)
+        assert _llamacpp_error(e.forward(ids, 0, all_logits=True), positions, want) < 5e-3
