@@ -270,3 +270,70 @@ def split_reasoning(text: str, fmt: str, *, inside: bool = False, calls: bool = 
     parts = stream.feed(text) + stream.finish()
     return ("".join(p for k, p in parts if k == "reasoning"), "".join(p for k, p in parts if k == "content"),
             [p for k, p in parts if k == "call"])
+
+
+# --- what reaches the template ----------------------------------------------------------------------------
+
+EFFORTS = ("low", "medium", "high")
+# the variables a request's chat_template_kwargs may not set: the ones the renderer itself passes
+_RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"})
+_MAX_KWARGS = 32
+_MAX_KWARGS_CHARS = 16384
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def template_kwargs(kwargs: Any = None, reasoning_effort: Any = None) -> dict[str, Any]:
+    """The extra template variables of a request: llama-server's chat_template_kwargs (an object of at most
+    32 names, its JSON at most 16 KiB; not the variables the renderer sets itself) and OpenAI's
+    reasoning_effort ("low", "medium", "high"; passed as the `reasoning_effort` variable, which gpt-oss's
+    template reads). InvalidRequest naming the field otherwise."""
+    from barellm.errors import InvalidRequest
+
+    out: dict[str, Any] = {}
+    if kwargs is not None:
+        if not isinstance(kwargs, dict):
+            raise InvalidRequest("chat_template_kwargs must be an object of template variables",
+                                 "chat_template_kwargs")
+        if len(kwargs) > _MAX_KWARGS:
+            raise InvalidRequest(f"chat_template_kwargs has {len(kwargs)} names (at most {_MAX_KWARGS})",
+                                 "chat_template_kwargs")
+        for k in kwargs:
+            if not isinstance(k, str) or not _NAME.fullmatch(k):
+                raise InvalidRequest(f"chat_template_kwargs: {str(k)[:70]!r} is not a variable name",
+                                     "chat_template_kwargs")
+            if k in _RESERVED:
+                raise InvalidRequest(f"chat_template_kwargs cannot set {k!r} (the request gives it)",
+                                     "chat_template_kwargs")
+        try:
+            size = len(json.dumps(kwargs, ensure_ascii=False))
+        except (TypeError, ValueError):
+            raise InvalidRequest("chat_template_kwargs must hold JSON values", "chat_template_kwargs") from None
+        if size > _MAX_KWARGS_CHARS:
+            raise InvalidRequest(f"chat_template_kwargs is {size} characters of JSON (at most {_MAX_KWARGS_CHARS})",
+                                 "chat_template_kwargs")
+        out.update(kwargs)
+    if reasoning_effort is not None:
+        if reasoning_effort not in EFFORTS:
+            raise InvalidRequest(f"reasoning_effort must be one of {', '.join(EFFORTS)}, got {reasoning_effort!r}",
+                                 "reasoning_effort")
+        out["reasoning_effort"] = reasoning_effort
+    return out
+
+
+def template_messages(messages: list[dict[str, Any]], template_source: str) -> list[dict[str, Any]]:
+    """Messages with an assistant's earlier reasoning, given back as `reasoning_content` (OpenAI clients of
+    llama-server) or `thinking` (Ollama's), under the name the template reads (gpt-oss's: thinking; Qwen3's:
+    reasoning_content), or without it where the template reads neither (each template decides what of it
+    it renders)."""
+    reads = [name for name in ("thinking", "reasoning_content") if name in template_source]
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or not ({"thinking", "reasoning_content"} & m.keys()):
+            out.append(m)
+            continue
+        given = next((v for v in (m.get("reasoning_content"), m.get("thinking")) if isinstance(v, str) and v), None)
+        m = {k: v for k, v in m.items() if k not in ("thinking", "reasoning_content")}
+        if given is not None:
+            m.update({name: given for name in reads})
+        out.append(m)
+    return out
