@@ -325,7 +325,7 @@ def template_messages(messages: list[dict[str, Any]], template_source: str) -> l
     llama-server) or `thinking` (Ollama's), under the name the template reads (gpt-oss's: thinking; Qwen3's:
     reasoning_content), or without it where the template reads neither (each template decides what of it
     it renders)."""
-    reads = [name for name in ("thinking", "reasoning_content") if name in template_source]
+    reads = [name for name in ("thinking", "reasoning_content") if re.search(rf"\b{name}\b", template_source)]
     out = []
     for m in messages:
         if not isinstance(m, dict) or not ({"thinking", "reasoning_content"} & m.keys()):
