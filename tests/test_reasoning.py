@@ -10,6 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reasoning_models import (
+    HARMONY_CALL,
+    HARMONY_REPLY,
+    INSIDE_REPLY,
+    THINK_REPLY,
+    template,
+    write_harmony,
+    write_qwen3,
+    write_r1,
+)
 
 import barellm
 from barellm.errors import InvalidRequest
@@ -24,16 +34,6 @@ from barellm.text.reasoning import (
 )
 
 from conftest import in_own_home
-from reasoning_models import (
-    HARMONY_CALL,
-    HARMONY_REPLY,
-    INSIDE_REPLY,
-    THINK_REPLY,
-    template,
-    write_harmony,
-    write_qwen3,
-    write_r1,
-)
 
 OWN_MODELS = ("harmony_path", "qwen3_path", "r1_path")
 
@@ -304,8 +304,9 @@ httpx = pytest.importorskip("httpx")
 @pytest.fixture(scope="module")
 def harmony_server(harmony_path: Path, scratch_home: Path) -> Any:
     pytest.importorskip("uvicorn")
-    from barellm.serve.app import create_app
     from test_server import serving
+
+    from barellm.serve.app import create_app
 
     with in_own_home(scratch_home):
         model = barellm.load(harmony_path, context=1024)
