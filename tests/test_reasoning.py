@@ -262,22 +262,13 @@ def test_openai_shapes_from_the_python_api(harmony: Any, qwen3: Any) -> None:
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "Two and two make four."
     assert "".join(d.get("content") or "" for d in deltas) == "Four."
     # reasoning_format "none": the reply as generated, markers included
-    raw = harmony.openai._answer(_none_request(harmony))
+    raw = harmony.create_chat_completion(ASK, grammar=HARMONY_REPLY, temperature=0, reasoning_format="none")
     assert raw["choices"][0]["message"]["content"].startswith("<|channel|>analysis<|message|>")
     assert "reasoning_content" not in raw["choices"][0]["message"]
+    with pytest.raises(InvalidRequest, match="reasoning_format"):
+        harmony.create_chat_completion(ASK, reasoning_format="html")
     body = qwen3.create_chat_completion(ASK, grammar=THINK_REPLY, temperature=0)
     assert body["choices"][0]["message"]["reasoning_content"] == "Two and two make four."
-
-
-def _none_request(model: Any) -> Any:
-    from barellm.api.openai import GenerationRequest
-    from barellm.generate.sampling import SamplingParams
-
-    req = GenerationRequest(params=SamplingParams(temperature=0), messages=ASK, reasoning_format="none")
-    req.constraint = None
-    req.grammar = model.structured().lark(HARMONY_REPLY, "grammar")
-    req.stream = False
-    return req
 
 
 def test_harmony_tool_calls(harmony: Any) -> None:
@@ -427,3 +418,13 @@ def test_cli_help_documents_reasoning(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         main(["chat", "--help"])
     assert "--reasoning {auto,show,hide}" in capsys.readouterr().out
+
+
+def test_show_names_the_reasoning_format(harmony_path: Path, qwen3_path: Path) -> None:
+    from barellm.cli.show import describe
+    from barellm.formats.gguf import GGUFFile
+
+    for path, text in ((harmony_path, "harmony channels"), (qwen3_path, "<think>")):
+        with GGUFFile(path) as f:
+            rows = dict(describe(f.metadata, f.tensors))
+        assert text in rows["reasoning"]

@@ -434,8 +434,9 @@ class OpenAIFacade:
                                stream: bool = False, tools: Sequence[dict[str, Any]] | None = None,
                                tool_choice: Any = None, parallel_tool_calls: bool = True,
                                response_format: dict[str, Any] | None = None, logprobs: bool = False,
-                               top_logprobs: int | None = None, **options: Unpack[SamplingOptions]
-                               ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+                               top_logprobs: int | None = None, reasoning_effort: str | None = None,
+                               chat_template_kwargs: dict[str, Any] | None = None, reasoning_format: str = "auto",
+                               **options: Unpack[SamplingOptions]) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """chat() as OpenAI's chat.completion object (choices[0].message), or with stream=True its
         chat.completion.chunk objects. max_tokens None: the rest of the context.
 
@@ -444,7 +445,11 @@ class OpenAIFacade:
         message.tool_calls (streamed: delta.tool_calls) with finish_reason "tool_calls". "required" and a
         named function constrain the output to calls whose arguments fit the function's schema.
         response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}.
-        logprobs, top_logprobs: OpenAI's chat ones (a flag, and the alternatives per token)."""
+        logprobs, top_logprobs: OpenAI's chat ones (a flag, and the alternatives per token).
+        A reasoning model's reasoning comes back as message.reasoning_content (streamed:
+        delta.reasoning_content), llama-server's shape; reasoning_format "none" leaves it in the content as
+        generated. reasoning_effort ("low", "medium", "high") and chat_template_kwargs reach the template."""
+        from barellm.text.reasoning import template_kwargs
         from barellm.text.toolcalls import validate_tools
 
         if not isinstance(logprobs, bool):
@@ -456,6 +461,8 @@ class OpenAIFacade:
         req.messages = list(messages)
         req.tools = validate_tools(tools) if tools else None
         req.tool_choice, req.parallel_tool_calls = tool_choice, parallel_tool_calls
+        req.template_kwargs = template_kwargs(chat_template_kwargs, reasoning_effort)
+        req.reasoning_format = check_reasoning_format(reasoning_format)
         return self._answer(req)
 
     def _request(self, kind: str, options: Any, max_tokens: int | None, stream: bool,
