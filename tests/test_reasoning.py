@@ -283,8 +283,37 @@ def test_harmony_tool_calls(harmony: Any) -> None:
     calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
     assert [(tc["index"], tc["function"]["name"]) for tc in calls] == [(0, "get_weather")]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    with pytest.raises(InvalidRequest, match="harmony"):
-        harmony.create_chat_completion(ASK, tools=[WEATHER], tool_choice="required")
+
+
+
+ADD = {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+
+
+def test_harmony_forced_call_grammar(harmony: Any) -> None:
+    assert harmony.tool_format.harmony
+    g = harmony.tool_grammar([WEATHER, ADD], "required")
+
+    def ids(text: str) -> list[int]:
+        return harmony.tokenizer.encode(text, add_special=False, parse_special=True)
+
+    call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}'
+    thought = "<|channel|>analysis<|message|>They want the weather.<|end|><|start|>assistant"
+    assert g.accepts(ids(call)) and g.accepts(ids(thought + call))
+    assert not g.accepts(ids(call.replace('"Oslo"', "1")))    # the schema's string
+    assert not g.accepts(ids(call.replace("get_weather", "nope")))
+    assert not g.accepts(ids("<|channel|>final<|message|>Sunny."))   # no answer instead of the call
+    one = harmony.tool_grammar([WEATHER, ADD], "function", "add")
+    assert one.accepts(ids('<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 1, "b": 2}'))
+    assert not one.accepts(ids(call))
+    # through the request path: whatever the model wrote first, the reply ends in a call of add or at max_tokens
+    body = harmony.create_chat_completion(ASK, tools=[WEATHER, ADD], tool_choice={"type": "function", "function": {
+        "name": "add"}}, temperature=0, max_tokens=200)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] in ("tool_calls", "length")
+    if choice["finish_reason"] == "tool_calls":
+        (tc,) = choice["message"]["tool_calls"]
+        assert tc["function"]["name"] == "add" and set(json.loads(tc["function"]["arguments"])) == {"a", "b"}
 
 
 # --- the server --------------------------------------------------------------------------------------

@@ -175,10 +175,6 @@ def prepare(model: Any, req: GenerationRequest) -> None:
                                  else "messages") from None
         fmt = getattr(model, "reasoning_format", None)
         req.reasoning = fmt if isinstance(fmt, str) and req.reasoning_format != "none" else None
-        if req.reasoning == "harmony" and req.grammar is not None and req.tool_names is not None \
-                and req.tool_choice not in (None, "none", "auto"):
-            raise InvalidRequest("tool_choice \"required\" or a named function is not served for harmony-format "
-                                 "models (gpt-oss) yet; use \"auto\"", "tool_choice")
         return
     text = req.prompt_text
     if text is None:
