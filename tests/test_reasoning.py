@@ -139,6 +139,10 @@ def test_the_format_comes_from_the_template_and_the_vocabulary() -> None:
     chatml = builtin_template("chatml")
     assert reasoning_format(chatml, _no_tokens) is None
     assert reasoning_format(chatml, lambda t: t in ("<think>", "</think>")) == "think"
+    # a gpt-oss file whose template does not name the channels (the model writes them all the same)
+    stub = ("{%- for message in messages -%}<|start|>{{ message.role }}<|message|>{{ message.content }}<|end|>"
+            "{%- endfor -%}{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}")
+    assert reasoning_format(stub, lambda t: t in ("<|channel|>", "<|message|>")) == "harmony"
 
 
 def test_gpt_oss_template_renders_effort_thinking_and_calls_in_the_sandbox() -> None:

@@ -49,9 +49,11 @@ _HEADER_LIMIT = 512   # characters of a header without <|message|>: the model is
 
 
 def reasoning_format(template_source: str, has_token: Callable[[str], bool]) -> str | None:
-    """The reasoning format of a model: "harmony" when its template speaks harmony's channels, "think" when
-    its template or vocabulary has `<think>`, None otherwise. has_token(text): whether text is one token."""
-    if _CHANNEL in template_source and _MESSAGE in template_source:
+    """The reasoning format of a model: "harmony" when its template or its vocabulary speaks harmony's
+    channels, "think" when its template or vocabulary has `<think>`, None otherwise. has_token(text): whether
+    text is one token."""
+    if (_CHANNEL in template_source and _MESSAGE in template_source) or (has_token(_CHANNEL) and
+                                                                         has_token(_MESSAGE)):
         return HARMONY
     if THINK_CLOSE in template_source or (has_token(THINK_OPEN) and has_token(THINK_CLOSE)):
         return THINK
