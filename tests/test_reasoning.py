@@ -194,17 +194,17 @@ def test_template_variables_are_bounded(kwargs: Any, effort: Any, param: str) ->
 
 @pytest.fixture(scope="module")
 def harmony_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_harmony(tmp_path_factory.mktemp("harmony") / "harmony.gguf")
+    return write_harmony(tmp_path_factory.mktemp("harmony") / "tiny-reasoning-harmony.gguf")
 
 
 @pytest.fixture(scope="module")
 def qwen3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_qwen3(tmp_path_factory.mktemp("qwen3") / "qwen3.gguf")
+    return write_qwen3(tmp_path_factory.mktemp("qwen3") / "tiny-reasoning-think.gguf")
 
 
 @pytest.fixture(scope="module")
 def r1_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_r1(tmp_path_factory.mktemp("r1") / "r1.gguf")
+    return write_r1(tmp_path_factory.mktemp("r1") / "tiny-reasoning-inside.gguf")
 
 
 @pytest.fixture(scope="module")
