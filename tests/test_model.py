@@ -312,6 +312,13 @@ def test_n_choices_share_the_prompt(model2, monkeypatch):
         model2.stream("the cat", n=2)
 
 
+def test_n_choices_when_the_first_token_ends_the_leader(model2):
+    # max_tokens 1 ends the first choice at its first step, the one that also starts the others
+    c = model2.complete("the cat", n=2, max_tokens=1, seed=3, temperature=0.9)
+    assert [len(ch.token_ids) for ch in c.choices] == [1, 1]
+    assert [ch.finish_reason for ch in c.choices] == ["length", "length"]
+
+
 def test_copy_prefix_gives_the_same_continuation(model2):
     ids = model2.tokenize("the cat in the hat")
     eng = model2.engine

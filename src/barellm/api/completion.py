@@ -19,6 +19,7 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)   # every generated token (a stop string's too)
     finish_reason: str = "length"
     logprobs: list[TokenLogprob] | None = None            # one per token of the text, when asked
+    reasoning: str = ""   # a reasoning model's chat: its reasoning (text/reasoning.py), kept out of text
 
 @dataclass
 class Completion:
@@ -36,27 +37,50 @@ class Completion:
     logprobs: list[TokenLogprob] | None = None   # with logprobs / top_logprobs: one per token of the text
     choices: list[Choice] = field(default_factory=list)
     timings: Timings | None = None     # seconds per phase of the token loop (timings.PHASES)
+    reasoning: str = ""                # a reasoning model's chat: the first choice's reasoning (not in text)
 
 class Stream(Iterator[str]):
     """What stream() and chat_stream() return: an iterator of text pieces. The token ids generated so far
     are in `token_ids`; once the stream is exhausted, `finish_reason` says why it ended ("stop": an
     end-of-generation token or a stop string; "length": max_tokens or the full context); None before that
-    and for a stream closed early. close() ends it and gives its KV cache slot back, as dropping it does."""
+    and for a stream closed early. close() ends it and gives its KV cache slot back, as dropping it does.
 
-    def __init__(self, pieces: Iterator[str], completion: Completion) -> None:
+    A reasoning model's chat_stream() yields the answer only; the reasoning so far is in `reasoning`, and
+    parts() yields both as they come, each as (kind, text) with kind "reasoning" or "content"."""
+
+    def __init__(self, pieces: Iterator[tuple[str, str]], completion: Completion) -> None:
         self._pieces = pieces
         self.completion = completion     # filled as the generation runs
         self._ended = False
+        self.reasoning = ""              # the reasoning so far (a reasoning model's chat)
 
     def __iter__(self) -> Stream:
         return self
 
-    def __next__(self) -> str:
+    def _next_part(self) -> tuple[str, str]:
         try:
-            return next(self._pieces)
+            kind, text = next(self._pieces)
         except StopIteration:
             self._ended = True
             raise
+        if kind == "reasoning":
+            self.reasoning += text
+        return kind, text
+
+    def __next__(self) -> str:
+        while True:
+            kind, text = self._next_part()
+            if kind == "content":
+                return text
+
+    def parts(self) -> Iterator[tuple[str, str]]:
+        """The stream's pieces as (kind, text): kind "reasoning" (a reasoning model's thinking) or "content"
+        (the answer). It draws on the same pieces as iterating the stream does."""
+        while True:
+            try:
+                yield self._next_part()
+            except StopIteration:
+                return
 
     def close(self) -> None:
         close = getattr(self._pieces, "close", None)

@@ -442,14 +442,48 @@ class Model:
             raise InvalidRequest("stream() generates one sequence; use complete(..., n=...) for several")
         return self._stream(self._submit(self._prompt_ids(prompt), req))
 
-    def _stream(self, req: Request) -> Stream:
+    def _stream(self, req: Request, split: tuple[str, bool] | None = None) -> Stream:
         c = Completion()
-        return Stream(self._pieces(req, c), c)
+        return Stream(self._pieces(req, c, split), c)
 
-    def _pieces(self, req: Request, c: Completion) -> Iterator[str]:
+    def _pieces(self, req: Request, c: Completion, split: tuple[str, bool] | None = None
+                ) -> Iterator[tuple[str, str]]:
+        if split is not None:
+            yield from self._split(self._run(req, c, pause=True), c, *split)
+            return
         for ev in self._run(req, c, pause=True):
             if ev.text:
-                yield ev.text
+                yield "content", ev.text
+
+    @staticmethod
+    def _split(events: Iterator[Event], c: Completion, fmt: str, inside: bool) -> Iterator[tuple[str, str]]:
+        """A reasoning model's chat: each choice's text split into its reasoning and its answer as it comes
+        (text/reasoning.py); yields the first choice's parts, and leaves each choice's answer in its text
+        and its reasoning in its reasoning."""
+        from barellm.text.reasoning import ReasoningStream
+
+        streams: dict[int, ReasoningStream] = {}
+        got: dict[int, dict[str, list[str]]] = {}
+
+        def take(index: int, parts: list[tuple[str, Any]]) -> Iterator[tuple[str, str]]:
+            mine = got.setdefault(index, {"reasoning": [], "content": []})
+            for kind, text in parts:
+                if kind in mine and text:
+                    mine[kind].append(text)
+                    if index == 0:
+                        yield kind, text
+
+        for ev in events:
+            if ev.text:
+                stream = streams.setdefault(ev.index, ReasoningStream(fmt, inside=inside))
+                yield from take(ev.index, stream.feed(ev.text))
+        for ch in c.choices:
+            stream = streams.get(ch.index, ReasoningStream(fmt, inside=inside))
+            yield from take(ch.index, stream.finish())
+            mine = got.get(ch.index, {"reasoning": [], "content": []})
+            ch.text, ch.reasoning = "".join(mine["content"]), "".join(mine["reasoning"])
+        if c.choices:
+            c.text, c.reasoning = c.choices[0].text, c.choices[0].reasoning
 
     # --- fill-in-the-middle ----------------------------------------------------------------------
 
@@ -511,41 +545,100 @@ class Model:
 
     # --- chat -----------------------------------------------------------------------------------
 
+    @property
+    def reasoning_format(self) -> str | None:
+        """How this model's replies carry their reasoning (text/reasoning.py): "harmony" (gpt-oss's
+        channels), "think" (<think>...</think>), or None (a model that does not reason aloud)."""
+        from barellm.text.reasoning import reasoning_format
+        from barellm.text.tokenizer import TokenType
+
+        def is_token(text: str) -> bool:
+            i = self.tokenizer.token_to_id(text)
+            return i is not None and self.tokenizer.token_type(i) in (TokenType.CONTROL, TokenType.USER_DEFINED)
+
+        if not hasattr(self, "_reasoning_format"):
+            self._reasoning_format = reasoning_format(self.template.source, is_token)
+        return self._reasoning_format
+
     def chat_prompt(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
-                    tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+                    tools: Sequence[dict[str, Any]] | None = None, *,
+                    template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """Token ids of the rendered chat template (special tokens parsed, no extra BOS). tools: OpenAI's
         tool objects, rendered by the template when it knows tools, else in the built-in form
-        (text/toolcalls.py); assistant messages with tool_calls and tool messages render either way."""
+        (text/toolcalls.py); assistant messages with tool_calls and tool messages render either way.
+        template_kwargs: further template variables (text/reasoning.template_kwargs checks a request's)."""
+        return self._chat_prompt(messages, add_generation_prompt, tools, template_kwargs)[0]
+
+    def _chat_prompt(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+                     tools: Sequence[dict[str, Any]] | None = None,
+                     template_kwargs: Mapping[str, Any] | None = None) -> tuple[list[int], bool]:
+        """chat_prompt's ids, and whether the prompt leaves the reply inside a <think> block."""
+        from barellm.text.reasoning import opens_inside, template_messages
         from barellm.text.toolcalls import prepare_messages, validate_tools
 
         msgs: list[Any] = list(messages)
         if self.system and not any(isinstance(m, dict) and m.get("role") == "system" for m in msgs):
             msgs.insert(0, {"role": "system", "content": self.system})   # a message's own system prompt wins
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = dict(template_kwargs or {})
         if tools or any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in msgs):
             if all(isinstance(m, dict) for m in msgs):
-                msgs, extra = prepare_messages(msgs, validate_tools(tools) if tools else None, self.tool_format)
+                msgs, tool_extra = prepare_messages(msgs, validate_tools(tools) if tools else None,
+                                                    self.tool_format)
+                extra.update(tool_extra)
+        msgs = template_messages(msgs, self.template.source)
         text = self.template.render(msgs, add_generation_prompt=add_generation_prompt, **extra)
         ids = self.tokenizer.encode(text, add_special=False, parse_special=True)
         bos = self.tokenizer.bos_id
         if self.tokenizer.add_bos and bos is not None and (not ids or ids[0] != bos):
             ids = [bos] + ids   # the template did not write the BOS the model expects
-        return ids
+        return ids, add_generation_prompt and self.reasoning_format == "think" and opens_inside(text)
+
+    def _chat_request(self, messages: Sequence[dict[str, Any]], options: dict[str, Any], reasoning_effort: Any,
+                      chat_template_kwargs: Any) -> tuple[Request, tuple[str, bool] | None]:
+        from barellm.text.reasoning import template_kwargs
+
+        req = self._request(options)
+        ids, inside = self._chat_prompt(messages, template_kwargs=template_kwargs(chat_template_kwargs,
+                                                                                    reasoning_effort))
+        fmt = self.reasoning_format
+        return self._submit(ids, req), ((fmt, inside) if fmt is not None else None)
 
     @takes_options()
-    def chat(self, messages: Sequence[dict[str, Any]], **options: Unpack[Options]) -> str:
+    def chat(self, messages: Sequence[dict[str, Any]], *, reasoning_effort: str | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None, **options: Unpack[Options]) -> str:
         """The assistant's reply to messages ([{"role": ..., "content": ...}, ...]); a content may be a string
-        or OpenAI's text parts ([{"type": "text", "text": ...}, ...]). Keywords as generate()."""
-        req = self._request(options)
-        return self._complete(self._submit(self.chat_prompt(messages), req)).text
+        or OpenAI's text parts ([{"type": "text", "text": ...}, ...]). Keywords as generate(), and
+        reasoning_effort ("low", "medium", "high": gpt-oss's template reads it) and chat_template_kwargs
+        (further template variables, e.g. {"enable_thinking": False} for Qwen3).
+
+        A reasoning model's reply (reasoning_format) is its answer only: complete_chat() gives the whole
+        Completion, whose `reasoning` holds what the model thought first."""
+        return self.complete_chat(messages, reasoning_effort=reasoning_effort,
+                                  chat_template_kwargs=chat_template_kwargs, **options).text
 
     @takes_options()
-    def chat_stream(self, messages: Sequence[dict[str, Any]], **options: Unpack[Options]) -> Stream:
-        """chat() as it happens, as stream() gives generate()."""
-        req = self._request(options)
+    def complete_chat(self, messages: Sequence[dict[str, Any]], *, reasoning_effort: str | None = None,
+                      chat_template_kwargs: dict[str, Any] | None = None, **options: Unpack[Options]) -> Completion:
+        """chat() as the whole Completion: `text` the answer, `reasoning` a reasoning model's reasoning (both
+        for every choice in .choices), ids, finish reason, counts and timings."""
+        req, split = self._chat_request(messages, dict(options), reasoning_effort, chat_template_kwargs)
+        if split is None:
+            return self._complete(req)
+        req.stream = False
+        c = Completion()
+        for _ in self._split(self._run(req, c), c, *split):
+            pass
+        return c
+
+    @takes_options()
+    def chat_stream(self, messages: Sequence[dict[str, Any]], *, reasoning_effort: str | None = None,
+                    chat_template_kwargs: dict[str, Any] | None = None, **options: Unpack[Options]) -> Stream:
+        """chat() as it happens, as stream() gives generate(): the answer's pieces; a reasoning model's
+        reasoning goes to the stream's `reasoning` (and its parts(), beside the answer's pieces)."""
+        req, split = self._chat_request(messages, dict(options), reasoning_effort, chat_template_kwargs)
         if req.n != 1:
             raise InvalidRequest("chat_stream() generates one sequence; use complete(..., n=...) for several")
-        return self._stream(self._submit(self.chat_prompt(messages), req))
+        return self._stream(req, split)
 
     def __repr__(self) -> str:
         c = self.config

@@ -102,6 +102,20 @@ class GenerationRequest(Request):
     parallel_tool_calls: bool = True
     suffix: str | None = None                  # fill-in-the-middle: the text after the hole
     tool_names: list[str] | None = field(default=None)   # parse tool calls of these functions out of the reply
+    reasoning_format: str = "auto"             # llama-server's: "auto"/"deepseek" split the reasoning off, "none" not
+    template_kwargs: dict[str, Any] | None = None   # further chat template variables (text/reasoning.template_kwargs)
+    reasoning: str | None = None               # set by prepare: the reasoning format the reply is split by
+    reasoning_inside: bool = False             # set by prepare: the prompt leaves the reply inside <think>
+
+
+REASONING_FORMATS = ("auto", "deepseek", "none")
+
+
+def check_reasoning_format(value: Any) -> str:
+    if value not in REASONING_FORMATS:
+        raise InvalidRequest(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {value!r}",
+                             "reasoning_format")
+    return cast(str, value)
 
 
 def constrain(model: Any, req: GenerationRequest) -> None:
@@ -147,12 +161,20 @@ def prepare(model: Any, req: GenerationRequest) -> None:
     keeps them). An InvalidRequest names the field at fault."""
     constrain(model, req)
     if req.kind == "chat":
+        check_reasoning_format(req.reasoning_format)
+        tools = req.tools if req.tool_names is not None else None
         try:
             messages = req.messages or []
-            req.prompt = (model.chat_prompt(messages, tools=req.tools) if req.tool_names is not None
-                          else model.chat_prompt(messages))
+            if hasattr(model, "_chat_prompt"):
+                req.prompt, req.reasoning_inside = model._chat_prompt(messages, True, tools, req.template_kwargs)
+            else:   # a model that only renders (no reasoning, no template variables)
+                req.prompt = model.chat_prompt(messages, tools=tools) if tools is not None else \
+                    model.chat_prompt(messages)
         except InvalidRequest as e:
-            raise InvalidRequest(str(e), "messages") from None
+            raise InvalidRequest(str(e), e.param if e.param in ("chat_template_kwargs", "reasoning_effort")
+                                 else "messages") from None
+        fmt = getattr(model, "reasoning_format", None)
+        req.reasoning = fmt if isinstance(fmt, str) and req.reasoning_format != "none" else None
         return
     text = req.prompt_text
     if text is None:
@@ -190,7 +212,10 @@ class ResponseBuilder:
         self.prompt_chars = prompt_chars    # legacy logprobs' text_offset counts from the start of the prompt
         self.offsets: dict[int, int] = {}   # per choice: text_offset of its next token
         self.tool_names = req.tool_names if self.chat else None
+        self.reasoning = req.reasoning if self.chat else None   # a reasoning model's reply: split (text/reasoning.py)
         self._calls: dict[int, Any] = {}    # per choice: its ToolCallStream
+        self._reasoners: dict[int, Any] = {}   # per choice: its ReasoningStream
+        self._sent: dict[int, int] = {}     # per choice: tool calls passed on (the next one's index in a stream)
         self._held: dict[int, list[Any]] = {}   # per choice: logprobs of text a call still holds
 
     def usage(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> dict[str, Any]:
@@ -210,6 +235,13 @@ class ResponseBuilder:
     def calls(self, text: str, reason: str) -> tuple[str | None, list[dict[str, Any]] | None, str]:
         """A whole chat reply's content, tool calls and finish reason ("tool_calls" when it called any and
         stopped of its own accord); the text as it is when the request parses no calls or it made none."""
+        if self.reasoning is not None:
+            parts = self.split(-1, text, final=True)
+            content = "".join(p for k, p in parts if k == "content")
+            calls = [p for k, p in parts if k == "call"]
+            if not calls:
+                return content, None, reason
+            return content.strip() or None, calls, "tool_calls" if reason == "stop" else reason
         if self.tool_names is None:
             return text, None, reason
         from barellm.text.toolcalls import parse_tool_calls
@@ -228,7 +260,7 @@ class ResponseBuilder:
             if self.chat:
                 content, calls, reason = self.calls(text, reason)
                 one = chat_completion(self.id, self.model, content, reason, usage, logprobs=lps, tool_calls=calls,
-                                      **ids)
+                                      reasoning=self.reasoning_of(-1), **ids)
             else:
                 one = text_completion(self.id, self.model, text, reason, usage, logprobs=lps, **ids)
             if body is None:
@@ -238,13 +270,20 @@ class ResponseBuilder:
         assert body is not None
         return body
 
+    def reasoning_of(self, index: int) -> str | None:
+        """The reasoning a whole reply's split found (None: none), forgetting its stream."""
+        stream = self._reasoners.pop(index, None)
+        self._calls.pop(index, None)
+        return getattr(stream, "text", None) or None
+
     def chunk(self, text: str | None, logprobs: dict[str, Any] | None = None, finish_reason: str | None = None,
-              role: bool = False, index: int = 0, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+              role: bool = False, index: int = 0, tool_calls: list[dict[str, Any]] | None = None,
+              reasoning: str | None = None) -> dict[str, Any]:
         """One chunk of choice `index`."""
         ids = {"created": self.created, "fingerprint": self.fingerprint, "with_usage": self.req.include_usage}
         if self.chat:
             out = chat_chunk(self.id, self.model, text=text, role=role, finish_reason=finish_reason,
-                             logprobs=logprobs, tool_calls=tool_calls, **ids)
+                             logprobs=logprobs, tool_calls=tool_calls, reasoning=reasoning, **ids)
         else:
             out = text_chunk(self.id, self.model, text=text or "", finish_reason=finish_reason, logprobs=logprobs,
                              **ids)
@@ -257,20 +296,37 @@ class ResponseBuilder:
         return [self.chunk(None, role=True, index=i) for i in range(n)] if self.chat else []
 
     def split(self, index: int, text: str, final: bool = False) -> list[tuple[str, Any]]:
-        """A chat reply's run of text split into content and whole tool calls ([("content", str) |
-        ("call", dict)]), as its ToolCallStream sees them; final: the reply ended, what it holds comes out."""
+        """A chat reply's run of text split into reasoning, content and whole tool calls ([("reasoning", str) |
+        ("content", str) | ("call", dict)]), as its ReasoningStream (a reasoning model's) and ToolCallStream
+        (with tools) see them; final: the reply ended, what they hold comes out."""
+        parts: list[tuple[str, Any]] = [("content", text)]
+        if self.reasoning is not None:
+            from barellm.text.reasoning import HARMONY, ReasoningStream
+
+            reasoner = self._reasoners.get(index)
+            if reasoner is None:
+                reasoner = self._reasoners[index] = _Reasoner(ReasoningStream(
+                    self.reasoning, inside=self.req.reasoning_inside, calls=self.tool_names is not None))
+            parts = reasoner.feed(text) + (reasoner.finish() if final else [])
+            if self.reasoning == HARMONY:   # its calls are messages of their own, split off above
+                return parts
+        if self.tool_names is None:
+            return parts
         from barellm.text.toolcalls import ToolCallStream
 
         stream = self._calls.get(index)
         if stream is None:
             stream = self._calls[index] = ToolCallStream(self.tool_names or ())
-        return stream.feed(text) + (stream.finish() if final else [])
+        out: list[tuple[str, Any]] = []
+        for kind, p in parts:
+            out.extend(stream.feed(p) if kind == "content" else [(kind, p)])
+        return out + (stream.finish() if final else [])
 
     def text(self, index: int, text: str, toks: Sequence[Any]) -> list[dict[str, Any]]:
-        """The chunks of a run of one choice's text: one, or with tool calls parsed, the content and the
-        calls complete so far (the logprobs go with the first chunk after their text; a call still open holds
-        them)."""
-        if self.tool_names is None:
+        """The chunks of a run of one choice's text: one, or with reasoning or tool calls parsed, the
+        reasoning, the content and the calls complete so far (the logprobs go with the first chunk after
+        their text; a call still open holds them)."""
+        if self.tool_names is None and self.reasoning is None:
             return [self.chunk(text, self.logprobs(toks, index), index=index)]
         return self._parts(index, self.split(index, text), toks)
 
@@ -283,24 +339,44 @@ class ResponseBuilder:
             held.clear()
             if kind == "content":
                 out.append(self.chunk(p, lps, index=index))
+            elif kind == "reasoning":
+                out.append(self.chunk(None, lps, index=index, reasoning=p))
             else:
-                stream = self._calls[index]
-                out.append(self.chunk(None, lps, index=index, tool_calls=tool_call_deltas([p], stream.sent)))
-                stream.sent += 1
+                sent = self._sent.get(index, 0)
+                out.append(self.chunk(None, lps, index=index, tool_calls=tool_call_deltas([p], sent)))
+                self._sent[index] = sent + 1
         return out
 
     def closing(self, index: int, reason: str) -> list[dict[str, Any]]:
         """A choice's last chunks: what its tool-call parsing still holds, and the one with its finish reason
         ("tool_calls" when it called any and stopped of its own accord)."""
         out = []
-        if self.tool_names is not None:
+        if self.tool_names is not None or self.reasoning is not None:
             out = self._parts(index, self.split(index, "", final=True), [])
-            if self._calls[index].calls and reason == "stop":
+            if self._sent.get(index) and reason == "stop":
                 reason = "tool_calls"
         return out + [self.chunk(None, finish_reason=reason, index=index)]
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return usage_chunk(self.id, self.model, self.chat, usage, created=self.created, fingerprint=self.fingerprint)
+
+
+class _Reasoner:
+    """A ReasoningStream that keeps the reasoning it has split off (a whole reply's message needs it)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.text = ""
+
+    def _keep(self, parts: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        self.text += "".join(p for k, p in parts if k == "reasoning")
+        return parts
+
+    def feed(self, text: str) -> list[tuple[str, Any]]:
+        return self._keep(self.stream.feed(text))
+
+    def finish(self) -> list[tuple[str, Any]]:
+        return self._keep(self.stream.finish())
 
 
 # --- the Python API's OpenAI methods -------------------------------------------------------------------
@@ -354,8 +430,9 @@ class OpenAIFacade:
                                stream: bool = False, tools: Sequence[dict[str, Any]] | None = None,
                                tool_choice: Any = None, parallel_tool_calls: bool = True,
                                response_format: dict[str, Any] | None = None, logprobs: bool = False,
-                               top_logprobs: int | None = None, **options: Unpack[SamplingOptions]
-                               ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+                               top_logprobs: int | None = None, reasoning_effort: str | None = None,
+                               chat_template_kwargs: dict[str, Any] | None = None, reasoning_format: str = "auto",
+                               **options: Unpack[SamplingOptions]) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """chat() as OpenAI's chat.completion object (choices[0].message), or with stream=True its
         chat.completion.chunk objects. max_tokens None: the rest of the context.
 
@@ -364,7 +441,11 @@ class OpenAIFacade:
         message.tool_calls (streamed: delta.tool_calls) with finish_reason "tool_calls". "required" and a
         named function constrain the output to calls whose arguments fit the function's schema.
         response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}.
-        logprobs, top_logprobs: OpenAI's chat ones (a flag, and the alternatives per token)."""
+        logprobs, top_logprobs: OpenAI's chat ones (a flag, and the alternatives per token).
+        A reasoning model's reasoning comes back as message.reasoning_content (streamed:
+        delta.reasoning_content), llama-server's shape; reasoning_format "none" leaves it in the content as
+        generated. reasoning_effort ("low", "medium", "high") and chat_template_kwargs reach the template."""
+        from barellm.text.reasoning import template_kwargs
         from barellm.text.toolcalls import validate_tools
 
         if not isinstance(logprobs, bool):
@@ -376,6 +457,8 @@ class OpenAIFacade:
         req.messages = list(messages)
         req.tools = validate_tools(tools) if tools else None
         req.tool_choice, req.parallel_tool_calls = tool_choice, parallel_tool_calls
+        req.template_kwargs = template_kwargs(chat_template_kwargs, reasoning_effort)
+        req.reasoning_format = check_reasoning_format(reasoning_format)
         return self._answer(req)
 
     def _request(self, kind: str, options: Any, max_tokens: int | None, stream: bool,
@@ -445,12 +528,15 @@ def _envelope(id: str, obj: str, created: int | None, model: str, fingerprint: s
 
 def chat_completion(id: str, model: str, text: str | None, finish_reason: str, usage: dict[str, Any], *,
                     logprobs: dict[str, Any] | None = None, created: int | None = None,
-                    fingerprint: str | None = None, tool_calls: list[dict[str, Any]] | None = None
-                    ) -> dict[str, Any]:
+                    fingerprint: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
+                    reasoning: str | None = None) -> dict[str, Any]:
     """A whole chat reply: {"object": "chat.completion", "choices": [{"message": {...}}], "usage"}. With
     tool_calls (OpenAI's [{"id", "type": "function", "function": {"name", "arguments"}}]) the message carries
-    them and text is what the model wrote besides (None when nothing)."""
+    them and text is what the model wrote besides (None when nothing). reasoning: a reasoning model's, as
+    llama-server gives it (message.reasoning_content)."""
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
     if tool_calls:
         message["tool_calls"] = tool_calls
     choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -468,15 +554,18 @@ def text_completion(id: str, model: str, text: str, finish_reason: str, usage: d
 def chat_chunk(id: str, model: str, *, text: str | None = None, role: bool = False,
                finish_reason: str | None = None, logprobs: dict[str, Any] | None = None, created: int | None = None,
                fingerprint: str | None = None, with_usage: bool = False,
-               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """One streamed chat piece: the opening one (role), a piece of text, tool calls (each whole, with its
-    "index" among the reply's calls), or the closing one (finish_reason).
+               tool_calls: list[dict[str, Any]] | None = None, reasoning: str | None = None) -> dict[str, Any]:
+    """One streamed chat piece: the opening one (role), a piece of text, a piece of a reasoning model's
+    reasoning (delta.reasoning_content, llama-server's), tool calls (each whole, with its "index" among the
+    reply's calls), or the closing one (finish_reason).
     with_usage: the stream ends with a usage_chunk, and every chunk before it says "usage": null."""
     delta: dict[str, Any] = {}
     if role:
         delta = {"role": "assistant", "content": ""}
     elif tool_calls:
         delta = {"tool_calls": tool_calls}
+    elif reasoning is not None:
+        delta = {"reasoning_content": reasoning}
     elif text is not None:
         delta = {"content": text}
     choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}

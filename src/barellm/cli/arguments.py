@@ -24,11 +24,19 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
 
 
+REASONING_MODES = ("auto", "show", "hide")
+
+
 def add_chat_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None, help="a system message to start the conversation with")
     p.add_argument("--template", default=None,
                    help="a built-in chat template (chatml, gemma) to use instead of the file's; on a base model it "
                         "turns the plain continuation into a chat (default: the file's template)")
+    p.add_argument("--reasoning", choices=REASONING_MODES, default="auto",
+                   help="a reasoning model's thinking (gpt-oss, Qwen3, DeepSeek-R1): show it (dimmed on a terminal, "
+                        "between 'Thinking...' and '...done thinking.' lines elsewhere) or hide it; auto (the "
+                        "default) shows it on a terminal and leaves it out of piped output. The answer is printed "
+                        "either way")
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -15,6 +15,9 @@ sampling options, reads one message at a time and streams the reply. Lines that 
   with a one-line note, so that the prompt leaves room for a reply.
 - A reply runs until the model ends it or the context is full, unless max_tokens is set (-n, /set
   max_tokens); a reply a limit cut short is followed by a one-line note that says which.
+- A reasoning model's thinking (text/reasoning.py) is shown before its answer, dimmed on a terminal, and
+  left out of piped output (--reasoning show|hide|auto). The history keeps the answer as the assistant's
+  content and the thinking beside it (reasoning_content), which the model's template renders or drops.
 
 Line editing and history come from prompt_toolkit when it is installed (`pip install 'barellm[chat]'`)
 and both stdin and stdout are a terminal; otherwise from input() with readline where Python has it.
@@ -69,7 +72,7 @@ _ALIASES = {"num_predict": "max_tokens", "temp": "temperature"}
 class Reply:
     """One streamed generation, as the front end saw it."""
 
-    text: str
+    text: str                 # the answer (a reasoning model's thinking is in `reasoning`)
     tokens: int               # generated tokens
     prompt_tokens: int
     seconds: float            # from the request to the last piece
@@ -79,6 +82,7 @@ class Reply:
     max_tokens_hit: bool = False   # stopped at max_tokens (with room left in the context)
     timings: Any = None            # the generation's Timings (speculative decoding's counts among them)
     finish_reason: str | None = None   # "stop" (end token or stop string) or "length", as the generation said
+    reasoning: str = ""                # a reasoning model's thinking, kept out of text
 
     @property
     def draft_note(self) -> str:
@@ -104,19 +108,61 @@ def is_terminal(out: TextIO) -> bool:
         return False
 
 
+DIM, PLAIN = "\x1b[2m", "\x1b[0m"
+THINKING, DONE_THINKING = "Thinking...", "...done thinking."
+
+
+class _Thoughts:
+    """Where a reasoning model's thinking goes: dimmed on a terminal, between Ollama's 'Thinking...' and
+    '...done thinking.' lines elsewhere, or nowhere (hidden)."""
+
+    def __init__(self, out: TextIO, show: bool) -> None:
+        self.out = out
+        self.show = show
+        self.color = is_terminal(out)
+        self.open = False
+
+    def write(self, text: str) -> None:
+        if not self.show:
+            return
+        if not self.open:
+            self.open = True
+            self.out.write(f"{DIM}{THINKING}\n" if self.color else f"{THINKING}\n")
+        self.out.write(text)
+        self.out.flush()
+
+    def close(self) -> None:
+        if self.open:
+            self.open = False
+            self.out.write(f"\n{DONE_THINKING}{PLAIN}\n\n" if self.color else f"\n{DONE_THINKING}\n\n")
+            self.out.flush()
+
+
+def shows_reasoning(mode: str, out: TextIO) -> bool:
+    """--reasoning's choice: show, hide, or auto (shown on a terminal, left out of piped output)."""
+    return mode == "show" or (mode == "auto" and is_terminal(out))
+
+
 def stream_reply(model: Any, prompt_ids: Sequence[int], options: dict[str, Any], out: TextIO,
-                 stop: threading.Event | None = None, echo: str = "") -> Reply:
+                 stop: threading.Event | None = None, echo: str = "", reasoning: tuple[str, bool] | None = None,
+                 show_reasoning: bool = False) -> Reply:
     """Streams the continuation of prompt_ids to out, after `echo` (written once the model has accepted the
     prompt and the options, so that a refusal is not preceded by output). Setting `stop` ends it at the next
     piece: the generator is closed, which leaves the model ready for the next call. On a terminal the text
     is rendered as Markdown, wrapped at word boundaries (terminal_markdown.py); anywhere else it is written
-    as the model gave it."""
+    as the model gave it. reasoning: a reasoning model's (format, whether the prompt leaves the reply inside
+    its thinking): the thinking is split off the answer, and written before it only with show_reasoning."""
+    from barellm.text.reasoning import ReasoningStream
+
     max_tokens = options.get("max_tokens", DEFAULT_MAX_TOKENS)
     t0 = time.perf_counter()
     first: float | None = None
     parts: list[str] = []
+    thought: list[str] = []
     interrupted = False
     gen = model.stream(list(prompt_ids), **options)   # checks the prompt and the options
+    splitter = ReasoningStream(reasoning[0], inside=reasoning[1]) if reasoning is not None else None
+    thoughts = _Thoughts(out, show_reasoning)
     sink: Any = out
     if is_terminal(out):
         from barellm.cli.terminal_markdown import MarkdownStream
@@ -125,6 +171,18 @@ def stream_reply(model: Any, prompt_ids: Sequence[int], options: dict[str, Any],
     if echo:
         sink.write(echo)
         sink.flush()
+
+    def emit(split: list[tuple[str, Any]]) -> None:
+        for kind, text in split:
+            if kind == "reasoning":
+                thoughts.write(text)
+                thought.append(text)
+            elif kind == "content":
+                thoughts.close()
+                sink.write(text)
+                sink.flush()
+                parts.append(text)
+
     try:
         for piece in gen:
             if stop is not None and stop.is_set():
@@ -132,11 +190,12 @@ def stream_reply(model: Any, prompt_ids: Sequence[int], options: dict[str, Any],
                 break
             if first is None:
                 first = time.perf_counter()
-            sink.write(piece)
-            sink.flush()
-            parts.append(piece)
+            emit(splitter.feed(piece) if splitter is not None else [("content", piece)])
+        if splitter is not None:
+            emit(splitter.finish())
     finally:
         gen.close()
+        thoughts.close()
         if sink is not out:
             sink.finish()
     interrupted = interrupted or (stop is not None and stop.is_set())
@@ -148,7 +207,7 @@ def stream_reply(model: Any, prompt_ids: Sequence[int], options: dict[str, Any],
     max_tokens_hit = cut and not context_full and max_tokens is not None and tokens >= max_tokens
     return Reply("".join(parts), tokens, len(prompt_ids), seconds, (first or time.perf_counter()) - t0, interrupted,
                  context_full, max_tokens_hit, getattr(getattr(gen, "completion", None), "timings", None),
-                 gen.finish_reason)
+                 gen.finish_reason, "".join(thought))
 
 
 @contextlib.contextmanager
@@ -278,11 +337,13 @@ class ChatSession:
 
     def __init__(self, model: Any, options: dict[str, Any] | None = None, *, system: str | None = None,
                  template: str | None = None, verbose: bool = False, out: TextIO | None = None,
-                 err: TextIO | None = None) -> None:
+                 err: TextIO | None = None, reasoning: str = "auto") -> None:
         self.model = model
         self.options: dict[str, Any] = dict(options or {})
         self.system = system or None
         self.turns: list[dict[str, str]] = []
+        self.reasoning = reasoning        # --reasoning: show, hide, or auto (shown on a terminal)
+        self._inside = False              # the last prompt rendered leaves the reply inside <think>
         self.template = template
         self.instruct = is_instruct(model.metadata)
         # a base model continues text, unless a chat format was asked for by name
@@ -315,7 +376,15 @@ class ChatSession:
             return []
         if self.plain:
             return self.model.tokenize(self.plain_text(messages))
+        if hasattr(self.model, "_chat_prompt"):
+            ids, self._inside = self.model._chat_prompt(messages)
+            return list(ids)
         return self.model.chat_prompt(messages)
+
+    def _reasoning(self) -> tuple[str, bool] | None:
+        """The reply's reasoning format and whether the last prompt leaves it inside the thinking."""
+        fmt = None if self.plain else getattr(self.model, "reasoning_format", None)
+        return (fmt, self._inside) if isinstance(fmt, str) else None
 
     def _reserve(self) -> int:
         """Context tokens kept free for a reply: max_tokens, up to half the context (half of it without one)."""
@@ -360,11 +429,16 @@ class ChatSession:
                 if ids is None:
                     self.turns.pop()
                     return None
-                reply = stream_reply(self.model, ids, self.options, self.out, self.stop)
+                reply = stream_reply(self.model, ids, self.options, self.out, self.stop,
+                                     reasoning=self._reasoning(),
+                                     show_reasoning=shows_reasoning(self.reasoning, self.out))
         except BarellmError:
             self.turns.pop()
             raise
-        self.turns.append({"role": "assistant", "content": reply.text})
+        turn = {"role": "assistant", "content": reply.text}
+        if reply.reasoning:
+            turn["reasoning_content"] = reply.reasoning
+        self.turns.append(turn)
         if not reply.text.endswith("\n"):
             self.out.write("\n")
         self.out.flush()

@@ -138,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     PROMPT, `run` opens the interactive chat, as `barellm chat MODEL` does. Options may come anywhere."""
 
     from barellm.cli.arguments import check_sampling_args, sampling_kwargs
-    from barellm.cli.chat_repl import stream_reply
+    from barellm.cli.chat_repl import shows_reasoning, stream_reply
     from barellm.options import check_draft
     from barellm.store import hub
 
@@ -171,11 +171,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"note: {model.name} is a base model (its file has no chat template); --chat wraps the prompt "
                   "in a built-in template it was not tuned on", file=sys.stderr)
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
-        ids = model.chat_prompt(messages + [{"role": "user", "content": prompt}])
+        ids, inside = model._chat_prompt(messages + [{"role": "user", "content": prompt}])
+        reasoning = (model.reasoning_format, inside) if model.reasoning_format is not None else None
     else:
-        ids = model.tokenize(prompt)
+        ids, reasoning = model.tokenize(prompt), None
     # the prompt is echoed once the generation has accepted it and the options: an error prints alone
-    reply = stream_reply(model, ids, kw, sys.stdout, echo="" if chat else prompt)
+    reply = stream_reply(model, ids, kw, sys.stdout, echo="" if chat else prompt, reasoning=reasoning,
+                         show_reasoning=shows_reasoning(args.reasoning, sys.stdout))
     sys.stdout.write("\n")
     sys.stdout.flush()
     empty = not reply.text.strip()
@@ -230,7 +232,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     model = _load(args, args.model, chat_template=args.template)
     system = args.system or getattr(model, "system", None)   # a preset's, unless --system gives one
     session = ChatSession(model, model_defaults_first(sampling_kwargs(args), model), system=system,
-                          template=args.template, verbose=args.verbose)
+                          template=args.template, verbose=args.verbose, reasoning=args.reasoning)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     return session.run(make_reader(), interactive=interactive)
 

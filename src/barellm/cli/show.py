@@ -59,6 +59,15 @@ def describe(metadata: dict[str, Any], tensors: dict[str, Any]) -> list[tuple[st
     rows.append(("quantization", quantization(metadata, tensors)))
     rows.append(("kind", "instruct (a chat template in the file)" if is_instruct(metadata) else
                  "base (no chat template: `run` continues text)"))
+    template = metadata.get("tokenizer.chat_template")
+    if isinstance(template, str) and template:
+        from barellm.text.reasoning import reasoning_format
+
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        fmt = reasoning_format(template, lambda t: isinstance(tokens, list) and t in tokens)
+        if fmt is not None:
+            rows.append(("reasoning", {"harmony": "harmony channels (gpt-oss): analysis, then the final answer",
+                                       "think": "<think>...</think> before the answer"}[fmt]))
     return rows
 
 

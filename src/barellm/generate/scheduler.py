@@ -489,11 +489,13 @@ class Scheduler:
                 self._release(s, "cancelled")
                 continue
             row = logits[i]
+            # the copies take the same first row; taken before the leader's step, which may end it (its
+            # first token an end, or max_tokens 1) and drop its followers, who would then never start
+            followers, s.followers = s.followers, []
             self._advance(s, row)
-            for f in s.followers:
+            for f in followers:
                 if f.slot in self._live and not f.started:
                     self._advance(f, row)
-            s.followers = []
         generated = self.timings.tokens - tokens0
         self.timings.wall += clock() - t_start
         self.metrics.step(t1 - t0, len(parts), generated)

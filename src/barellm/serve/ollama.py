@@ -180,10 +180,13 @@ class OllamaMessage(_Body):
     images: Annotated[list[Any] | None, _off("images", ([],), "this model reads text only")] = None
     tool_calls: list[OllamaToolCall] | None = Field(None, description="an assistant's earlier tool calls")
     tool_name: str | None = Field(None, description="the function a tool message answers")
-    thinking: str | None = Field(None, description="accepted and ignored")
+    thinking: str | None = Field(None, description="an assistant's earlier reasoning: rendered where the model's "
+                                                   "template renders it")
 
     def as_dict(self, i: int) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.thinking and self.role == "assistant":
+            out["thinking"] = self.thinking
         if self.tool_calls:
             if self.role != "assistant":
                 raise bad(f"messages[{i}].tool_calls: only assistant messages carry tool calls",
@@ -198,6 +201,16 @@ class OllamaMessage(_Body):
 
 class OllamaChatRequest(_OllamaGenerate):
     messages: list[OllamaMessage] = Field(default_factory=list, max_length=schema_types.MAX_MESSAGES)
+    think: bool | Literal["low", "medium", "high"] | None = Field(
+        None, description="a reasoning model's thinking: true or unset, returned in message.thinking; false, "
+                          "asked off (Qwen3's enable_thinking) and left out; a level, gpt-oss's reasoning effort")
+
+    def reasoning(self, req: GenerationRequest) -> None:
+        """think as the template variables that ask for it (text/reasoning.template_kwargs)."""
+        from barellm.text.reasoning import template_kwargs
+
+        effort = self.think if isinstance(self.think, str) else None
+        req.template_kwargs = template_kwargs({"enable_thinking": False} if self.think is False else None, effort)
     tools: Annotated[list[schemas.Tool], Field(max_length=128)] | None = Field(
         None, description="functions the model may call (OpenAI's tool objects)")
 
@@ -273,7 +286,7 @@ class OllamaResponse(RelayResponse):
     """Relays a job's events as Ollama's objects: one per line while streaming, or one in all."""
 
     def __init__(self, state: Any, job: Any, events: Any, req: GenerationRequest, path: str, stream: bool,
-                 model_name: str, load_seconds: float = 0.0) -> None:
+                 model_name: str, load_seconds: float = 0.0, think: bool | str | None = None) -> None:
         super().__init__(state, job, events, path)
         self.req = req
         self.stream = stream
@@ -282,14 +295,19 @@ class OllamaResponse(RelayResponse):
         self.model_name = model_name
         self.prompt_ids = list(req.prompt)
         self.t0 = time.perf_counter_ns()
-        # the tool calls of a chat reply are parsed as on /v1 (the same builder), then given Ollama's shape
+        # the tool calls and the reasoning of a chat reply are parsed as on /v1 (the same builder), then given
+        # Ollama's shape (message.thinking: a reasoning model's, unless think is false)
         self.calls = ResponseBuilder(req, model_name, state.tokenizer.token_bytes) \
-            if self.chat and req.tool_names is not None else None
+            if self.chat and (req.tool_names is not None or req.reasoning is not None) else None
+        self.thinking = think is not False
 
-    def _piece(self, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def _piece(self, text: str, calls: list[dict[str, Any]] | None = None, thinking: str | None = None
+               ) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model_name, "created_at": _now()}
         if self.chat:
             out["message"] = {"role": "assistant", "content": text}
+            if thinking and self.thinking:
+                out["message"]["thinking"] = thinking
             if calls:
                 out["message"]["tool_calls"] = [_ollama_call(c) for c in calls]
         else:
@@ -302,14 +320,19 @@ class OllamaResponse(RelayResponse):
         if self.calls is None:
             return [_line(self._piece(text))] if text else []
         parts = self.calls.split(0, text, final)
-        return [_line(self._piece(p) if kind == "content" else self._piece("", [p])) for kind, p in parts]
+        if not self.thinking:
+            parts = [(kind, p) for kind, p in parts if kind != "reasoning"]
+        return [_line(self._piece(p) if kind == "content" else
+                      self._piece("", thinking=p) if kind == "reasoning" else self._piece("", [p]))
+                for kind, p in parts]
 
     def _final(self, text: str, done: Event, t_start: int, t_first: int | None, ids: list[int]) -> dict[str, Any]:
-        calls = None
+        calls, thinking = None, None
         if self.calls is not None and text:
             content, calls, _ = self.calls.calls(text, "stop")
+            thinking = self.calls.reasoning_of(-1)
             text = content or ""
-        out = self._piece(text, calls)
+        out = self._piece(text, calls, thinking)
         now = time.perf_counter_ns()
         first = t_first if t_first is not None else now
         out.update(done=True, done_reason=done.finish_reason, total_duration=now - self.t0 + self.load_ns,
@@ -393,12 +416,13 @@ def _loaded(model: str, chat: bool, lease: Any) -> Response:
     return JSONResponse(out)
 
 
-def _respond(request: Request, state: Any, req: GenerationRequest, model: str, load_seconds: float) -> Response:
+def _respond(request: Request, state: Any, req: GenerationRequest, model: str, load_seconds: float,
+             think: bool | str | None = None) -> Response:
     """submit(), the job streaming its deltas either way (the first one times the prompt's evaluation, so a
     non-streamed answer's eval_duration is the decode's real time), and its answer in Ollama's shape."""
     stream, req.stream = req.stream, True
     job, events = submit(state, req)
-    return OllamaResponse(state, job, events, req, request.url.path, stream, model, load_seconds)
+    return OllamaResponse(state, job, events, req, request.url.path, stream, model, load_seconds, think)
 
 
 @_ollama_errors
@@ -409,13 +433,14 @@ async def chat(request: Request) -> Response:
     if not body.messages:
         return _loaded(body.model, True, lease)
     req.messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
+    body.reasoning(req)
     if body.tools:
         req.tools = [t.model_dump(exclude_none=True) for t in body.tools]
         names = [t["function"]["name"] for t in req.tools]
         if len(set(names)) != len(names):
             raise bad("a function is defined twice in tools", "tools")
     await _run(prepare, state.model, req)
-    return _respond(request, state, req, body.model, lease.load_seconds)
+    return _respond(request, state, req, body.model, lease.load_seconds, body.think)
 
 
 @_ollama_errors

@@ -80,6 +80,8 @@ class AssistantMessage(_Out):
     role: Literal["assistant"]
     content: str | None = Field(description="null when the reply is tool calls only")
     refusal: None = None
+    reasoning_content: str | None = Field(None, description="a reasoning model's reasoning (reasoning_format "
+                                                            '"auto"), kept out of content')
     tool_calls: list[ToolCall] | None = None
 
 
@@ -106,6 +108,7 @@ class ChatCompletion(_Out):
 class Delta(_Out):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = Field(None, description="a piece of a reasoning model's reasoning")
     tool_calls: list[ToolCallDelta] | None = None
 
 

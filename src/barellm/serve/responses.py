@@ -54,7 +54,7 @@ class Formatter(ResponseBuilder):
     def text_event(self, text: str, toks: list[TokenLogprob], index: int) -> bytes:
         """The server-sent events of a run of text. A plain text chunk's bytes around the JSON of the text are the
         same for every chunk of a choice, so only the text is encoded per event."""
-        if self.tool_names is not None or self.req.top_logprobs is not None:
+        if self.tool_names is not None or self.reasoning is not None or self.req.top_logprobs is not None:
             return b"".join(_sse(c) for c in self.text(index, text, toks))
         frame = self._frames.get(index)
         if frame is None:

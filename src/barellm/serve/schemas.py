@@ -44,6 +44,7 @@ from barellm.serve.schema_types import (
     _tagged,
 )
 from barellm.text.chat import message_text
+from barellm.text.reasoning import template_kwargs
 
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 128       # n; the server also needs one free slot per choice
@@ -155,7 +156,8 @@ class Message(_Body):
     function_call: _echoed("function_call") = None
     audio: _echoed("audio") = None
     annotations: _echoed("annotations") = None
-    reasoning_content: _echoed("reasoning_content") = None
+    reasoning_content: str | None = Field(None, description="an assistant's earlier reasoning (llama-server's "
+                                                            "field): rendered where the model's template renders it")
 
 
 # --- generation requests -------------------------------------------------------------------------------
@@ -320,7 +322,14 @@ class ChatCompletionRequest(_Sampling):
                              ] = None
     modalities: Annotated[list[Literal["text", "audio"]] | None,
                           _off("modalities", (["text"],), 'only ["text"]')] = None
-    reasoning_effort: str | None = Field(None, description="accepted and ignored")
+    reasoning_effort: Literal["low", "medium", "high"] | None = Field(
+        None, description="passed to the chat template (gpt-oss's reads it: its reasoning's length)")
+    reasoning_format: Literal["auto", "deepseek", "none"] = Field(
+        "auto", description="llama-server's: a reasoning model's reasoning in message.reasoning_content "
+                            '("auto", "deepseek"), or left in the content as generated, markers included ("none")')
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description='further chat template variables (llama-server\'s), e.g. {"enable_thinking": false} '
+                          "for Qwen3; at most 32 names")
 
     def to_generation(self) -> GenerationRequest:
         req = self.generation("chat")
@@ -333,6 +342,11 @@ class ChatCompletionRequest(_Sampling):
         elif self.top_logprobs is not None:
             raise bad("top_logprobs needs logprobs: true", "top_logprobs")
         req.messages = [_message(m, i) for i, m in enumerate(self.messages)]
+        req.reasoning_format = self.reasoning_format
+        try:
+            req.template_kwargs = template_kwargs(self.chat_template_kwargs, self.reasoning_effort)
+        except InvalidRequest as e:
+            raise bad(str(e), e.param) from None
         if self.tools:
             req.tools = [t.model_dump(exclude_none=True) for t in self.tools]
         if self.tool_choice is not None:
@@ -375,6 +389,8 @@ def _message(m: Message, i: int) -> dict[str, Any]:
             raise bad(f"messages[{i}].tool_calls: only assistant messages carry tool calls",
                       f"messages[{i}].tool_calls")
         out["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+    if m.reasoning_content and m.role == "assistant":
+        out["reasoning_content"] = m.reasoning_content
     if m.role == "tool":
         if m.tool_call_id is None:
             raise bad(f"messages[{i}].tool_call_id is required on a tool message", f"messages[{i}].tool_call_id")

@@ -170,6 +170,14 @@ class Tokenizer:
                 # a turn end must never be produced from plain text nor printed as content
                 if self._types[i] not in (TokenType.CONTROL, TokenType.USER_DEFINED):
                     self._types[i] = kinds[i] = TokenType.CONTROL
+        # harmony's vocabulary (gpt-oss): <|return|> ends the answer and <|call|> a tool call, while <|end|>
+        # only ends a message (the reasoning's, before the answer's), so it is no end of generation there
+        # (llama.cpp's rule for this vocabulary)
+        ret, call, end = (self._token_to_id.get(t) for t in ("<|return|>", "<|call|>", "<|end|>"))
+        if ret is not None and call is not None:
+            eog |= {ret, call}
+            if end is not None:
+                eog.discard(end)
         self.eog_ids = eog
 
         # Special-token matching. llama.cpp tries the longest texts (in bytes) first; ties by id, for a

@@ -55,6 +55,10 @@ class ToolFormat:
 
     native: bool
     marker_tokens: bool
+    harmony: bool = False   # gpt-oss: calls are harmony messages to functions.NAME (text/reasoning.py parses them)
+
+
+_HARMONY_TOKENS = ("<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|start|>")
 
 
 def tool_format(template_source: str, tokenizer: Any) -> ToolFormat:
@@ -62,7 +66,9 @@ def tool_format(template_source: str, tokenizer: Any) -> ToolFormat:
         i = tokenizer.token_to_id(text)
         return i is not None and tokenizer.token_type(i) in (TokenType.CONTROL, TokenType.USER_DEFINED)
 
-    return ToolFormat(native="tools" in template_source, marker_tokens=is_token(OPEN) and is_token(CLOSE))
+    harmony = "<|channel|>" in template_source and all(is_token(t) for t in _HARMONY_TOKENS)
+    return ToolFormat(native="tools" in template_source, marker_tokens=is_token(OPEN) and is_token(CLOSE),
+                      harmony=harmony)
 
 
 def validate_tools(tools: Any) -> list[dict[str, Any]]:
@@ -192,6 +198,8 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], fmt: ToolFormat, name: str 
             params["additionalProperties"] = False
         alts.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
                      "required": ["name", "arguments"], "additionalProperties": False})
+    if fmt.harmony:
+        return _harmony_grammar(chosen)
     schema = {"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}, "anyOf": alts} if len(alts) > 1 else \
         {"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}, **alts[0]}
     if fmt.marker_tokens:
@@ -203,6 +211,24 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], fmt: ToolFormat, name: str 
     # after it would force a next call on a model that meant to stop)
     start = 'call ("\\n" call)* "\\n"?' if parallel else "call"
     return f"start: {start}\ncall: {call}\nbody: %json {json.dumps(schema, ensure_ascii=False)}\n"
+
+
+def _harmony_grammar(functions: Sequence[Mapping[str, Any]]) -> str:
+    """A forced call in harmony's form (gpt-oss): an analysis message may come first, then one message on the
+    commentary channel to functions.NAME whose body is the arguments' JSON; the model's <|call|> (an end of
+    generation) ends the reply. One call per reply: harmony's calls each end the turn."""
+    alts = []
+    for i, fn in enumerate(functions):
+        params = dict(fn.get("parameters") or {"type": "object"})
+        if params.get("type") == "object" and not {"additionalProperties", "patternProperties"} & set(params):
+            params["additionalProperties"] = False
+        schema = {"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}, **params}
+        alts.append(f'call{i}: "commentary to=functions.{fn["name"]} " <|constrain|> "json" <|message|> '
+                    f'args{i}\nargs{i}: %json {json.dumps(schema, ensure_ascii=False)}')
+    calls = " | ".join(f"call{i}" for i in range(len(functions)))
+    return (f'start: analysis? <|channel|> ({calls})\n'
+            'analysis: <|channel|> "analysis" <|message|> /[^\\x00]*/ <|end|> <|start|> "assistant"\n'
+            + "\n".join(alts) + "\n")
 
 
 JSON_WHITESPACE = r"[\x20\x09]{1,4}|\x0D?\x0A[\x20\x09]{0,20}"   # structured.JSON_WHITESPACE (no import upward)
