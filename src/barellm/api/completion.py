@@ -1,11 +1,14 @@
 """What the Python API's generation methods return: a Completion (the text, ids, finish reason, counts, timings
-and logprobs of every choice) and a Stream (the pieces as they come, its Completion filled meanwhile)."""
+and logprobs of every choice) and a Stream (the pieces as they come, its Completion filled meanwhile), and how
+a Completion is filled from its request's events as they come (`filled`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from barellm.generate.request import Event, Request
 from barellm.generate.sampling import TokenLogprob
 from barellm.generate.timings import Timings
 
@@ -100,3 +103,39 @@ class Stream(Iterator[str]):
         if not self._ended:
             return None
         return self.completion.choices[0].finish_reason if self.completion.choices else "length"
+
+
+def filled(c: Completion, req: Request, events: Iterator[Event]) -> Iterator[Event]:
+    """req's events, c filled from them as they come (counts, each choice's text, ids, logprobs and finish
+    reason, the prefill and decode times); yields the deltas."""
+    timings = c.timings = req.timings = req.timings if req.timings is not None else Timings()
+    c.prompt_tokens = len(req.prompt)
+    c.choices = [Choice(i) for i in range(req.n)]
+    texts: list[list[str]] = [[] for _ in range(req.n)]
+    logprobs = req.top_logprobs is not None
+    for ch in c.choices:
+        ch.logprobs = [] if logprobs else None
+    started = time.perf_counter()
+    for ev in events:
+        if ev.kind == "delta":
+            ch = c.choices[ev.index]
+            texts[ev.index].append(ev.text)
+            ch.token_ids.extend(ev.token_ids)
+            if ch.logprobs is not None:
+                ch.logprobs.extend(ev.tokens)
+            yield ev
+        elif ev.kind == "done":
+            ch = c.choices[ev.index]
+            ch.finish_reason = ev.finish_reason or "length"
+            ch.token_ids[:] = ev.token_ids   # every generated token, a stop string's too
+        elif ev.kind == "start":
+            c.cached_tokens = ev.cached_tokens
+    end = time.perf_counter()
+    for ch in c.choices:
+        ch.text = "".join(texts[ch.index])
+    first = req.first_token_at if req.first_token_at is not None else end
+    c.prefill_seconds = max(0.0, first - (req.admitted_at if req.admitted_at is not None else started))
+    c.decode_seconds = max(0.0, end - first)
+    timings.wall += c.decode_seconds
+    head = c.choices[0]
+    c.text, c.token_ids, c.finish_reason, c.logprobs = head.text, head.token_ids, head.finish_reason, head.logprobs

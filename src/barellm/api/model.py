@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from barellm.api.completion import Choice, Completion, Stream
+from barellm.api.chatting import Chats, split_reasoning
+from barellm.api.completion import Completion, Stream, filled
 from barellm.api.openai import OpenAIFacade, model_method
 from barellm.arch.config import ModelConfig, config_of
 from barellm.cpu import default_threads
 from barellm.errors import BarellmError, FormatError, InvalidRequest, SlotsBusy
 from barellm.generate.request import Event, Options, Request, check, from_options, takes_options
 from barellm.generate.scheduler import UNBOUNDED, EmbedJob, Scheduler
-from barellm.generate.timings import Timings
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -122,6 +122,7 @@ class Model:
         self._held: dict[int, int] = {}   # thread id -> slots its unfinished generations hold or wait for
         self._served = False              # a server runs the scheduler (see serving())
         self.system: str | None = None    # a preset's system prompt: chat_prompt() starts a chat with it
+        self.chats = Chats(self)          # its chats' prompts, reasoning format and requests (api/chatting.py)
 
     def _make_engine(self, engine: str) -> tuple[str, Any]:
         if engine in ("auto", "native"):
@@ -372,37 +373,7 @@ class Model:
     def _run(self, req: Request, c: Completion, pause: bool = False) -> Iterator[Event]:
         """req's events, c filled from them as they come (counts, each choice's text, ids, logprobs and finish
         reason, the prefill and decode times); yields the deltas."""
-        timings = c.timings = req.timings = req.timings if req.timings is not None else Timings()
-        c.prompt_tokens = len(req.prompt)
-        c.choices = [Choice(i) for i in range(req.n)]
-        texts: list[list[str]] = [[] for _ in range(req.n)]
-        logprobs = req.top_logprobs is not None
-        for ch in c.choices:
-            ch.logprobs = [] if logprobs else None
-        started = time.perf_counter()
-        for ev in self._events(req, pause):
-            if ev.kind == "delta":
-                ch = c.choices[ev.index]
-                texts[ev.index].append(ev.text)
-                ch.token_ids.extend(ev.token_ids)
-                if ch.logprobs is not None:
-                    ch.logprobs.extend(ev.tokens)
-                yield ev
-            elif ev.kind == "done":
-                ch = c.choices[ev.index]
-                ch.finish_reason = ev.finish_reason or "length"
-                ch.token_ids[:] = ev.token_ids   # every generated token, a stop string's too
-            elif ev.kind == "start":
-                c.cached_tokens = ev.cached_tokens
-        end = time.perf_counter()
-        for ch in c.choices:
-            ch.text = "".join(texts[ch.index])
-        first = req.first_token_at if req.first_token_at is not None else end
-        c.prefill_seconds = max(0.0, first - (req.admitted_at if req.admitted_at is not None else started))
-        c.decode_seconds = max(0.0, end - first)
-        timings.wall += c.decode_seconds
-        head = c.choices[0]
-        c.text, c.token_ids, c.finish_reason, c.logprobs = head.text, head.token_ids, head.finish_reason, head.logprobs
+        return filled(c, req, self._events(req, pause))
 
     def _complete(self, req: Request) -> Completion:
         req.stream = False   # each choice's text in one piece at its end
@@ -449,41 +420,11 @@ class Model:
     def _pieces(self, req: Request, c: Completion, split: tuple[str, bool] | None = None
                 ) -> Iterator[tuple[str, str]]:
         if split is not None:
-            yield from self._split(self._run(req, c, pause=True), c, *split)
+            yield from split_reasoning(self._run(req, c, pause=True), c, *split)
             return
         for ev in self._run(req, c, pause=True):
             if ev.text:
                 yield "content", ev.text
-
-    @staticmethod
-    def _split(events: Iterator[Event], c: Completion, fmt: str, inside: bool) -> Iterator[tuple[str, str]]:
-        """A reasoning model's chat: each choice's text split into its reasoning and its answer as it comes
-        (text/reasoning.py); yields the first choice's parts, and leaves each choice's answer in its text
-        and its reasoning in its reasoning."""
-        from barellm.text.reasoning import ReasoningStream
-
-        streams: dict[int, ReasoningStream] = {}
-        got: dict[int, dict[str, list[str]]] = {}
-
-        def take(index: int, parts: list[tuple[str, Any]]) -> Iterator[tuple[str, str]]:
-            mine = got.setdefault(index, {"reasoning": [], "content": []})
-            for kind, text in parts:
-                if kind in mine and text:
-                    mine[kind].append(text)
-                    if index == 0:
-                        yield kind, text
-
-        for ev in events:
-            if ev.text:
-                stream = streams.setdefault(ev.index, ReasoningStream(fmt, inside=inside))
-                yield from take(ev.index, stream.feed(ev.text))
-        for ch in c.choices:
-            stream = streams.get(ch.index, ReasoningStream(fmt, inside=inside))
-            yield from take(ch.index, stream.finish())
-            mine = got.get(ch.index, {"reasoning": [], "content": []})
-            ch.text, ch.reasoning = "".join(mine["content"]), "".join(mine["reasoning"])
-        if c.choices:
-            c.text, c.reasoning = c.choices[0].text, c.choices[0].reasoning
 
     # --- fill-in-the-middle ----------------------------------------------------------------------
 
@@ -549,16 +490,7 @@ class Model:
     def reasoning_format(self) -> str | None:
         """How this model's replies carry their reasoning (text/reasoning.py): "harmony" (gpt-oss's
         channels), "think" (<think>...</think>), or None (a model that does not reason aloud)."""
-        from barellm.text.reasoning import reasoning_format
-        from barellm.text.tokenizer import TokenType
-
-        def is_token(text: str) -> bool:
-            i = self.tokenizer.token_to_id(text)
-            return i is not None and self.tokenizer.token_type(i) in (TokenType.CONTROL, TokenType.USER_DEFINED)
-
-        if not hasattr(self, "_reasoning_format"):
-            self._reasoning_format = reasoning_format(self.template.source, is_token)
-        return self._reasoning_format
+        return self.chats.reasoning_format
 
     def chat_prompt(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
                     tools: Sequence[dict[str, Any]] | None = None, *,
@@ -573,35 +505,7 @@ class Model:
                      tools: Sequence[dict[str, Any]] | None = None,
                      template_kwargs: Mapping[str, Any] | None = None) -> tuple[list[int], bool]:
         """chat_prompt's ids, and whether the prompt leaves the reply inside a <think> block."""
-        from barellm.text.reasoning import opens_inside, template_messages
-        from barellm.text.toolcalls import prepare_messages, validate_tools
-
-        msgs: list[Any] = list(messages)
-        if self.system and not any(isinstance(m, dict) and m.get("role") == "system" for m in msgs):
-            msgs.insert(0, {"role": "system", "content": self.system})   # a message's own system prompt wins
-        extra: dict[str, Any] = dict(template_kwargs or {})
-        if tools or any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in msgs):
-            if all(isinstance(m, dict) for m in msgs):
-                msgs, tool_extra = prepare_messages(msgs, validate_tools(tools) if tools else None,
-                                                    self.tool_format)
-                extra.update(tool_extra)
-        msgs = template_messages(msgs, self.template.source)
-        text = self.template.render(msgs, add_generation_prompt=add_generation_prompt, **extra)
-        ids = self.tokenizer.encode(text, add_special=False, parse_special=True)
-        bos = self.tokenizer.bos_id
-        if self.tokenizer.add_bos and bos is not None and (not ids or ids[0] != bos):
-            ids = [bos] + ids   # the template did not write the BOS the model expects
-        return ids, add_generation_prompt and self.reasoning_format == "think" and opens_inside(text)
-
-    def _chat_request(self, messages: Sequence[dict[str, Any]], options: dict[str, Any], reasoning_effort: Any,
-                      chat_template_kwargs: Any) -> tuple[Request, tuple[str, bool] | None]:
-        from barellm.text.reasoning import template_kwargs
-
-        req = self._request(options)
-        ids, inside = self._chat_prompt(messages, template_kwargs=template_kwargs(chat_template_kwargs,
-                                                                                    reasoning_effort))
-        fmt = self.reasoning_format
-        return self._submit(ids, req), ((fmt, inside) if fmt is not None else None)
+        return self.chats.prompt(messages, add_generation_prompt, tools, template_kwargs)
 
     @takes_options()
     def chat(self, messages: Sequence[dict[str, Any]], *, reasoning_effort: str | None = None,
@@ -621,21 +525,15 @@ class Model:
                       chat_template_kwargs: dict[str, Any] | None = None, **options: Unpack[Options]) -> Completion:
         """chat() as the whole Completion: `text` the answer, `reasoning` a reasoning model's reasoning (both
         for every choice in .choices), ids, finish reason, counts and timings."""
-        req, split = self._chat_request(messages, dict(options), reasoning_effort, chat_template_kwargs)
-        if split is None:
-            return self._complete(req)
-        req.stream = False
-        c = Completion()
-        for _ in self._split(self._run(req, c), c, *split):
-            pass
-        return c
+        return self.chats.complete(*self.chats.request(messages, dict(options), reasoning_effort,
+                                                      chat_template_kwargs))
 
     @takes_options()
     def chat_stream(self, messages: Sequence[dict[str, Any]], *, reasoning_effort: str | None = None,
                     chat_template_kwargs: dict[str, Any] | None = None, **options: Unpack[Options]) -> Stream:
         """chat() as it happens, as stream() gives generate(): the answer's pieces; a reasoning model's
         reasoning goes to the stream's `reasoning` (and its parts(), beside the answer's pieces)."""
-        req, split = self._chat_request(messages, dict(options), reasoning_effort, chat_template_kwargs)
+        req, split = self.chats.request(messages, dict(options), reasoning_effort, chat_template_kwargs)
         if req.n != 1:
             raise InvalidRequest("chat_stream() generates one sequence; use complete(..., n=...) for several")
         return self._stream(req, split)
