@@ -415,7 +415,8 @@ def test_ollama_thinking_split(harmony: Any) -> None:
 
 
 def test_chat_repl_hides_reasoning_when_piped_and_keeps_it_in_history(harmony: Any) -> None:
-    from barellm.cli.chat_repl import DONE_THINKING, THINKING, ChatSession
+    from barellm.cli.chat_repl import ChatSession
+    from barellm.cli.reply import DONE_THINKING, THINKING
 
     for mode, shown in (("auto", False), ("hide", False), ("show", True)):
         out, err = io.StringIO(), io.StringIO()
@@ -432,7 +433,7 @@ def test_chat_repl_hides_reasoning_when_piped_and_keeps_it_in_history(harmony: A
 
 
 def test_chat_repl_dims_reasoning_on_a_terminal(harmony: Any) -> None:
-    from barellm.cli.chat_repl import DIM, stream_reply
+    from barellm.cli.reply import DIM, stream_reply
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

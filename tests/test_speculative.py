@@ -642,7 +642,7 @@ def test_paused_and_closed_streams_keep_their_guarantees_with_drafting(tiny_path
 
 def test_run_with_draft_prints_the_same_and_reports_acceptance(tiny_path: Path, capsys: Any) -> None:
     from barellm.__main__ import main
-    from barellm.cli.chat_repl import Reply
+    from barellm.cli.reply import Reply
 
     args = ["run", str(tiny_path), "the the the the the the the", "-n", "24", "--temperature", "0"]
     assert main(args) == 0

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from barellm.errors import BarellmError, FormatError, InvalidRequest, ModelNotFound
 
 if TYPE_CHECKING:
-    from barellm.cli.chat_repl import Reply
+    from barellm.cli.reply import Reply
 
 
 def _add_generation_args(p: argparse.ArgumentParser, verbose_help: str, chat_flag: bool = False) -> None:
@@ -138,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     PROMPT, `run` opens the interactive chat, as `barellm chat MODEL` does. Options may come anywhere."""
 
     from barellm.cli.arguments import check_sampling_args, sampling_kwargs
-    from barellm.cli.chat_repl import shows_reasoning, stream_reply
+    from barellm.cli.reply import shows_reasoning, stream_reply
     from barellm.options import check_draft
     from barellm.store import hub
 
