@@ -23,15 +23,8 @@ from barellm.arch.registry import ARCHITECTURES
 from barellm.errors import FormatError, ModelNotFound
 from barellm.files import open_regular
 from barellm.store import sentencepiece
-from barellm.store.hf_families import (
-    Config,
-    Family,
-    Recipe,
-    Same,
-    Stored,
-    family_of,
-    supported,
-)
+from barellm.store.hf_families import Config, Family, family_of, supported
+from barellm.store.hf_recipes import Recipe, Same, Stored
 
 F32, F16, BF16 = 0, 1, 30
 
@@ -459,7 +452,7 @@ def _bpe_vocab(where: Path, tj: Any, n_vocab: int) -> tuple[dict[str, Any], dict
 
 
 class _Checkpoint:
-    """The checkpoint's tensors by name, as the families' recipes see them (hf_families.Checkpoint)."""
+    """The checkpoint's tensors by name, as the families' recipes see them (hf_recipes.Checkpoint)."""
 
     def __init__(self, root: Path, files: list[SafetensorsFile], md: dict[str, Any], config: Config,
                  family: Family) -> None:

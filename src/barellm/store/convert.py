@@ -35,7 +35,7 @@ from barellm.files import sha256_file
 from barellm.formats import blm, blm_writer, kernels, quant, sniff
 from barellm.progress import Progress
 from barellm.store.checkpoint import SafetensorsFile, _from_hf, _hf_files, _Model, _Tensor
-from barellm.store.hf_families import permute_qk
+from barellm.store.hf_recipes import permute_qk
 
 __all__ = ["convert", "permute_qk", "SafetensorsFile", "CONVERTER_REVISION", "TYPE_CHOICES", "LAYOUT_CHOICES",
            "source_files", "sha256_files"]
