@@ -5,7 +5,8 @@ the ids the model was trained on:
 
 * Special tokens are cut out of the text first. Control (and unknown) tokens only when parse_special is set;
   user-defined tokens always, as llama.cpp and Hugging Face both do. The cut is llama.cpp's: longest token
-  text first, each one's occurrences left to right within the text that is still raw.
+  text first, each one's occurrences left to right within the text that is still raw (special_tokens.py: the
+  token types, the order and tries of that cut, and which tokens end a generation).
 * Byte-level BPE splits the raw text with the pre-tokenizer named by tokenizer.ggml.pre (a list of regexes
   applied one after another, each refining the pieces of the previous one), maps each piece's UTF-8 bytes
   to GPT-2's printable byte alphabet, then merges adjacent symbols by merge rank, lowest first.
@@ -25,37 +26,15 @@ from typing import Any
 
 from barellm.errors import FormatError, InvalidRequest
 from barellm.text.pretokenizer import _BYTE_DEC, _PRE_TOKENIZERS, _make_splitter, _to_byte_level
-from barellm.text.vocab import _array, _checked_once, _key, _Trie
+from barellm.text.special_tokens import _SURROGATE, TokenType, end_of_generation, special_id, special_matching
+from barellm.text.vocab import _array, _checked_once, _key
 
 __all__ = ["Tokenizer", "StreamDecoder", "TokenType"]
 
 
-class TokenType:
-    """GGUF tokenizer.ggml.token_type values (llama.cpp's llama_token_type)."""
-
-    UNDEFINED = 0
-    NORMAL = 1
-    UNKNOWN = 2
-    CONTROL = 3
-    USER_DEFINED = 4
-    UNUSED = 5
-    BYTE = 6
-
-
-# Tokens that end a turn even when the file does not name them; llama.cpp matches the same texts, so a
-# model that writes <|im_end|> stops here as it does there.
-_EOG_TEXTS = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
-    # fill-in-the-middle separators: the model has left the region it was asked to fill
-    "<|fim_pad|>", "<fim-pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
-    "<|file_sep|>",
-})
-
 _SPACE = "\u2581"  # SentencePiece's visible space
 _TOKEN_TYPES = bytes(range(7))  # the TokenType values
-_SPECIAL_KINDS = re.compile(b"[" + bytes((TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)) + b"]")
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _CACHE_LIMIT = 1 << 16  # entries per word cache; cleared when full so a server's memory stays bounded
 
 
@@ -139,18 +118,8 @@ class Tokenizer:
                 if t and self._token_to_id[t] != i:
                     raise FormatError(f"tokenizer.ggml.tokens[{i}]: {t!r} duplicates token {self._token_to_id[t]}")
 
-        def special(name: str) -> int | None:
-            v = _key(md, f"{name}_token_id", int)
-            if v is not None and not 0 <= v < n:
-                raise FormatError(f"tokenizer.ggml.{name}_token_id: {v} is outside the vocabulary (0..{n - 1})")
-            return v
-
-        self.bos_id = special("bos")
-        self.eos_id = special("eos")
-        self.unk_id = special("unknown")
-        self.pad_id = special("padding")
-        eot_id = special("eot")
-        eom_id = special("eom")
+        self.bos_id, self.eos_id, self.unk_id, self.pad_id, eot_id, eom_id = (
+            special_id(md, name, n) for name in ("bos", "eos", "unknown", "padding", "eot", "eom"))
 
         # llama.cpp's defaults: SentencePiece models add BOS unless told otherwise, byte-level BPE ones do not
         add_bos = _key(md, "add_bos_token", bool)
@@ -162,43 +131,9 @@ class Tokenizer:
         if self.add_eos and self.eos_id is None:
             raise FormatError("tokenizer.ggml.add_eos_token is set but tokenizer.ggml.eos_token_id is missing")
 
-        eog = {i for i in (self.eos_id, eot_id, eom_id) if i is not None}
-        for text in _EOG_TEXTS:
-            i = self._token_to_id.get(text)
-            if i is not None:
-                eog.add(i)
-                # a turn end must never be produced from plain text nor printed as content
-                if self._types[i] not in (TokenType.CONTROL, TokenType.USER_DEFINED):
-                    self._types[i] = kinds[i] = TokenType.CONTROL
-        # harmony's vocabulary (gpt-oss): <|return|> ends the answer and <|call|> a tool call, while <|end|>
-        # only ends a message (the reasoning's, before the answer's), so it is no end of generation there
-        # (llama.cpp's rule for this vocabulary)
-        ret, call, end = (self._token_to_id.get(t) for t in ("<|return|>", "<|call|>", "<|end|>"))
-        if ret is not None and call is not None:
-            eog |= {ret, call}
-            if end is not None:
-                eog.discard(end)
-        self.eog_ids = eog
+        self.eog_ids = end_of_generation(self._token_to_id, kinds, (self.eos_id, eot_id, eom_id))
 
-        # Special-token matching. llama.cpp tries the longest texts (in bytes) first; ties by id, for a
-        # deterministic order.
-        specials = [i for i in (m.start() for m in _SPECIAL_KINDS.finditer(kinds)) if tokens[i]]
-        for i in specials:
-            # a special token is matched in the text as written, and text is valid Unicode: one whose bytes
-            # are not UTF-8 (kept by the reader as lone surrogates) could never be written, only break things
-            if _SURROGATE.search(tokens[i]):
-                raw = tokens[i].encode("utf-8", "surrogateescape")
-                raise FormatError(f"tokenizer.ggml.tokens[{i}]: special token {raw!r} is not valid UTF-8")
-        specials.sort(key=lambda i: (-len(tokens[i].encode("utf-8")), i))
-        self._special_rank = {tid: r for r, tid in enumerate(specials)}
-        self._trie_all = _Trie()
-        self._trie_user = _Trie()
-        for tid in specials:
-            self._trie_all.add(tokens[tid], tid)
-            if self._types[tid] == TokenType.USER_DEFINED:
-                self._trie_user.add(tokens[tid], tid)
-        self._trie_all.finish()
-        self._trie_user.finish()
+        self._special_rank, self._trie_all, self._trie_user = special_matching(tokens, kinds)
 
         self._piece_cache: dict[int, bytes] = {}  # filled as tokens are decoded (a list of the whole vocabulary: 2 MB)
         self._word_cache: dict[str, tuple[int, ...]] = {}
