@@ -104,15 +104,24 @@ static unsigned detect_tiers(void) { return 1u << BL_ISA_SCALAR; }
  * the defaults: SmolLM2's decode was 195-197 tokens/s at 1 thread with T0 4 KB, 169 with T1 4 KB, 196-200 with
  * T1 8 KB, and its 2-thread figures were within their noise.
  *
+ * Zen 4, the MXFP4 tiles: into L2 (T1) 24 KB ahead, alone and shared. gpt-oss-20b's experts (2880 x 2880,
+ * 17 bytes per 32 values) streamed from memory at T = 1 by one thread at 13.7 GB/s with the blocks' T0 4 KB,
+ * 17.2-17.5 with T1 4-8 KB, 21.0 with T1 16 KB, 21.9 with T1 24 KB, 20.2-20.6 with T1 32-64 KB, 16.9 with NTA
+ * 16 KB (bench/kernels.py --model gptoss -T 1 --cold-mb 64, avx512 i8x2 cold rows). Its 8-layer cut decoded
+ * 26-28 tokens/s with the blocks' rule and 37.6-38.6 with this one at 2 threads (the moe op from 14.8 to 10.0
+ * ms a token). The same rule for the Q4_0/Q4_1/Q8_0 tiles made SmolLM2's 2-thread decode slower (303-311 to
+ * 257-264 tokens/s), so it is the MXFP4 tiles' alone.
+ *
  * Intel: threads streaming together prefetch into L1 (T0) 16 KB ahead, never NTA. On a Xeon with AVX-512
  * and AMX (2 MB L2 a core), an NTA line skips L2 and the L2 streamer does not follow it, so two threads'
  * NTA prefetches starved each other: Qwen2.5-Coder-1.5B decoded 8.8-9.4 tokens/s at 2 threads against
  * 13.2 at 1. With T0 at 2 threads: 8 KB 15-24 (a wide spread), 16 KB 20-22.4, T1 16 KB 19-21, T1 4-8 KB
  * 13-21 (barellm bench -p 0 -n 64, 2-4 rounds). Alone, T0 8 KB stays: T0 4 or 16 KB and T1 8 KB were within
  * its noise (11.4-13.1 tokens/s). */
-bl_prefetch_rule bl_prefetch_rules[2][2] = {
+bl_prefetch_rule bl_prefetch_rules[BL_PF_FAMILIES][2] = {
     [BL_PF_BLOCKS] = {{BL_PF_L1, 4096}, {BL_PF_L1, 4096}},
     [BL_PF_KQUANTS] = {{BL_PF_L1, 8192}, {BL_PF_NTA, 16384}},
+    [BL_PF_MXFP4] = {{BL_PF_L1, 4096}, {BL_PF_L1, 4096}},
 };
 static const char *prefetch_why = "defaults";
 static char prefetch_text[160];
@@ -163,7 +172,7 @@ static int prefetch_from_env(const char *v) {
     if (parse_rule(v, comma ? (size_t)(comma - v) : strlen(v), &alone) < 0) return -1;
     shared = alone;
     if (comma && parse_rule(comma + 1, strlen(comma + 1), &shared) < 0) return -1;
-    for (int f = 0; f < 2; f++) bl_prefetch_rules[f][0] = alone, bl_prefetch_rules[f][1] = shared;
+    for (int f = 0; f < BL_PF_FAMILIES; f++) bl_prefetch_rules[f][0] = alone, bl_prefetch_rules[f][1] = shared;
     return 0;
 }
 
@@ -172,8 +181,9 @@ static void choose_prefetch(void) {
     if (v && *v && prefetch_from_env(v) == 0) {
         prefetch_why = "BARELLM_PREFETCH";
     } else if (is_zen4()) {
-        const bl_prefetch_rule l2 = {BL_PF_L2, 8192};
+        const bl_prefetch_rule l2 = {BL_PF_L2, 8192}, l2_far = {BL_PF_L2, 24576};
         bl_prefetch_rules[BL_PF_KQUANTS][0] = bl_prefetch_rules[BL_PF_KQUANTS][1] = l2;
+        bl_prefetch_rules[BL_PF_MXFP4][0] = bl_prefetch_rules[BL_PF_MXFP4][1] = l2_far;
         prefetch_why = "zen4";
     } else if (is_intel()) {
         const bl_prefetch_rule l1 = {BL_PF_L1, 16384};
@@ -184,9 +194,10 @@ static void choose_prefetch(void) {
 
 const char *bl_prefetch_describe(void) {
     const bl_prefetch_rule(*r)[2] = bl_prefetch_rules;
-    snprintf(prefetch_text, sizeof prefetch_text, "kquants %s:%d %s:%d, blocks %s:%d %s:%d (%s)",
+    snprintf(prefetch_text, sizeof prefetch_text, "kquants %s:%d %s:%d, blocks %s:%d %s:%d, mxfp4 %s:%d %s:%d (%s)",
              HINTS[r[1][0].hint], r[1][0].bytes, HINTS[r[1][1].hint], r[1][1].bytes, HINTS[r[0][0].hint],
-             r[0][0].bytes, HINTS[r[0][1].hint], r[0][1].bytes, prefetch_why);
+             r[0][0].bytes, HINTS[r[0][1].hint], r[0][1].bytes, HINTS[r[2][0].hint], r[2][0].bytes,
+             HINTS[r[2][1].hint], r[2][1].bytes, prefetch_why);
     return prefetch_text;
 }
 

@@ -25,16 +25,16 @@
 /* Software prefetch (kernels.h's rules, BL_PF_BLOCKS). Measured on Zen 3: streaming a Q4_1 or Q8_0 matrix
  * from memory at T = 1 went from ~8-11 GB/s (hardware prefetchers alone) to ~16-19 GB/s at 4 KB ahead; 2 KB
  * was less, 8 KB no better. */
-AI void prefetch_lines(const uint8_t *p, const int n) {
-    const int hint = prefetch_hint(BL_PF_BLOCKS);
+AI void prefetch_lines(const uint8_t *p, const int n, const int family) {
+    const int hint = prefetch_hint(family);
     for (int i = 0; i < n; i++) bl_prefetch_line(p + 64 * i, hint);
 }
 
 /* block b of a group whose blocks take `bytes` bytes (the tiles' weights), once its share of the prefetch span
  * (n lines at pf + b * pfs; pf NULL: none) is on its way */
 AI const uint8_t *block_at(const uint8_t *g, const int b, const size_t bytes, const uint8_t *pf, const size_t pfs,
-                           const int n) {
-    if (pf) prefetch_lines(pf + (size_t)b * pfs, n);
+                           const int n, const int family) {
+    if (pf) prefetch_lines(pf + (size_t)b * pfs, n, family);
     return g + (size_t)b * bytes;
 }
 
@@ -93,7 +93,7 @@ AI void tile_q4(const int type, const int x2, const int NT, const tile_args *A) 
     const __m256i khi = x2 ? _mm256_set1_epi16(254) : ones; /* the weight of the (hi) plane */
     const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *q = block_at(g, b, 128, pf, pfs, 3);
+        const uint8_t *q = block_at(g, b, 128, pf, pfs, 3, BL_PF_BLOCKS);
         const size_t xo = (size_t)b * 32;
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
@@ -139,7 +139,7 @@ AI void tile_q8(const int x2, const int NT, const tile_args *A) {
     const __m256i ones = _mm256_set1_epi16(1), khi = x2 ? _mm256_set1_epi16(254) : ones;
     const uint8_t *dp = g + (size_t)nb * 256;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *q = block_at(g, b, 256, pf, pfs, 5);
+        const uint8_t *q = block_at(g, b, 256, pf, pfs, 5, BL_PF_BLOCKS);
         const size_t xo = (size_t)b * 32;
         for (int j = 0; j < 8; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
@@ -214,8 +214,8 @@ AI void tile_q4_g2(const int type, const int x2, const tile_args *A) {
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 128, *q2 = g2 + (size_t)b * 128;
         const int8_t *h = xh + (size_t)b * 32, *l = xl + (size_t)b * 32;
-        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3);
-        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 3);
+        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3, BL_PF_BLOCKS);
+        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 3, BL_PF_BLOCKS);
         __m256i sh, sl, sh2, sl2;
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
@@ -270,8 +270,8 @@ AI void tile_q8_g2(const int x2, const tile_args *A) {
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 256, *q2 = g2 + (size_t)b * 256;
         const size_t xo = (size_t)b * 32;
-        if (pf) prefetch_lines(pf + (size_t)b * pfs, 5);
-        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 5);
+        if (pf) prefetch_lines(pf + (size_t)b * pfs, 5, BL_PF_BLOCKS);
+        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 5, BL_PF_BLOCKS);
         __m256i s, s2;
         for (int j = 0; j < 8; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
@@ -353,7 +353,7 @@ AI void tile_fp4(const int x2, const int NT, const tile_args *A) {
     FP4_CONSTS;
     const uint8_t *ep = g + (size_t)nb * 128;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *q = block_at(g, b, 128, pf, pfs, 3);
+        const uint8_t *q = block_at(g, b, 128, pf, pfs, 3, BL_PF_MXFP4);
         const size_t xo = (size_t)b * 32;
         for (int jj = 0; jj < 2; jj++) {
             __m256i wv[4];
@@ -391,8 +391,8 @@ AI void tile_fp4_g2(const int x2, const tile_args *A) {
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 128, *q2 = g2 + (size_t)b * 128;
         const size_t xo = (size_t)b * 32;
-        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3);
-        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 3);
+        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3, BL_PF_MXFP4);
+        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 3, BL_PF_MXFP4);
         __m256i s, s2;
         for (int jj = 0; jj < 2; jj++) {
             __m256i wv[4], wv2[4];
@@ -438,6 +438,6 @@ void bl_mm_mxfp4_avx2(BL_MM_ARGS) {
         return;
     }
     /* tokens per tile: 4 (3 with Q8X2), as Q8_0: each token holds an int32 sum besides its accumulator */
-    run_tiles(x2 ? fp4x2_tiles : fp4_tiles, x2 ? 3 : 4, x2 ? fp4x2_g2 : fp4_g2, BL_PF_BLOCKS, w, xq, T, NULL, out, ldo,
+    run_tiles(x2 ? fp4x2_tiles : fp4_tiles, x2 ? 3 : 4, x2 ? fp4x2_g2 : fp4_g2, BL_PF_MXFP4, w, xq, T, NULL, out, ldo,
               r0, r1, pack);
 }

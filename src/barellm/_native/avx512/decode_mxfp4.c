@@ -25,7 +25,7 @@
 AI void tile(const int NG, const int NT, const int x2, const tile_args *A) {
     const int nb = A->nu;
     const __m256i m4 = _mm256_set1_epi8(15), kv = _mm256_setr_epi8(BL_MXFP4_KV12, BL_MXFP4_KV12);
-    const int hint = bl_prefetch_rules[BL_PF_BLOCKS][bl_shared_stream != 0].hint;
+    const int hint = bl_prefetch_rules[BL_PF_MXFP4][bl_shared_stream != 0].hint;
     const int8_t *xq[MAXNT], *xl[MAXNT];
     const float *xd[MAXNT];
     const int32_t *xsq[MAXNT];
@@ -99,5 +99,5 @@ static const tile_fn TILES_Q8[MAXNT] = {t1, t2, t3, t4}, TILES_Q8X2[MAXNT] = {u1
 
 void bl_decode_mxfp4_avx512(const bl_matrix *w, const void *xq, int T, float *out, size_t ldo, int r0, int r1) {
     const int x2 = w->act == BL_ACT_Q8X2;
-    run_tiles(x2 ? TILES_Q8X2 : TILES_Q8, MAXNT, x2 ? u_g2 : t_g2, BL_PF_BLOCKS, w, xq, T, NULL, out, ldo, r0, r1, NULL);
+    run_tiles(x2 ? TILES_Q8X2 : TILES_Q8, MAXNT, x2 ? u_g2 : t_g2, BL_PF_MXFP4, w, xq, T, NULL, out, ldo, r0, r1, NULL);
 }
