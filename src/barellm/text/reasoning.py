@@ -30,6 +30,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from barellm.text.toolcalls import new_call_id, partial_marker
+
 __all__ = ["FORMATS", "HARMONY", "THINK", "ReasoningStream", "opens_inside", "reasoning_format", "split_reasoning"]
 
 HARMONY = "harmony"
@@ -64,15 +66,6 @@ def opens_inside(prompt_text: str) -> bool:
     """Whether a rendered prompt ends inside `<think>` (what follows is reasoning until `</think>`)."""
     i = prompt_text.rfind(THINK_OPEN)
     return i >= 0 and not prompt_text[i + len(THINK_OPEN):].strip()
-
-
-def _partial(text: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest end of text that is a proper start of one of markers."""
-    for k in range(min(max(len(m) for m in markers) - 1, len(text)), 0, -1):
-        tail = text[-k:]
-        if any(m.startswith(tail) for m in markers):
-            return k
-    return 0
 
 
 class _Trimmed:
@@ -140,7 +133,7 @@ class ReasoningStream:
             if self._state == "reasoning":
                 end = self._buf.find(THINK_CLOSE)
                 if end < 0:
-                    keep = _partial(self._buf, (THINK_CLOSE,))
+                    keep = partial_marker(self._buf, (THINK_CLOSE,))
                     self.reasoning.put(self._buf[:len(self._buf) - keep], out)
                     self._buf = self._buf[len(self._buf) - keep:]
                     return
@@ -180,7 +173,7 @@ class ReasoningStream:
             if self._channel == "content" and self._buf.find(_START) >= 0:
                 ends.append((self._buf.find(_START), ""))   # a message that ended without <|end|>
             if not ends:
-                keep = 0 if final else _partial(self._buf, (*_ENDS, _START))
+                keep = 0 if final else partial_marker(self._buf, (*_ENDS, _START))
                 self._body_text(self._buf[:len(self._buf) - keep], out)
                 self._buf = self._buf[len(self._buf) - keep:]
                 return
@@ -223,8 +216,6 @@ class ReasoningStream:
         except ValueError:
             valid = False
         if self.calls and valid:
-            from barellm.text.toolcalls import new_call_id
-
             out.append(("call", {"id": new_call_id(), "type": "function",
                                  "function": {"name": self._recipient, "arguments": body}}))
             return

@@ -34,8 +34,8 @@ from typing import Any
 from barellm.errors import InvalidRequest
 from barellm.text.tokenizer import TokenType
 
-__all__ = ["ToolFormat", "ToolCallStream", "call_grammar", "parse_tool_calls", "prepare_messages", "tool_format",
-           "validate_tools"]
+__all__ = ["ToolFormat", "ToolCallStream", "call_grammar", "new_call_id", "parse_tool_calls", "partial_marker",
+           "prepare_messages", "tool_format", "validate_tools"]
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -351,7 +351,7 @@ class ToolCallStream:
                 self._buf = self._buf[start + len(OPEN):]
                 self._in_call = True
                 continue
-            keep = _partial_marker(self._buf)
+            keep = partial_marker(self._buf, (OPEN,))
             self._content(self._buf[:len(self._buf) - keep], out)
             self._buf = self._buf[len(self._buf) - keep:]
             return out
@@ -407,9 +407,11 @@ def _opens_bare(text: str) -> bool | None:
     return None if not rest else rest.startswith("{")
 
 
-def _partial_marker(text: str) -> int:
-    """Length of the longest end of text that is a proper start of the opening marker."""
-    for k in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-k:]):
+def partial_marker(text: str, markers: tuple[str, ...]) -> int:
+    """Length of the longest end of text that is a proper start of one of markers: what a stream holds back
+    until the next piece tells whether a marker begins there (the tool-call and reasoning streams')."""
+    for k in range(min(max(len(m) for m in markers) - 1, len(text)), 0, -1):
+        tail = text[-k:]
+        if any(m.startswith(tail) for m in markers):
             return k
     return 0
