@@ -7,7 +7,7 @@ chat_stream, chat_prompt, reasoning_format) are its own, built on it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from barellm.api.completion import Completion
@@ -85,16 +85,18 @@ class Chats:
             return self.model._complete(req)
         req.stream = False
         c = Completion()
-        for _ in split_reasoning(self.model._run(req, c), c, *split):
+        for _ in split_reasoning(self.model._run(req, c), c, *split, token_bytes=self.model.tokenizer.token_bytes):
             pass
         return c
 
 
-def split_reasoning(events: Iterator[Event], c: Completion, fmt: str, inside: bool) -> Iterator[tuple[str, str]]:
+def split_reasoning(events: Iterator[Event], c: Completion, fmt: str, inside: bool,
+                    token_bytes: Callable[[int], bytes] | None = None) -> Iterator[tuple[str, str]]:
     """A reasoning model's chat: each choice's text split into its reasoning and its answer as it comes
-    (text/reasoning.py); yields the first choice's parts, and leaves each choice's answer in its text
-    and its reasoning in its reasoning."""
-    from barellm.text.reasoning import ReasoningStream
+    (text/reasoning.py); yields the first choice's parts, and leaves each choice's answer in its text,
+    its reasoning in its reasoning and, given token_bytes (the tokenizer's), how many of its tokens went
+    to the reasoning in its reasoning_tokens (text/reasoning.count_reasoning_tokens)."""
+    from barellm.text.reasoning import ReasoningStream, count_reasoning_tokens, token_pieces
 
     streams: dict[int, ReasoningStream] = {}
     got: dict[int, dict[str, list[str]]] = {}
@@ -116,5 +118,8 @@ def split_reasoning(events: Iterator[Event], c: Completion, fmt: str, inside: bo
         yield from take(ch.index, stream.finish())
         mine = got.get(ch.index, {"reasoning": [], "content": []})
         ch.text, ch.reasoning = "".join(mine["content"]), "".join(mine["reasoning"])
+        if token_bytes is not None:
+            ch.reasoning_tokens = count_reasoning_tokens(token_pieces(token_bytes, ch.token_ids), fmt, inside=inside)
     if c.choices:
-        c.text, c.reasoning = c.choices[0].text, c.choices[0].reasoning
+        head = c.choices[0]
+        c.text, c.reasoning, c.reasoning_tokens = head.text, head.reasoning, head.reasoning_tokens

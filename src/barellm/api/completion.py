@@ -23,6 +23,7 @@ class Choice:
     finish_reason: str = "length"
     logprobs: list[TokenLogprob] | None = None            # one per token of the text, when asked
     reasoning: str = ""   # a reasoning model's chat: its reasoning (text/reasoning.py), kept out of text
+    reasoning_tokens: int = 0   # a reasoning model's chat: how many of token_ids went to the reasoning
 
 @dataclass
 class Completion:
@@ -41,6 +42,7 @@ class Completion:
     choices: list[Choice] = field(default_factory=list)
     timings: Timings | None = None     # seconds per phase of the token loop (timings.PHASES)
     reasoning: str = ""                # a reasoning model's chat: the first choice's reasoning (not in text)
+    reasoning_tokens: int = 0          # a reasoning model's chat: how many of token_ids went to the reasoning
 
 class Stream(Iterator[str]):
     """What stream() and chat_stream() return: an iterator of text pieces. The token ids generated so far

@@ -420,7 +420,7 @@ class Model:
     def _pieces(self, req: Request, c: Completion, split: tuple[str, bool] | None = None
                 ) -> Iterator[tuple[str, str]]:
         if split is not None:
-            yield from split_reasoning(self._run(req, c, pause=True), c, *split)
+            yield from split_reasoning(self._run(req, c, pause=True), c, *split, token_bytes=self.tokenizer.token_bytes)
             return
         for ev in self._run(req, c, pause=True):
             if ev.text:

@@ -231,8 +231,24 @@ class ResponseBuilder:
         self._sent: dict[int, int] = {}     # per choice: tool calls passed on (the next one's index in a stream)
         self._held: dict[int, list[Any]] = {}   # per choice: logprobs of text a call still holds
 
-    def usage(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return usage(prompt_tokens, completion_tokens, cached_tokens)
+    def usage(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int,
+              generated: Sequence[Sequence[int]] = ()) -> dict[str, Any]:
+        """The usage object; a chat's says how many of the generated tokens (each choice's ids) went to a
+        reasoning model's reasoning (completion_tokens_details.reasoning_tokens: 0 for a reply not split)."""
+        if not self.chat:
+            return usage(prompt_tokens, completion_tokens, cached_tokens)
+        reasoning = sum(self.reasoning_tokens(ids) for ids in generated)
+        return usage(prompt_tokens, completion_tokens, cached_tokens, reasoning)
+
+    def reasoning_tokens(self, ids: Sequence[int]) -> int:
+        """How many of one choice's generated tokens went to its reasoning (text/reasoning.count_reasoning_tokens:
+        each token where the splitter put its text); 0 when the reply is not split."""
+        if self.reasoning is None or not ids:
+            return 0
+        from barellm.text.reasoning import count_reasoning_tokens, token_pieces
+
+        return count_reasoning_tokens(token_pieces(self.token_bytes, ids), self.reasoning,
+                                      inside=self.req.reasoning_inside, calls=self.tool_names is not None)
 
     def logprobs(self, toks: Sequence[Any], index: int = 0) -> dict[str, Any] | None:
         """A run of one choice's tokens (TokenLogprob) as OpenAI's logprobs object; None when not asked."""
@@ -503,7 +519,8 @@ class OpenAIFacade:
         if req.stream:
             return self._chunks(req, out)
         c = m._complete(req)
-        usage = out.usage(c.prompt_tokens, c.cached_tokens, sum(len(ch.token_ids) for ch in c.choices))
+        usage = out.usage(c.prompt_tokens, c.cached_tokens, sum(len(ch.token_ids) for ch in c.choices),
+                          [ch.token_ids for ch in c.choices])
         return out.whole([(ch.text, ch.logprobs or [], ch.finish_reason) for ch in c.choices], usage)
 
     def _chunks(self, req: GenerationRequest, out: Any) -> Iterator[dict[str, Any]]:

@@ -40,11 +40,18 @@ class PromptTokensDetails(_Out):
     cached_tokens: int = Field(description="prompt tokens whose KV cache entries were reused")
 
 
+class CompletionTokensDetails(_Out):
+    reasoning_tokens: int = Field(description="generated tokens that went to a reasoning model's reasoning "
+                                              "(reasoning_content); 0 for a reply with none")
+
+
 class Usage(_Out):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        None, description="a chat completion's: how many of its completion tokens were reasoning")
 
 
 class TopLogprob(_Out):

@@ -99,6 +99,7 @@ class GenerationResponse(RelayResponse):
         texts: list[list[str]] = [[] for _ in range(n)]
         toks: list[list[TokenLogprob]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
+        generated: list[list[int]] = [[] for _ in range(n)]   # each choice's token ids (its reasoning tokens)
         completion_tokens = 0
         streaming = False
         clock = time.perf_counter
@@ -139,6 +140,7 @@ class GenerationResponse(RelayResponse):
                         run = (ev.index, [ev.text], list(ev.tokens))
                 elif ev.kind == "done":
                     reasons[ev.index] = ev.finish_reason
+                    generated[ev.index] = ev.token_ids
                     completion_tokens += ev.completion_tokens
                     if fmt.req.stream:
                         self._chunk(out, run)
@@ -148,7 +150,7 @@ class GenerationResponse(RelayResponse):
             finished = all(r is not None for r in reasons)
             if finished:
                 assert start is not None
-                usage = fmt.usage(start.prompt_tokens, start.cached_tokens, completion_tokens)
+                usage = fmt.usage(start.prompt_tokens, start.cached_tokens, completion_tokens, generated)
                 if not fmt.req.stream:
                     body = fmt.whole([("".join(texts[i]), toks[i], reasons[i] or "length") for i in range(n)], usage)
                     self.state.metrics.wrote(clock() - t0)

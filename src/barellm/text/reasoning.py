@@ -25,14 +25,16 @@ their text (it skips none while generating).
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from barellm.text.toolcalls import new_call_id, partial_marker
 
-__all__ = ["FORMATS", "HARMONY", "THINK", "ReasoningStream", "opens_inside", "reasoning_format", "split_reasoning"]
+__all__ = ["FORMATS", "HARMONY", "THINK", "ReasoningStream", "count_reasoning_tokens", "opens_inside",
+           "reasoning_format", "split_reasoning", "token_pieces"]
 
 HARMONY = "harmony"
 THINK = "think"
@@ -224,6 +226,19 @@ class ReasoningStream:
 
     # --- both -------------------------------------------------------------------------------------------
 
+    @property
+    def region(self) -> str | None:
+        """Where the text read next goes: "reasoning", "content" (the answer, a harmony call's message when
+        calls are parsed) or None while the stream cannot tell (before anything but whitespace of a think
+        reply, in a harmony message's header)."""
+        if self.fmt == THINK:
+            return {"start": None, "reasoning": "reasoning"}.get(self._state, "content")
+        if self._state == "header":
+            return None
+        if self._channel == "call":
+            return "content" if self.calls else "reasoning"
+        return self._channel
+
     def feed(self, text: str) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
         self._buf += text
@@ -263,6 +278,38 @@ def split_reasoning(text: str, fmt: str, *, inside: bool = False, calls: bool = 
     parts = stream.feed(text) + stream.finish()
     return ("".join(p for k, p in parts if k == "reasoning"), "".join(p for k, p in parts if k == "content"),
             [p for k, p in parts if k == "call"])
+
+
+def count_reasoning_tokens(pieces: Iterable[str], fmt: str, *, inside: bool = False, calls: bool = False) -> int:
+    """How many of a reply's tokens went to its reasoning, given each token's text in order. A token counts
+    where the splitter is as its text arrives (so the marker closing the reasoning, `</think>` or the
+    analysis message's `<|end|>`, counts with it); a token read while the splitter cannot tell yet (a
+    harmony message's header, `<think>` itself) counts with the part its text turns out to open. Tokens
+    still undecided at the end (a header never completed) are not reasoning."""
+    stream = ReasoningStream(fmt, inside=inside, calls=calls)
+    count = pending = 0
+    for text in pieces:
+        where = stream.region
+        stream.feed(text)
+        if where is None:
+            pending += 1
+            where = stream.region
+            if where is None:
+                continue
+            n, pending = pending, 0
+        else:
+            n = 1
+        if where == "reasoning":
+            count += n
+    return count
+
+
+def token_pieces(token_bytes: Callable[[int], bytes], ids: Iterable[int]) -> Iterator[str]:
+    """Each token's text as generation decodes it (special tokens as their text; "" for a token that only
+    starts a character)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for i in ids:
+        yield decoder.decode(token_bytes(i))
 
 
 # --- what reaches the template ----------------------------------------------------------------------------
