@@ -225,7 +225,8 @@ class ResponseBuilder:
         self.prompt_chars = prompt_chars    # legacy logprobs' text_offset counts from the start of the prompt
         self.offsets: dict[int, int] = {}   # per choice: text_offset of its next token
         self.tool_names = req.tool_names if self.chat else None
-        self.reasoning = req.reasoning if self.chat else None   # a reasoning model's reply: split (text/reasoning.py)
+        # a reasoning model's reply: split (text/reasoning.py); a chat's, or Ollama's /api/generate's
+        self.reasoning = req.reasoning
         self._calls: dict[int, Any] = {}    # per choice: its ToolCallStream
         self._reasoners: dict[int, Any] = {}   # per choice: its ReasoningStream
         self._sent: dict[int, int] = {}     # per choice: tool calls passed on (the next one's index in a stream)

@@ -131,7 +131,10 @@ class _OllamaGenerate(_Body):
     keep_alive: float | Duration | None = Field(
         None, description='how long the model stays loaded after this request: seconds or a duration ("5m"); '
                           '0 unloads it at once, a negative value keeps it loaded (default: the server\'s, 5m)')
-    think: Annotated[bool | str | None, _off("think", (False, ""), "this server has no thinking mode")] = None
+    think: bool | Literal["low", "medium", "high"] | None = Field(
+        None, description="a reasoning model's thinking: true or unset, returned in thinking (/api/chat: "
+                          "message.thinking); false, asked off (Qwen3's enable_thinking) and left out; a level, "
+                          "gpt-oss's reasoning effort")
     logprobs: Annotated[bool | None, _off("logprobs", (False,), "not on the Ollama routes; /v1 has them")] = None
     top_logprobs: Annotated[Int | None, _off("top_logprobs", (), "not on the Ollama routes; /v1 has them")] = None
 
@@ -156,6 +159,13 @@ class _OllamaGenerate(_Body):
         elif isinstance(self.format, dict):
             req.constraint = schemas.Constraint("json_schema", self.format, "format")
         return req
+
+    def reasoning(self, req: GenerationRequest) -> None:
+        """think as the template variables that ask for it (text/reasoning.template_kwargs)."""
+        from barellm.text.reasoning import template_kwargs
+
+        effort = self.think if isinstance(self.think, str) else None
+        req.template_kwargs = template_kwargs({"enable_thinking": False} if self.think is False else None, effort)
 
 
 class OllamaFunctionCall(_Body):
@@ -201,16 +211,6 @@ class OllamaMessage(_Body):
 
 class OllamaChatRequest(_OllamaGenerate):
     messages: list[OllamaMessage] = Field(default_factory=list, max_length=schema_types.MAX_MESSAGES)
-    think: bool | Literal["low", "medium", "high"] | None = Field(
-        None, description="a reasoning model's thinking: true or unset, returned in message.thinking; false, "
-                          "asked off (Qwen3's enable_thinking) and left out; a level, gpt-oss's reasoning effort")
-
-    def reasoning(self, req: GenerationRequest) -> None:
-        """think as the template variables that ask for it (text/reasoning.template_kwargs)."""
-        from barellm.text.reasoning import template_kwargs
-
-        effort = self.think if isinstance(self.think, str) else None
-        req.template_kwargs = template_kwargs({"enable_thinking": False} if self.think is False else None, effort)
     tools: Annotated[list[schemas.Tool], Field(max_length=128)] | None = Field(
         None, description="functions the model may call (OpenAI's tool objects)")
 
@@ -218,7 +218,8 @@ class OllamaChatRequest(_OllamaGenerate):
 class OllamaGenerateRequest(_OllamaGenerate):
     prompt: str = ""
     system: str | None = None
-    raw: bool = Field(False, description="true: the prompt as it is, no chat template")
+    raw: bool = Field(False, description="true: the prompt as it is, no chat template (a reasoning model's "
+                                         "thinking is split off only when think is true or a level)")
     context: list[Annotated[Int, Field(ge=0)]] | None = Field(
         None, description="token ids an earlier response returned: the conversation so far")
     suffix: Annotated[str | None, _off("suffix", ("",), "no fill-in-the-middle")] = None
@@ -298,7 +299,7 @@ class OllamaResponse(RelayResponse):
         # the tool calls and the reasoning of a chat reply are parsed as on /v1 (the same builder), then given
         # Ollama's shape (message.thinking: a reasoning model's, unless think is false)
         self.calls = ResponseBuilder(req, model_name, state.tokenizer.token_bytes) \
-            if self.chat and (req.tool_names is not None or req.reasoning is not None) else None
+            if req.tool_names is not None or req.reasoning is not None else None
         self.thinking = think is not False
 
     def _piece(self, text: str, calls: list[dict[str, Any]] | None = None, thinking: str | None = None
@@ -312,6 +313,8 @@ class OllamaResponse(RelayResponse):
                 out["message"]["tool_calls"] = [_ollama_call(c) for c in calls]
         else:
             out["response"] = text
+            if thinking and self.thinking:
+                out["thinking"] = thinking
         out["done"] = False
         return out
 
@@ -451,13 +454,27 @@ async def generate(request: Request) -> Response:
     if not body.prompt and not body.context:
         return _loaded(body.model, False, lease)
     await _run(prepare, state.model, req)   # the constraint; the prompt is Ollama's, below
+    fmt = getattr(state.model, "reasoning_format", None)
+    fmt = fmt if isinstance(fmt, str) else None
     try:
         if body.raw:
             ids = await _run(state.model.tokenize, body.prompt, not body.context)
+            # a raw prompt is the client's own template: its reply is split only when think asks for it
+            # (true or a level, which reaches no template here), inside <think> when the prompt left it open
+            if fmt is not None and body.think not in (None, False):
+                from barellm.text.reasoning import THINK, opens_inside
+
+                req.reasoning, req.reasoning_inside = fmt, fmt == THINK and opens_inside(body.prompt)
         else:
             messages = ([{"role": "system", "content": body.system}] if body.system else []) + \
                 [{"role": "user", "content": body.prompt}]
-            ids = await _run(state.model.chat_prompt, messages)
+            body.reasoning(req)
+            if hasattr(state.model, "_chat_prompt"):
+                ids, req.reasoning_inside = await _run(state.model._chat_prompt, messages, True, None,
+                                                       req.template_kwargs)
+                req.reasoning = fmt
+            else:   # a model that only renders (no reasoning, no template variables)
+                ids = await _run(state.model.chat_prompt, messages)
             if body.context:   # the conversation goes on: no second BOS
                 bos = state.tokenizer.bos_id
                 ids = ids[1:] if ids and ids[0] == bos else ids
@@ -467,7 +484,7 @@ async def generate(request: Request) -> Response:
         schemas._check_ids(body.context, state.n_vocab, "context")
         ids = list(body.context) + ids
     req.prompt = ids
-    return _respond(request, state, req, body.model, lease.load_seconds)
+    return _respond(request, state, req, body.model, lease.load_seconds, body.think)
 
 
 def _ollama_call(call: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-// barellm's chat page: streams replies from /v1/chat/completions, from the model picked in the header.
+// barellm's chat page: streams replies from /v1/chat/completions, from the model picked in the header. A
+// reasoning model's reasoning (delta.reasoning_content) streams into a dimmed "Reasoning" block above the
+// answer, open while the model thinks and collapsed once the answer starts (a click opens it again).
 // Model text is only ever put into the page as text nodes (textContent); the Markdown renderer below builds
 // elements, never HTML strings.
 "use strict";
@@ -261,6 +263,21 @@ function show(box, text) {
   pane.scrollTop = pane.scrollHeight;
 }
 
+function showReasoning(box, text) {
+  // the reply's reasoning so far, as text, in its collapsible block (made, open, on the first piece)
+  let block = box.querySelector(".reasoning");
+  if (!block) {
+    block = el("details", "reasoning");
+    block.open = true;
+    block.appendChild(el("summary", "", "Reasoning"));
+    block.appendChild(el("div", "reasoning-text"));
+    box.insertBefore(block, box.querySelector(".content"));
+  }
+  block.querySelector(".reasoning-text").textContent = text;
+  const pane = $("conversation");
+  pane.scrollTop = pane.scrollHeight;
+}
+
 function headers() {
   const h = {"Content-Type": "application/json"};
   const key = $("api-key").value.trim();
@@ -300,6 +317,7 @@ async function send(text) {
   setBusy(true);
   status("generating…");
   let reply = "";
+  let reasoning = "";
   let usage = null;
   const started = performance.now();
   try {
@@ -328,8 +346,16 @@ async function send(text) {
             box.dataset.model = chunk.model;
             box.querySelector(".role").textContent = "assistant · " + chunk.model;
           }
-          const piece = chunk.choices?.[0]?.delta?.content;
+          const delta = chunk.choices?.[0]?.delta;
+          const thought = delta?.reasoning_content;
+          if (thought) {
+            reasoning += thought;
+            showReasoning(box, reasoning);
+          }
+          const piece = delta?.content;
           if (piece) {
+            const block = box.querySelector(".reasoning");
+            if (!reply && block) block.open = false;   // the answer starts: the reasoning folds away
             reply += piece;
             box.dataset.chunks = String(Number(box.dataset.chunks) + 1);
             show(box, reply);
@@ -339,7 +365,9 @@ async function send(text) {
     }
     box.dataset.state = "done";
     const secs = (performance.now() - started) / 1000;
-    status(usage ? `${usage.completion_tokens} tokens in ${secs.toFixed(1)} s` : "");
+    const thinking = usage?.completion_tokens_details?.reasoning_tokens;
+    status(usage ? `${usage.completion_tokens} tokens${thinking ? ` (${thinking} reasoning)` : ""} in ${secs.toFixed(1)} s`
+                 : "");
   } catch (err) {
     if (err.name === "AbortError") {
       box.dataset.state = "stopped";
