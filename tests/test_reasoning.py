@@ -26,6 +26,7 @@ from barellm.errors import InvalidRequest
 from barellm.text.chat import ChatTemplate, builtin_template
 from barellm.text.reasoning import (
     ReasoningStream,
+    count_reasoning_tokens,
     opens_inside,
     reasoning_format,
     split_reasoning,
@@ -101,6 +102,42 @@ def test_a_reply_is_split_whole_and_at_every_point(fmt: str, text: str, inside: 
     # nothing of the markers reaches the answer or the reasoning
     for marker in ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "</think>"):
         assert marker not in a and marker not in r
+
+
+# what each token of a reply counts as: reasoning, or not (the answer, a call, a header never finished)
+TOKEN_CASES = [
+    ("think", False, False, ["<think>", "\n", "Plan", ".", "\n", "</think>", "\n\n", "Four", "."], 6),
+    ("think", False, False, [" ", "<think>", "Plan", "</think>", "Four"], 4),   # leading space: opens the reasoning
+    ("think", True, False, ["Plan", "</think>", "\n\n", "Four"], 2),
+    ("think", False, False, [" Four", ".", "<think>"], 0),
+    ("think", True, False, ["Still", " thinking"], 2),
+    # a token straddling the close counts where its first character goes: the reasoning
+    ("think", False, False, ["<think>", "Plan", ".</think>\n\nFour", "."], 3),
+    # markers written as plain text pieces
+    ("think", False, False, ["<th", "ink>", "Plan", "</", "think", ">", "Four"], 6),
+    ("harmony", False, False, ["<|channel|>", "analysis", "<|message|>", "Plan", ".", "<|end|>", "<|start|>",
+                               "assistant", "<|channel|>", "final", "<|message|>", "Four", "."], 6),
+    ("harmony", False, False, ["<|channel|>", "final", "<|message|>", "Four"], 0),
+    ("harmony", False, False, ["<|channel|>", "analysis", "<|message|>", "The", " user"], 5),   # cut off
+    ("harmony", False, False, ["<|channel|>", "analy"], 0),   # a header never finished
+    # a call: the answer's when calls are parsed, the reasoning's when not
+    ("harmony", False, True, ["<|channel|>", "analysis", "<|message|>", "W", "<|end|>", "<|start|>", "assistant",
+                              "<|channel|>", "commentary to=functions.f ", "<|constrain|>", "json", "<|message|>",
+                              "{}"], 5),
+    ("harmony", False, False, ["<|channel|>", "analysis", "<|message|>", "W", "<|end|>", "<|start|>", "assistant",
+                               "<|channel|>", "commentary to=functions.f ", "<|constrain|>", "json", "<|message|>",
+                               "{}"], 13),
+]
+
+
+@pytest.mark.parametrize("fmt,inside,calls,pieces,expected", TOKEN_CASES)
+def test_reasoning_tokens_count_where_each_tokens_text_went(fmt: str, inside: bool, calls: bool,
+                                                           pieces: list[str], expected: int) -> None:
+    assert count_reasoning_tokens(pieces, fmt, inside=inside, calls=calls) == expected
+    # the split itself agrees: the reasoning tokens' text alone gives the whole reasoning
+    whole = split_reasoning("".join(pieces), fmt, inside=inside, calls=calls)[0]
+    if expected and "".join(pieces[expected:]).strip():
+        assert split_reasoning("".join(pieces[:expected]), fmt, inside=inside, calls=calls)[0] == whole
 
 
 def test_the_answer_streams_before_the_reply_ends() -> None:
@@ -248,6 +285,50 @@ def test_python_api_answer_and_reasoning(harmony: Any, harmony_path: Path, qwen3
     assert (c.text, c.finish_reason) == ("", "length") and c.reasoning and "<|" not in c.reasoning
 
 
+# the text the grammars force, up to and including the marker that ends the reasoning
+HARMONY_THOUGHT = "<|channel|>analysis<|message|>Two and two make four.<|end|>"
+THINK_THOUGHT = "<think>\nTwo and two make four.\n</think>"
+INSIDE_THOUGHT = "Two and two make four.\n</think>"
+
+
+def _thought_tokens(model: Any, ids: list[int], marker: str, thought: str) -> int:
+    """How many of ids are the reasoning, found independently of the splitter: up to the marker's token, whose
+    text is the thought the grammar forced."""
+    n = ids.index(model.tokenizer.token_to_id(marker)) + 1
+    assert model.detokenize(ids[:n]) == thought and n < len(ids)
+    return n
+
+
+def test_python_api_counts_reasoning_tokens(harmony: Any, qwen3: Any, r1_path: Path) -> None:
+    c = harmony.complete_chat(ASK, grammar=HARMONY_REPLY, temperature=0)
+    n = _thought_tokens(harmony, c.token_ids, "<|end|>", HARMONY_THOUGHT)
+    assert c.reasoning_tokens == c.choices[0].reasoning_tokens == n
+    stream = harmony.chat_stream(ASK, grammar=HARMONY_REPLY, temperature=0)
+    assert "".join(stream) == "Four." and stream.completion.reasoning_tokens == n
+    body = harmony.create_chat_completion(ASK, grammar=HARMONY_REPLY, temperature=0)
+    assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": n}
+    assert body["usage"]["completion_tokens"] == len(c.token_ids)
+    # the reply as generated: nothing split off, nothing counted
+    raw = harmony.create_chat_completion(ASK, grammar=HARMONY_REPLY, temperature=0, reasoning_format="none")
+    assert raw["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+    c = qwen3.complete_chat(ASK, grammar=THINK_REPLY, temperature=0)
+    assert c.reasoning_tokens == _thought_tokens(qwen3, c.token_ids, "</think>", THINK_THOUGHT)
+    r1 = barellm.load(r1_path, context=1024, slots=2)
+    c = r1.complete_chat(ASK, grammar=INSIDE_REPLY, temperature=0)
+    m = _thought_tokens(r1, c.token_ids, "</think>", INSIDE_THOUGHT)
+    assert c.reasoning_tokens == m
+    # n choices: each counted, the usage their sum
+    both = r1.complete_chat(ASK, grammar=INSIDE_REPLY, temperature=0, n=2)
+    assert [ch.reasoning_tokens for ch in both.choices] == [m, m]
+    body = r1.create_chat_completion(ASK, grammar=INSIDE_REPLY, temperature=0, n=2)
+    assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 2 * m}
+    # cut off inside the reasoning: every token is reasoning
+    c = harmony.complete_chat(ASK, grammar=HARMONY_REPLY, temperature=0, max_tokens=14)
+    assert c.finish_reason == "length" and c.reasoning_tokens == len(c.token_ids) == 14
+    # a plain completion has no completion_tokens_details
+    assert "completion_tokens_details" not in harmony.create_completion("Hi", max_tokens=2)["usage"]
+
+
 def test_python_api_checks_the_template_variables(qwen3: Any) -> None:
     with pytest.raises(InvalidRequest, match="reasoning_effort"):
         qwen3.chat(ASK, reasoning_effort="max", max_tokens=1)
@@ -366,6 +447,81 @@ def test_server_reasoning_content(harmony_server: str) -> None:
         assert r.status_code == 400 and param in r.text, (bad, r.text)
 
 
+def test_server_usage_counts_reasoning_tokens(harmony_server: str, harmony: Any) -> None:
+    from barellm.serve import openapi_doc
+
+    ids = harmony.complete_chat(ASK, grammar=HARMONY_REPLY, temperature=0).token_ids
+    n = _thought_tokens(harmony, ids, "<|end|>", HARMONY_THOUGHT)
+    body = {"messages": ASK, "grammar": HARMONY_REPLY, "temperature": 0}
+    whole = _post(harmony_server, "/v1/chat/completions", body).json()
+    assert whole["usage"]["completion_tokens"] == len(ids)
+    assert whole["usage"]["completion_tokens_details"] == {"reasoning_tokens": n}
+    openapi_doc.ChatCompletion.model_validate(whole)
+    r = _post(harmony_server, "/v1/chat/completions", {**body, "stream": True,
+                                                       "stream_options": {"include_usage": True}})
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert [c["usage"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"] | {
+        "prompt_tokens_details": chunks[-1]["usage"]["prompt_tokens_details"]}
+    openapi_doc.ChatCompletionChunk.model_validate(chunks[-1])
+    # not split: none counted; a completion: no details
+    raw = _post(harmony_server, "/v1/chat/completions", {**body, "reasoning_format": "none"}).json()
+    assert raw["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+    text = _post(harmony_server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}).json()
+    assert "completion_tokens_details" not in text["usage"]
+
+
+@pytest.fixture()
+def forced(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Ollama's routes have no grammar field: each request the server submits gets the grammar given here, so
+    the tiny model writes harmony through the real route, scheduler and answer."""
+    from barellm.serve import ollama
+
+    real = ollama.submit
+
+    def force(grammar: str) -> None:
+        def submit(state: Any, req: Any) -> Any:
+            req.grammar = state.model.structured().lark(grammar, "grammar")
+            return real(state, req)
+        monkeypatch.setattr(ollama, "submit", submit)
+    return force
+
+
+def _lines(r: httpx.Response) -> list[dict[str, Any]]:
+    assert r.status_code == 200, r.text
+    return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+
+
+def test_ollama_generate_thinking(harmony_server: str, harmony: Any, forced: Any) -> None:
+    forced(HARMONY_REPLY)
+    body = {"prompt": "What is 2 + 2?", "options": {"temperature": 0}, "stream": False}
+    for think in (None, True, "low"):
+        r = _post(harmony_server, "/api/generate", {**body, **({} if think is None else {"think": think})})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert (out["response"], out["thinking"], out["done"]) == ("Four.", "Two and two make four.", True)
+    # the level reaches gpt-oss's template: the prompt given back in context says so
+    assert "Reasoning: low" in harmony.detokenize(out["context"])
+    out = _post(harmony_server, "/api/generate", {**body, "think": False}).json()
+    assert out["response"] == "Four." and "thinking" not in out
+    # streamed: thinking pieces, then response pieces, then the done line
+    lines = _lines(_post(harmony_server, "/api/generate", {**body, "stream": True}))
+    assert lines[-1]["done"] and all(not x["done"] for x in lines[:-1])
+    assert "".join(x.get("thinking", "") for x in lines) == "Two and two make four."
+    assert "".join(x["response"] for x in lines) == "Four."
+    first_answer = next(i for i, x in enumerate(lines) if x["response"])
+    assert all("thinking" not in x for x in lines[first_answer:])
+    # raw: the client's own template; split only when think asks for it
+    prompt = harmony.detokenize(harmony.chat_prompt(ASK))
+    raw = {**body, "prompt": prompt, "raw": True}
+    out = _post(harmony_server, "/api/generate", raw).json()
+    assert out["response"] == ("<|channel|>analysis<|message|>Two and two make four.<|end|><|start|>assistant"
+                               "<|channel|>final<|message|>Four.") and "thinking" not in out
+    out = _post(harmony_server, "/api/generate", {**raw, "think": True}).json()
+    assert (out["response"], out["thinking"]) == ("Four.", "Two and two make four.")
+    assert _post(harmony_server, "/api/generate", {**body, "think": "deep"}).status_code == 400
+
+
 def test_server_tool_call_and_history_with_reasoning(harmony_server: str) -> None:
     r = _post(harmony_server, "/v1/chat/completions", {"messages": ASK, "grammar": HARMONY_CALL, "temperature": 0,
                                                        "tools": [WEATHER]})
@@ -462,3 +618,71 @@ def test_show_names_the_reasoning_format(harmony_path: Path, qwen3_path: Path) -
         with GGUFFile(path) as f:
             rows = dict(describe(f.metadata, f.tensors))
         assert text in rows["reasoning"]
+
+
+# --- the chat page -----------------------------------------------------------------------------------
+
+
+def test_chat_page_script_reads_reasoning_content() -> None:
+    from importlib import resources
+
+    script = resources.files("barellm.serve").joinpath("static", "chat.js").read_text(encoding="utf-8")
+    assert "delta?.reasoning_content" in script and '"reasoning"' in script and "block.open = false" in script
+    assert "completion_tokens_details?.reasoning_tokens" in script
+
+
+def test_chat_page_shows_reasoning_above_the_answer(harmony_server: str) -> None:
+    from test_server_webui import _browser, _send, _wait
+
+    chrome, driver_path = _browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chrome
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(arg)
+    browser = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        browser.get(harmony_server + "/")
+        _wait("the model picker",
+              lambda: browser.find_element(By.ID, "model").get_attribute("value") == "tiny-gpt-oss", 30)
+        # the page sends no grammar: its requests get the one that makes the tiny model write harmony, and the
+        # reasoning block's folding is recorded as it happens
+        browser.execute_script("""
+            const grammar = arguments[0], real = window.fetch;
+            window.fetch = (url, init) => {
+              if (url === "/v1/chat/completions") {
+                init = {...init, body: JSON.stringify({...JSON.parse(init.body), grammar, temperature: 0})};
+              }
+              return real(url, init);
+            };
+            window.folds = [];
+            new MutationObserver((records) => { for (const r of records) {
+              if (r.attributeName === "open" && r.target.classList.contains("reasoning")) {
+                window.folds.push([r.oldValue, r.target.open]);
+              }
+            }}).observe(document.getElementById("conversation"),
+                        {subtree: true, attributes: true, attributeOldValue: true});
+        """, HARMONY_REPLY)
+        reply = _send(browser, "What is 2 + 2?")
+        _wait("the reply to finish", lambda: reply.get_attribute("data-state") != "streaming")
+        assert reply.get_attribute("data-state") == "done" and reply.get_attribute("data-text") == "Four."
+        block = reply.find_element(By.CSS_SELECTOR, "details.reasoning")
+        assert block.find_element(By.TAG_NAME, "summary").text == "Reasoning"
+        assert block.get_attribute("open") is None   # folded once the answer started
+        text = browser.execute_script("return arguments[0].querySelector('.reasoning-text').textContent", block)
+        assert text == "Two and two make four."
+        # above the answer, which holds none of it
+        assert browser.execute_script("return arguments[0].nextElementSibling.className", block) == "content"
+        assert reply.find_element(By.CSS_SELECTOR, ".content").text == "Four."
+        # it was open while the model thought, and folded once
+        assert browser.execute_script("return window.folds") == [["", False]]
+        assert "reasoning" in browser.find_element(By.ID, "status").text
+        block.find_element(By.TAG_NAME, "summary").click()
+        assert block.get_attribute("open") is not None
+        history = browser.execute_script("return window.barellmChat.conversation")
+        assert history[-1] == {"role": "assistant", "content": "Four."}
+    finally:
+        browser.quit()
