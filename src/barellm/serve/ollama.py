@@ -18,7 +18,9 @@ the rest of the context). The rules for the others:
 `format` ("json" or a JSON schema) constrains the answer as response_format does on /v1; /api/chat's
 `tools` are rendered and parsed as on /v1 (tool_choice "auto": Ollama has no other), its answer's
 message.tool_calls in Ollama's shape ({"function": {"name", "arguments": {...}}}), and `tool` messages carry
-the results back.
+the results back. `think` asks a reasoning model's template for its thinking (or not, or a level) on both
+routes, and the reply is split as on /v1 into the thinking (message.thinking; /api/generate's `thinking`) and
+the answer; a raw /api/generate prompt has no template, so its reply is split only when think asks for it.
 """
 
 from __future__ import annotations
