@@ -396,7 +396,7 @@ _STATED_REFUSALS = [   # (path, body schema, body): refused by the server, and o
     ("/infill", "InfillRequest", {"input_prefix": "a", "n": 2}),
     ("/infill", "InfillRequest", {"input_prefix": "a", "n_predict": 0}),
     ("/api/show", "OllamaShowRequest", {"name": ""}),
-    ("/api/generate", "OllamaGenerateRequest", {"model": "m", "think": True}),
+    ("/api/generate", "OllamaGenerateRequest", {"model": "m", "think": "max"}),
     ("/api/generate", "OllamaGenerateRequest", {"model": "m", "keep_alive": "soon"}),
     ("/api/chat", "OllamaChatRequest", {"model": "m", "messages": [
         {"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]}),
