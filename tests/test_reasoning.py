@@ -520,6 +520,45 @@ def test_ollama_generate_thinking(harmony_server: str, harmony: Any, forced: Any
     out = _post(harmony_server, "/api/generate", {**raw, "think": True}).json()
     assert (out["response"], out["thinking"]) == ("Four.", "Two and two make four.")
     assert _post(harmony_server, "/api/generate", {**body, "think": "deep"}).status_code == 400
+    # /api/chat through the same route machinery
+    chat = {"messages": ASK, "options": {"temperature": 0}, "stream": False}
+    msg = _post(harmony_server, "/api/chat", chat).json()["message"]
+    assert (msg["content"], msg["thinking"]) == ("Four.", "Two and two make four.")
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(qwen3_path: Path, scratch_home: Path) -> Any:
+    pytest.importorskip("uvicorn")
+    from test_server import serving
+
+    from barellm.serve.app import create_app
+
+    with in_own_home(scratch_home):
+        model = barellm.load(qwen3_path, context=1024)
+    with serving(create_app(model, model_id="tiny-qwen3")) as url:
+        yield url
+
+
+def test_ollama_generate_think_on_a_think_model(qwen3_server: str, qwen3: Any, forced: Any) -> None:
+    forced(THINK_REPLY)
+    body = {"model": "tiny-qwen3", "prompt": "What is 2 + 2?", "options": {"temperature": 0}, "stream": False}
+    out = _post(qwen3_server, "/api/generate", body).json()
+    assert (out["response"], out["thinking"]) == ("Four.", "Two and two make four.")
+    # think false: Qwen3's template is asked for no thinking (it writes the empty block into the prompt)
+    out = _post(qwen3_server, "/api/generate", {**body, "think": False}).json()
+    prompt = qwen3.detokenize(out["context"][:out["prompt_eval_count"]])
+    assert prompt.endswith("<think>\n\n</think>\n\n") and "thinking" not in out and out["response"] == "Four."
+    # a raw prompt that leaves <think> open: the reply starts inside the reasoning
+    forced(INSIDE_REPLY)
+    raw = {**body, "raw": True,
+           "prompt": "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n<think>\n"}
+    out = _post(qwen3_server, "/api/generate", {**raw, "think": True}).json()
+    assert (out["response"], out["thinking"]) == ("Four.", "Two and two make four.")
+    lines = _lines(_post(qwen3_server, "/api/generate", {**raw, "think": True, "stream": True}))
+    assert "".join(x.get("thinking", "") for x in lines) == "Two and two make four."
+    assert "".join(x["response"] for x in lines) == "Four."
+    out = _post(qwen3_server, "/api/generate", raw).json()
+    assert out["response"] == "Two and two make four.\n</think>\n\nFour." and "thinking" not in out
 
 
 def test_server_tool_call_and_history_with_reasoning(harmony_server: str) -> None:
