@@ -426,6 +426,11 @@ def _swap_shapes(a: str, b: str):
      "quantization_config 'fp8': quantized checkpoints are not supported \\(gpt_oss takes mxfp4\\)"),
     ("gpt-oss-tiny", lambda r: _edit_tensors(r, _drop("model.layers.1.self_attn.sinks")),
      "tensor 'model.layers.1.self_attn.sinks' is missing"),
+    # linear RoPE scaling where llama.cpp's converter does not write it
+    ("gemma2-tiny", lambda r: _edit_config(r, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+     "rope_scaling .* is not supported \\(a gemma2 checkpoint may have: default\\)"),
+    ("gpt-oss-tiny", lambda r: _edit_config(r, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+     "rope_scaling .* is not supported \\(a gpt_oss checkpoint may have: yarn\\)"),
 ])
 def test_broken_checkpoints_fail_cleanly(tmp_path, gguf, breakage, message):
     root = tmp_path / "ckpt"
@@ -750,3 +755,18 @@ def test_gemma3_linear_rope_scaling_converts(tmp_path, key):
             got = e.forward(LINEAR_IDS, 0, all_logits=True)
             assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
             assert np.array_equal(got.argmax(1), want.argmax(1))
+
+
+@pytest.mark.parametrize("gguf", ["qwen3moe-tiny", "smollm3-tiny"])
+def test_linear_rope_scaling_converts_in_every_family_llamacpp_writes_it_for(tmp_path, gguf):
+    """A linear rope_scaling converts beyond llama (and Gemma 3): the converted file is the GGUF with llama.cpp's two
+    keys, which the config reader turns into every layer's position scale."""
+    root = tmp_path / "ckpt"
+    hf_from_gguf(DATA / f"{gguf}.gguf", root)
+    _edit_config(root, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    with BLMFile(convert(root, tmp_path / "m.blm")) as f, GGUFFile(DATA / f"{gguf}.gguf") as g:
+        p = g.metadata["general.architecture"] + "."
+        assert (f.metadata[p + "rope.scaling.type"], f.metadata[p + "rope.scaling.factor"]) == ("linear", 2.0)
+        cfg = config_of(f)
+        assert cfg == dataclasses.replace(config_of(g), rope_linear=2.0)
+        assert {cfg.layer_rope_scale(i) for i in range(cfg.n_layers)} == {0.5}

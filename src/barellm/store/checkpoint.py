@@ -23,7 +23,7 @@ from barellm.arch.registry import ARCHITECTURES
 from barellm.errors import FormatError, ModelNotFound
 from barellm.files import open_regular
 from barellm.store import sentencepiece
-from barellm.store.hf_families import Config, Family, family_of, supported
+from barellm.store.hf_families import Config, Family, family_of, linear_scaling, supported
 from barellm.store.hf_recipes import Recipe, Same, Stored
 
 F32, F16, BF16 = 0, 1, 30
@@ -276,7 +276,7 @@ def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], Co
     }
     if head_dim != dim // heads:
         md[p + "attention.key_length"] = md[p + "attention.value_length"] = head_dim
-    md.update({p + k: v for k, v in family.hparams(c).items()})
+    md.update({p + k: v for k, v in (family.hparams(c) | linear_scaling(c)).items()})
     types = {k: ("string" if isinstance(v, str) else "float32" if isinstance(v, float) else "uint32")
              for k, v in md.items()}
     for k, v in md.items():

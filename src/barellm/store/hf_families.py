@@ -155,9 +155,10 @@ def _gemma2(c: Config) -> dict[str, Any]:
             c.num("sliding_window"), **caps, **_attention_scale(c, "gemma2", hd)}
 
 
-def _linear_scaling(c: Config) -> dict[str, Any]:
-    """A linear rope_scaling ({"rope_type" or "type": "linear", "factor": F}) as llama.cpp's converter writes it:
-    rope.scaling.type linear and its factor (the config reader range-checks it)."""
+def linear_scaling(c: Config) -> dict[str, Any]:
+    """A linear rope_scaling ({"rope_type" or "type": "linear", "factor": F}) as llama.cpp's converter writes it for
+    every family (its TextModel's): rope.scaling.type linear and its factor. The engines divide the positions by it
+    (Gemma 3: its global layers' only, as llama.cpp and Hugging Face's rotary_emb do)."""
     s = c.rope_scaling()
     if s.get("rope_type", s.get("type")) != "linear":
         return {}
@@ -188,7 +189,7 @@ def _gemma3(c: Config) -> dict[str, Any]:
                       "rope_local_base_freq are read")
     return {"attention.key_length": hd, "attention.value_length": hd, "attention.sliding_window":
             c.num("sliding_window"), "rope.freq_base": c.num("rope_theta", 1_000_000.0, float),
-            **_attention_scale(c, "gemma3", hd), **_linear_scaling(c)}
+            **_attention_scale(c, "gemma3", hd)}
 
 
 def _gpt_oss(c: Config) -> dict[str, Any]:
@@ -269,7 +270,9 @@ class Family:
     hparams: Callable[[Config], dict[str, Any]] = _no_extra   # metadata beyond every family's (no prefix)
     extra: Mapping[str, Recipe] = field(default_factory=dict)  # tensors outside the blocks beyond every family's
     acts: tuple[str, ...] = ("silu",)          # hidden_act (hidden_activation) values meaning the arch's MLP
-    rope_scalings: tuple[str, ...] = ("default",)   # rope_scaling types taken (hparams reads them)
+    # rope_scaling types taken: linear_scaling writes linear's keys (llama.cpp's converter does for every family
+    # but Gemma 2, Phi-3 and gpt-oss), hparams reads the others
+    rope_scalings: tuple[str, ...] = ("default", "linear")
     quant_methods: tuple[str, ...] = ()        # quantization_config.quant_method values taken
     norm_shift: float = 0.0                    # added to every norm weight (Gemma's RMSNorm scales by 1 + w)
     ignored: tuple[str, ...] = ()              # tensors outside the blocks that llama.cpp leaves out
@@ -300,15 +303,14 @@ FAMILIES: tuple[Family, ...] = (
         _ATTN, _MLP, {"post_attention_layernorm.weight": "post_attention_norm.weight",
                       "pre_feedforward_layernorm.weight": "ffn_norm.weight",
                       "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}), _gemma2,
-        acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",)),
+        acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",), rope_scalings=("default",)),
     # Gemma 3's text model: Gemma 2's norms with per-head q/k norms (all stored less one), no soft-caps, linear
     # RoPE scaling (the 4B, 12B and 27B)
     Family("gemma3", ("gemma3_text",), ("Gemma3ForCausalLM",), _layer(
         _ATTN, _MLP, HF_QK_NORM_NAMES, {"post_attention_layernorm.weight": "post_attention_norm.weight",
                                         "pre_feedforward_layernorm.weight": "ffn_norm.weight",
                                         "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}), _gemma3,
-        acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",),
-        rope_scalings=("default", "linear")),
+        acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",)),
     # gpt-oss: biased attention with sinks; the router and the experts' fused gate|up (interleaved outputs) and
     # down, in MXFP4 blocks or transposed floats, with biases
     Family("gpt-oss", ("gpt_oss",), ("GptOssForCausalLM",), _layer(
