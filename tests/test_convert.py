@@ -251,18 +251,36 @@ def test_checkpoint_converts_and_matches_a_hugging_face_forward(tmp_path, dtype,
 LONG_IDS = [(13 * i + 7) % N_VOCAB for i in range(100)]   # positions up to 99: well past where a 1/4 step shows
 
 
-@pytest.mark.parametrize("key", ["rope_type", "type"])
+def _rope_config(key: str, **scaling) -> dict:
+    """config.json's RoPE entries: v4's rope_scaling (its type under `key`), or v5's rope_parameters (key "v5")."""
+    kind = scaling.pop("rope_type")
+    if key == "v5":   # transformers v5: rope_theta moves into rope_parameters, rope_scaling is gone
+        return {"rope_theta": None, "rope_parameters": {"rope_type": kind, "rope_theta": 10000.0, **scaling}}
+    return {"rope_scaling": {key: kind, **scaling}}
+
+
+def _v5(root: Path) -> None:
+    """Drops the null rope_theta _rope_config leaves (a v5 config.json has none)."""
+    cfg = json.loads((root / "config.json").read_text())
+    if "rope_theta" in cfg and cfg["rope_theta"] is None:
+        del cfg["rope_theta"]
+    (root / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("key", ["rope_type", "type", "v5"])
 def test_linear_rope_scaling_converts(tmp_path, key):
-    """A llama checkpoint's linear rope_scaling ({"rope_type" or the older "type": "linear", "factor": 4}) converts to
-    the keys llama.cpp's converter writes (rope.scaling.type linear, rope.scaling.factor): both engines on the
-    converted file give the Hugging Face forward's logits at inv_freq / 4, exactly those of the same model written
-    directly as a GGUF with the keys, and the unscaled forward is far from them."""
+    """A llama checkpoint's linear rope_scaling ({"rope_type" or the older "type": "linear", "factor": 4}, or v5's
+    rope_parameters with those) converts to the keys llama.cpp's converter writes (rope.scaling.type linear,
+    rope.scaling.factor): both engines on the converted file give the Hugging Face forward's logits at inv_freq / 4,
+    exactly those of the same model written directly as a GGUF with the keys, and the unscaled forward is far from
+    them."""
     from barellm.arch.config import config_of
     from barellm.runtime.engine import NativeEngine
 
     from gguf_writer import write_gguf
 
-    w = write_hf(tmp_path / "ckpt", rope_scaling={key: "linear", "factor": 4.0})
+    w = write_hf(tmp_path / "ckpt", **_rope_config(key, rope_type="linear", factor=4.0))
+    _v5(tmp_path / "ckpt")
     write_hf(tmp_path / "plain")
     with BLMFile(convert(tmp_path / "ckpt", tmp_path / "m.blm")) as f, \
             BLMFile(convert(tmp_path / "plain", tmp_path / "plain.blm")) as plain:
@@ -283,6 +301,31 @@ def test_linear_rope_scaling_converts(tmp_path, key):
     tol = 1e-4 * np.abs(ref).max()
     assert np.abs(ours - ref).max() < tol and np.abs(native - ref).max() < tol
     assert np.abs(hf_forward(w, LONG_IDS) - ref).max() > 100 * tol
+
+
+@pytest.mark.parametrize("key", ["rope_type", "v5"])
+def test_rope_base_and_default_type_convert(tmp_path, key):
+    """rope_theta (v5: rope_parameters' rope_theta) is the file's RoPE base; a "default" type scales nothing."""
+    cfg = _rope_config(key, rope_type="default")
+    cfg = {"rope_theta": None, "rope_parameters": {**cfg["rope_parameters"], "rope_theta": 500000.0}} \
+        if key == "v5" else {**cfg, "rope_theta": 500000.0}
+    w = write_hf(tmp_path / "ckpt", **cfg)
+    _v5(tmp_path / "ckpt")
+    with BLMFile(convert(tmp_path / "ckpt", tmp_path / "m.blm")) as f:
+        assert f.metadata["llama.rope.freq_base"] == 500000.0 and "llama.rope.scaling.type" not in f.metadata
+        ours = _logits(f)
+    ref = hf_forward(w, IDS, theta=500000.0)
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("key", ["rope_type", "v5"])
+@pytest.mark.parametrize("kind", ["llama3", "dynamic", "yarn"])
+def test_unknown_rope_types_refused_by_name(tmp_path, key, kind):
+    write_hf(tmp_path / "ckpt", **_rope_config(key, rope_type=kind, factor=8.0))
+    _v5(tmp_path / "ckpt")
+    where = "rope_parameters" if key == "v5" else "rope_scaling"
+    assert_refused(tmp_path / "ckpt", f"{where} type '{kind}' is not supported \\(a llama checkpoint may have: "
+                   "default, linear\\)", tmp_path / "out")
 
 
 def test_permutation_is_llama_cpps():

@@ -26,9 +26,17 @@ from barellm.errors import FormatError
 from barellm.store.hf_recipes import Checkpoint, Experts, FromConfig, Fused, Mxfp4, OneOf, Recipe, Same
 
 MAX_LAYERS = 1024   # arch/config.py's bound on block_count
+LAYER_TYPES = ("full_attention", "sliding_attention")   # config.json's layer_types, and rope_parameters' keys
 
 
 # --- the families' config.json ---------------------------------------------------------------------------
+
+
+def _rope_type(params: dict[str, Any]) -> dict[str, Any]:
+    """A copy of RoPE parameters with rope_type set, from the older "type" key if need be ("default" if neither)."""
+    out = {k: v for k, v in params.items() if k != "type"}
+    out["rope_type"] = params.get("rope_type", params.get("type")) or "default"
+    return out
 
 
 class Config:
@@ -56,11 +64,59 @@ class Config:
             raise self.error(f"num_hidden_layers {n} is out of range (1..{MAX_LAYERS})")
         return n
 
+    @property
+    def rope_key(self) -> str:
+        """Where config.json keeps its RoPE parameters: "rope_parameters" (transformers v5) or "rope_scaling"."""
+        return "rope_parameters" if self.cfg.get("rope_parameters") else "rope_scaling"
+
+    def rope(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The RoPE parameters of the global (full-attention) layers and, where config.json gives them apart, of
+        the sliding-window layers (None: not given), in transformers v5's shape whichever form the file has: v5's
+        rope_parameters (one object for every layer, or one per layer type: {"full_attention": {...},
+        "sliding_attention": {...}}), or v4's rope_theta and rope_scaling at the top level (Gemma 3's local layers:
+        rope_local_base_freq, unscaled). rope_type is always set ("default": unscaled; the older "type" key is read
+        too), rope_theta where the file gives it; a value given in both places must agree."""
+        params, scaling = self.cfg.get("rope_parameters"), self.cfg.get("rope_scaling")
+        for key, v in (("rope_parameters", params), ("rope_scaling", scaling)):
+            if v is not None and not isinstance(v, dict):
+                raise self.error(f"{key} {v!r:.80} is not an object")
+        sliding: dict[str, Any] | None = None
+        if params and any(k in LAYER_TYPES for k in params):   # one object per layer type
+            if set(params) - set(LAYER_TYPES) or "full_attention" not in params \
+                    or not all(isinstance(v, dict) for v in params.values()):
+                raise self.error(f"rope_parameters {params!r:.120} is neither one object of RoPE parameters nor one "
+                                 f"per layer type ({', '.join(LAYER_TYPES)}, full_attention's required)")
+            full = _rope_type(params["full_attention"])
+            sliding = _rope_type(params["sliding_attention"]) if "sliding_attention" in params else None
+        else:
+            full = _rope_type(params or scaling or {})
+        if params and scaling:
+            self._agree("rope_scaling", _rope_type(scaling), "rope_parameters", full)
+        theta, local = self.cfg.get("rope_theta"), self.cfg.get("rope_local_base_freq")
+        if theta is not None:
+            self._agree("rope_theta", {"rope_theta": theta}, self.rope_key, full)
+        if local is not None:
+            if sliding is None:
+                sliding = {"rope_type": "default"}
+            self._agree("rope_local_base_freq", {"rope_theta": local}, "rope_parameters' sliding_attention", sliding)
+        return full, sliding
+
+    def _agree(self, key: str, given: dict[str, Any], other: str, params: dict[str, Any]) -> None:
+        """Sets params' missing entries from `given`; refuses one that params has with another value."""
+        for k, v in given.items():
+            if params.setdefault(k, v) != v:
+                raise self.error(f"{key} gives {k} {v!r:.40}, {other} {params[k]!r:.40}")
+
     def rope_scaling(self) -> dict[str, Any]:
-        s = self.cfg.get("rope_scaling") or {}
-        if not isinstance(s, dict):
-            raise self.error(f"rope_scaling {s!r:.80} is not an object")
-        return s
+        """The global layers' RoPE parameters (rope())."""
+        return self.rope()[0]
+
+    def rope_base(self, params: dict[str, Any] | None, default: float | None) -> float | None:
+        """The RoPE base (rope_theta) of one of rope()'s parameter sets; `default` where it has none."""
+        v = (params or {}).get("rope_theta", default)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise self.error(f"rope_theta {v!r:.40} is not a number")
+        return None if v is None else float(v)
 
     def alternating_layers(self, n_layers: int) -> None:
         """Refuses layer_types other than a sliding-window layer, then a global one, in turn (as llama.cpp's
@@ -160,35 +216,30 @@ def linear_scaling(c: Config) -> dict[str, Any]:
     every family (its TextModel's): rope.scaling.type linear and its factor. The engines divide the positions by it
     (Gemma 3: its global layers' only, as llama.cpp and Hugging Face's rotary_emb do)."""
     s = c.rope_scaling()
-    if s.get("rope_type", s.get("type")) != "linear":
+    if s["rope_type"] != "linear":
         return {}
     factor = s.get("factor")
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor <= 1024:
-        raise c.error(f"rope_scaling factor {factor!r:.40} is out of range (linear scaling takes 1..1024)")
+        raise c.error(f"{c.rope_key} factor {factor!r:.40} is out of range (linear scaling takes 1..1024)")
     return {"rope.scaling.type": "linear", "rope.scaling.factor": float(factor)}
 
 
 def _gemma3(c: Config) -> dict[str, Any]:
-    """Gemma 3's text model as llama.cpp's gemma3 has it: five sliding-window layers for each global one, the local
-    layers' RoPE base fixed at 10000, no soft-caps; the 4B/12B/27B's linear rope_scaling (factor 8), which
-    llama.cpp (as Hugging Face's rotary_emb) applies to the global layers only."""
+    """Gemma 3's text model as llama.cpp's gemma3 has it: five sliding-window layers for each global one, no
+    soft-caps, the global RoPE base 1e6 unless the config says; the 4B/12B/27B's linear scaling (factor 8), which
+    llama.cpp (as Hugging Face's rotary_emb) applies to the global layers only (linear_scaling writes it); the
+    local layers' base (rope_local_base_freq) as every family's (checkpoint.py)."""
     hd, n = c.num("head_dim"), c.layers()
     want = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
     got = c.get("layer_types")
     if (got is not None and got != want) or (got is None and c.num("sliding_window_pattern", 6) != 6):
         raise c.error(f"layer_types {got!r:.120} / sliding_window_pattern {c.get('sliding_window_pattern')} are not "
                       "five sliding-window layers, then a global one, in turn (as llama.cpp's gemma3 has them)")
-    if c.num("rope_local_base_freq", 10000.0, float) != 10000.0:
-        raise c.error(f"rope_local_base_freq {c.get('rope_local_base_freq')} is not 10000, the local layers' RoPE "
-                      "base llama.cpp's gemma3 fixes")
     for k in ("attn_logit_softcapping", "final_logit_softcapping"):
         if c.get(k) is not None:
             raise c.error(f"{k} is {c.get(k)}; gemma3 models have no soft-caps")
-    if c.get("rope_theta") is None and c.get("rope_parameters") is not None:
-        raise c.error("rope_parameters without rope_theta: only the RoPE bases as rope_theta and "
-                      "rope_local_base_freq are read")
     return {"attention.key_length": hd, "attention.value_length": hd, "attention.sliding_window":
-            c.num("sliding_window"), "rope.freq_base": c.num("rope_theta", 1_000_000.0, float),
+            c.num("sliding_window"), "rope.freq_base": c.rope_base(c.rope()[0], 1_000_000.0),
             **_attention_scale(c, "gemma3", hd)}
 
 
@@ -205,15 +256,15 @@ def _gpt_oss(c: Config) -> dict[str, Any]:
         "attention.sliding_window": c.num("sliding_window"),
     }
     s = c.rope_scaling()
-    if s:  # YaRN, with the ramp llama.cpp applies (beta fast 32, beta slow 1)
+    if s["rope_type"] == "yarn":  # with the ramp llama.cpp applies (beta fast 32, beta slow 1)
         if s.get("beta_fast", 32) != 32 or s.get("beta_slow", 1) != 1:
-            raise c.error(f"rope_scaling beta_fast {s.get('beta_fast')} / beta_slow {s.get('beta_slow')}: only "
+            raise c.error(f"{c.rope_key} beta_fast {s.get('beta_fast')} / beta_slow {s.get('beta_slow')}: only "
                           "YaRN's 32 / 1 are supported")
         factor = s.get("factor")
         original = s.get("original_max_position_embeddings", 4096)
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or \
                 isinstance(original, bool) or not isinstance(original, int):
-            raise c.error(f"rope_scaling {s!r:.120} needs a numeric factor and an integer "
+            raise c.error(f"{c.rope_key} {s!r:.120} needs a numeric factor and an integer "
                           "original_max_position_embeddings")
         md.update({"rope.scaling.type": "yarn", "rope.scaling.factor": float(factor),
                    "rope.scaling.original_context_length": original})
@@ -295,7 +346,7 @@ FAMILIES: tuple[Family, ...] = (
          "mlp.gate_up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}), _phi3,
         extra=MappingProxyType({"rope_factors_long.weight": FromConfig(_phi3_factors("long_factor")),
                                 "rope_factors_short.weight": FromConfig(_phi3_factors("short_factor"))}),
-        rope_scalings=("longrope", "su")),
+        rope_scalings=("default", "longrope", "su")),
     # SmolLM3: llama's tensors (permuted alike), every fourth layer without RoPE
     Family("smollm3", ("smollm3",), ("SmolLM3ForCausalLM",), _layer(HF_LAYER_NAMES), _smollm3),
     # Gemma 2: norms before and after attention and MLP, each stored less one; no lm_head of its own
@@ -325,7 +376,7 @@ FAMILIES: tuple[Family, ...] = (
         ffn_down_exps__weight=OneOf((Mxfp4("mlp.experts.down_proj"), Fused("mlp.experts.down_proj", transpose=True))),
         ffn_gate_exps__bias=Fused("mlp.experts.gate_up_proj_bias", 0),
         ffn_up_exps__bias=Fused("mlp.experts.gate_up_proj_bias", 1)), _gpt_oss,
-        rope_scalings=("yarn",), quant_methods=("mxfp4",)),
+        rope_scalings=("default", "yarn"), quant_methods=("mxfp4",)),
 )
 
 
