@@ -516,3 +516,23 @@ def test_local_rope_base_out_of_range_refused(tmp_path, base):
     message = r"rope\.freq_base_swa .* is out of range \(a finite RoPE base above 1\)"
     with GGUFFile(tmp_path / "bad.gguf") as src, pytest.raises(FormatError, match=message):
         config_of(src)
+
+
+@pytest.mark.parametrize("name, local_base", [("gpt-oss-tiny", 500.0), ("gpt-oss-tiny", None),
+                                              ("qwen3moe-tiny", 500.0)])
+def test_local_rope_base_of_other_architectures(name, local_base):
+    """gpt-oss's local layers take rope.freq_base_swa too (without it, the global base, as llama.cpp's openai-moe);
+    an architecture without sliding-window layers has no use for the key (llama.cpp does not read it there)."""
+    from barellm.arch.config import config_from_metadata
+
+    with GGUFFile(DATA / f"{name}.gguf") as src:
+        md = dict(src.metadata)
+        n_vocab, tied = src.tensors["token_embd.weight"].shape[0], "output.weight" not in src.tensors
+    p = md["general.architecture"] + "."
+    if local_base is not None:
+        md[p + "rope.freq_base_swa"] = local_base
+    cfg = config_from_metadata(md, n_vocab, tied)
+    local = [i for i in range(cfg.n_layers) if cfg.is_local(i)]
+    assert bool(local) == (name == "gpt-oss-tiny")
+    assert {cfg.layer_rope_theta(i) for i in local} == ({local_base or cfg.rope_theta} if local else set())
+    assert {cfg.layer_rope_theta(i) for i in range(cfg.n_layers) if i not in local} == {cfg.rope_theta}
