@@ -170,8 +170,10 @@ def write_hf(root: Path, dtype: str = "F32", shards: int = 1, tied: bool = False
     return w
 
 
-def hf_forward(w: dict[str, np.ndarray], ids: list[int], theta: float = 10000.0, eps: float = 1e-5) -> np.ndarray:
-    """Logits of every position, computed the Hugging Face way: unpermuted Q/K, rotate_half RoPE, float64."""
+def hf_forward(w: dict[str, np.ndarray], ids: list[int], theta: float = 10000.0, eps: float = 1e-5,
+               linear: float = 1.0) -> np.ndarray:
+    """Logits of every position, computed the Hugging Face way: unpermuted Q/K, rotate_half RoPE (a linear
+    rope_scaling's factor dividing inv_freq, as _compute_linear_scaling_rope_parameters does), float64."""
     W = {k: v.astype(np.float64) for k, v in w.items()}
     T = len(ids)
     x = W["model.embed_tokens.weight"][ids]
@@ -179,7 +181,7 @@ def hf_forward(w: dict[str, np.ndarray], ids: list[int], theta: float = 10000.0,
     def rms(v: np.ndarray, g: np.ndarray) -> np.ndarray:
         return v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * g
 
-    inv_freq = 1.0 / theta ** (np.arange(0, HD, 2) / HD)
+    inv_freq = 1.0 / theta ** (np.arange(0, HD, 2) / HD) / linear
     freqs = np.outer(np.arange(T), inv_freq)
     emb = np.concatenate([freqs, freqs], axis=-1)
     cos, sin = np.cos(emb)[:, None, :], np.sin(emb)[:, None, :]
@@ -244,6 +246,86 @@ def test_checkpoint_converts_and_matches_a_hugging_face_forward(tmp_path, dtype,
     # and it runs as a model
     m = barellm.load(out, engine="reference", context=64)
     assert isinstance(m.generate("the cat", max_tokens=4, temperature=0), str)
+
+
+LONG_IDS = [(13 * i + 7) % N_VOCAB for i in range(100)]   # positions up to 99: well past where a 1/4 step shows
+
+
+def _rope_config(key: str, **scaling) -> dict:
+    """config.json's RoPE entries: v4's rope_scaling (its type under `key`), or v5's rope_parameters (key "v5")."""
+    kind = scaling.pop("rope_type")
+    if key == "v5":   # transformers v5: rope_theta moves into rope_parameters, rope_scaling is gone
+        return {"rope_theta": None, "rope_parameters": {"rope_type": kind, "rope_theta": 10000.0, **scaling}}
+    return {"rope_scaling": {key: kind, **scaling}}
+
+
+def _v5(root: Path) -> None:
+    """Drops the null rope_theta _rope_config leaves (a v5 config.json has none)."""
+    cfg = json.loads((root / "config.json").read_text())
+    if "rope_theta" in cfg and cfg["rope_theta"] is None:
+        del cfg["rope_theta"]
+    (root / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("key", ["rope_type", "type", "v5"])
+def test_linear_rope_scaling_converts(tmp_path, key):
+    """A llama checkpoint's linear rope_scaling ({"rope_type" or the older "type": "linear", "factor": 4}, or v5's
+    rope_parameters with those) converts to the keys llama.cpp's converter writes (rope.scaling.type linear,
+    rope.scaling.factor): both engines on the converted file give the Hugging Face forward's logits at inv_freq / 4,
+    exactly those of the same model written directly as a GGUF with the keys, and the unscaled forward is far from
+    them."""
+    from barellm.arch.config import config_of
+    from barellm.runtime.engine import NativeEngine
+
+    from gguf_writer import write_gguf
+
+    w = write_hf(tmp_path / "ckpt", **_rope_config(key, rope_type="linear", factor=4.0))
+    _v5(tmp_path / "ckpt")
+    write_hf(tmp_path / "plain")
+    with BLMFile(convert(tmp_path / "ckpt", tmp_path / "m.blm")) as f, \
+            BLMFile(convert(tmp_path / "plain", tmp_path / "plain.blm")) as plain:
+        assert f.metadata["llama.rope.scaling.type"] == "linear" and f.metadata["llama.rope.scaling.factor"] == 4.0
+        assert "llama.rope.scaling.type" not in plain.metadata
+        cfg = config_of(f)
+        assert cfg.rope_linear == 4.0 and {cfg.layer_rope_scale(i) for i in range(cfg.n_layers)} == {0.25}
+        ours = ReferenceEngine(cfg, f, n_ctx=128).forward(LONG_IDS, 0, all_logits=True)
+        native = NativeEngine(cfg, f, n_ctx=128, threads=2, chunk=48, kv_type="f32").forward(LONG_IDS, 0,
+                                                                                               all_logits=True)
+        md = {k: v for k, v in plain.metadata.items() if k.startswith("llama.") or k == "general.architecture"}
+        md.update({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0})
+        write_gguf(tmp_path / "direct.gguf", md, [(n, plain.dequantize(n), 0) for n in plain.tensors])
+    with GGUFFile(tmp_path / "direct.gguf") as g:
+        assert config_of(g) == cfg
+        assert np.array_equal(ReferenceEngine(cfg, g, n_ctx=128).forward(LONG_IDS, 0, all_logits=True), ours)
+    ref = hf_forward(w, LONG_IDS, linear=4.0)
+    tol = 1e-4 * np.abs(ref).max()
+    assert np.abs(ours - ref).max() < tol and np.abs(native - ref).max() < tol
+    assert np.abs(hf_forward(w, LONG_IDS) - ref).max() > 100 * tol
+
+
+@pytest.mark.parametrize("key", ["rope_type", "v5"])
+def test_rope_base_and_default_type_convert(tmp_path, key):
+    """rope_theta (v5: rope_parameters' rope_theta) is the file's RoPE base; a "default" type scales nothing."""
+    cfg = _rope_config(key, rope_type="default")
+    cfg = {"rope_theta": None, "rope_parameters": {**cfg["rope_parameters"], "rope_theta": 500000.0}} \
+        if key == "v5" else {**cfg, "rope_theta": 500000.0}
+    w = write_hf(tmp_path / "ckpt", **cfg)
+    _v5(tmp_path / "ckpt")
+    with BLMFile(convert(tmp_path / "ckpt", tmp_path / "m.blm")) as f:
+        assert f.metadata["llama.rope.freq_base"] == 500000.0 and "llama.rope.scaling.type" not in f.metadata
+        ours = _logits(f)
+    ref = hf_forward(w, IDS, theta=500000.0)
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("key", ["rope_type", "v5"])
+@pytest.mark.parametrize("kind", ["llama3", "dynamic", "yarn"])
+def test_unknown_rope_types_refused_by_name(tmp_path, key, kind):
+    write_hf(tmp_path / "ckpt", **_rope_config(key, rope_type=kind, factor=8.0))
+    _v5(tmp_path / "ckpt")
+    where = "rope_parameters" if key == "v5" else "rope_scaling"
+    assert_refused(tmp_path / "ckpt", f"{where} type '{kind}' is not supported \\(a llama checkpoint may have: "
+                   "default, linear\\)", tmp_path / "out")
 
 
 def test_permutation_is_llama_cpps():

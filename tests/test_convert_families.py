@@ -194,7 +194,8 @@ def hf_from_gguf(gguf: Path, root: Path, dtype: str = "F32") -> None:
                            "layer_types": alternating},
         "gemma3": lambda: {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
                            "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": cfg["head_dim"],
-                           "sliding_window": md[p + "attention.sliding_window"], "rope_local_base_freq": 10000.0,
+                           "sliding_window": md[p + "attention.sliding_window"],
+                           "rope_local_base_freq": float(md.get(p + "rope.freq_base_swa", 10000.0)),
                            "final_logit_softcapping": None, "attn_logit_softcapping": None,
                            "rope_scaling": {"rope_type": "linear", "factor": float(md[p + "rope.scaling.factor"])}
                            if md.get(p + "rope.scaling.type") == "linear" else None,
@@ -407,7 +408,7 @@ def _swap_shapes(a: str, b: str):
                                                              "original_max_position_embeddings": 1 << 40}),
      "rope.scaling.original_context_length 1099511627776 is out of range"),
     ("phi3-tiny", lambda r: _edit_config(r, rope_scaling={"type": "dynamic", "factor": 2.0}),
-     "rope_scaling .* is not supported \\(a phi3 checkpoint may have: longrope, su\\)"),
+     "rope_scaling type 'dynamic' is not supported \\(a phi3 checkpoint may have: default, longrope, su\\)"),
     ("phi3-tiny", lambda r: _edit_tensors(r, _reshape("model.layers.1.self_attn.qkv_proj.weight", [64, 128])),
      "'model.layers.1.self_attn.qkv_proj.weight' make 'blk.1.attn_qkv.weight' of shape \\(64, 128\\), "
      "expected \\(128, 64\\)"),
@@ -426,6 +427,11 @@ def _swap_shapes(a: str, b: str):
      "quantization_config 'fp8': quantized checkpoints are not supported \\(gpt_oss takes mxfp4\\)"),
     ("gpt-oss-tiny", lambda r: _edit_tensors(r, _drop("model.layers.1.self_attn.sinks")),
      "tensor 'model.layers.1.self_attn.sinks' is missing"),
+    # linear RoPE scaling where llama.cpp's converter does not write it
+    ("gemma2-tiny", lambda r: _edit_config(r, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+     "rope_scaling type 'linear' is not supported \\(a gemma2 checkpoint may have: default\\)"),
+    ("gpt-oss-tiny", lambda r: _edit_config(r, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+     "rope_scaling type 'linear' is not supported \\(a gpt_oss checkpoint may have: default, yarn\\)"),
 ])
 def test_broken_checkpoints_fail_cleanly(tmp_path, gguf, breakage, message):
     root = tmp_path / "ckpt"
@@ -710,12 +716,11 @@ def test_gemma_query_pre_attn_scalar_converts(tmp_path, arch, layers_27b, size, 
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"rope_local_base_freq": 20000.0}, "rope_local_base_freq 20000.0 is not 10000"),
     ({"layer_types": None, "sliding_window_pattern": 4}, "sliding_window_pattern 4 are not five sliding-window"),
     ({"layer_types": ["sliding_attention"] * 6}, "layer_types .* are not five sliding-window layers, then a global"),
     ({"final_logit_softcapping": 30.0}, "final_logit_softcapping is 30.0; gemma3 models have no soft-caps"),
     ({"query_pre_attn_scalar": -4}, "query_pre_attn_scalar -4.0 is out of range"),
-    ({"rope_scaling": {"rope_type": "dynamic", "factor": 8.0}}, "rope_scaling .* is not supported"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 8.0}}, "rope_scaling type 'dynamic' is not supported"),
     ({"rope_scaling": {"rope_type": "linear", "factor": 0.5}}, "rope_scaling factor 0.5 is out of range"),
     ({"rope_scaling": {"type": "linear", "factor": "8"}}, "rope_scaling factor '8' is out of range"),
     ({"rope_scaling": {"rope_type": "linear"}}, "rope_scaling factor None is out of range"),
@@ -750,3 +755,170 @@ def test_gemma3_linear_rope_scaling_converts(tmp_path, key):
             got = e.forward(LINEAR_IDS, 0, all_logits=True)
             assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
             assert np.array_equal(got.argmax(1), want.argmax(1))
+
+
+@pytest.mark.parametrize("gguf", ["qwen3moe-tiny", "smollm3-tiny"])
+def test_linear_rope_scaling_converts_in_every_family_llamacpp_writes_it_for(tmp_path, gguf):
+    """A linear rope_scaling converts beyond llama (and Gemma 3): the converted file is the GGUF with llama.cpp's two
+    keys, which the config reader turns into every layer's position scale."""
+    root = tmp_path / "ckpt"
+    hf_from_gguf(DATA / f"{gguf}.gguf", root)
+    _edit_config(root, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    with BLMFile(convert(root, tmp_path / "m.blm")) as f, GGUFFile(DATA / f"{gguf}.gguf") as g:
+        p = g.metadata["general.architecture"] + "."
+        assert (f.metadata[p + "rope.scaling.type"], f.metadata[p + "rope.scaling.factor"]) == ("linear", 2.0)
+        cfg = config_of(f)
+        assert cfg == dataclasses.replace(config_of(g), rope_linear=2.0)
+        assert {cfg.layer_rope_scale(i) for i in range(cfg.n_layers)} == {0.5}
+
+
+# --- transformers v5's rope_parameters --------------------------------------------------------------------------
+
+
+def to_v5(root: Path, per_layer_type: bool = False, sliding: dict | None = None) -> None:
+    """Rewrites a checkpoint's config.json as transformers v5 saves it (its configs' convert_rope_params_to_dict and
+    standardize_rope_params): rope_theta, rope_scaling and partial_rotary_factor move into one rope_parameters
+    object (rope_type from the older "type", "default" without scaling; original_max_position_embeddings added
+    for llama3, yarn and longrope); with per_layer_type, one object per layer type, the sliding-window layers' from
+    rope_local_base_freq (Gemma 3) or `sliding` (else the global layers')."""
+    cfg = json.loads((root / "config.json").read_text())
+    scaling = cfg.pop("rope_scaling", None) or {}
+    params = {k: v for k, v in scaling.items() if k != "type"}
+    params["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
+    params["rope_theta"] = cfg.pop("rope_theta")
+    if "partial_rotary_factor" in cfg:
+        params["partial_rotary_factor"] = cfg.pop("partial_rotary_factor")
+    if params["rope_type"] in ("llama3", "yarn", "longrope"):
+        params.setdefault("original_max_position_embeddings",
+                          cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"]))
+    local = cfg.pop("rope_local_base_freq", None)
+    if per_layer_type:
+        if sliding is None:
+            sliding = dict(params) if local is None else {"rope_type": "default", "rope_theta": local}
+        params = {"full_attention": params, "sliding_attention": sliding}
+    cfg["rope_parameters"] = params
+    (root / "config.json").write_text(json.dumps(cfg))
+
+
+def _converted_md(root: Path, out: Path) -> dict:
+    with BLMFile(convert(root, out)) as f:
+        return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in f.metadata.items() if k != "general.name"}
+
+
+@pytest.mark.parametrize("gguf, per_layer_type", [
+    ("qwen3moe-tiny", False), ("phi3-tiny", False), ("smollm3-tiny", False), ("gemma2-tiny", False),
+    ("gemma2-tiny", True), ("gpt-oss-tiny", False), ("gpt-oss-tiny", True), ("gemma3", True), ("gemma3", False),
+    ("gemma3-linear", True),
+])
+def test_v5_rope_parameters_convert_as_v4_config_does(tmp_path, gguf, per_layer_type):
+    """A config.json in transformers v5's form (rope_parameters: one object, or one per layer type) converts to the
+    metadata the v4 form gives (llama.cpp's converter reads both alike): RoPE base, scaling, LongRoPE's partial
+    rotary factor and factors, YaRN's, Gemma 3's linear factor and its local layers' base."""
+    from test_dense_rows import GEMMA3_LINEAR, write_gemma
+
+    if gguf.startswith("gemma3"):
+        src = tmp_path / "m.gguf"
+        write_gemma(src, "gemma3", 6, **(GEMMA3_LINEAR if gguf == "gemma3-linear" else {}))
+    else:
+        src = DATA / f"{gguf}.gguf"
+    hf_from_gguf(src, tmp_path / "v4")
+    hf_from_gguf(src, tmp_path / "v5")
+    to_v5(tmp_path / "v5", per_layer_type)
+    cfg = json.loads((tmp_path / "v5" / "config.json").read_text())
+    assert "rope_theta" not in cfg and "rope_scaling" not in cfg and "rope_parameters" in cfg
+    v4, v5 = _converted_md(tmp_path / "v4", tmp_path / "v4.blm"), _converted_md(tmp_path / "v5", tmp_path / "v5.blm")
+    assert v5 == v4
+    with GGUFFile(src) as g:
+        p = g.metadata["general.architecture"] + "."
+        assert v5[p + "rope.freq_base"] == np.float32(g.metadata.get(p + "rope.freq_base", 10000.0))
+        for key in ("rope.scaling.type", "rope.scaling.factor", "rope.dimension_count"):
+            assert v5.get(p + key) == g.metadata.get(p + key, v5.get(p + key))
+
+
+@pytest.mark.parametrize("v5", [False, True])
+def test_gemma3_local_rope_base_converts(tmp_path, v5):
+    """Gemma 3's rope_local_base_freq (v5: rope_parameters' sliding_attention rope_theta) becomes
+    gemma3.rope.freq_base_swa, as llama.cpp's converter writes it: the converted file is the GGUF with that key, and
+    both engines on it give the float64 forward's logits with that local base (which the default base's are far
+    from)."""
+    from test_dense_rows import GEMMA_HD, GEMMA_IDS, gemma_forward64, write_gemma
+
+    write_gemma(tmp_path / "m.gguf", "gemma3", 6, seed=4, **{"rope.freq_base_swa": 2000.0})
+    root = tmp_path / "ckpt"
+    hf_from_gguf(tmp_path / "m.gguf", root)
+    assert json.loads((root / "config.json").read_text())["rope_local_base_freq"] == 2000.0
+    if v5:
+        to_v5(root, per_layer_type=True)
+    with BLMFile(convert(root, tmp_path / "m.blm")) as f, GGUFFile(tmp_path / "m.gguf") as g:
+        assert f.metadata["gemma3.rope.freq_base_swa"] == 2000.0
+        cfg = config_of(f)
+        assert cfg == config_of(g) and cfg.rope_theta_local == 2000.0
+        want = gemma_forward64(g, GEMMA_IDS, 1 / np.sqrt(GEMMA_HD))
+        tol = 1e-3 * np.abs(want).max()
+        for e in (reference_engine(cfg, f, 64), NativeEngine(cfg, f, n_ctx=64, threads=2, kv_type="f32")):
+            got = e.forward(GEMMA_IDS, 0, all_logits=True)
+            assert np.abs(got - want).max() < tol and np.array_equal(got.argmax(1), want.argmax(1))
+        assert np.abs(gemma_forward64(g, GEMMA_IDS, 1 / np.sqrt(GEMMA_HD), local_base=10000.0) - want).max() > 50 * tol
+
+
+def test_gemma2_v5_local_rope_base_converts(tmp_path):
+    """A per-layer-type rope_parameters whose sliding-window layers have a base of their own gives it to Gemma 2's
+    local layers as rope.freq_base_swa (llama.cpp's converter writes it; its gemma2 reads it)."""
+    root = tmp_path / "ckpt"
+    hf_from_gguf(DATA / "gemma2-tiny.gguf", root)
+    to_v5(root, per_layer_type=True, sliding={"rope_type": "default", "rope_theta": 1234.0})
+    with BLMFile(convert(root, tmp_path / "m.blm")) as f:
+        assert f.metadata["gemma2.rope.freq_base_swa"] == 1234.0
+        cfg = config_of(f)
+        assert {cfg.layer_rope_theta(i) for i in range(cfg.n_layers) if cfg.is_local(i)} == {1234.0}
+        assert {cfg.layer_rope_theta(i) for i in range(cfg.n_layers) if not cfg.is_local(i)} == {cfg.rope_theta}
+
+
+def _v5_params(**changes):
+    def edit(root: Path) -> None:
+        cfg = json.loads((root / "config.json").read_text())
+        cfg.update(changes)
+        (root / "config.json").write_text(json.dumps(cfg))
+    return edit
+
+
+@pytest.mark.parametrize("gguf, per_layer_type, breakage, message", [
+    ("gpt-oss-tiny", False, _v5_params(rope_theta=10.0), "rope_theta gives rope_theta 10.0, rope_parameters 150000"),
+    ("gpt-oss-tiny", False, _v5_params(rope_scaling={"rope_type": "yarn", "factor": 16.0}),
+     "rope_scaling gives factor 16.0, rope_parameters 32.0"),
+    ("gpt-oss-tiny", False, _v5_params(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4}),
+     "rope_parameters type 'dynamic' is not supported \\(a gpt_oss checkpoint may have: default, yarn\\)"),
+    ("gpt-oss-tiny", True, _v5_params(rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 32.0},
+                                                       "sliding_attention": {"rope_type": "default"}}),
+     "sliding_attention .* scales otherwise than full_attention's .*; gpt-oss's sliding-window layers take the global"),
+    ("gemma2-tiny", True, _v5_params(rope_parameters={"sliding_attention": {"rope_type": "default"}}),
+     "rope_parameters .* is neither one object of RoPE parameters nor one per layer type"),
+    ("gemma2-tiny", True, _v5_params(rope_parameters={"full_attention": {}, "sliding_attention": {},
+                                                      "rope_theta": 1e4}),
+     "rope_parameters .* is neither one object"),
+    ("gemma2-tiny", False, _v5_params(rope_parameters=[10000.0]), "rope_parameters \\[10000.0\\] is not an object"),
+    ("gemma2-tiny", False, _v5_params(rope_parameters={"rope_type": "default", "rope_theta": "1e4"}),
+     "rope_theta '1e4' is not a number"),
+    ("gemma3", True, _v5_params(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                 "sliding_attention": {"rope_type": "linear", "factor": 8.0}}),
+     "the sliding-window layers' rope_type 'linear' is not default; gemma3's local layers are unscaled"),
+    ("gemma3", True, _v5_params(rope_local_base_freq=500.0), "rope_local_base_freq gives rope_theta 500.0, "
+                                                             "rope_parameters' sliding_attention 10000.0"),
+    ("gemma3", True, _v5_params(rope_parameters={"full_attention": {"rope_type": "linear", "factor": 0.5}}),
+     "rope_parameters factor 0.5 is out of range"),
+    ("smollm3-tiny", True, lambda r: None, "sliding_attention .* differs from full_attention's, but smollm3 models "
+                                           "have no sliding-window layers"),
+])
+def test_broken_v5_rope_parameters_fail_cleanly(tmp_path, gguf, per_layer_type, breakage, message):
+    from test_dense_rows import write_gemma
+
+    src = DATA / f"{gguf}.gguf"
+    if gguf == "gemma3":
+        src = tmp_path / "m.gguf"
+        write_gemma(src, "gemma3", 6)
+    root = tmp_path / "ckpt"
+    hf_from_gguf(src, root)
+    to_v5(root, per_layer_type, sliding={"rope_type": "default", "rope_theta": 99.0} if gguf == "smollm3-tiny"
+          else None)
+    breakage(root)
+    assert_refused(root, message, tmp_path / "out")

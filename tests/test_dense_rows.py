@@ -163,10 +163,12 @@ def write_gemma(path, arch: str, n_layers: int, seed: int = 0, **extra) -> None:
 
 
 def gemma_forward64(src, ids: list[int], scale: float, linear: float | None = None,
-                    linear_local: bool = False) -> np.ndarray:
+                    linear_local: bool = False, local_base: float | None = None) -> np.ndarray:
     """Gemma 2's or Gemma 3's logits for every position in float64, written from Hugging Face's modeling code (not
     from barellm's forward): embeddings times sqrt(dim); per layer RMSNorm (1 + w, stored as the multiplier),
-    attention with rotate-half RoPE (Gemma 3: per-head q/k norms first, base 10000 on its local layers; a linear
+    attention with rotate-half RoPE (Gemma 3: per-head q/k norms first; the local layers' base is the file's
+    rope.freq_base_swa (Hugging Face's rope_local_base_freq), else Gemma 3's 10000 or Gemma 2's global one,
+    `local_base` overriding it; a linear
     rope_scaling factor divides the global rotary embedding's inv_freq only, as modeling_gemma3's rotary_emb has
     the config's rope_scaling and its rotary_emb_local none: `linear` overrides the file's factor, `linear_local`
     scales the local layers too), scores
@@ -185,6 +187,8 @@ def gemma_forward64(src, ids: list[int], scale: float, linear: float | None = No
 
     if linear is None:
         linear = md.get(p + "rope.scaling.factor", 1.0) if md.get(p + "rope.scaling.type") == "linear" else 1.0
+    if local_base is None:
+        local_base = md.get(p + "rope.freq_base_swa", 10000.0 if arch == "gemma3" else md[p + "rope.freq_base"])
 
     def rope(x: np.ndarray, base: float, factor: float) -> np.ndarray:   # x [T, heads, hd]
         half = x.shape[-1] // 2
@@ -210,7 +214,7 @@ def gemma_forward64(src, ids: list[int], scale: float, linear: float | None = No
         v = (h @ w(b + "attn_v.weight").T).reshape(T, kv, hd)
         if arch == "gemma3":
             q, k = rms(q, w(b + "attn_q_norm.weight")), rms(k, w(b + "attn_k_norm.weight"))
-        base = 10000.0 if arch == "gemma3" and local else md[p + "rope.freq_base"]
+        base = local_base if local else md[p + "rope.freq_base"]
         factor = linear if not local or linear_local else 1.0
         q, k = rope(q, base, factor), rope(k, base, factor)
         k, v = np.repeat(k, heads // kv, axis=1), np.repeat(v, heads // kv, axis=1)
@@ -472,3 +476,63 @@ def test_gemma3_linear_native_matches_llamacpp(llamacpp_linear, isa):
     for kv_type in ("f32", "f16"):
         e = NativeEngine(config_of(src), src, n_ctx=128, threads=2, chunk=48, kv_type=kv_type)
         assert _llamacpp_error(e.forward(ids, 0, all_logits=True), positions, want) < 5e-3
+
+
+# --- The sliding-window layers' RoPE base: rope.freq_base_swa (llama.cpp reads it for gemma3, gemma2, gpt-oss) -----
+
+
+@pytest.mark.parametrize("arch, default", [("gemma3", 10000.0), ("gemma2", 100000.0)])
+def test_local_rope_base_key(tmp_path, arch, default, isa):
+    """A file's rope.freq_base_swa is its local layers' RoPE base (without it: Gemma 3's 10000, Gemma 2's global
+    base, as llama.cpp has them): both engines on each tier and the per-op debugger give the float64 forward's
+    logits with that base, which the default base's are far from."""
+    write_gemma(tmp_path / "m.gguf", arch, 6, seed=7, **{"rope.freq_base_swa": 500.0})
+    with GGUFFile(tmp_path / "m.gguf") as src:
+        cfg = config_of(src)
+        local = [i for i in range(cfg.n_layers) if cfg.is_local(i)]
+        assert local and {cfg.layer_rope_theta(i) for i in local} == {500.0}
+        assert {cfg.layer_rope_theta(i) for i in range(cfg.n_layers) if i not in local} == {100000.0}
+        want = gemma_forward64(src, GEMMA_IDS, 1 / np.sqrt(GEMMA_HD))
+        ref = reference_engine(cfg, src, 64).forward(GEMMA_IDS, 0, all_logits=True)
+        e = NativeEngine(cfg, src, n_ctx=64, threads=2, chunk=7, kv_type="f32")
+        nat = e.forward(GEMMA_IDS, 0, all_logits=True)
+        tol = 1e-3 * np.abs(want).max()
+        assert np.abs(ref - want).max() < tol and np.abs(nat - want).max() < tol
+        assert np.array_equal(ref.argmax(1), want.argmax(1)) and np.array_equal(nat.argmax(1), want.argmax(1))
+        assert np.abs(e.debug_forward(GEMMA_IDS, 0, all_logits=True, backend="numpy") - nat).max() < 1e-4
+        other = gemma_forward64(src, GEMMA_IDS, 1 / np.sqrt(GEMMA_HD), local_base=default)
+        assert np.abs(other - want).max() > 50 * tol
+    write_gemma(tmp_path / "plain.gguf", arch, 6, seed=7)
+    with GGUFFile(tmp_path / "plain.gguf") as src:
+        cfg = config_of(src)
+        assert {cfg.layer_rope_theta(i) for i in range(cfg.n_layers) if cfg.is_local(i)} == {default}
+        plain = reference_engine(cfg, src, 64).forward(GEMMA_IDS, 0, all_logits=True)
+        assert np.abs(plain - ref).max() > 50 * tol   # the same weights with the default local base
+
+
+@pytest.mark.parametrize("base", [0.0, -10000.0, 1.0, float("inf"), float("nan")])
+def test_local_rope_base_out_of_range_refused(tmp_path, base):
+    write_gemma(tmp_path / "bad.gguf", "gemma3", 6, **{"rope.freq_base_swa": base})
+    message = r"rope\.freq_base_swa .* is out of range \(a finite RoPE base above 1\)"
+    with GGUFFile(tmp_path / "bad.gguf") as src, pytest.raises(FormatError, match=message):
+        config_of(src)
+
+
+@pytest.mark.parametrize("name, local_base", [("gpt-oss-tiny", 500.0), ("gpt-oss-tiny", None),
+                                              ("qwen3moe-tiny", 500.0)])
+def test_local_rope_base_of_other_architectures(name, local_base):
+    """gpt-oss's local layers take rope.freq_base_swa too (without it, the global base, as llama.cpp's openai-moe);
+    an architecture without sliding-window layers has no use for the key (llama.cpp does not read it there)."""
+    from barellm.arch.config import config_from_metadata
+
+    with GGUFFile(DATA / f"{name}.gguf") as src:
+        md = dict(src.metadata)
+        n_vocab, tied = src.tensors["token_embd.weight"].shape[0], "output.weight" not in src.tensors
+    p = md["general.architecture"] + "."
+    if local_base is not None:
+        md[p + "rope.freq_base_swa"] = local_base
+    cfg = config_from_metadata(md, n_vocab, tied)
+    local = [i for i in range(cfg.n_layers) if cfg.is_local(i)]
+    assert bool(local) == (name == "gpt-oss-tiny")
+    assert {cfg.layer_rope_theta(i) for i in local} == ({local_base or cfg.rope_theta} if local else set())
+    assert {cfg.layer_rope_theta(i) for i in range(cfg.n_layers) if i not in local} == {cfg.rope_theta}

@@ -45,7 +45,7 @@ class ModelConfig:
     attn_scale: float = 0.0            # scores are multiplied by this (0: 1/sqrt(head_dim))
     sliding_window: int = 0            # keys a local layer sees, counting the query's own (0: all)
     swa_pattern: int = 0               # every swa_pattern-th layer is global, the others local (0: all global)
-    rope_theta_local: float = 0.0      # RoPE base of local layers (0: rope_theta)
+    rope_theta_local: float = 0.0      # RoPE base of local layers (0: rope_theta); rope.freq_base_swa
     rope_linear: float = 1.0           # linear RoPE scaling's factor, dividing positions (where: layer_rope_scale)
     rope_long: bool = False            # LongRoPE: rope_factors_short/_long.weight divide the RoPE frequencies
     rope_original_context: int = 0     # LongRoPE: contexts past this take the long factors
@@ -171,8 +171,15 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
         raise FormatError(f"rope.dimension_count {rope_dim} does not fit head dimension {head_dim}")
     eps = _get(md, p + "attention.layer_norm_rms_epsilon", float, 1e-5)
     theta = _get(md, p + "rope.freq_base", float, 10000.0)
-    if not (0 < eps < 1 and theta > 1):
+    if not (0 < eps < 1 and theta > 1 and math.isfinite(theta)):
         raise FormatError(f"norm epsilon {eps} or rope base {theta} out of range")
+    # the sliding-window layers' RoPE base, as llama.cpp reads it for these architectures: rope.freq_base_swa,
+    # else the row's (Gemma 3: 10000) or the global one (Gemma 2, gpt-oss)
+    theta_local = row.rope_theta_local
+    if row.swa_pattern and p + "rope.freq_base_swa" in md:
+        theta_local = _get(md, p + "rope.freq_base_swa", float)
+        if not (theta_local > 1 and math.isfinite(theta_local)):
+            raise FormatError(f"rope.freq_base_swa {theta_local} is out of range (a finite RoPE base above 1)")
     ctx = _positive(p + "context_length", _get(md, p + "context_length", int, 2048), 1 << 24)
     # llama.cpp's reading: the type defaults to linear, its factor is rope.scaling.factor or the older
     # rope.scale_linear (none: 1); type none ignores the factor
@@ -223,7 +230,7 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int, tied_output: bool, ro
         tied_output=tied_output, attn_bias=row.attn_bias, rope_freqs=rope_freqs,
         embed_scale=math.sqrt(dim) if row.embed_scale_sqrt_dim else 1.0, act=row.act, qk_norm=row.qk_norm,
         post_norms=row.post_norms, attn_scale=attn_scale, sliding_window=window, swa_pattern=row.swa_pattern,
-        rope_theta_local=row.rope_theta_local, rope_linear=linear or 1.0, rope_long=row.long_rope,
+        rope_theta_local=theta_local, rope_linear=linear or 1.0, rope_long=row.long_rope,
         rope_original_context=original,
         rope_cs_scale=cs_scale, rope_yarn_factor=yarn, nope_every=row.nope_every, attn_softcap=caps[0],
         final_softcap=caps[1],

@@ -33,7 +33,7 @@ class Architecture:
     act: str = "silu"             # the gated MLP's activation: "silu" or "gelu_tanh"
     embed_scale_sqrt_dim: bool = False  # token embeddings are multiplied by sqrt(dim)
     swa_pattern: int = 0          # every swa_pattern-th layer is global, the others see a sliding window
-    rope_theta_local: float = 0.0  # RoPE base of the sliding-window layers (0: the global one)
+    rope_theta_local: float = 0.0  # sliding-window layers' RoPE base without rope.freq_base_swa (0: the global one)
     rope_linear_local: bool = True  # a file's linear RoPE scaling slows the sliding-window layers' positions too
                                     # (Gemma 3: only the global layers', as llama.cpp sets its local ones' scale 1)
     norm: str = "rms"             # every norm is an RMSNorm (the only kind the engines have)
@@ -94,8 +94,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     for row in (
         Architecture("llama", rope_style="norm", rope_freqs=True),
         # Gemma 3 (as llama.cpp reads it): GGUF stores Q/K unpermuted, so RoPE rotates (i, i + d/2) pairs;
-        # five local layers with base 10000 and no linear scaling (the 4B, 12B and 27B files' factor 8 is the
-        # global layers') for each global one.
+        # five local layers with base 10000 (or the file's rope.freq_base_swa) and no linear scaling (the 4B, 12B
+        # and 27B files' factor 8 is the global layers') for each global one.
         Architecture("gemma3", rope_style="neox", qk_norm=True, post_norms=True, act="gelu_tanh",
                      embed_scale_sqrt_dim=True, swa_pattern=6, rope_theta_local=10000.0, rope_linear_local=False,
                      query_scalar_27b_layers=62),
@@ -105,7 +105,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         # renormalizes the chosen experts' weights (norm_w = true)
         Architecture("qwen3moe", rope_style="neox", qk_norm=True, moe=True, expert_weights_norm=True),
         # Gemma 2: gemma3's norms, GELU and scaled embeddings without its q/k norms, every other layer local
-        # (one base), soft-capped attention scores and logits
+        # (the global RoPE base, or rope.freq_base_swa), soft-capped attention scores and logits
         Architecture("gemma2", rope_style="neox", post_norms=True, act="gelu_tanh", embed_scale_sqrt_dim=True,
                      swa_pattern=2, softcaps=True, query_scalar_27b_layers=46),
         # gpt-oss: biased projections, attention sinks, every other layer local, YaRN, a mixture of experts with

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from barellm.arch.registry import ARCHITECTURES
+from barellm.arch.registry import ARCHITECTURES, Architecture
 from barellm.errors import FormatError, ModelNotFound
 from barellm.files import open_regular
 from barellm.store import sentencepiece
-from barellm.store.hf_families import Config, Family, family_of, supported
+from barellm.store.hf_families import Config, Family, family_of, linear_scaling, supported
 from barellm.store.hf_recipes import Recipe, Same, Stored
 
 F32, F16, BF16 = 0, 1, 30
@@ -240,11 +240,10 @@ def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], Co
                       f"{'have' if arch.attn_bias else 'have no'} attention biases")
     if cfg.get("use_sliding_window") and not arch.swa_pattern:
         raise c.error(f"use_sliding_window is set; {arch.name} models attend over the whole context here")
-    scaling = c.rope_scaling()
-    kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
-    if scaling and kind not in family.rope_scalings:
-        raise c.error(f"rope_scaling {scaling!r:.80} is not supported (a {family.model_types[0]} checkpoint may "
-                      f"have: {', '.join(family.rope_scalings)})")
+    rope, rope_local = c.rope()
+    if rope["rope_type"] not in family.rope_scalings:
+        raise c.error(f"{c.rope_key} type {rope['rope_type']!r:.40} is not supported (a {family.model_types[0]} "
+                      f"checkpoint may have: {', '.join(family.rope_scalings)})")
     quantized = cfg.get("quantization_config")
     method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
     if quantized is not None and method not in family.quant_methods:
@@ -269,20 +268,47 @@ def _hf_config(cfg: Any, root: Path) -> tuple[dict[str, Any], dict[str, str], Co
         p + "feed_forward_length": num("intermediate_size"),
         p + "attention.head_count": heads,
         p + "attention.head_count_kv": num("num_key_value_heads", heads),
-        p + "rope.freq_base": num("rope_theta", 10000.0, float),
+        p + "rope.freq_base": c.rope_base(rope, 10000.0),
         p + "attention.layer_norm_rms_epsilon": num("rms_norm_eps", 1e-6, float),
         p + "rope.dimension_count": head_dim,
         p + "vocab_size": num("vocab_size"),
     }
     if head_dim != dim // heads:
         md[p + "attention.key_length"] = md[p + "attention.value_length"] = head_dim
-    md.update({p + k: v for k, v in family.hparams(c).items()})
+    md.update({p + k: v for k, v in (family.hparams(c) | linear_scaling(c)).items()})
+    local_base = _local_rope_base(c, arch)
+    if local_base is not None and local_base != (arch.rope_theta_local or md[p + "rope.freq_base"]):
+        md[p + "rope.freq_base_swa"] = local_base   # where it is not what the engines take without it
     types = {k: ("string" if isinstance(v, str) else "float32" if isinstance(v, float) else "uint32")
              for k, v in md.items()}
     for k, v in md.items():
         if types[k] == "uint32" and not 0 <= v < 1 << 32:
             raise c.error(f"{k.removeprefix(p)} {v} is out of range (it is stored as a uint32)")
     return md, types, c, family
+
+
+def _local_rope_base(c: Config, arch: Architecture) -> float | None:
+    """The sliding-window layers' RoPE base where config.json gives their RoPE apart from the global layers'
+    (rope_parameters' sliding_attention, Gemma 3's rope_local_base_freq), which llama.cpp's converter writes as
+    rope.freq_base_swa; refused where the engines would run it otherwise (another scaling than the global layers',
+    except Gemma 3's unscaled local layers; a difference in a model without sliding-window layers)."""
+    rope, local = c.rope()
+    if local is None:
+        return None
+    base = c.rope_base(local, None)
+    rest, local_rest = ({k: v for k, v in d.items() if k != "rope_theta"} for d in (rope, local))
+    if not arch.swa_pattern:
+        if rest != local_rest or base not in (None, c.rope_base(rope, 10000.0)):
+            raise c.error(f"rope_parameters' sliding_attention {local!r:.80} differs from full_attention's, but "
+                          f"{arch.name} models have no sliding-window layers")
+        return None
+    if arch.rope_linear_local and rest != local_rest:
+        raise c.error(f"rope_parameters' sliding_attention {local_rest!r:.80} scales otherwise than full_attention's "
+                      f"{rest!r:.80}; {arch.name}'s sliding-window layers take the global layers' scaling")
+    if not arch.rope_linear_local and local["rope_type"] != "default":
+        raise c.error(f"the sliding-window layers' rope_type {local['rope_type']!r:.40} is not default; "
+                      f"{arch.name}'s local layers are unscaled (as llama.cpp has them)")
+    return base
 
 
 # The pre-tokenizers of tokenizer.json this converter recognizes, as tokenizer.ggml.pre names.

@@ -26,9 +26,17 @@ from barellm.errors import FormatError
 from barellm.store.hf_recipes import Checkpoint, Experts, FromConfig, Fused, Mxfp4, OneOf, Recipe, Same
 
 MAX_LAYERS = 1024   # arch/config.py's bound on block_count
+LAYER_TYPES = ("full_attention", "sliding_attention")   # config.json's layer_types, and rope_parameters' keys
 
 
 # --- the families' config.json ---------------------------------------------------------------------------
+
+
+def _rope_type(params: dict[str, Any]) -> dict[str, Any]:
+    """A copy of RoPE parameters with rope_type set, from the older "type" key if need be ("default" if neither)."""
+    out = {k: v for k, v in params.items() if k != "type"}
+    out["rope_type"] = params.get("rope_type", params.get("type")) or "default"
+    return out
 
 
 class Config:
@@ -56,11 +64,59 @@ class Config:
             raise self.error(f"num_hidden_layers {n} is out of range (1..{MAX_LAYERS})")
         return n
 
+    @property
+    def rope_key(self) -> str:
+        """Where config.json keeps its RoPE parameters: "rope_parameters" (transformers v5) or "rope_scaling"."""
+        return "rope_parameters" if self.cfg.get("rope_parameters") else "rope_scaling"
+
+    def rope(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The RoPE parameters of the global (full-attention) layers and, where config.json gives them apart, of
+        the sliding-window layers (None: not given), in transformers v5's shape whichever form the file has: v5's
+        rope_parameters (one object for every layer, or one per layer type: {"full_attention": {...},
+        "sliding_attention": {...}}), or v4's rope_theta and rope_scaling at the top level (Gemma 3's local layers:
+        rope_local_base_freq, unscaled). rope_type is always set ("default": unscaled; the older "type" key is read
+        too), rope_theta where the file gives it; a value given in both places must agree."""
+        params, scaling = self.cfg.get("rope_parameters"), self.cfg.get("rope_scaling")
+        for key, v in (("rope_parameters", params), ("rope_scaling", scaling)):
+            if v is not None and not isinstance(v, dict):
+                raise self.error(f"{key} {v!r:.80} is not an object")
+        sliding: dict[str, Any] | None = None
+        if params and any(k in LAYER_TYPES for k in params):   # one object per layer type
+            if set(params) - set(LAYER_TYPES) or "full_attention" not in params \
+                    or not all(isinstance(v, dict) for v in params.values()):
+                raise self.error(f"rope_parameters {params!r:.120} is neither one object of RoPE parameters nor one "
+                                 f"per layer type ({', '.join(LAYER_TYPES)}, full_attention's required)")
+            full = _rope_type(params["full_attention"])
+            sliding = _rope_type(params["sliding_attention"]) if "sliding_attention" in params else None
+        else:
+            full = _rope_type(params or scaling or {})
+        if params and scaling:
+            self._agree("rope_scaling", _rope_type(scaling), "rope_parameters", full)
+        theta, local = self.cfg.get("rope_theta"), self.cfg.get("rope_local_base_freq")
+        if theta is not None:
+            self._agree("rope_theta", {"rope_theta": theta}, self.rope_key, full)
+        if local is not None:
+            if sliding is None:
+                sliding = {"rope_type": "default"}
+            self._agree("rope_local_base_freq", {"rope_theta": local}, "rope_parameters' sliding_attention", sliding)
+        return full, sliding
+
+    def _agree(self, key: str, given: dict[str, Any], other: str, params: dict[str, Any]) -> None:
+        """Sets params' missing entries from `given`; refuses one that params has with another value."""
+        for k, v in given.items():
+            if params.setdefault(k, v) != v:
+                raise self.error(f"{key} gives {k} {v!r:.40}, {other} {params[k]!r:.40}")
+
     def rope_scaling(self) -> dict[str, Any]:
-        s = self.cfg.get("rope_scaling") or {}
-        if not isinstance(s, dict):
-            raise self.error(f"rope_scaling {s!r:.80} is not an object")
-        return s
+        """The global layers' RoPE parameters (rope())."""
+        return self.rope()[0]
+
+    def rope_base(self, params: dict[str, Any] | None, default: float | None) -> float | None:
+        """The RoPE base (rope_theta) of one of rope()'s parameter sets; `default` where it has none."""
+        v = (params or {}).get("rope_theta", default)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise self.error(f"rope_theta {v!r:.40} is not a number")
+        return None if v is None else float(v)
 
     def alternating_layers(self, n_layers: int) -> None:
         """Refuses layer_types other than a sliding-window layer, then a global one, in turn (as llama.cpp's
@@ -155,40 +211,36 @@ def _gemma2(c: Config) -> dict[str, Any]:
             c.num("sliding_window"), **caps, **_attention_scale(c, "gemma2", hd)}
 
 
-def _linear_scaling(c: Config) -> dict[str, Any]:
-    """A linear rope_scaling ({"rope_type" or "type": "linear", "factor": F}) as llama.cpp's converter writes it:
-    rope.scaling.type linear and its factor (the config reader range-checks it)."""
+def linear_scaling(c: Config) -> dict[str, Any]:
+    """A linear rope_scaling ({"rope_type" or "type": "linear", "factor": F}) as llama.cpp's converter writes it for
+    every family (its TextModel's): rope.scaling.type linear and its factor. The engines divide the positions by it
+    (Gemma 3: its global layers' only, as llama.cpp and Hugging Face's rotary_emb do)."""
     s = c.rope_scaling()
-    if s.get("rope_type", s.get("type")) != "linear":
+    if s["rope_type"] != "linear":
         return {}
     factor = s.get("factor")
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor <= 1024:
-        raise c.error(f"rope_scaling factor {factor!r:.40} is out of range (linear scaling takes 1..1024)")
+        raise c.error(f"{c.rope_key} factor {factor!r:.40} is out of range (linear scaling takes 1..1024)")
     return {"rope.scaling.type": "linear", "rope.scaling.factor": float(factor)}
 
 
 def _gemma3(c: Config) -> dict[str, Any]:
-    """Gemma 3's text model as llama.cpp's gemma3 has it: five sliding-window layers for each global one, the local
-    layers' RoPE base fixed at 10000, no soft-caps; the 4B/12B/27B's linear rope_scaling (factor 8), which
-    llama.cpp (as Hugging Face's rotary_emb) applies to the global layers only."""
+    """Gemma 3's text model as llama.cpp's gemma3 has it: five sliding-window layers for each global one, no
+    soft-caps, the global RoPE base 1e6 unless the config says; the 4B/12B/27B's linear scaling (factor 8), which
+    llama.cpp (as Hugging Face's rotary_emb) applies to the global layers only (linear_scaling writes it); the
+    local layers' base (rope_local_base_freq) as every family's (checkpoint.py)."""
     hd, n = c.num("head_dim"), c.layers()
     want = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
     got = c.get("layer_types")
     if (got is not None and got != want) or (got is None and c.num("sliding_window_pattern", 6) != 6):
         raise c.error(f"layer_types {got!r:.120} / sliding_window_pattern {c.get('sliding_window_pattern')} are not "
                       "five sliding-window layers, then a global one, in turn (as llama.cpp's gemma3 has them)")
-    if c.num("rope_local_base_freq", 10000.0, float) != 10000.0:
-        raise c.error(f"rope_local_base_freq {c.get('rope_local_base_freq')} is not 10000, the local layers' RoPE "
-                      "base llama.cpp's gemma3 fixes")
     for k in ("attn_logit_softcapping", "final_logit_softcapping"):
         if c.get(k) is not None:
             raise c.error(f"{k} is {c.get(k)}; gemma3 models have no soft-caps")
-    if c.get("rope_theta") is None and c.get("rope_parameters") is not None:
-        raise c.error("rope_parameters without rope_theta: only the RoPE bases as rope_theta and "
-                      "rope_local_base_freq are read")
     return {"attention.key_length": hd, "attention.value_length": hd, "attention.sliding_window":
-            c.num("sliding_window"), "rope.freq_base": c.num("rope_theta", 1_000_000.0, float),
-            **_attention_scale(c, "gemma3", hd), **_linear_scaling(c)}
+            c.num("sliding_window"), "rope.freq_base": c.rope_base(c.rope()[0], 1_000_000.0),
+            **_attention_scale(c, "gemma3", hd)}
 
 
 def _gpt_oss(c: Config) -> dict[str, Any]:
@@ -204,15 +256,15 @@ def _gpt_oss(c: Config) -> dict[str, Any]:
         "attention.sliding_window": c.num("sliding_window"),
     }
     s = c.rope_scaling()
-    if s:  # YaRN, with the ramp llama.cpp applies (beta fast 32, beta slow 1)
+    if s["rope_type"] == "yarn":  # with the ramp llama.cpp applies (beta fast 32, beta slow 1)
         if s.get("beta_fast", 32) != 32 or s.get("beta_slow", 1) != 1:
-            raise c.error(f"rope_scaling beta_fast {s.get('beta_fast')} / beta_slow {s.get('beta_slow')}: only "
+            raise c.error(f"{c.rope_key} beta_fast {s.get('beta_fast')} / beta_slow {s.get('beta_slow')}: only "
                           "YaRN's 32 / 1 are supported")
         factor = s.get("factor")
         original = s.get("original_max_position_embeddings", 4096)
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or \
                 isinstance(original, bool) or not isinstance(original, int):
-            raise c.error(f"rope_scaling {s!r:.120} needs a numeric factor and an integer "
+            raise c.error(f"{c.rope_key} {s!r:.120} needs a numeric factor and an integer "
                           "original_max_position_embeddings")
         md.update({"rope.scaling.type": "yarn", "rope.scaling.factor": float(factor),
                    "rope.scaling.original_context_length": original})
@@ -269,7 +321,9 @@ class Family:
     hparams: Callable[[Config], dict[str, Any]] = _no_extra   # metadata beyond every family's (no prefix)
     extra: Mapping[str, Recipe] = field(default_factory=dict)  # tensors outside the blocks beyond every family's
     acts: tuple[str, ...] = ("silu",)          # hidden_act (hidden_activation) values meaning the arch's MLP
-    rope_scalings: tuple[str, ...] = ("default",)   # rope_scaling types taken (hparams reads them)
+    # rope_scaling types taken: linear_scaling writes linear's keys (llama.cpp's converter does for every family
+    # but Gemma 2, Phi-3 and gpt-oss), hparams reads the others
+    rope_scalings: tuple[str, ...] = ("default", "linear")
     quant_methods: tuple[str, ...] = ()        # quantization_config.quant_method values taken
     norm_shift: float = 0.0                    # added to every norm weight (Gemma's RMSNorm scales by 1 + w)
     ignored: tuple[str, ...] = ()              # tensors outside the blocks that llama.cpp leaves out
@@ -292,7 +346,7 @@ FAMILIES: tuple[Family, ...] = (
          "mlp.gate_up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}), _phi3,
         extra=MappingProxyType({"rope_factors_long.weight": FromConfig(_phi3_factors("long_factor")),
                                 "rope_factors_short.weight": FromConfig(_phi3_factors("short_factor"))}),
-        rope_scalings=("longrope", "su")),
+        rope_scalings=("default", "longrope", "su")),
     # SmolLM3: llama's tensors (permuted alike), every fourth layer without RoPE
     Family("smollm3", ("smollm3",), ("SmolLM3ForCausalLM",), _layer(HF_LAYER_NAMES), _smollm3),
     # Gemma 2: norms before and after attention and MLP, each stored less one; no lm_head of its own
@@ -300,15 +354,14 @@ FAMILIES: tuple[Family, ...] = (
         _ATTN, _MLP, {"post_attention_layernorm.weight": "post_attention_norm.weight",
                       "pre_feedforward_layernorm.weight": "ffn_norm.weight",
                       "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}), _gemma2,
-        acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",)),
+        acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",), rope_scalings=("default",)),
     # Gemma 3's text model: Gemma 2's norms with per-head q/k norms (all stored less one), no soft-caps, linear
     # RoPE scaling (the 4B, 12B and 27B)
     Family("gemma3", ("gemma3_text",), ("Gemma3ForCausalLM",), _layer(
         _ATTN, _MLP, HF_QK_NORM_NAMES, {"post_attention_layernorm.weight": "post_attention_norm.weight",
                                         "pre_feedforward_layernorm.weight": "ffn_norm.weight",
                                         "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}), _gemma3,
-        acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",),
-        rope_scalings=("default", "linear")),
+        acts=("gelu_pytorch_tanh",), norm_shift=1.0, ignored=("lm_head.weight",)),
     # gpt-oss: biased attention with sinks; the router and the experts' fused gate|up (interleaved outputs) and
     # down, in MXFP4 blocks or transposed floats, with biases
     Family("gpt-oss", ("gpt_oss",), ("GptOssForCausalLM",), _layer(
@@ -323,7 +376,7 @@ FAMILIES: tuple[Family, ...] = (
         ffn_down_exps__weight=OneOf((Mxfp4("mlp.experts.down_proj"), Fused("mlp.experts.down_proj", transpose=True))),
         ffn_gate_exps__bias=Fused("mlp.experts.gate_up_proj_bias", 0),
         ffn_up_exps__bias=Fused("mlp.experts.gate_up_proj_bias", 1)), _gpt_oss,
-        rope_scalings=("yarn",), quant_methods=("mxfp4",)),
+        rope_scalings=("default", "yarn"), quant_methods=("mxfp4",)),
 )
 
 
