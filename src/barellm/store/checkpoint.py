@@ -24,7 +24,7 @@ from barellm.errors import FormatError, ModelNotFound
 from barellm.files import open_regular
 from barellm.store import sentencepiece
 from barellm.store.hf_families import Config, Family, family_of, linear_scaling, supported
-from barellm.store.hf_recipes import Recipe, Same, Stored
+from barellm.store.hf_recipes import FromConfig, Recipe, Same, Stored
 
 F32, F16, BF16 = 0, 1, 30
 
@@ -537,13 +537,15 @@ def _from_hf(root: Path) -> _Model:
         # kept as the untied output, which computes the same. One that does not tie them must have it.
         tied = not ck.has("lm_head.weight") or "lm_head.weight" in family.ignored
         n_vocab = (ck.tensors["model.embed_tokens.weight"].shape or (0,))[0]
+        # the tensors outside the blocks beyond every family's: one made from config.json only where it asks for it
+        extra = {n: r for n, r in family.extra.items() if not isinstance(r, FromConfig) or r.when(config.cfg)}
         # every hyperparameter range-checked (layers, experts, ...) before the tensors are planned by them
-        cfg = config_from_metadata(md, n_vocab, tied)
+        cfg = config_from_metadata(md, n_vocab, tied, rope_freqs="rope_freqs.weight" in extra)
         # every tensor the model needs: its recipe, and the prefix the recipe's names are under
         plan: list[tuple[str, Recipe, str]] = [(n, Same(_HF_GLOBAL[n]), "")
                                                for n in ("token_embd.weight", "output_norm.weight", "output.weight")
                                                if n != "output.weight" or not tied]
-        plan += [(n, r, "") for n, r in family.extra.items()]
+        plan += [(n, r, "") for n, r in extra.items()]
         plan += [(f"blk.{i}.{n}", family.layer[n], f"model.layers.{i}.")
                  for i in range(cfg.n_layers) for n in arch.layer_tensors]
         known = {hf for _, recipe, prefix in plan for hf in recipe.names(prefix, ck)} | {"lm_head.weight"}

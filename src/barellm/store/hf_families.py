@@ -224,6 +224,60 @@ def linear_scaling(c: Config) -> dict[str, Any]:
     return {"rope.scaling.type": "linear", "rope.scaling.factor": float(factor)}
 
 
+def _llama3_parameters(c: Config) -> tuple[float, float, float, int]:
+    """Llama 3.1's RoPE scaling (rope_type "llama3"): factor, low_freq_factor, high_freq_factor and
+    original_max_position_embeddings, each required (as transformers requires them) and range-checked."""
+    s = c.rope_scaling()
+    got: list[Any] = []
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        v = s.get(key)
+        integer = key == "original_max_position_embeddings"
+        if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)) \
+                or not math.isfinite(v) or v <= 0:
+            raise c.error(f"{c.rope_key} {key} is {v!r:.40}; llama3 RoPE scaling needs a positive "
+                          f"{'integer' if integer else 'number'} there")
+        got.append(v)
+    factor, low, high, original = got
+    if not 1 <= factor <= 1024:
+        raise c.error(f"{c.rope_key} factor {factor!r:.40} is out of range (llama3 scaling takes 1..1024)")
+    if not low < high:
+        raise c.error(f"{c.rope_key} low_freq_factor {low!r:.40} is not below high_freq_factor {high!r:.40}")
+    if original > 1 << 24:
+        raise c.error(f"{c.rope_key} original_max_position_embeddings {original} is out of range (1..{1 << 24})")
+    return float(factor), float(low), float(high), original
+
+
+def llama3_rope_factors(dims: int, base: float, factor: float, low: float, high: float, original: int) -> np.ndarray:
+    """rope_freqs.weight of Llama 3.1's scaling, as llama.cpp's converter makes it (LlamaModel's extra tensor): per
+    pair of rotated dims, what divides its frequency base^(-2i/dims). Wavelengths 2 pi / frequency shorter than
+    original / high keep it (1), those longer than original / low are slowed by the factor, and those between
+    blend the two: 1 / ((1 - s) / factor + s), s = (original / wavelength - low) / (high - low). Computed in
+    float64, then rounded to float32."""
+    inv_freq = 1.0 / base ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (original / wavelen - low) / (high - low)
+    between = 1.0 / ((1.0 - smooth) / factor + smooth)
+    return np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, between)) \
+        .astype(np.float32)
+
+
+def _is_llama3(config: Mapping[str, Any]) -> bool:
+    return Config(config, "config.json").rope_scaling()["rope_type"] == "llama3"
+
+
+def _llama3_freqs(ck: Checkpoint) -> np.ndarray:
+    return llama3_rope_factors(ck.meta("rope.dimension_count"), ck.meta("rope.freq_base"),
+                               *_llama3_parameters(Config(ck.config, ck.where)))
+
+
+def _llama(c: Config) -> dict[str, Any]:
+    """Llama 3.1's RoPE scaling becomes the rope_freqs.weight tensor (no metadata key, as llama.cpp's converter
+    writes none); its parameters are checked here, before any tensor is read."""
+    if c.rope_scaling()["rope_type"] == "llama3":
+        _llama3_parameters(c)
+    return {}
+
+
 def _gemma3(c: Config) -> dict[str, Any]:
     """Gemma 3's text model as llama.cpp's gemma3 has it: five sliding-window layers for each global one, no
     soft-caps, the global RoPE base 1e6 unless the config says; the 4B/12B/27B's linear scaling (factor 8), which
@@ -322,7 +376,7 @@ class Family:
     extra: Mapping[str, Recipe] = field(default_factory=dict)  # tensors outside the blocks beyond every family's
     acts: tuple[str, ...] = ("silu",)          # hidden_act (hidden_activation) values meaning the arch's MLP
     # rope_scaling types taken: linear_scaling writes linear's keys (llama.cpp's converter does for every family
-    # but Gemma 2, Phi-3 and gpt-oss), hparams reads the others
+    # but Gemma 2, Phi-3 and gpt-oss), hparams and extra read the others
     rope_scalings: tuple[str, ...] = ("default", "linear")
     quant_methods: tuple[str, ...] = ()        # quantization_config.quant_method values taken
     norm_shift: float = 0.0                    # added to every norm weight (Gemma's RMSNorm scales by 1 + w)
@@ -330,7 +384,10 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("llama", ("llama",), ("LlamaForCausalLM",), _layer(HF_LAYER_NAMES)),
+    # Llama 3.1's RoPE scaling ("llama3") becomes rope_freqs.weight, as llama.cpp's converter writes it
+    Family("llama", ("llama",), ("LlamaForCausalLM",), _layer(HF_LAYER_NAMES), _llama,
+           extra=MappingProxyType({"rope_freqs.weight": FromConfig(_llama3_freqs, when=_is_llama3)}),
+           rope_scalings=("default", "linear", "llama3")),
     Family("qwen2", ("qwen2",), ("Qwen2ForCausalLM",), _layer(HF_LAYER_NAMES, HF_BIAS_NAMES)),
     Family("qwen3", ("qwen3",), ("Qwen3ForCausalLM",), _layer(HF_LAYER_NAMES, HF_QK_NORM_NAMES)),
     # Qwen3-MoE: qwen3's attention; mlp.gate routes over mlp.experts.N, stacked as llama.cpp's converter does

@@ -258,11 +258,17 @@ class OneOf:
         raise FormatError(f"{ck.where}: {name!r} needs the tensors {wanted}; the checkpoint has neither")
 
 
+def _always(config: Mapping[str, Any]) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class FromConfig:
-    """A float32 tensor made from config.json (Phi-3's LongRoPE factors)."""
+    """A float32 tensor made from config.json (Phi-3's LongRoPE factors, Llama 3.1's rope_freqs), in the model
+    only where `when` says config.json asks for it (the converter leaves it out otherwise)."""
 
     values: Callable[[Checkpoint], np.ndarray]
+    when: Callable[[Mapping[str, Any]], bool] = _always
 
     def names(self, prefix: str, ck: Checkpoint) -> tuple[str, ...]:
         return ()
