@@ -170,10 +170,28 @@ def write_hf(root: Path, dtype: str = "F32", shards: int = 1, tied: bool = False
     return w
 
 
+def transformers_llama3_inv_freq(base: float, dim: int, factor: float, low_freq_factor: float,
+                                 high_freq_factor: float, original_max_position_embeddings: int) -> np.ndarray:
+    """transformers' _compute_llama3_parameters (modeling_rope_utils.py) transcribed into float64 NumPy: the
+    default inv_freq, its low frequencies (wavelength above original / low_freq_factor) divided by the factor, the
+    medium ones interpolated between the two by a smooth factor."""
+    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float64) / dim))
+    old_context_len = original_max_position_embeddings
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * np.pi / inv_freq
+    inv_freq_llama = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return np.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
 def hf_forward(w: dict[str, np.ndarray], ids: list[int], theta: float = 10000.0, eps: float = 1e-5,
-               linear: float = 1.0) -> np.ndarray:
+               linear: float = 1.0, inv_freq: np.ndarray | None = None) -> np.ndarray:
     """Logits of every position, computed the Hugging Face way: unpermuted Q/K, rotate_half RoPE (a linear
-    rope_scaling's factor dividing inv_freq, as _compute_linear_scaling_rope_parameters does), float64."""
+    rope_scaling's factor dividing inv_freq, as _compute_linear_scaling_rope_parameters does; or the given
+    inv_freq, a scaled one), float64."""
     W = {k: v.astype(np.float64) for k, v in w.items()}
     T = len(ids)
     x = W["model.embed_tokens.weight"][ids]
@@ -181,7 +199,8 @@ def hf_forward(w: dict[str, np.ndarray], ids: list[int], theta: float = 10000.0,
     def rms(v: np.ndarray, g: np.ndarray) -> np.ndarray:
         return v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * g
 
-    inv_freq = 1.0 / theta ** (np.arange(0, HD, 2) / HD) / linear
+    if inv_freq is None:
+        inv_freq = 1.0 / theta ** (np.arange(0, HD, 2) / HD) / linear
     freqs = np.outer(np.arange(T), inv_freq)
     emb = np.concatenate([freqs, freqs], axis=-1)
     cos, sin = np.cos(emb)[:, None, :], np.sin(emb)[:, None, :]
@@ -303,6 +322,91 @@ def test_linear_rope_scaling_converts(tmp_path, key):
     assert np.abs(hf_forward(w, LONG_IDS) - ref).max() > 100 * tol
 
 
+# Llama 3.1's scaling (its own: 8, 1, 4, 8192) with the original context shrunk to the tiny model's head: of its
+# 8 frequency pairs the first keeps its frequency (wavelength 6.3 < 64 / 4), the next two are blended, the rest
+# slowed by 8 (wavelengths above 64)
+LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("key, tied", [("rope_type", False), ("type", False), ("v5", True)])
+def test_llama3_rope_scaling_converts(tmp_path, key, tied):
+    """Llama 3.1's RoPE scaling (rope_type "llama3" in rope_scaling, the older "type" key, or v5's rope_parameters;
+    tied embeddings as Llama 3.2 1B/3B have them) converts as llama.cpp's converter converts it: no metadata key,
+    rope_freqs.weight (F32, a factor per rotated pair) equal to the ratio of the default inv_freq to transformers'
+    scaled one. Both engines on the converted file give the Hugging Face forward's logits at the scaled inv_freq,
+    exactly those of the same model written directly as a GGUF with that rope_freqs.weight, and the unscaled
+    forward is far from them."""
+    from barellm.arch.config import config_of
+    from barellm.runtime.engine import NativeEngine
+
+    from gguf_writer import write_gguf
+
+    w = write_hf(tmp_path / "ckpt", tied=tied, head_dim=HD, **_rope_config(key, rope_type="llama3", **LLAMA3))
+    _v5(tmp_path / "ckpt")
+    write_hf(tmp_path / "plain", tied=tied)
+    inv_freq = transformers_llama3_inv_freq(10000.0, HD, **LLAMA3)
+    want = (1.0 / 10000.0 ** (np.arange(0, HD, 2) / HD) / inv_freq).astype(np.float32)
+    assert want[0] == 1.0 and 1.0 < want[1] < want[2] < 8.0 and set(want[3:].tolist()) == {8.0}
+
+    def engines(src) -> tuple[np.ndarray, np.ndarray]:
+        cfg = config_of(src)
+        return (ReferenceEngine(cfg, src, n_ctx=128).forward(LONG_IDS, 0, all_logits=True),
+                NativeEngine(cfg, src, n_ctx=128, threads=2, chunk=48, kv_type="f32").forward(LONG_IDS, 0,
+                                                                                              all_logits=True))
+
+    with BLMFile(convert(tmp_path / "ckpt", tmp_path / "m.blm")) as f, \
+            BLMFile(convert(tmp_path / "plain", tmp_path / "plain.blm")) as plain:
+        assert {k for k in f.metadata if k.startswith("llama.")} == {k for k in plain.metadata
+                                                                      if k.startswith("llama.")}
+        assert not any("rope.scaling" in k for k in f.metadata)
+        t = f.tensors["rope_freqs.weight"]
+        assert (t.type, t.shape) == (0, (HD // 2,)) and "rope_freqs.weight" not in plain.tensors
+        assert np.array_equal(f.dequantize("rope_freqs.weight"), want)
+        assert ("output.weight" in f.tensors) != tied
+        cfg = config_of(f)
+        assert cfg.rope_freqs and cfg.tied_output == tied and cfg.rope_linear == 1.0
+        ours, native = engines(f)
+        md = {k: v for k, v in plain.metadata.items() if k.startswith("llama.") or k == "general.architecture"}
+        write_gguf(tmp_path / "direct.gguf", md, [(n, plain.dequantize(n), 0) for n in plain.tensors]
+                   + [("rope_freqs.weight", want, 0)])
+    with GGUFFile(tmp_path / "direct.gguf") as g:
+        assert config_of(g) == cfg
+        direct, direct_native = engines(g)
+        assert np.array_equal(direct, ours) and np.array_equal(direct_native, native)
+    ref = hf_forward(w, LONG_IDS, inv_freq=inv_freq)
+    tol = 1e-4 * np.abs(ref).max()
+    assert np.abs(ours - ref).max() < tol and np.abs(native - ref).max() < tol
+    assert np.abs(hf_forward(w, LONG_IDS) - ref).max() > 100 * tol
+
+
+@pytest.mark.parametrize("key", ["rope_type", "v5"])
+@pytest.mark.parametrize("change, message", [
+    ({"factor": None}, "has no factor; llama3 RoPE scaling needs it"),
+    ({"low_freq_factor": None}, "has no low_freq_factor; llama3 RoPE scaling needs it"),
+    ({"high_freq_factor": None}, "has no high_freq_factor; llama3 RoPE scaling needs it"),
+    ({"original_max_position_embeddings": None}, "has no original_max_position_embeddings; llama3 RoPE scaling"),
+    ({"factor": "8"}, "factor is '8'; llama3 RoPE scaling needs a positive number there"),
+    ({"factor": True}, "factor is True; llama3 RoPE scaling needs a positive number there"),
+    ({"factor": float("nan")}, "factor is nan; llama3 RoPE scaling needs a positive number there"),
+    ({"factor": 0.5}, "factor 0.5 is out of range \\(llama3 scaling takes 1..1024\\)"),
+    ({"low_freq_factor": 0}, "low_freq_factor is 0; llama3 RoPE scaling needs a positive number there"),
+    ({"high_freq_factor": -4.0}, "high_freq_factor is -4.0; llama3 RoPE scaling needs a positive number"),
+    ({"low_freq_factor": 4.0}, "low_freq_factor 4.0 is not below high_freq_factor 4.0"),
+    ({"high_freq_factor": 0.5}, "low_freq_factor 1.0 is not below high_freq_factor 0.5"),
+    ({"original_max_position_embeddings": 64.0},
+     "original_max_position_embeddings is 64.0; llama3 RoPE scaling needs a positive integer there"),
+    ({"original_max_position_embeddings": 0}, "original_max_position_embeddings is 0; llama3 RoPE scaling needs"),
+    ({"original_max_position_embeddings": 10 ** 30}, "original_max_position_embeddings 1000000000000000000000000000000 "
+     "is out of range"),
+])
+def test_broken_llama3_rope_scaling_refused_by_key(tmp_path, key, change, message):
+    params = {k: v for k, v in {**LLAMA3, **change}.items() if v is not None}
+    write_hf(tmp_path / "ckpt", **_rope_config(key, rope_type="llama3", **params))
+    _v5(tmp_path / "ckpt")
+    where = "rope_parameters" if key == "v5" else "rope_scaling"
+    assert_refused(tmp_path / "ckpt", f"config.json: {where} {message}", tmp_path / "out")
+
+
 @pytest.mark.parametrize("key", ["rope_type", "v5"])
 def test_rope_base_and_default_type_convert(tmp_path, key):
     """rope_theta (v5: rope_parameters' rope_theta) is the file's RoPE base; a "default" type scales nothing."""
@@ -319,13 +423,13 @@ def test_rope_base_and_default_type_convert(tmp_path, key):
 
 
 @pytest.mark.parametrize("key", ["rope_type", "v5"])
-@pytest.mark.parametrize("kind", ["llama3", "dynamic", "yarn"])
+@pytest.mark.parametrize("kind", ["dynamic", "yarn", "longrope"])
 def test_unknown_rope_types_refused_by_name(tmp_path, key, kind):
     write_hf(tmp_path / "ckpt", **_rope_config(key, rope_type=kind, factor=8.0))
     _v5(tmp_path / "ckpt")
     where = "rope_parameters" if key == "v5" else "rope_scaling"
     assert_refused(tmp_path / "ckpt", f"{where} type '{kind}' is not supported \\(a llama checkpoint may have: "
-                   "default, linear\\)", tmp_path / "out")
+                   "default, linear, llama3\\)", tmp_path / "out")
 
 
 def test_permutation_is_llama_cpps():

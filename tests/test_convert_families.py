@@ -116,7 +116,7 @@ def hf_from_gguf(gguf: Path, root: Path, dtype: str = "F32") -> None:
             put("mlp.down_proj.weight", "ffn_down.weight")
         else:
             q, k = floats[b + "attn_q.weight"], floats[b + "attn_k.weight"]
-            if arch == "smollm3":  # llama.cpp permutes llama's (and SmolLM3's) Q and K rows
+            if arch in ("llama", "smollm3"):  # llama.cpp permutes llama's (and SmolLM3's) Q and K rows
                 q, k = unpermute(q, heads), unpermute(k, kv)
             w[h + "self_attn.q_proj.weight"], w[h + "self_attn.k_proj.weight"] = q, k
             put("self_attn.v_proj.weight", "attn_v.weight")
@@ -131,7 +131,7 @@ def hf_from_gguf(gguf: Path, root: Path, dtype: str = "F32") -> None:
             for e in range(md[p + "expert_count"]):
                 for part in ("gate", "up", "down"):
                     w[f"{h}mlp.experts.{e}.{part}_proj.weight"] = floats[f"{b}ffn_{part}_exps.weight"][e]
-        if arch in ("smollm3", "gemma2", "gemma3"):
+        if arch in ("llama", "smollm3", "gemma2", "gemma3"):
             for part in ("gate", "up", "down"):
                 put(f"mlp.{part}_proj.weight", f"ffn_{part}.weight")
         if arch in ("gemma2", "gemma3"):
@@ -171,6 +171,12 @@ def hf_from_gguf(gguf: Path, root: Path, dtype: str = "F32") -> None:
             put("post_attention_layernorm.weight", "ffn_norm.weight")
     alternating = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
     cfg.update({
+        # rope_freqs.weight: Llama 3.1's scaling, which llama.cpp's converter makes from config.json's parameters
+        # (llama3rope-tiny's factors are those of Llama 3.1's own: 8, 1, 4, 8192)
+        "llama": lambda: {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+                          if "rope_freqs.weight" in floats else None},
         "qwen3moe": lambda: {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
                              "num_experts": md[p + "expert_count"], "num_experts_per_tok": md[p + "expert_used_count"],
                              "moe_intermediate_size": md[p + "expert_feed_forward_length"], "norm_topk_prob": True,
@@ -224,7 +230,8 @@ def hf_from_gguf(gguf: Path, root: Path, dtype: str = "F32") -> None:
 
 # --- the families, against their GGUFs and llama.cpp's logits -------------------------------------------------
 
-GGUFS = ["qwen3moe-tiny", "phi3-tiny", "smollm3-tiny", "gemma2-tiny", "gpt-oss-tiny", "gpt-oss-mxfp4-tiny"]
+GGUFS = ["llama3rope-tiny", "qwen3moe-tiny", "phi3-tiny", "smollm3-tiny", "gemma2-tiny", "gpt-oss-tiny",
+         "gpt-oss-mxfp4-tiny"]
 
 
 @pytest.fixture(scope="module", params=GGUFS)
@@ -286,11 +293,11 @@ def test_bf16_checkpoints_keep_their_bits(name, tmp_path):
         for n, t in g.tensors.items():
             want = g.dequantize(n)
             got = f.dequantize(n)
-            if len(t.shape) == 1 or n.startswith("rope_factors"):
+            if len(t.shape) == 1 or n.startswith("rope_"):
                 assert f.tensors[n].type == 0, n
                 if n.endswith("norm.weight") and name == "gemma2-tiny":
                     want = from_bf16(to_bf16(want - 1.0)) + np.float32(1.0)
-                elif not n.startswith("rope_factors"):
+                elif not n.startswith("rope_"):   # made from config.json (rope_factors_*, rope_freqs)
                     want = from_bf16(to_bf16(want))
             else:
                 assert f.tensors[n].type == 30, n
@@ -801,19 +808,22 @@ def to_v5(root: Path, per_layer_type: bool = False, sliding: dict | None = None)
 
 
 def _converted_md(root: Path, out: Path) -> dict:
+    """The converted file's metadata, and the tensors made from config.json (rope_freqs, rope_factors_*) by name."""
     with BLMFile(convert(root, out)) as f:
-        return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in f.metadata.items() if k != "general.name"}
+        md = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in f.metadata.items() if k != "general.name"}
+        return md | {n: f.dequantize(n).tolist() for n in f.tensors if n.startswith("rope_")}
 
 
 @pytest.mark.parametrize("gguf, per_layer_type", [
-    ("qwen3moe-tiny", False), ("phi3-tiny", False), ("smollm3-tiny", False), ("gemma2-tiny", False),
-    ("gemma2-tiny", True), ("gpt-oss-tiny", False), ("gpt-oss-tiny", True), ("gemma3", True), ("gemma3", False),
-    ("gemma3-linear", True),
+    ("llama3rope-tiny", False), ("qwen3moe-tiny", False), ("phi3-tiny", False), ("smollm3-tiny", False),
+    ("gemma2-tiny", False), ("gemma2-tiny", True), ("gpt-oss-tiny", False), ("gpt-oss-tiny", True), ("gemma3", True),
+    ("gemma3", False), ("gemma3-linear", True),
 ])
 def test_v5_rope_parameters_convert_as_v4_config_does(tmp_path, gguf, per_layer_type):
     """A config.json in transformers v5's form (rope_parameters: one object, or one per layer type) converts to the
-    metadata the v4 form gives (llama.cpp's converter reads both alike): RoPE base, scaling, LongRoPE's partial
-    rotary factor and factors, YaRN's, Gemma 3's linear factor and its local layers' base."""
+    metadata and RoPE tensors the v4 form gives (llama.cpp's converter reads both alike): RoPE base, scaling, Llama
+    3.1's rope_freqs, LongRoPE's partial rotary factor and factors, YaRN's, Gemma 3's linear factor and its local
+    layers' base."""
     from test_dense_rows import GEMMA3_LINEAR, write_gemma
 
     if gguf.startswith("gemma3"):
@@ -828,6 +838,7 @@ def test_v5_rope_parameters_convert_as_v4_config_does(tmp_path, gguf, per_layer_
     assert "rope_theta" not in cfg and "rope_scaling" not in cfg and "rope_parameters" in cfg
     v4, v5 = _converted_md(tmp_path / "v4", tmp_path / "v4.blm"), _converted_md(tmp_path / "v5", tmp_path / "v5.blm")
     assert v5 == v4
+    assert ("rope_freqs.weight" in v5) == (gguf == "llama3rope-tiny")
     with GGUFFile(src) as g:
         p = g.metadata["general.architecture"] + "."
         assert v5[p + "rope.freq_base"] == np.float32(g.metadata.get(p + "rope.freq_base", 10000.0))
