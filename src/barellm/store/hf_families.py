@@ -230,10 +230,12 @@ def _llama3_parameters(c: Config) -> tuple[float, float, float, int]:
     s = c.rope_scaling()
     got: list[Any] = []
     for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
-        v = s.get(key)
+        if key not in s:
+            raise c.error(f"{c.rope_key} has no {key}; llama3 RoPE scaling needs it")
+        v = s[key]
         integer = key == "original_max_position_embeddings"
         if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)) \
-                or not math.isfinite(v) or v <= 0:
+                or (isinstance(v, float) and not math.isfinite(v)) or v <= 0:
             raise c.error(f"{c.rope_key} {key} is {v!r:.40}; llama3 RoPE scaling needs a positive "
                           f"{'integer' if integer else 'number'} there")
         got.append(v)
