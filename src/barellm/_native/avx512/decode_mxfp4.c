@@ -25,7 +25,7 @@
 AI void tile(const int NG, const int NT, const int x2, const tile_args *A) {
     const int nb = A->nu;
     const __m256i m4 = _mm256_set1_epi8(15), kv = _mm256_setr_epi8(BL_MXFP4_KV12, BL_MXFP4_KV12);
-    const int hint = bl_prefetch_rules[BL_PF_MXFP4][bl_shared_stream != 0].hint;
+    const int hint = A->hint;
     const int8_t *xq[MAXNT], *xl[MAXNT];
     const float *xd[MAXNT];
     const int32_t *xsq[MAXNT];
