@@ -113,11 +113,12 @@ def test_prefetch_rules_are_reported_and_set_by_env():
     assert default.startswith("kquants ") and ", blocks " in default
     env = dict(os.environ, BARELLM_PREFETCH="l2:4096,nta:16384")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == ("kquants l2:4096 nta:16384, blocks l2:4096 nta:16384, mxfp4 l2:4096 nta:16384 "
-                           "(BARELLM_PREFETCH)")
+    assert out.strip() == ("kquants l2:4096 nta:16384, blocks l2:4096 nta:16384, long blocks l2:4096 nta:16384, "
+                           "mxfp4 l2:4096 nta:16384 (BARELLM_PREFETCH)")
     env["BARELLM_PREFETCH"] = "none"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "kquants none:0 none:0, blocks none:0 none:0, mxfp4 none:0 none:0 (BARELLM_PREFETCH)"
+    assert out.strip() == ("kquants none:0 none:0, blocks none:0 none:0, long blocks none:0 none:0, "
+                           "mxfp4 none:0 none:0 (BARELLM_PREFETCH)")
     env["BARELLM_PREFETCH"] = ""  # set but empty: the CPU family's rules, as if unset
     out = subprocess.run([sys.executable, "-m", "barellm", "info"], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and f"decode prefetch: {default.strip()}" in out.stdout

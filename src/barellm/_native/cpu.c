@@ -109,8 +109,14 @@ static unsigned detect_tiers(void) { return 1u << BL_ISA_SCALAR; }
  * 17.2-17.5 with T1 4-8 KB, 21.0 with T1 16 KB, 21.9 with T1 24 KB, 20.2-20.6 with T1 32-64 KB, 16.9 with NTA
  * 16 KB (bench/kernels.py --model gptoss -T 1 --cold-mb 64, avx512 i8x2 cold rows). Its 8-layer cut decoded
  * 26-28 tokens/s with the blocks' rule and 37.6-38.6 with this one at 2 threads (the moe op from 14.8 to 10.0
- * ms a token). The same rule for the Q4_0/Q4_1/Q8_0 tiles made SmolLM2's 2-thread decode slower (303-311 to
- * 257-264 tokens/s), so it is the MXFP4 tiles' alone.
+ * ms a token). The same rule for every Q4_0/Q4_1/Q8_0 tile made SmolLM2's 2-thread decode slower (303-311 to
+ * 257-264 tokens/s): from memory, one thread read its short-row matrices (groups of 8 rows of 2.9-4.9 KB)
+ * slower with it (q 576 x 576 Q4_1 18 -> 16 GB/s, k/v 192 x 576 16 -> 10, gate/up 1536 x 576 20 -> 16) and
+ * its long-row one faster (down 576 x 1536, 7.7 KB groups: 13.5 -> 18), bench/kernels.py cold rows. So it
+ * also takes the blocks' tiles over groups of 6 KB or more (BL_PF_BLOCKS_LONG: gpt-oss's Q8_0 attention and
+ * output, 24-35 KB groups; SmolLM2's down): per-op cycles of gpt-oss-20b's 8-layer cut at 2 threads, the two
+ * rules alternated in one process (10 rounds of 4 tokens, medians; k and v on the short rule in that run): output 19.1 -> 18.3 ms a token, qkv 3.9
+ * -> 3.8, the token 41.9 -> 40.9 ms; SmolLM2 (30 rounds of 20) down 0.64 -> 0.63 ms, the token 3.33 -> 3.30.
  *
  * Intel: threads streaming together prefetch into L1 (T0) 16 KB ahead, never NTA. On a Xeon with AVX-512
  * and AMX (2 MB L2 a core), an NTA line skips L2 and the L2 streamer does not follow it, so two threads'
@@ -122,9 +128,11 @@ bl_prefetch_rule bl_prefetch_rules[BL_PF_FAMILIES][2] = {
     [BL_PF_BLOCKS] = {{BL_PF_L1, 4096}, {BL_PF_L1, 4096}},
     [BL_PF_KQUANTS] = {{BL_PF_L1, 8192}, {BL_PF_NTA, 16384}},
     [BL_PF_MXFP4] = {{BL_PF_L1, 4096}, {BL_PF_L1, 4096}},
+    [BL_PF_BLOCKS_LONG] = {{BL_PF_L1, 4096}, {BL_PF_L1, 4096}}, /* the blocks' rule but where a CPU's differs */
 };
+size_t bl_prefetch_long_group = 6144;
 static const char *prefetch_why = "defaults";
-static char prefetch_text[160];
+static char prefetch_text[224];
 
 static const char *const HINTS[] = {"none", "l1", "l2", "nta"};
 
@@ -184,6 +192,7 @@ static void choose_prefetch(void) {
         const bl_prefetch_rule l2 = {BL_PF_L2, 8192}, l2_far = {BL_PF_L2, 24576};
         bl_prefetch_rules[BL_PF_KQUANTS][0] = bl_prefetch_rules[BL_PF_KQUANTS][1] = l2;
         bl_prefetch_rules[BL_PF_MXFP4][0] = bl_prefetch_rules[BL_PF_MXFP4][1] = l2_far;
+        bl_prefetch_rules[BL_PF_BLOCKS_LONG][0] = bl_prefetch_rules[BL_PF_BLOCKS_LONG][1] = l2_far;
         prefetch_why = "zen4";
     } else if (is_intel()) {
         const bl_prefetch_rule l1 = {BL_PF_L1, 16384};
@@ -194,9 +203,11 @@ static void choose_prefetch(void) {
 
 const char *bl_prefetch_describe(void) {
     const bl_prefetch_rule(*r)[2] = bl_prefetch_rules;
-    snprintf(prefetch_text, sizeof prefetch_text, "kquants %s:%d %s:%d, blocks %s:%d %s:%d, mxfp4 %s:%d %s:%d (%s)",
+    snprintf(prefetch_text, sizeof prefetch_text,
+             "kquants %s:%d %s:%d, blocks %s:%d %s:%d, long blocks %s:%d %s:%d, mxfp4 %s:%d %s:%d (%s)",
              HINTS[r[1][0].hint], r[1][0].bytes, HINTS[r[1][1].hint], r[1][1].bytes, HINTS[r[0][0].hint],
-             r[0][0].bytes, HINTS[r[0][1].hint], r[0][1].bytes, HINTS[r[2][0].hint], r[2][0].bytes,
+             r[0][0].bytes, HINTS[r[0][1].hint], r[0][1].bytes, HINTS[r[3][0].hint],
+             r[3][0].bytes, HINTS[r[3][1].hint], r[3][1].bytes, HINTS[r[2][0].hint], r[2][0].bytes,
              HINTS[r[2][1].hint], r[2][1].bytes, prefetch_why);
     return prefetch_text;
 }

@@ -25,16 +25,15 @@
 /* Software prefetch (kernels.h's rules, BL_PF_BLOCKS). Measured on Zen 3: streaming a Q4_1 or Q8_0 matrix
  * from memory at T = 1 went from ~8-11 GB/s (hardware prefetchers alone) to ~16-19 GB/s at 4 KB ahead; 2 KB
  * was less, 8 KB no better. */
-AI void prefetch_lines(const uint8_t *p, const int n, const int family) {
-    const int hint = prefetch_hint(family);
+AI void prefetch_lines(const uint8_t *p, const int n, const int hint) {
     for (int i = 0; i < n; i++) bl_prefetch_line(p + 64 * i, hint);
 }
 
 /* block b of a group whose blocks take `bytes` bytes (the tiles' weights), once its share of the prefetch span
  * (n lines at pf + b * pfs; pf NULL: none) is on its way */
 AI const uint8_t *block_at(const uint8_t *g, const int b, const size_t bytes, const uint8_t *pf, const size_t pfs,
-                           const int n, const int family) {
-    if (pf) prefetch_lines(pf + (size_t)b * pfs, n, family);
+                           const int n, const int hint) {
+    if (pf) prefetch_lines(pf + (size_t)b * pfs, n, hint);
     return g + (size_t)b * bytes;
 }
 
@@ -77,6 +76,7 @@ AI const uint8_t *block_at(const uint8_t *g, const int b, const size_t bytes, co
     const uint8_t *g = (A)->g, *xa = (A)->xa, *pf = (A)->pf;                                             \
     const int nb = (A)->nu, nvalid = (A)->nvalid;                                                        \
     const size_t xs = (A)->xs, ldo = (A)->ldo, pfs = (A)->pfs;                                           \
+    const int hint = (A)->hint;                                                                          \
     float *o = (A)->o;                                                                                   \
     ACT_PTRS(0);                                                                                         \
     ACT_PTRS(1);                                                                                         \
@@ -93,7 +93,7 @@ AI void tile_q4(const int type, const int x2, const int NT, const tile_args *A) 
     const __m256i khi = x2 ? _mm256_set1_epi16(254) : ones; /* the weight of the (hi) plane */
     const uint8_t *dp = g + (size_t)nb * 128, *mp = dp + (size_t)nb * 16;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *q = block_at(g, b, 128, pf, pfs, 3, BL_PF_BLOCKS);
+        const uint8_t *q = block_at(g, b, 128, pf, pfs, 3, hint);
         const size_t xo = (size_t)b * 32;
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
@@ -139,7 +139,7 @@ AI void tile_q8(const int x2, const int NT, const tile_args *A) {
     const __m256i ones = _mm256_set1_epi16(1), khi = x2 ? _mm256_set1_epi16(254) : ones;
     const uint8_t *dp = g + (size_t)nb * 256;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *q = block_at(g, b, 256, pf, pfs, 5, BL_PF_BLOCKS);
+        const uint8_t *q = block_at(g, b, 256, pf, pfs, 5, hint);
         const size_t xo = (size_t)b * 32;
         for (int j = 0; j < 8; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
@@ -201,6 +201,7 @@ AI void tile_q4_g2(const int type, const int x2, const tile_args *A) {
     const uint8_t *g = A[0].g, *g2 = A[1].g, *xa = A->xa, *pf = A[0].pf, *pf2 = A[1].pf;
     const int nb = A->nu, nvalid2 = A[1].nvalid;
     const size_t pfs = A->pfs;
+    const int hint = A->hint;
     float *o = A[0].o, *o2 = A[1].o;
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const __m256i khi = x2 ? _mm256_set1_epi16(254) : ones; /* the weight of the (hi) plane */
@@ -214,8 +215,8 @@ AI void tile_q4_g2(const int type, const int x2, const tile_args *A) {
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 128, *q2 = g2 + (size_t)b * 128;
         const int8_t *h = xh + (size_t)b * 32, *l = xl + (size_t)b * 32;
-        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3, BL_PF_BLOCKS);
-        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 3, BL_PF_BLOCKS);
+        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3, hint);
+        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 3, hint);
         __m256i sh, sl, sh2, sl2;
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
@@ -261,6 +262,7 @@ AI void tile_q8_g2(const int x2, const tile_args *A) {
     const uint8_t *g = A[0].g, *g2 = A[1].g, *xa = A->xa, *pf = A[0].pf, *pf2 = A[1].pf;
     const int nb = A->nu, nvalid2 = A[1].nvalid;
     const size_t pfs = A->pfs;
+    const int hint = A->hint;
     float *o = A[0].o, *o2 = A[1].o;
     const __m256i ones = _mm256_set1_epi16(1), khi = x2 ? _mm256_set1_epi16(254) : ones;
     const uint8_t *dp = g + (size_t)nb * 256, *dp2 = g2 + (size_t)nb * 256;
@@ -270,8 +272,8 @@ AI void tile_q8_g2(const int x2, const tile_args *A) {
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 256, *q2 = g2 + (size_t)b * 256;
         const size_t xo = (size_t)b * 32;
-        if (pf) prefetch_lines(pf + (size_t)b * pfs, 5, BL_PF_BLOCKS);
-        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 5, BL_PF_BLOCKS);
+        if (pf) prefetch_lines(pf + (size_t)b * pfs, 5, hint);
+        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 5, hint);
         __m256i s, s2;
         for (int j = 0; j < 8; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
@@ -353,7 +355,7 @@ AI void tile_fp4(const int x2, const int NT, const tile_args *A) {
     FP4_CONSTS;
     const uint8_t *ep = g + (size_t)nb * 128;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *q = block_at(g, b, 128, pf, pfs, 3, BL_PF_MXFP4);
+        const uint8_t *q = block_at(g, b, 128, pf, pfs, 3, hint);
         const size_t xo = (size_t)b * 32;
         for (int jj = 0; jj < 2; jj++) {
             __m256i wv[4];
@@ -381,6 +383,7 @@ AI void tile_fp4_g2(const int x2, const tile_args *A) {
     const uint8_t *g = A[0].g, *g2 = A[1].g, *xa = A->xa, *pf = A[0].pf, *pf2 = A[1].pf;
     const int nb = A->nu, nvalid2 = A[1].nvalid;
     const size_t pfs = A->pfs;
+    const int hint = A->hint;
     float *o = A[0].o, *o2 = A[1].o;
     FP4_CONSTS;
     const uint8_t *ep = g + (size_t)nb * 128, *ep2 = g2 + (size_t)nb * 128;
@@ -391,8 +394,8 @@ AI void tile_fp4_g2(const int x2, const tile_args *A) {
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * 128, *q2 = g2 + (size_t)b * 128;
         const size_t xo = (size_t)b * 32;
-        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3, BL_PF_MXFP4);
-        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 3, BL_PF_MXFP4);
+        if (pf) prefetch_lines(pf + (size_t)b * pfs, 3, hint);
+        if (pf2) prefetch_lines(pf2 + (size_t)b * pfs, 3, hint);
         __m256i s, s2;
         for (int jj = 0; jj < 2; jj++) {
             __m256i wv[4], wv2[4];

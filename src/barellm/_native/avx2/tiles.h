@@ -27,6 +27,7 @@ typedef struct {
     int nvalid;         /* rows of the 8 to store */
     const uint8_t *pf;  /* software prefetch: unit u fetches up to pf + (u + 1) * pfs; NULL: none */
     size_t pfs;
+    int hint;           /* how: the rule run_tiles chose (enum bl_prefetch_hint) */
     size_t pdone;       /* bytes of that span prefetched, for tiles that keep the count here (avx512/decode_kq.c:
                            kept in a register, its Q5_K tile's count cost it 40 more vector spills) */
     const uint8_t *s;   /* avx2/quant_kq_prefill.c's lean tiles: the group unpacked */
@@ -92,9 +93,10 @@ static inline void two_streams(const tile_fn one, const tile_fn two, const tile_
 }
 
 /* out[t * ldo + r] for r in [r0, r1), t in [0, T): fns[nt - 1] runs nt <= ntmax tokens over a group; one token
- * goes to two_streams when there is a 2-group tile (two). family: the prefetch rule (BL_PF_BLOCKS or
- * BL_PF_KQUANTS); xp: the tiles' half sums (NULL: none). pack: NULL for the interleaved layout; for GGUF rows,
- * a group's worth of scratch each 8 rows are interleaved into (the type's pack8) before their tiles run. */
+ * goes to two_streams when there is a 2-group tile (two). family: the prefetch rule (BL_PF_BLOCKS, which long
+ * rows turn into BL_PF_BLOCKS_LONG, BL_PF_KQUANTS or BL_PF_MXFP4), whose hint the tiles read from their args;
+ * xp: the tiles' half sums (NULL: none). pack: NULL for the interleaved layout; for GGUF rows, a group's worth
+ * of scratch each 8 rows are interleaved into (the type's pack8) before their tiles run. */
 static inline void run_tiles(const tile_fn *fns, const int ntmax, const tile_fn two, const int family,
                              const bl_matrix *w, const void *xq, int T, const int32_t *xp, float *out, size_t ldo,
                              int r0, int r1, uint8_t *pack) {
@@ -104,8 +106,9 @@ static inline void run_tiles(const tile_fn *fns, const int ntmax, const tile_fn 
     tile_args A = {.nu = cols / tr->block_size, .xs = xb, .ldo = ldo, .nvalid = 8};
     A.pfs = (gb + (size_t)A.nu - 1) / (size_t)A.nu;
     const uint8_t *end = (const uint8_t *)w->data + (size_t)((r1 + 7) / 8) * gb;
-    const bl_prefetch_rule rule = bl_prefetch_rules[family][bl_shared_stream != 0];
+    const bl_prefetch_rule rule = bl_prefetch_rules[bl_prefetch_family(family, gb)][bl_shared_stream != 0];
     const size_t pf = rule.hint == BL_PF_NONE || pack ? 0 : (size_t)rule.bytes;
+    A.hint = rule.hint;
     if (two && T == 1 && !pack) {
         A.xa = xq;
         A.xp = xp;

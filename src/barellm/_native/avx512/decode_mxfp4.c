@@ -25,7 +25,7 @@
 AI void tile(const int NG, const int NT, const int x2, const tile_args *A) {
     const int nb = A->nu;
     const __m256i m4 = _mm256_set1_epi8(15), kv = _mm256_setr_epi8(BL_MXFP4_KV12, BL_MXFP4_KV12);
-    const int hint = bl_prefetch_rules[BL_PF_MXFP4][bl_shared_stream != 0].hint;
+    const int hint = A->hint;
     const int8_t *xq[MAXNT], *xl[MAXNT];
     const float *xd[MAXNT];
     const int32_t *xsq[MAXNT];
@@ -40,7 +40,9 @@ AI void tile(const int NG, const int NT, const int x2, const tile_args *A) {
 #pragma GCC unroll 8
     for (int i = 0; i < NG * NT; i++) acc[i] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        __m256i sh[2 * MAXNT], sl[2 * MAXNT];
+        /* each plane's sum in two chains, the low nibbles' and the high nibbles' (added at the block's end: the
+         * integers are exact, so the bits are the same), so a block's dependent vpdpbusd are 4, not 8 */
+        __m256i sh[2 * MAXNT], sl[2 * MAXNT], sh2[2 * MAXNT], sl2[2 * MAXNT];
 #pragma GCC unroll 2
         for (int k = 0; k < NG; k++) {
             if (A[k].pf)
@@ -50,6 +52,7 @@ AI void tile(const int NG, const int NT, const int x2, const tile_args *A) {
                 const __m256i c = _mm256_set1_epi32(-BL_MXFP4_OFFSET * xsq[t][b]);
                 sh[k * NT + t] = x2 ? _mm256_setzero_si256() : c;
                 sl[k * NT + t] = c;
+                sh2[k * NT + t] = sl2[k * NT + t] = _mm256_setzero_si256();
             }
         }
         const size_t xo = (size_t)b * 32;
@@ -62,13 +65,12 @@ AI void tile(const int NG, const int NT, const int x2, const tile_args *A) {
                 const __m256i hi = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
 #pragma GCC unroll 4
                 for (int t = 0; t < NT; t++) {
-                    __m256i *s = &sh[k * NT + t];
-                    *s = _mm256_dpbusd_epi32(*s, lo, bcast32(xq[t] + xo + 4 * j));
-                    *s = _mm256_dpbusd_epi32(*s, hi, bcast32(xq[t] + xo + 16 + 4 * j));
+                    const int i = k * NT + t;
+                    sh[i] = _mm256_dpbusd_epi32(sh[i], lo, bcast32(xq[t] + xo + 4 * j));
+                    sh2[i] = _mm256_dpbusd_epi32(sh2[i], hi, bcast32(xq[t] + xo + 16 + 4 * j));
                     if (x2) {
-                        __m256i *u = &sl[k * NT + t];
-                        *u = _mm256_dpbusd_epi32(*u, lo, bcast32(xl[t] + xo + 4 * j));
-                        *u = _mm256_dpbusd_epi32(*u, hi, bcast32(xl[t] + xo + 16 + 4 * j));
+                        sl[i] = _mm256_dpbusd_epi32(sl[i], lo, bcast32(xl[t] + xo + 4 * j));
+                        sl2[i] = _mm256_dpbusd_epi32(sl2[i], hi, bcast32(xl[t] + xo + 16 + 4 * j));
                     }
                 }
             }
@@ -79,7 +81,8 @@ AI void tile(const int NG, const int NT, const int x2, const tile_args *A) {
 #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) {
                 const int i = k * NT + t;
-                const __m256i isum = x2 ? _mm256_add_epi32(_mm256_mullo_epi32(sh[i], _mm256_set1_epi32(254)), sl[i]) : sh[i];
+                const __m256i h = _mm256_add_epi32(sh[i], sh2[i]), l = _mm256_add_epi32(sl[i], sl2[i]);
+                const __m256i isum = x2 ? _mm256_add_epi32(_mm256_mullo_epi32(h, _mm256_set1_epi32(254)), l) : h;
                 acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][b])), acc[i]);
             }
         }
