@@ -90,6 +90,22 @@ def test_streamed_chunks(model: Any) -> None:
     assert "".join(p["choices"][0]["text"] for p in pieces) == model.generate("Once upon a time", temperature=0,
                                                                               max_tokens=6)
     assert pieces[-1]["choices"][0]["finish_reason"] == "length"
+    # stream_options as OpenAI's: every chunk carries "usage": null, then one more chunk holds the usage
+    for make, args in ((model.create_chat_completion, (CHAT,)), (model.create_completion, ("Once upon a time",))):
+        whole = make(*args, temperature=0, max_tokens=8)
+        chunks = list(make(*args, temperature=0, max_tokens=8, stream=True, stream_options={"include_usage": True}))
+        *body, last = chunks
+        assert last["choices"] == [] and last["id"] == chunks[0]["id"]
+        cached = last["usage"].pop("prompt_tokens_details")["cached_tokens"]   # the prompt is in the cache now
+        whole["usage"].pop("prompt_tokens_details")
+        assert last["usage"] == whole["usage"] and 0 < cached <= whole["usage"]["prompt_tokens"]
+        assert all(c["usage"] is None for c in body) and body[-1]["choices"][0]["finish_reason"] == "length"
+        assert "usage" not in list(make(*args, temperature=0, max_tokens=2, stream=True))[-1]
+    for bad in ({"include_usage": 1}, {"bogus": True}, ["include_usage"]):
+        with pytest.raises(ValueError, match="stream_options must be"):
+            model.create_chat_completion(CHAT, stream=True, stream_options=bad)
+    with pytest.raises(ValueError, match="stream_options is only allowed with stream=True"):
+        model.create_completion("Hi", stream_options={"include_usage": True})
     # validated before the first chunk is asked for
     with pytest.raises(ValueError, match="logprob"):
         model.create_completion("Hi", logprobs=25, stream=True)

@@ -423,6 +423,18 @@ def model_method(fn: F) -> F:
     return cast(F, method)
 
 
+def include_usage(stream_options: Any, stream: bool) -> bool:
+    """OpenAI's stream_options ({"include_usage": bool}, with stream=True only) as the flag it sets."""
+    if stream_options is None:
+        return False
+    if not stream:
+        raise InvalidRequest("stream_options is only allowed with stream=True")
+    if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage"} \
+            or not isinstance(stream_options.get("include_usage", False), bool):
+        raise InvalidRequest(f"stream_options must be {{'include_usage': True or False}}, got {stream_options!r}")
+    return bool(stream_options.get("include_usage", False))
+
+
 class OpenAIFacade:
     """A model's methods that take and give OpenAI's shapes, as llama-cpp-python's of these names do: their
     requests become the GenerationRequest a server body becomes, prepared and answered by the same code. The
@@ -433,6 +445,7 @@ class OpenAIFacade:
 
     @takes_options(leave_out=("top_logprobs", "timings"))
     def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16, stream: bool = False,
+                          stream_options: dict[str, Any] | None = None,
                           response_format: dict[str, Any] | None = None, suffix: str | None = None,
                           logprobs: int | None = None, **options: Unpack[SamplingOptions]
                           ) -> dict[str, Any] | Iterator[dict[str, Any]]:
@@ -440,13 +453,14 @@ class OpenAIFacade:
         finish_reason, usage), as llama-cpp-python's method of this name returns it; stream=True yields the
         chunk objects as they come. max_tokens None: the rest of the context; logprobs=k: each token's
         log-probability and its k best alternatives (0..20); suffix: the text after a hole to fill (the prompt
-        is the text before it); other keywords as generate()."""
+        is the text before it); stream_options={"include_usage": True}: the stream ends with a chunk holding the
+        usage (OpenAI's); other keywords as generate()."""
         if "top_logprobs" in options:
             raise InvalidRequest("create_completion takes logprobs=k (the alternatives per token)")
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
                                      or not 0 <= logprobs <= 20):
             raise InvalidRequest(f"logprobs must be an integer in 0..20, got {logprobs!r}")
-        req = self._request("completion", options, max_tokens, stream, logprobs, response_format)
+        req = self._request("completion", options, max_tokens, stream, logprobs, response_format, stream_options)
         if isinstance(prompt, str):
             req.prompt_text, req.suffix = prompt, suffix or None
         elif suffix:
@@ -457,14 +471,16 @@ class OpenAIFacade:
 
     @takes_options(leave_out=("timings",))
     def create_chat_completion(self, messages: Sequence[dict[str, Any]], *, max_tokens: int | None = None,
-                               stream: bool = False, tools: Sequence[dict[str, Any]] | None = None,
+                               stream: bool = False, stream_options: dict[str, Any] | None = None,
+                               tools: Sequence[dict[str, Any]] | None = None,
                                tool_choice: Any = None, parallel_tool_calls: bool = True,
                                response_format: dict[str, Any] | None = None, logprobs: bool = False,
                                top_logprobs: int | None = None, reasoning_effort: str | None = None,
                                chat_template_kwargs: dict[str, Any] | None = None, reasoning_format: str = "auto",
                                **options: Unpack[SamplingOptions]) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """chat() as OpenAI's chat.completion object (choices[0].message), or with stream=True its
-        chat.completion.chunk objects. max_tokens None: the rest of the context.
+        chat.completion.chunk objects (stream_options={"include_usage": True}: ending with a chunk holding the
+        usage, reasoning_tokens included). max_tokens None: the rest of the context.
 
         tools, tool_choice ("auto" by default with tools; "none", "required", {"type": "function",
         "function": {"name": ...}}), parallel_tool_calls: OpenAI's; the model's calls come back as
@@ -483,7 +499,7 @@ class OpenAIFacade:
         if top_logprobs is not None and not logprobs:
             raise InvalidRequest("top_logprobs needs logprobs=True")
         req = self._request("chat", options, max_tokens, stream, (top_logprobs or 0) if logprobs else None,
-                            response_format)
+                            response_format, stream_options)
         req.messages = list(messages)
         req.tools = validate_tools(tools) if tools else None
         req.tool_choice, req.parallel_tool_calls = tool_choice, parallel_tool_calls
@@ -492,7 +508,7 @@ class OpenAIFacade:
         return self._answer(req)
 
     def _request(self, kind: str, options: Any, max_tokens: int | None, stream: bool,
-                        top_logprobs: int | None, response_format: Any) -> GenerationRequest:
+                 top_logprobs: int | None, response_format: Any, stream_options: Any = None) -> GenerationRequest:
         """The GenerationRequest of create_*'s arguments, as the server makes one of a body: the output
         constraint kept as asked (response_format, json_schema, grammar or regex: one of them), compiled with
         the prompt (prepare, as the server does)."""
@@ -506,6 +522,7 @@ class OpenAIFacade:
         req = from_options({**rest, "logprobs": top_logprobs is not None, "top_logprobs": top_logprobs,
                             "max_tokens": max_tokens}, cls=GenerationRequest)
         req.kind, req.constraint, req.stream, req.clamp_max_tokens = kind, constraint, stream, True
+        req.include_usage = include_usage(stream_options, stream)
         return req
 
     def _answer(self, req: GenerationRequest) -> dict[str, Any] | Iterator[dict[str, Any]]:
@@ -532,3 +549,6 @@ class OpenAIFacade:
                 yield from out.text(ev.index, ev.text, ev.tokens)
         for ch in c.choices:
             yield from out.closing(ch.index, ch.finish_reason)
+        if req.include_usage:
+            ids = [ch.token_ids for ch in c.choices]
+            yield out.usage_chunk(out.usage(c.prompt_tokens, c.cached_tokens, sum(map(len, ids)), ids))
