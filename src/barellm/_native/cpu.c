@@ -115,8 +115,9 @@ static unsigned detect_tiers(void) { return 1u << BL_ISA_SCALAR; }
  * its long-row one faster (down 576 x 1536, 7.7 KB groups: 13.5 -> 18), bench/kernels.py cold rows. So it
  * also takes the blocks' tiles over groups of 6 KB or more (BL_PF_BLOCKS_LONG: gpt-oss's Q8_0 attention and
  * output, 24-35 KB groups; SmolLM2's down): per-op cycles of gpt-oss-20b's 8-layer cut at 2 threads, the two
- * rules alternated in one process (10 rounds of 4 tokens, medians; k and v on the short rule in that run): output 19.1 -> 18.3 ms a token, qkv 3.9
- * -> 3.8, the token 41.9 -> 40.9 ms; SmolLM2 (30 rounds of 20) down 0.64 -> 0.63 ms, the token 3.33 -> 3.30.
+ * rules alternated in one process (10 rounds of 4 tokens, medians; k and v on the short rule in that run):
+ * output 19.1 -> 18.3 ms a token, qkv 3.9 -> 3.8, the token 41.9 -> 40.9 ms; SmolLM2 (30 rounds of 20) down
+ * 0.64 -> 0.63 ms, the token 3.33 -> 3.30.
  *
  * Intel: threads streaming together prefetch into L1 (T0) 16 KB ahead, never NTA. On a Xeon with AVX-512
  * and AMX (2 MB L2 a core), an NTA line skips L2 and the L2 streamer does not follow it, so two threads'
@@ -130,7 +131,6 @@ bl_prefetch_rule bl_prefetch_rules[BL_PF_FAMILIES][2] = {
     [BL_PF_MXFP4] = {{BL_PF_L1, 4096}, {BL_PF_L1, 4096}},
     [BL_PF_BLOCKS_LONG] = {{BL_PF_L1, 4096}, {BL_PF_L1, 4096}}, /* the blocks' rule but where a CPU's differs */
 };
-size_t bl_prefetch_long_group = 6144;
 static const char *prefetch_why = "defaults";
 static char prefetch_text[224];
 

@@ -96,8 +96,9 @@ extern _Thread_local int bl_shared_stream;
 
 /* How the decode tiles prefetch the weights ahead of their compute: into which cache and how many bytes
  * ahead, per kernel family (BL_PF_BLOCKS: the Q4_0, Q4_1 and Q8_0 tiles; BL_PF_KQUANTS: Q5_0 and the
- * K-quants; BL_PF_MXFP4: the MXFP4 tiles; BL_PF_BLOCKS_LONG: the blocks' tiles over long rows) and per bl_shared_stream (a thread streaming alone, or with others). Chosen per CPU family when
- * the core loads (cpu.c, with the figures that chose each rule), or given by BARELLM_PREFETCH. Speed only. */
+ * K-quants; BL_PF_MXFP4: the MXFP4 tiles; BL_PF_BLOCKS_LONG: the blocks' tiles over long rows) and per
+ * bl_shared_stream (a thread streaming alone, or with others). Chosen per CPU family when the core loads
+ * (cpu.c, with the figures that chose each rule), or given by BARELLM_PREFETCH. Speed only. */
 enum bl_prefetch_hint { BL_PF_NONE, BL_PF_L1, BL_PF_L2, BL_PF_NTA };
 enum { BL_PF_BLOCKS, BL_PF_KQUANTS, BL_PF_MXFP4, BL_PF_BLOCKS_LONG, BL_PF_FAMILIES };
 typedef struct {
@@ -106,16 +107,15 @@ typedef struct {
 } bl_prefetch_rule;
 extern bl_prefetch_rule bl_prefetch_rules[BL_PF_FAMILIES][2]; /* [family][shared] */
 /* BL_PF_BLOCKS_LONG: the Q4_0/Q4_1/Q8_0 tiles over long rows, groups of 8 rows of at least this many bytes */
-extern size_t bl_prefetch_long_group;
+#define BL_PF_LONG_GROUP 6144
 
 /* the family whose rule a family's tiles follow over groups of `group` bytes */
 static inline int bl_prefetch_family(int family, size_t group) {
-    return family == BL_PF_BLOCKS && group >= bl_prefetch_long_group ? BL_PF_BLOCKS_LONG : family;
+    return family == BL_PF_BLOCKS && group >= BL_PF_LONG_GROUP ? BL_PF_BLOCKS_LONG : family;
 }
 
 /* The rules in force as text ("kquants l2:8192 nta:16384, blocks l1:4096 l1:4096, long blocks l1:4096 l1:4096,
- * mxfp4 l1:4096 l1:4096"), and why (the CPU family
- * matched, or BARELLM_PREFETCH) */
+ * mxfp4 l1:4096 l1:4096"), and why (the CPU family matched, or BARELLM_PREFETCH) */
 BL_API const char *bl_prefetch_describe(void);
 
 static inline void bl_prefetch_line(const void *p, int hint) {

@@ -35,17 +35,11 @@ typedef struct {
 
 typedef void (*tile_fn)(tile_args *A);
 
-/* the calling thread's prefetch hint for a family of tiles (enum bl_prefetch_hint) */
-static inline __attribute__((always_inline)) int prefetch_hint(const int family) {
-    return bl_prefetch_rules[family][bl_shared_stream != 0].hint;
-}
-
 /* K-quant tiles: prefetches the lines of [pf + *done, pf + end) and moves *done past them: spread over a unit's
  * loop, a few lines at a time, each line once. */
 static inline __attribute__((always_inline)) void prefetch_until(const tile_args *A, size_t *done, size_t end) {
     if (!A->pf) return;
-    const int hint = prefetch_hint(BL_PF_KQUANTS);
-    for (; *done < end; *done += 64) bl_prefetch_line(A->pf + *done, hint);
+    for (; *done < end; *done += 64) bl_prefetch_line(A->pf + *done, A->hint);
 }
 
 /* the end of part i of n of unit u's span */
